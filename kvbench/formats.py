@@ -1,0 +1,105 @@
+"""KV-cache storage formats (kvbench/data/formats.toml): bytes per cached token, as vLLM pages them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from kvbench.datafiles import load_toml
+from kvbench.errors import unknown_choice
+from kvbench.gpus import GpuSpec
+from kvbench.models import LayerKind, ModelSpec
+
+
+@dataclass(frozen=True)
+class CacheFormat:
+    key: str
+    description: str
+    vllm_dtypes: tuple[str, ...]
+    aliases: tuple[str, ...]
+    data_bits: int  # 16 for `auto` means "the model's activation dtype"
+    scale_bits: int
+    scale_block: int
+    head_dim_multiple: int
+    supports_mla: bool
+    article_bytes_per_element: float
+    unsupported: tuple[dict, ...]
+    source: str
+
+    @property
+    def vllm_dtype(self) -> str | None:
+        """The --kv-cache-dtype value that selects this format in vLLM, if any."""
+        return self.vllm_dtypes[0] if self.vllm_dtypes else None
+
+    def element_bits(self, model: ModelSpec) -> float:
+        data = model.activation_bytes * 8 if self.key == "auto" else self.data_bits
+        return data
+
+    def bytes_per_element(self, model: ModelSpec) -> float:
+        """Bytes per cached K or V value, block scales included."""
+        scales = self.scale_bits / self.scale_block / 8 if self.scale_block else 0.0
+        return self.element_bits(model) / 8 + scales
+
+    def bytes_per_token_per_layer(self, model: ModelSpec, layer: LayerKind) -> float:
+        if layer.kind == "mla":
+            # One latent vector per token (no separate V): kv_lora_rank + the RoPE part.
+            width = model.kv_lora_rank + model.qk_rope_head_dim
+            return width * self.bytes_per_element(model)
+        return 2 * model.num_kv_heads * model.head_dim * self.bytes_per_element(model)
+
+    def unsupported_reason(self, model: ModelSpec, gpu: GpuSpec | None = None) -> str | None:
+        """Why vLLM would refuse this format for this model (and GPU), or None."""
+        if model.is_mla and not self.supports_mla:
+            return f"{self.key} with MLA is not supported by vLLM"
+        if self.head_dim_multiple and model.head_dim % self.head_dim_multiple:
+            return f"{self.key} needs head_dim divisible by {self.head_dim_multiple}; model has {model.head_dim}"
+        for rule in self.unsupported:
+            if gpu is None and "sm_in" in rule:
+                continue
+            if "sm_in" in rule and gpu.sm not in rule["sm_in"]:
+                continue
+            if "head_dims" in rule and model.head_dim not in rule["head_dims"]:
+                continue
+            if rule.get("attention_sinks") and not model.attention_sinks:
+                continue
+            return rule["reason"]
+        return None
+
+
+def catalog() -> dict[str, CacheFormat]:
+    raw = load_toml("formats.toml")["formats"]
+    return {
+        key: CacheFormat(
+            key=key,
+            description=v["description"],
+            vllm_dtypes=tuple(v.get("vllm_dtypes", ())),
+            aliases=tuple(v.get("aliases", ())),
+            data_bits=int(v["data_bits"]),
+            scale_bits=int(v["scale_bits"]),
+            scale_block=int(v["scale_block"]),
+            head_dim_multiple=int(v.get("head_dim_multiple", 0)),
+            supports_mla=bool(v.get("supports_mla", True)),
+            article_bytes_per_element=float(v["article_bytes_per_element"]),
+            unsupported=tuple(v.get("unsupported", ())),
+            source=v["source"],
+        )
+        for key, v in raw.items()
+    }
+
+
+def get_format(name: str) -> CacheFormat:
+    formats = catalog()
+    for fmt in formats.values():
+        if name == fmt.key or name in fmt.aliases or name in fmt.vllm_dtypes:
+            return fmt
+    names = set(formats) | {a for f in formats.values() for a in f.aliases}
+    raise unknown_choice("KV-cache dtype", name, names)
+
+
+def parse_format_list(text: str) -> list[CacheFormat]:
+    out: list[CacheFormat] = []
+    for part in text.split(","):
+        if part.strip():
+            fmt = get_format(part.strip())
+            if fmt not in out:
+                out.append(fmt)
+    return out

@@ -1,0 +1,91 @@
+"""GPU catalog (kvbench/data/gpus.toml) and vLLM's per-device server defaults."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from kvbench.datafiles import load_toml
+from kvbench.errors import unknown_choice
+from kvbench.units import GiB, MiB
+
+
+@dataclass(frozen=True)
+class GpuSpec:
+    key: str
+    name: str
+    nvml_names: tuple[str, ...]
+    memory_gb: float  # spec sheet, decimal GB
+    device_memory_mib: int  # what the driver reports; vLLM's basis
+    hbm_bandwidth_gbs: float
+    sm: int
+    sm_count: int
+    native_fp8: bool
+    native_fp4: bool
+    source: str
+
+    @property
+    def device_memory_bytes(self) -> int:
+        return self.device_memory_mib * MiB
+
+    @property
+    def spec_memory_bytes(self) -> float:
+        return self.memory_gb * 1e9
+
+
+@dataclass(frozen=True)
+class ServerDefaults:
+    """vLLM OpenAI-server scheduler defaults that depend on the device."""
+
+    max_num_seqs: int
+    max_num_batched_tokens: int
+
+
+def catalog() -> dict[str, GpuSpec]:
+    raw = load_toml("gpus.toml")
+    return {
+        key: GpuSpec(
+            key=key,
+            name=v["name"],
+            nvml_names=tuple(v.get("nvml_names", ())),
+            memory_gb=float(v["memory_gb"]),
+            device_memory_mib=int(v["device_memory_mib"]),
+            hbm_bandwidth_gbs=float(v["hbm_bandwidth_gbs"]),
+            sm=int(v["sm"]),
+            sm_count=int(v["sm_count"]),
+            native_fp8=bool(v["native_fp8"]),
+            native_fp4=bool(v["native_fp4"]),
+            source=v["source"],
+        )
+        for key, v in raw.items()
+        if isinstance(v, dict)
+    }
+
+
+def get_gpu(key: str) -> GpuSpec:
+    gpus = catalog()
+    try:
+        return gpus[key]
+    except KeyError:
+        raise unknown_choice("GPU", key, gpus) from None
+
+
+def parse_gpu_list(text: str) -> list[GpuSpec]:
+    return [get_gpu(part.strip()) for part in text.split(",") if part.strip()]
+
+
+def server_defaults(gpu: GpuSpec) -> ServerDefaults:
+    for rule in load_toml("gpus.toml")["vllm_server_defaults"]:
+        if gpu.device_memory_bytes < rule["min_device_memory_gib"] * GiB:
+            continue
+        if rule.get("exclude_name_substring", "\0") in gpu.name.lower():
+            continue
+        return ServerDefaults(rule["max_num_seqs"], rule["max_num_batched_tokens"])
+    raise AssertionError("gpus.toml: the last vllm_server_defaults rule must match every device")
+
+
+def match_nvml_name(nvml_name: str) -> GpuSpec | None:
+    """The catalog entry for a name NVML reports (e.g. 'NVIDIA H100 80GB HBM3'), if any."""
+    for gpu in catalog().values():
+        if nvml_name in gpu.nvml_names:
+            return gpu
+    return None
