@@ -1,0 +1,205 @@
+"""KV-cache capacity: the article's naive formula and vLLM's page-accurate accounting, side by side.
+
+Naive (the article): bytes per user = 2 * L * H * D * S * bytes_per_element.
+
+Page-accurate (vLLM v1, `vllm/v1/core/kv_cache_utils.py` and `kv_cache_interface.py`):
+  * each layer's page holds `block_size` tokens: page = block_size * bytes_per_token_per_layer,
+    with NVFP4's inline block scales counted;
+  * a pool block holds one page for every layer of a KV-cache group; num_blocks = budget // pool block;
+  * a request at S tokens needs cdiv(S, block_size) blocks per full-attention group, and
+    cdiv(min(window - 1 + in_flight_tokens, S), block_size) + 1 per sliding-window group;
+  * max_concurrency = num_blocks / blocks_per_request; tokens = int(max_concurrency * S).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+from kvbench.formats import CacheFormat, get_format
+from kvbench.gpus import GpuSpec, server_defaults
+from kvbench.models import LayerKind, ModelSpec
+from kvbench.units import fmt_both, fmt_gb
+
+# vLLM 0.32 defaults (vllm/config/cache.py): --gpu-memory-utilization 0.92, block size 16 on
+# CUDA, 128 on CPU (vllm/platforms/cpu.py). Async scheduling keeps 2 batches in flight.
+VLLM_DEFAULT_GPU_MEMORY_UTILIZATION = 0.92
+VLLM_DEFAULT_BLOCK_SIZE = 16
+VLLM_CPU_BLOCK_SIZE = 128
+VLLM_MAX_CONCURRENT_BATCHES = 2
+
+
+@dataclass(frozen=True)
+class Budget:
+    """Bytes available to the KV cache, and how they were derived."""
+
+    kv_bytes: float
+    derivation: str
+    total_bytes: float | None = None
+    utilization: float | None = None
+    weight_bytes: float | None = None
+    overhead_bytes: float = 0.0
+
+
+def budget_from_bytes(kv_bytes: float, how: str = "given") -> Budget:
+    return Budget(kv_bytes=kv_bytes, derivation=f"{fmt_both(kv_bytes)} ({how})")
+
+
+def budget_from_gpu(
+    gpu: GpuSpec,
+    model: ModelSpec,
+    utilization: float = VLLM_DEFAULT_GPU_MEMORY_UTILIZATION,
+    overhead_bytes: float = 0.0,
+    memory_basis: str = "device",
+    num_gpus: int = 1,
+) -> Budget:
+    """vLLM's budget: total memory x utilization - weights - (activations, CUDA graphs: `overhead`).
+
+    `memory_basis` "device" uses what the driver reports (vLLM's basis); "spec" the spec-sheet GB.
+    With tensor parallelism the weights are split and the budget summed over `num_gpus`.
+    """
+    per_gpu = gpu.device_memory_bytes if memory_basis == "device" else gpu.spec_memory_bytes
+    total = per_gpu * num_gpus
+    kv = total * utilization - model.weight_bytes - overhead_bytes * num_gpus
+    basis = "device-reported" if memory_basis == "device" else "spec-sheet"
+    gpus = f"{num_gpus} x " if num_gpus > 1 else ""
+    how = (
+        f"{gpus}{fmt_gb(per_gpu)} {basis} x {utilization:.2f} utilization - {fmt_gb(model.weight_bytes)} "
+        f"weights ({model.weight_format}) - {fmt_gb(overhead_bytes * num_gpus)} activation/graph overhead"
+    )
+    return Budget(
+        kv_bytes=kv,
+        derivation=f"{fmt_both(kv)} = {how}",
+        total_bytes=total,
+        utilization=utilization,
+        weight_bytes=model.weight_bytes,
+        overhead_bytes=overhead_bytes * num_gpus,
+    )
+
+
+@dataclass(frozen=True)
+class CapacityRow:
+    dtype: str  # format key
+    vllm_dtype: str | None
+    supported: bool
+    reason: str | None
+    bytes_per_element: float  # incl. block scales
+    # the article's formula
+    naive_bytes_per_token: float
+    naive_bytes_per_user: float
+    naive_users: float
+    # vLLM's paging
+    block_size: int
+    bytes_per_token: float  # all layers, full attention assumed
+    pool_block_bytes: float
+    num_blocks: int
+    blocks_per_request: int
+    bytes_per_user: float  # blocks_per_request * pool_block_bytes
+    max_concurrency: float  # what vLLM logs as "Maximum concurrency ... %.2fx"
+    kv_tokens: int  # what vLLM logs as "KV cache size: N tokens"
+    users: int  # whole concurrent sequences at full context
+    scheduler_cap: int | None  # vLLM's default max_num_seqs on that GPU
+    ratio_vs_auto: float | None = None
+
+
+def _groups(model: ModelSpec) -> dict[LayerKind, int]:
+    """KV-cache groups per layer kind, as vLLM's hybrid allocator forms them.
+
+    All layers of one kind share a group when the model is uniform; hybrid models are split into
+    groups of the smallest kind's layer count (gpt-oss: 18 full + 18 sliding -> 2 groups of 18).
+    """
+    counts = model.layer_counts()
+    if len(counts) == 1:
+        return dict.fromkeys(counts, 1)
+    group_size = min(counts.values())
+    return {kind: math.ceil(n / group_size) for kind, n in counts.items()}
+
+
+def _group_size(model: ModelSpec) -> int:
+    counts = model.layer_counts()
+    return model.num_layers if len(counts) == 1 else min(counts.values())
+
+
+def _blocks_for(layer: LayerKind, context: int, block_size: int, in_flight_tokens: int) -> int:
+    if layer.kind == "sliding":
+        tokens = min(layer.window - 1 + in_flight_tokens, context)
+        return math.ceil(tokens / block_size) + 1
+    return math.ceil(context / block_size)
+
+
+def capacity_row(
+    model: ModelSpec,
+    fmt: CacheFormat,
+    context: int,
+    budget: Budget,
+    gpu: GpuSpec | None = None,
+    block_size: int = VLLM_DEFAULT_BLOCK_SIZE,
+    max_num_batched_tokens: int | None = None,
+) -> CapacityRow:
+    if context <= 0:
+        raise ValueError("context must be a positive number of tokens")
+    reason = fmt.unsupported_reason(model, gpu)
+    defaults = server_defaults(gpu) if gpu else None
+    batched = max_num_batched_tokens or (defaults.max_num_batched_tokens if defaults else 8192)
+    in_flight = VLLM_MAX_CONCURRENT_BATCHES * batched
+
+    bpe = fmt.bytes_per_element(model)
+    naive_per_token = 2 * model.num_layers * model.num_kv_heads * model.head_dim * fmt.article_bytes_per_element
+    naive_per_user = naive_per_token * context
+
+    page_per_layer = {kind: block_size * fmt.bytes_per_token_per_layer(model, kind) for kind in model.layer_counts()}
+    bytes_per_token = sum(fmt.bytes_per_token_per_layer(model, layer) for layer in model.layers)
+    pool_block = _group_size(model) * max(page_per_layer.values())
+    blocks_per_request = sum(
+        n_groups * _blocks_for(kind, context, block_size, in_flight) for kind, n_groups in _groups(model).items()
+    )
+    num_blocks = max(0, int(budget.kv_bytes // pool_block))
+    max_conc = num_blocks / blocks_per_request
+    return CapacityRow(
+        dtype=fmt.key,
+        vllm_dtype=fmt.vllm_dtype,
+        supported=reason is None,
+        reason=reason,
+        bytes_per_element=bpe,
+        naive_bytes_per_token=naive_per_token,
+        naive_bytes_per_user=naive_per_user,
+        naive_users=max(0.0, budget.kv_bytes / naive_per_user),
+        block_size=block_size,
+        bytes_per_token=bytes_per_token,
+        pool_block_bytes=pool_block,
+        num_blocks=num_blocks,
+        blocks_per_request=blocks_per_request,
+        bytes_per_user=blocks_per_request * pool_block,
+        max_concurrency=max_conc,
+        kv_tokens=int(max_conc * context),
+        users=math.floor(max_conc),
+        scheduler_cap=defaults.max_num_seqs if defaults else None,
+    )
+
+
+def capacity_table(
+    model: ModelSpec,
+    formats: list[CacheFormat],
+    context: int,
+    budget: Budget,
+    gpu: GpuSpec | None = None,
+    block_size: int = VLLM_DEFAULT_BLOCK_SIZE,
+    max_num_batched_tokens: int | None = None,
+) -> list[CapacityRow]:
+    """One row per format, each with its token ratio against the 16-bit `auto` cache."""
+    auto = capacity_row(model, get_format("auto"), context, budget, gpu, block_size, max_num_batched_tokens)
+    rows = []
+    for fmt in formats:
+        row = capacity_row(model, fmt, context, budget, gpu, block_size, max_num_batched_tokens)
+        ratio = row.max_concurrency / auto.max_concurrency if auto.max_concurrency else None
+        rows.append(CapacityRow(**{**asdict(row), "ratio_vs_auto": ratio}))
+    return rows
+
+
+def format_ratio(a: CacheFormat, b: CacheFormat, model: ModelSpec) -> float:
+    """Tokens that fit with format `a` over tokens with `b` on the same budget (page rounding aside)."""
+    bytes_a = sum(a.bytes_per_token_per_layer(model, layer) for layer in model.layers)
+    bytes_b = sum(b.bytes_per_token_per_layer(model, layer) for layer in model.layers)
+    return bytes_b / bytes_a
+
+

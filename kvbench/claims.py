@@ -1,0 +1,189 @@
+"""Release claims as data, re-derived from kvbench's specs, each with a verdict and the reason.
+
+A claims file is TOML (see kvbench/data/claims/nvfp4-kv-cache-article.toml for the schema).
+Measured values, when a kvbench run supplies them, sit beside the derived ones.
+"""
+
+from __future__ import annotations
+
+import math
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from kvbench.capacity import (
+    VLLM_DEFAULT_GPU_MEMORY_UTILIZATION,
+    budget_from_bytes,
+    budget_from_gpu,
+    capacity_row,
+    format_ratio,
+)
+from kvbench.datafiles import data_path
+from kvbench.errors import UsageError, unknown_choice
+from kvbench.formats import get_format
+from kvbench.gpus import get_gpu
+from kvbench.models import load_model
+from kvbench.units import GB
+
+DEFAULT_CLAIMS = "claims/nvfp4-kv-cache-article.toml"
+QUANTITIES = (
+    "bytes_per_element",
+    "bytes_ratio",
+    "kv_budget_gb",
+    "kv_per_user_gb",
+    "users",
+    "users_ratio",
+    "gpus_needed",
+    "external",
+)
+UNITS = {
+    "bytes_per_element": "B/elem",
+    "bytes_ratio": "x",
+    "kv_budget_gb": "GB",
+    "kv_per_user_gb": "GB",
+    "users": "users",
+    "users_ratio": "x",
+    "gpus_needed": "GPUs",
+    "external": "",
+}
+
+
+@dataclass(frozen=True)
+class Verdict:
+    id: str
+    text: str
+    where: str
+    quantity: str
+    unit: str
+    claimed: float | str
+    derived: float | None
+    derivation: str
+    verdict: str  # "holds", "off", "fails", "not checkable"
+    delta_pct: float | None
+    measured: float | None = None
+    measure: str | None = None
+
+    @property
+    def label(self) -> str:
+        if self.verdict == "off":
+            return f"off by {self.delta_pct:+.1f}%"
+        if self.verdict == "fails" and self.delta_pct is not None:
+            return f"fails ({self.delta_pct:+.1f}%)"
+        return self.verdict
+
+
+def load_claims(path: str | Path | None = None) -> dict:
+    file = Path(path) if path else data_path(DEFAULT_CLAIMS)
+    if not file.is_file():
+        raise UsageError(f"claims file not found: {file}")
+    try:
+        doc = tomllib.loads(file.read_text())
+    except tomllib.TOMLDecodeError as exc:
+        raise UsageError(f"{file}: not valid TOML ({exc})") from None
+    claims = doc.get("claims")
+    if not isinstance(claims, list) or not claims:
+        raise UsageError(f"{file}: no [[claims]] entries")
+    defaults = doc.get("defaults", {})
+    for i, claim in enumerate(claims):
+        for key in ("id", "text", "quantity", "claimed"):
+            if key not in claim:
+                raise UsageError(f"{file}: claim #{i + 1} lacks '{key}'")
+        if claim["quantity"] not in QUANTITIES:
+            raise unknown_choice(f"quantity in claim {claim['id']!r}:", claim["quantity"], QUANTITIES)
+        for key, value in defaults.items():
+            claim.setdefault(key, value)
+    return doc
+
+
+def _verdict(claimed: float, derived: float, tolerance_pct: float, exact: bool) -> tuple[str, float]:
+    delta = (derived - claimed) / claimed * 100 if claimed else math.inf
+    if exact:
+        return ("holds" if derived == claimed else "fails"), delta
+    if abs(delta) <= tolerance_pct:
+        return "holds", delta
+    if abs(delta) <= 2 * tolerance_pct:
+        return "off", delta
+    return "fails", delta
+
+
+def _budget(claim: dict, model):
+    if claim["quantity"] == "kv_per_user_gb":
+        return budget_from_bytes(0, "not needed: bytes per user do not depend on the budget")
+    if "kv_budget_gb" in claim:
+        return budget_from_bytes(claim["kv_budget_gb"] * GB, "the claim's stated budget")
+    util = claim.get("utilization", "vllm-default")
+    util = VLLM_DEFAULT_GPU_MEMORY_UTILIZATION if util == "vllm-default" else float(util)
+    return budget_from_gpu(get_gpu(claim["gpu"]), model, utilization=util)
+
+
+def derive(claim: dict) -> tuple[float | None, str]:
+    """(derived value, how it was derived) for one claim."""
+    quantity = claim["quantity"]
+    if quantity == "external":
+        return None, claim.get("reason", "not derivable from specs")
+    model = load_model(claim["model"])
+    if quantity == "bytes_per_element":
+        fmt = get_format(claim["dtype"])
+        bpe = fmt.bytes_per_element(model)
+        scales = f" + {fmt.scale_bits} scale bits per {fmt.scale_block} values" if fmt.scale_block else ""
+        return bpe, f"{fmt.element_bits(model):g} data bits{scales} = {bpe:g} B per element ({fmt.source})"
+    if quantity == "bytes_ratio":
+        fmt, base = get_format(claim["dtype"]), get_format(claim["baseline"])
+        ratio = 1 / format_ratio(fmt, base, model)
+        return ratio, f"{fmt.bytes_per_element(model):g} / {base.bytes_per_element(model):g} B per element"
+    if quantity == "kv_budget_gb":
+        budget = _budget(claim, model)
+        return budget.kv_bytes / GB, budget.derivation + "; activation and CUDA-graph memory not modelled"
+
+    fmt = get_format(claim["dtype"])
+    budget = _budget(claim, model)
+    row = capacity_row(model, fmt, claim["context"], budget)
+    page = f"{row.blocks_per_request} blocks x {row.pool_block_bytes:,.0f} B (16-token pages over {model.num_layers} layers)"
+    if quantity == "kv_per_user_gb":
+        return row.bytes_per_user / GB, (
+            f"{page} = {row.bytes_per_user / GB:.4f} GB; the article's formula gives {row.naive_bytes_per_user / GB:.4f} GB"
+        )
+    if quantity == "users":
+        return row.users, (
+            f"floor({budget.kv_bytes / GB:g} GB / {row.bytes_per_user / GB:.4f} GB per user) = {row.users}; "
+            f"the article's {fmt.article_bytes_per_element:g} B/elem formula gives {row.naive_users:.1f}"
+        )
+    if quantity == "users_ratio":
+        base = capacity_row(model, get_format(claim["baseline"]), claim["context"], budget)
+        return row.users / base.users, f"{row.users} {fmt.key} users / {base.users} {claim['baseline']} users"
+    if quantity == "gpus_needed":
+        target = claim["target_users"]
+        gpus = math.ceil(target / row.users) if row.users else math.inf
+        return gpus, f"ceil({target} users / {row.users} users per GPU) = {gpus}"
+    raise AssertionError(quantity)
+
+
+def evaluate(doc: dict, measured: Mapping[str, float] | None = None) -> list[Verdict]:
+    """Verdicts for every claim; `measured` maps a claim id to a value a kvbench run measured."""
+    measured = measured or {}
+    out = []
+    for claim in doc["claims"]:
+        derived, how = derive(claim)
+        quantity = claim["quantity"]
+        if derived is None:
+            verdict, delta = "not checkable", None
+        else:
+            verdict, delta = _verdict(float(claim["claimed"]), derived, claim["tolerance_pct"], claim.get("exact", False))
+        out.append(
+            Verdict(
+                id=claim["id"],
+                text=claim["text"],
+                where=claim.get("where", ""),
+                quantity=quantity,
+                unit=UNITS[quantity],
+                claimed=claim["claimed"],
+                derived=derived,
+                derivation=how,
+                verdict=verdict,
+                delta_pct=delta,
+                measured=measured.get(claim["id"]),
+                measure=claim.get("measure"),
+            )
+        )
+    return out

@@ -1,0 +1,49 @@
+"""The `kvbench` command: one typer app, one module per subcommand under kvbench/commands/."""
+
+from __future__ import annotations
+
+import sys
+
+import typer
+
+from kvbench.commands import capacity, claims, plan
+from kvbench.errors import KvbenchError
+
+app = typer.Typer(
+    name="kvbench",
+    help="What a KV-cache precision (fp16/bf16, fp8, nvfp4) buys on each GPU: derived, measured, tracked.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+for module in (capacity, claims, plan):
+    app.command(module.NAME, help=module.HELP)(module.command)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Entry point: errors become one line on stderr and a non-zero exit, never a traceback."""
+    args = sys.argv[1:] if argv is None else argv
+    try:
+        rc = app(args=args, prog_name="kvbench", standalone_mode=False)
+    except KvbenchError as exc:
+        print(f"kvbench: error: {exc}", file=sys.stderr)
+        sys.exit(exc.exit_code)
+    except KeyboardInterrupt:
+        print("kvbench: interrupted", file=sys.stderr)
+        sys.exit(130)
+    except Exception as exc:
+        # Parse errors from click (or the click that typer >= 0.29 vendors): duck-typed on purpose.
+        if not hasattr(exc, "format_message"):
+            if type(exc).__name__ == "Abort":
+                print("kvbench: interrupted", file=sys.stderr)
+                sys.exit(130)
+            raise
+        ctx = getattr(exc, "ctx", None)
+        where = f"kvbench {ctx.info_name}" if ctx is not None and ctx.info_name != "kvbench" else "kvbench"
+        message = " ".join(exc.format_message().split())
+        if message.startswith("No such command"):
+            message = f"{message.rstrip('.')}; choose from: {', '.join(sorted(c.name for c in app.registered_commands))}"
+        if message:  # empty when typer already printed the help (no arguments)
+            print(f"{where}: error: {message}", file=sys.stderr)
+        sys.exit(getattr(exc, "exit_code", 2))
+    sys.exit(rc if isinstance(rc, int) else 0)

@@ -1,0 +1,57 @@
+"""`kvbench claims`: every claim in a release/article file, re-derived, with a verdict and reason."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from kvbench.claims import evaluate, load_claims
+from kvbench.output import console, print_json
+
+NAME = "claims"
+HELP = "Re-derive each claim of an article (default: the NVFP4 KV-cache article) and give claimed / derived / verdict."
+
+STYLE = {"holds": "green", "off": "yellow", "fails": "red", "not checkable": "dim"}
+
+
+def _fmt(value, unit: str) -> str:
+    if value is None:
+        return "—"
+    if isinstance(value, str):
+        return value
+    text = f"{value:,.0f}" if unit in ("users", "GPUs") else f"{value:,.4g}"
+    return f"{text} {unit}".strip()
+
+
+def command(
+    file: Annotated[Path | None, typer.Option("--file", "-f", help="Claims TOML file (default: the shipped NVFP4 KV-cache article claims).")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
+    strict: Annotated[bool, typer.Option("--strict", help="Exit 1 when any claim fails.")] = False,
+) -> int:
+    doc = load_claims(file)
+    verdicts = evaluate(doc)
+    failed = [v for v in verdicts if v.verdict == "fails"]
+    if as_json:
+        print_json({"title": doc.get("title"), "source": doc.get("source"), "claims": verdicts})
+    else:
+        console.print(f"[bold]{doc.get('title', 'claims')}[/]  ({doc.get('source', file)})")
+        table = Table(show_lines=True)
+        for col in ("claim", "claimed", "derived", "measured", "verdict", "how kvbench derived it"):
+            table.add_column(col, overflow="fold")
+        for v in verdicts:
+            measured = _fmt(v.measured, v.unit) if v.measured is not None else ("not measured yet" if v.measure else "—")
+            table.add_row(
+                f"{v.text}\n[dim]{v.id}; {v.where}[/]",
+                _fmt(v.claimed, v.unit),
+                _fmt(v.derived, v.unit),
+                measured,
+                f"[{STYLE.get(v.verdict, '')}]{v.label}[/]",
+                v.derivation,
+            )
+        console.print(table)
+        counts = {k: sum(v.verdict == k for v in verdicts) for k in STYLE}
+        console.print(", ".join(f"{n} {k}" for k, n in counts.items() if n))
+    return 1 if strict and failed else 0

@@ -1,0 +1,92 @@
+"""`kvbench plan`: GPUs needed (and cost per hour) for N concurrent users per GPU type and KV dtype."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from kvbench.capacity import VLLM_DEFAULT_GPU_MEMORY_UTILIZATION
+from kvbench.commands.capacity import BasisOpt, BudgetOpt, ContextOpt, DtypesOpt, ModelOpt, OverheadOpt, UtilOpt
+from kvbench.errors import UsageError
+from kvbench.formats import parse_format_list
+from kvbench.gpus import parse_gpu_list
+from kvbench.models import load_model
+from kvbench.output import console, print_json
+from kvbench.plan import plan_row
+
+NAME = "plan"
+HELP = "GPUs needed and cost per hour to serve N concurrent users at a context length, per GPU type and KV dtype."
+
+
+def parse_prices(text: str | None, known: set[str]) -> dict[str, float]:
+    """'h100-sxm=2.65,h200=3.5' -> {gpu: USD per GPU-hour}."""
+    prices: dict[str, float] = {}
+    for part in (text or "").split(","):
+        if not part.strip():
+            continue
+        key, sep, value = part.partition("=")
+        key = key.strip()
+        if not sep:
+            raise UsageError(f"--price-per-hour entry {part!r} must look like GPU=USD, e.g. h100-sxm=2.65")
+        if key not in known:
+            raise UsageError(f"--price-per-hour names GPU {key!r}, which is not in --gpus; choose from: {', '.join(sorted(known))}")
+        try:
+            prices[key] = float(value)
+        except ValueError:
+            raise UsageError(f"--price-per-hour for {key} must be a number of USD, got {value!r}") from None
+        if prices[key] < 0:
+            raise UsageError(f"--price-per-hour for {key} must not be negative")
+    return prices
+
+
+def command(
+    model: ModelOpt,
+    users: Annotated[int, typer.Option("--users", "-u", help="Concurrent sequences to serve.")],
+    context: ContextOpt,
+    gpus: Annotated[str, typer.Option("--gpus", help="Comma-separated GPU keys to compare.")] = "a100-80gb,h100-sxm,h200",
+    kv_dtype: DtypesOpt = "auto,fp8,nvfp4",
+    price_per_hour: Annotated[str | None, typer.Option("--price-per-hour", help="USD per GPU-hour, e.g. h100-sxm=2.65,h200=3.5.")] = None,
+    kv_budget_gb: BudgetOpt = None,
+    gpu_memory_utilization: UtilOpt = None,
+    overhead_gb: OverheadOpt = 0.0,
+    memory_basis: BasisOpt = "device",
+    max_num_seqs: Annotated[int | None, typer.Option("--max-num-seqs", help="vLLM's cap on running sequences (default: vLLM's default for each GPU).")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
+) -> None:
+    if users <= 0 or context <= 0:
+        raise UsageError("--users and --context must be positive")
+    if kv_budget_gb is not None and gpu_memory_utilization is not None:
+        raise UsageError("give either --kv-budget-gb or --gpu-memory-utilization, not both")
+    if memory_basis != "device":
+        raise UsageError("kvbench plan sizes with the device-reported memory; --memory-basis spec is for `kvbench capacity`")
+    util = VLLM_DEFAULT_GPU_MEMORY_UTILIZATION if gpu_memory_utilization is None else gpu_memory_utilization
+    if not 0 < util <= 1:
+        raise UsageError(f"--gpu-memory-utilization must be in (0, 1], got {util}")
+    spec = load_model(model)
+    cards = parse_gpu_list(gpus)
+    formats = parse_format_list(kv_dtype)
+    prices = parse_prices(price_per_hour, {c.key for c in cards})
+    rows = [
+        plan_row(spec, fmt, card, users, context, util, kv_budget_gb, overhead_gb, max_num_seqs, prices.get(card.key))
+        for card in cards
+        for fmt in formats
+    ]
+    if as_json:
+        print_json({"model": spec.name, "users": users, "context": context, "utilization": util, "rows": rows})
+        return
+    console.print(f"[bold]{users:,} concurrent {context:,}-token sequences of {spec.name}[/] (vLLM, utilization {util:.2f})")
+    table = Table()
+    for col in ("GPU", "KV dtype", "TP", "users / replica", "limited by", "replicas", "GPUs", "USD / hour"):
+        table.add_column(col, justify="left" if col in ("GPU", "KV dtype", "limited by") else "right")
+    for r in rows:
+        if not r.supported:
+            table.add_row(r.gpu, r.dtype, "—", "—", f"unsupported: {r.reason}", "—", "—", "—")
+            continue
+        cost = f"{r.usd_per_hour:,.2f}" if r.usd_per_hour is not None else "—"
+        table.add_row(r.gpu, r.dtype, str(r.tensor_parallel), f"{r.users_per_replica:,}", r.limited_by, str(r.replicas), str(r.gpus), cost)
+    console.print(table)
+    if not prices:
+        console.print("cost: pass --price-per-hour GPU=USD,... to see USD per hour (kvbench ships no prices).")
+    console.print("activation and CUDA-graph memory are not modelled (--overhead-gb); measure with `kvbench run`.")

@@ -1,0 +1,71 @@
+"""Capacity model against hand-computed cases."""
+
+import math
+
+import pytest
+
+from kvbench.capacity import budget_from_bytes, budget_from_gpu, capacity_row, capacity_table
+from kvbench.formats import get_format, parse_format_list
+from kvbench.gpus import get_gpu, server_defaults
+from kvbench.models import load_model
+from kvbench.units import GB, MiB
+
+LLAMA = load_model("llama-3.1-8b")
+
+
+def test_article_case_56gb_4k():
+    rows = capacity_table(LLAMA, parse_format_list("auto,fp8,nvfp4"), 4096, budget_from_bytes(56 * GB))
+    auto, fp8, nvfp4 = rows
+    # per user: 4096 tokens x 32 layers x {4096, 2048, 1152} B
+    assert auto.bytes_per_user == 536_870_912
+    assert fp8.bytes_per_user == 268_435_456
+    assert nvfp4.bytes_per_user == 150_994_944
+    assert (auto.users, fp8.users, nvfp4.users) == (104, 208, 370)
+    # the article's formula with 0.5 B/elem for NVFP4
+    assert nvfp4.naive_users == pytest.approx(56e9 / (2 * 32 * 8 * 128 * 4096 * 0.5))
+    assert nvfp4.ratio_vs_auto == pytest.approx(nvfp4.max_concurrency / auto.max_concurrency)
+
+
+def test_vllm_style_tokens_and_concurrency():
+    # 1 GiB, block 128, context 1000 (not a multiple of the block): 8 blocks per request.
+    row = capacity_row(LLAMA, get_format("auto"), 1000, budget_from_bytes(2**30), block_size=128)
+    pool_block = 32 * 128 * 4096
+    assert row.pool_block_bytes == pool_block
+    assert row.num_blocks == 2**30 // pool_block == 64
+    assert row.blocks_per_request == 8
+    assert row.max_concurrency == 64 / 8
+    assert row.kv_tokens == int(8 * 1000)
+
+
+def test_sliding_window_caps_blocks():
+    mistral = load_model("mistral-7b")
+    row = capacity_row(mistral, get_format("auto"), 32768, budget_from_bytes(50 * GB), get_gpu("h100-sxm"))
+    in_flight = 2 * server_defaults(get_gpu("h100-sxm")).max_num_batched_tokens
+    assert row.blocks_per_request == math.ceil((4096 - 1 + in_flight) / 16) + 1 == 1281
+    # a short context is never rounded past itself
+    short = capacity_row(mistral, get_format("auto"), 1024, budget_from_bytes(50 * GB), get_gpu("h100-sxm"))
+    assert short.blocks_per_request == 1024 // 16 + 1
+
+
+def test_hybrid_groups_gpt_oss():
+    oss = load_model("gpt-oss-120b")
+    row = capacity_row(oss, get_format("auto"), 131072, budget_from_bytes(60 * GB), get_gpu("h200"))
+    # 2 groups of 18 layers: one full (8192 blocks), one sliding-128 (1033 blocks)
+    assert row.pool_block_bytes == 18 * 16 * (2 * 8 * 64 * 2)
+    assert row.blocks_per_request == 8192 + (math.ceil((127 + 2 * 8192) / 16) + 1)
+
+
+def test_budget_from_gpu_uses_device_memory():
+    h100 = get_gpu("h100-sxm")
+    b = budget_from_gpu(h100, LLAMA, utilization=0.9)
+    assert b.kv_bytes == pytest.approx(81559 * MiB * 0.9 - LLAMA.weight_bytes)
+    spec = budget_from_gpu(h100, LLAMA, utilization=0.9, memory_basis="spec")
+    assert spec.kv_bytes == pytest.approx(80e9 * 0.9 - 16_060_522_496)  # the article's ~56 GB
+    assert "GiB" in b.derivation and "GB" in b.derivation
+
+
+def test_scheduler_defaults_by_device():
+    assert server_defaults(get_gpu("a100-80gb")).max_num_seqs == 256  # vLLM excludes A100 from the large defaults
+    assert server_defaults(get_gpu("h100-sxm")).max_num_seqs == 1024
+    assert server_defaults(get_gpu("b200")).max_num_batched_tokens == 16384
+    assert server_defaults(get_gpu("l40s")).max_num_seqs == 256
