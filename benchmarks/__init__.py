@@ -1,0 +1,1 @@
+"""asv benchmarks: thin wrappers over the kvbench library (see asv.conf.json)."""
