@@ -1,0 +1,204 @@
+"""NVFP4 reference numerics in plain torch: E2M1 values, E4M3 block scales, an FP32 tensor scale.
+
+One value x of a KV row (head_dim D, a multiple of 16) is stored as
+
+    x ≈ e2m1 · block_scale · global_scale
+
+- e2m1: 4 bits [sign | exp:2 | mant:1], magnitudes {0, 0.5, 1, 1.5, 2, 3, 4, 6}; round to nearest,
+  ties to even, saturate to ±6 (PTX `cvt.rn.satfinite.e2m1x2.f32`).
+- block_scale: one FP8 E4M3 byte per 16 consecutive values along head_dim, computed when the token is
+  written (dynamic).
+- global_scale: one FP32 *dequant* scale per tensor (vLLM's k_scale/v_scale: 1.0 unless the
+  checkpoint ships one; ModelOpt calibrates it to amax / (6 · 448)).
+
+Bytes: element 2i in the low nibble, 2i+1 in the high nibble (the NVIDIA order: PTX cvt, vLLM,
+ModelOpt, FlashInfer). A row is D/2 data bytes + D/16 scale bytes; vLLM's page puts all data rows of a
+(K or V) side first, then all their scales (`to_vllm_side`).
+
+The quantizer follows vLLM/TensorRT-LLM `cvt_warp_fp16_to_fp4` step by step, with exact IEEE division
+where the CUDA code uses `rcp.approx` (see tests/test_vllm_crosscheck.py for what that changes).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+BLOCK = 16
+E2M1_MAX = 6.0
+E4M3_MAX = 448.0
+# Magnitude of each 3-bit E2M1 code; code | 0x8 is the negative.
+E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
+
+
+# ---------------------------------------------------------------------------------------------
+# E2M1 elements
+# ---------------------------------------------------------------------------------------------
+
+
+def e2m1_encode(x: torch.Tensor) -> torch.Tensor:
+    """4-bit codes (uint8 0..15) of x, round-to-nearest-even, saturating at ±6.
+
+    The magnitude code is the number of decision boundaries |x| passes. A tie goes to the even
+    mantissa, so boundaries that round a tie *up* use >= (0.75→1, 1.75→2, 3.5→4) and those that
+    round it down use > (0.25→0, 1.25→1, 2.5→2, 5→4).
+    """
+    a = x.float().abs()
+    mag = (
+        (a > 0.25).to(torch.uint8)
+        + (a >= 0.75)
+        + (a > 1.25)
+        + (a >= 1.75)
+        + (a > 2.5)
+        + (a >= 3.5)
+        + (a > 5.0)
+    )
+    # Negative inputs keep their sign even when they round to zero (code 0x8 = -0), as cvt does.
+    return mag | ((x < 0).to(torch.uint8) << 3)
+
+
+def e2m1_decode(codes: torch.Tensor) -> torch.Tensor:
+    """float32 values of 4-bit codes."""
+    table = torch.tensor(E2M1_VALUES, dtype=torch.float32, device=codes.device)
+    mag = table[(codes & 0x7).long()]
+    return torch.where((codes & 0x8) != 0, -mag, mag)
+
+
+def pack_nibbles(codes: torch.Tensor) -> torch.Tensor:
+    """[..., D] codes -> [..., D/2] bytes, element 2i in the low nibble."""
+    return codes[..., 0::2] | (codes[..., 1::2] << 4)
+
+
+def unpack_nibbles(data: torch.Tensor) -> torch.Tensor:
+    """[..., D/2] bytes -> [..., D] codes (inverse of pack_nibbles)."""
+    return torch.stack((data & 0x0F, data >> 4), dim=-1).flatten(-2)
+
+
+# ---------------------------------------------------------------------------------------------
+# E4M3 block scales
+# ---------------------------------------------------------------------------------------------
+
+
+def e4m3_round(x: torch.Tensor) -> torch.Tensor:
+    """x rounded to FP8 E4M3 (RNE, saturating at ±448), as float32 (`__nv_fp8_e4m3(float)`)."""
+    return x.float().clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn).float()
+
+
+def e4m3_bytes(x: torch.Tensor) -> torch.Tensor:
+    return x.float().clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn).view(torch.uint8)
+
+
+def e4m3_from_bytes(b: torch.Tensor) -> torch.Tensor:
+    return b.contiguous().view(torch.float8_e4m3fn).float()
+
+
+# ---------------------------------------------------------------------------------------------
+# NVFP4 tensors
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Nvfp4Tensor:
+    data: torch.Tensor  # uint8 [..., D/2], two E2M1 codes per byte
+    scales: torch.Tensor  # uint8 [..., D/16], E4M3 bytes
+    global_scale: float  # FP32 dequant scale for the whole tensor
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return (*self.data.shape[:-1], self.data.shape[-1] * 2)
+
+
+def amax_global_scale(x: torch.Tensor) -> float:
+    """ModelOpt's calibrated dequant scale amax / (6 · 448): the largest block scale lands on 448."""
+    amax = float(x.detach().abs().max())
+    return amax / (E2M1_MAX * E4M3_MAX) if amax > 0 else 1.0
+
+
+def _block_scales(vecmax: torch.Tensor, global_scale: float, denominator: float) -> torch.Tensor:
+    """E4M3-rounded block scales: enc · (vecmax / denominator), enc = 1 / global_scale."""
+    gs = torch.tensor(global_scale, dtype=torch.float32)
+    enc = 1.0 / gs  # vLLM: `global_scale = 1.0f / k_scale`
+    return e4m3_round(enc * (vecmax * (1.0 / denominator)))
+
+
+def _encode_blocks(xb: torch.Tensor, sf: torch.Tensor, global_scale: float) -> torch.Tensor:
+    """E2M1 codes of blocks xb [..., n, 16] given their rounded block scales sf [..., n]."""
+    # outputScale = 1 / (sf · gs); a zero block (sf = 0) maps everything to code 0.
+    denom = sf * torch.tensor(global_scale, dtype=torch.float32)
+    out_scale = torch.where(sf == 0, torch.zeros_like(sf), 1.0 / torch.where(sf == 0, torch.ones_like(sf), denom))
+    return e2m1_encode(xb * out_scale.unsqueeze(-1))
+
+
+def quantize(x: torch.Tensor, global_scale: float = 1.0, *, four_over_six: bool = False) -> Nvfp4Tensor:
+    """NVFP4-quantize x [..., D] along its last dimension (D % 16 == 0).
+
+    four_over_six: vLLM's `nvfp4_4over6` -- each block also tries the scale max/4 (finer steps, the
+    largest values land on 4) and keeps whichever reconstructs the block with the smaller squared
+    error. Same bytes, same layout.
+    """
+    if x.shape[-1] % BLOCK:
+        raise ValueError(f"NVFP4 needs the last dimension to be a multiple of {BLOCK}, got {x.shape[-1]}")
+    if not global_scale > 0:
+        raise ValueError(f"global_scale must be positive, got {global_scale}")
+    xb = x.float().reshape(*x.shape[:-1], x.shape[-1] // BLOCK, BLOCK)
+    vecmax = xb.abs().amax(dim=-1)
+    sf = _block_scales(vecmax, global_scale, E2M1_MAX)
+    codes = _encode_blocks(xb, sf, global_scale)
+    if four_over_six:
+        sf4 = _block_scales(vecmax, global_scale, 4.0)
+        codes4 = _encode_blocks(xb, sf4, global_scale)
+        err6 = ((_dequant_blocks(codes, sf, global_scale) - xb) ** 2).sum(-1)
+        err4 = ((_dequant_blocks(codes4, sf4, global_scale) - xb) ** 2).sum(-1)
+        use4 = err4 < err6  # ties keep the standard max/6 scale
+        codes = torch.where(use4.unsqueeze(-1), codes4, codes)
+        sf = torch.where(use4, sf4, sf)
+    data = pack_nibbles(codes.flatten(-2))
+    return Nvfp4Tensor(data=data, scales=e4m3_bytes(sf), global_scale=float(global_scale))
+
+
+def _dequant_blocks(codes: torch.Tensor, sf: torch.Tensor, global_scale: float) -> torch.Tensor:
+    # Same operation order as vLLM's dequantize_to_dtype: value · (block_scale · global_scale).
+    return e2m1_decode(codes) * (sf * torch.tensor(global_scale, dtype=torch.float32)).unsqueeze(-1)
+
+
+def dequantize(q: Nvfp4Tensor) -> torch.Tensor:
+    """float32 [..., D] values of an NVFP4 tensor."""
+    codes = unpack_nibbles(q.data)
+    codes = codes.reshape(*codes.shape[:-1], codes.shape[-1] // BLOCK, BLOCK)
+    return _dequant_blocks(codes, e4m3_from_bytes(q.scales), q.global_scale).flatten(-2)
+
+
+def quant_dequant(x: torch.Tensor, global_scale: float = 1.0, *, four_over_six: bool = False) -> torch.Tensor:
+    return dequantize(quantize(x, global_scale, four_over_six=four_over_six))
+
+
+# ---------------------------------------------------------------------------------------------
+# vLLM's packed rows
+# ---------------------------------------------------------------------------------------------
+
+
+def row_bytes(head_dim: int) -> int:
+    """Bytes per (token, head) row: vLLM's nvfp4_kv_cache_full_dim(D) = D/2 + D/16."""
+    return head_dim // 2 + head_dim // BLOCK
+
+
+def to_vllm_side(data: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """One side (K or V) of a page, [H, T, D/2] data + [H, T, D/16] scales -> uint8 [H, T, D/2 + D/16].
+
+    vLLM lays a side out as all H·T data rows, then all H·T scale rows (`nvfp4_split_data_scale`),
+    not row by row; the [H, T, full_dim] shape is only the allocation.
+    """
+    h, t, _ = data.shape
+    flat = torch.cat((data.reshape(-1), scales.reshape(-1)))
+    return flat.reshape(h, t, row_bytes(data.shape[-1] * 2))
+
+
+def from_vllm_side(side: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Inverse of to_vllm_side: uint8 [H, T, full_dim] -> (data [H, T, D/2], scales [H, T, D/16])."""
+    h, t, full = side.shape
+    d_data = full * 8 // 9
+    flat = side.reshape(-1)
+    data = flat[: h * t * d_data].reshape(h, t, d_data)
+    scales = flat[h * t * d_data :].reshape(h, t, full - d_data)
+    return data, scales
