@@ -194,12 +194,3 @@ def capacity_table(
         ratio = row.max_concurrency / auto.max_concurrency if auto.max_concurrency else None
         rows.append(CapacityRow(**{**asdict(row), "ratio_vs_auto": ratio}))
     return rows
-
-
-def format_ratio(a: CacheFormat, b: CacheFormat, model: ModelSpec) -> float:
-    """Tokens that fit with format `a` over tokens with `b` on the same budget (page rounding aside)."""
-    bytes_a = sum(a.bytes_per_token_per_layer(model, layer) for layer in model.layers)
-    bytes_b = sum(b.bytes_per_token_per_layer(model, layer) for layer in model.layers)
-    return bytes_b / bytes_a
-
-

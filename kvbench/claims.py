@@ -17,11 +17,10 @@ from kvbench.capacity import (
     budget_from_bytes,
     budget_from_gpu,
     capacity_row,
-    format_ratio,
 )
 from kvbench.datafiles import data_path
 from kvbench.errors import UsageError, unknown_choice
-from kvbench.formats import get_format
+from kvbench.formats import format_ratio, get_format
 from kvbench.gpus import get_gpu
 from kvbench.models import load_model
 from kvbench.units import GB

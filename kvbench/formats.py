@@ -103,3 +103,10 @@ def parse_format_list(text: str) -> list[CacheFormat]:
             if fmt not in out:
                 out.append(fmt)
     return out
+
+
+def format_ratio(a: CacheFormat, b: CacheFormat, model: ModelSpec) -> float:
+    """Tokens that fit with format `a` over tokens with `b` on the same budget (page rounding aside)."""
+    bytes_a = sum(a.bytes_per_token_per_layer(model, layer) for layer in model.layers)
+    bytes_b = sum(b.bytes_per_token_per_layer(model, layer) for layer in model.layers)
+    return bytes_b / bytes_a

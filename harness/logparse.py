@@ -1,0 +1,79 @@
+"""What vLLM's own log says: its KV-cache capacity report, the dtype it used, and why it failed.
+
+vLLM 0.32+ prints one line (vllm/v1/core/kv_cache_utils.py):
+    CPU KV cache size: 4,194,304 tokens, Maximum concurrency for 1,024 tokens per request: 4096.00x
+older releases print two (`GPU KV cache size: N tokens` then `Maximum concurrency for M tokens per
+request: X.XXx`); the device prefix is GPU, CPU, XPU... Both forms are accepted.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+_N = r"[\d,]+"
+ONE_LINE = re.compile(
+    rf"(?P<device>[A-Z]+(?: \+ host)?) KV cache size: (?P<tokens>{_N}) tokens, "
+    rf"Maximum concurrency for (?P<per_req>{_N}) tokens per request: (?P<conc>[\d.]+)x"
+)
+SIZE_LINE = re.compile(rf"(?P<device>[A-Z]+(?: \+ host)?) KV cache size: (?P<tokens>{_N}) tokens\s*$")
+CONC_LINE = re.compile(rf"Maximum concurrency for (?P<per_req>{_N}) tokens per request: (?P<conc>[\d.]+)x")
+DTYPE_LINE = re.compile(r"Using (?P<dtype>\S+) data type to store kv cache")
+KV_MEMORY_LINE = re.compile(
+    r"(?:Available KV cache memory: (?P<gpu>[\d.]+) GiB|(?:Explicitly|Auto) set \((?P<cpu>[\d.]+)/[\d.]+\) GiB for KV cache)"
+)
+ERROR_LINE = re.compile(r"\b(?P<kind>[A-Za-z_.]*(?:Error|Exception)): (?P<msg>.+)$")
+ARGPARSE_LINE = re.compile(r": error: (?P<msg>.+)$")
+
+
+@dataclass(frozen=True)
+class EngineCapacity:
+    """The capacity the engine itself reported."""
+
+    device: str | None
+    kv_tokens: int
+    max_concurrency: float | None  # sequences of `tokens_per_request` tokens
+    tokens_per_request: int | None
+    source: str  # "log" or "metrics"
+    kv_cache_gib: float | None = None
+    num_blocks: int | None = None
+    block_size: int | None = None
+    cache_dtype: str | None = None
+
+
+def _int(text: str) -> int:
+    return int(text.replace(",", ""))
+
+
+def parse_capacity(lines: list[str]) -> EngineCapacity | None:
+    """The last capacity report in a vLLM log, in either form; None if there is none yet."""
+    found: EngineCapacity | None = None
+    pending: tuple[str, int] | None = None
+    kv_gib = None
+    dtype = None
+    for line in lines:
+        if m := KV_MEMORY_LINE.search(line):
+            kv_gib = float(m["gpu"] or m["cpu"])
+        if m := DTYPE_LINE.search(line):
+            dtype = m["dtype"]
+        if m := ONE_LINE.search(line):
+            found = EngineCapacity(m["device"], _int(m["tokens"]), float(m["conc"]), _int(m["per_req"]), "log", kv_gib, cache_dtype=dtype)
+            pending = None
+        elif m := SIZE_LINE.search(line):
+            pending = (m["device"], _int(m["tokens"]))
+            found = EngineCapacity(m["device"], _int(m["tokens"]), None, None, "log", kv_gib, cache_dtype=dtype)
+        elif (m := CONC_LINE.search(line)) and pending:
+            found = EngineCapacity(pending[0], pending[1], float(m["conc"]), _int(m["per_req"]), "log", kv_gib, cache_dtype=dtype)
+            pending = None
+    return found
+
+
+def startup_error(lines: list[str]) -> str | None:
+    """The most telling error line of a failed start: vLLM's argparse complaint or the last exception."""
+    for line in reversed(lines):
+        if m := ARGPARSE_LINE.search(line):
+            return m["msg"].strip()
+    for line in reversed(lines):
+        if m := ERROR_LINE.search(line):
+            return f"{m['kind'].rsplit('.', 1)[-1]}: {m['msg'].strip()}"
+    return None

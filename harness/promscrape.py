@@ -1,0 +1,121 @@
+"""vLLM's Prometheus `/metrics`: cache configuration, KV usage, queue depth, preemptions.
+
+Names are vLLM V1's (vllm/v1/metrics/loggers.py): `vllm:cache_config_info` is an info gauge whose labels
+are every CacheConfig field (num_gpu_blocks, block_size, cache_dtype, kv_cache_size_tokens, ...).
+The removed `vllm:gpu_cache_usage_perc` is read as a fallback for older servers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import urllib.request
+from dataclasses import dataclass, field
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from kvbench.harness.logparse import EngineCapacity
+
+GAUGES = {
+    "vllm:kv_cache_usage_perc": "kv_cache_usage",  # 0-1
+    "vllm:gpu_cache_usage_perc": "kv_cache_usage",  # pre-V1 name
+    "vllm:num_requests_running": "requests_running",
+    "vllm:num_requests_waiting": "requests_waiting",
+    "vllm:num_preemptions": "preemptions",  # counter family name; sample is *_total
+    "vllm:prompt_tokens": "prompt_tokens",
+    "vllm:generation_tokens": "generation_tokens",
+}
+
+
+@dataclass
+class MetricsSnapshot:
+    t: float  # time.perf_counter() when scraped, on the same clock as request timings
+    values: dict[str, float] = field(default_factory=dict)
+    cache_config: dict[str, str] = field(default_factory=dict)
+
+    def as_dict(self) -> dict:
+        return {"t": self.t, "values": self.values, "cache_config": self.cache_config}
+
+
+def parse_metrics(text: str, t: float | None = None) -> MetricsSnapshot:
+    snap = MetricsSnapshot(t=time.perf_counter() if t is None else t)
+    for family in text_string_to_metric_families(text):
+        if family.name == "vllm:cache_config_info":
+            for sample in family.samples:
+                snap.cache_config = dict(sample.labels)
+            continue
+        key = GAUGES.get(family.name)
+        if key is None:
+            continue
+        for sample in family.samples:
+            if sample.name.endswith("_created"):
+                continue
+            # Summed over engines/models: one server, one number.
+            snap.values[key] = snap.values.get(key, 0.0) + float(sample.value)
+    return snap
+
+
+def fetch_metrics(base_url: str, timeout_s: float = 5.0) -> MetricsSnapshot:
+    with urllib.request.urlopen(f"{base_url}/metrics", timeout=timeout_s) as resp:
+        return parse_metrics(resp.read().decode("utf-8", "replace"))
+
+
+def capacity_from_metrics(snap: MetricsSnapshot) -> EngineCapacity | None:
+    """The engine's capacity as `/metrics` states it (for --endpoint runs, where there is no log)."""
+    cc = snap.cache_config
+    if not cc:
+        return None
+
+    def num(key: str, kind=int):
+        try:
+            return kind(float(cc[key])) if cc.get(key) not in (None, "None", "") else None
+        except ValueError:
+            return None
+
+    blocks, block_size = num("num_gpu_blocks"), num("block_size")
+    tokens = num("kv_cache_size_tokens") or (blocks * block_size if blocks and block_size else None)
+    if tokens is None:
+        return None
+    mem = num("kv_cache_memory_bytes")
+    return EngineCapacity(
+        device=None,
+        kv_tokens=tokens,
+        max_concurrency=num("kv_cache_max_concurrency", float),
+        tokens_per_request=None,
+        source="metrics",
+        kv_cache_gib=mem / 2**30 if mem else None,
+        num_blocks=blocks,
+        block_size=block_size,
+        cache_dtype=cc.get("cache_dtype"),
+    )
+
+
+class MetricsSampler:
+    """Scrapes /metrics every `interval_s` while load runs, so KV usage and queues line up with requests."""
+
+    def __init__(self, base_url: str, interval_s: float = 1.0):
+        self.base_url = base_url
+        self.interval_s = interval_s
+        self.samples: list[MetricsSnapshot] = []
+        self.errors = 0
+        self._task: asyncio.Task | None = None
+
+    async def _loop(self) -> None:
+        while True:
+            try:
+                snap = await asyncio.to_thread(fetch_metrics, self.base_url, 2.0)
+                self.samples.append(snap)
+            except Exception:  # a busy or dying server; counted, never fatal
+                self.errors += 1
+            await asyncio.sleep(self.interval_s)
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._loop())
+
+    async def stop(self) -> None:
+        if self._task:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
