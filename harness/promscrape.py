@@ -44,11 +44,10 @@ def parse_metrics(text: str, t: float | None = None) -> MetricsSnapshot:
             for sample in family.samples:
                 snap.cache_config = dict(sample.labels)
             continue
-        key = GAUGES.get(family.name)
-        if key is None:
-            continue
         for sample in family.samples:
-            if sample.name.endswith("_created"):
+            # Counters appear as `x_total` under family `x` or `x_total`, depending on the TYPE line.
+            key = GAUGES.get(sample.name.removesuffix("_total"))
+            if key is None:
                 continue
             # Summed over engines/models: one server, one number.
             snap.values[key] = snap.values.get(key, 0.0) + float(sample.value)
