@@ -54,8 +54,8 @@ def e2m1_encode(x: torch.Tensor) -> torch.Tensor:
         + (a >= 3.5)
         + (a > 5.0)
     )
-    # Negative inputs keep their sign even when they round to zero (code 0x8 = -0), as cvt does.
-    return mag | ((x < 0).to(torch.uint8) << 3)
+    # The sign bit is copied, so negatives that round to zero (and -0.0) give 0x8 = -0, as cvt does.
+    return mag | (torch.signbit(x).to(torch.uint8) << 3)
 
 
 def e2m1_decode(codes: torch.Tensor) -> torch.Tensor:

@@ -159,13 +159,13 @@ def fp8_encode(x, MANT: tl.constexpr, BIAS: tl.constexpr, MAX: tl.constexpr, MIN
     rounded = (bits + ((1 << (22 - MANT)) - 1) + lsb) >> (23 - MANT)
     normal = rounded - ((127 - BIAS) << MANT)
     # Subnormal range: multiples of MIN_NORMAL / 2^MANT; the count is the code itself.
-    steps = a * SUB_STEPS
+    steps = tl.minimum(a, MIN_NORMAL) * SUB_STEPS  # (clamped: only used below MIN_NORMAL)
     whole = tl.floor(steps)
     frac = steps - whole
     n = whole.to(tl.int32)
     sub = n + ((frac > 0.5) | ((frac == 0.5) & ((n & 1) == 1))).to(tl.int32)
     code = tl.where(a < MIN_NORMAL, sub, normal)
-    return (code | ((x < 0).to(tl.int32) << 7)).to(tl.uint8)
+    return (code | ((x.to(tl.int32, bitcast=True) >> 31) & 1) << 7).to(tl.uint8)
 
 
 @triton.jit
@@ -210,7 +210,7 @@ def e2m1_encode_tl(x):
     mag = ((a > 0.25).to(tl.int32) + (a >= 0.75).to(tl.int32) + (a > 1.25).to(tl.int32)
            + (a >= 1.75).to(tl.int32) + (a > 2.5).to(tl.int32) + (a >= 3.5).to(tl.int32)
            + (a > 5.0).to(tl.int32))
-    return mag | ((x < 0).to(tl.int32) << 3)
+    return mag | (((x.to(tl.int32, bitcast=True) >> 31) & 1) << 3)  # sign bit copied, as cvt does
 
 
 @triton.jit
