@@ -1,0 +1,474 @@
+"""A fake OpenAI-compatible streaming server with known timing, for truth checks and the client roofline.
+
+It streams `max_tokens` tokens (ignore_eos semantics) as SSE chunks shaped like vLLM's: the first chunk
+`ttft_s` after the request arrived, then one chunk every `itl_s`, each holding `tokens_per_chunk` tokens,
+with `usage` on every chunk (continuous usage stats) and a final usage-only chunk, then `[DONE]`.
+Chunk times are deadlines from the arrival (not cumulative sleeps), so lateness does not accumulate,
+and every write is logged with its `perf_counter()` time (CLOCK_MONOTONIC is shared by processes on one
+host, so a client can compare against it).
+
+Faults by arrival order (1-based): every `fail_every`-th request gets HTTP 500, every `hang_every`-th
+never finishes (after `hang_after_chunks` chunks; 0 = before the response headers), every
+`drop_every`-th has its connection closed after `drop_after_chunks` chunks.
+
+With `ttft_s == itl_s == 0` (zero-compute) the whole response is written at once: the client roofline
+measures the client, not this server.
+
+Endpoints: POST /v1/completions, /v1/chat/completions; GET /v1/models, /health, /metrics (Prometheus text
+with vLLM names); control: GET/POST /fake/config (POST replaces fields and resets counters and log),
+GET /fake/log (?clear=1).
+
+In-process: `with FakeServer(FakeConfig(ttft_s=0.05)) as srv: srv.base_url` (its own thread and event
+loop) or `FakeServer(..., mode="process")` (a subprocess: no shared GIL with the client). Standalone:
+`python -m kvbench.harness.fakeserver --port 8000 --ttft-ms 50 --itl-ms 10 --tokens-per-chunk 4`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from dataclasses import asdict, dataclass, fields
+from typing import Any
+
+from aiohttp import web
+
+READY = "KVBENCH_FAKESERVER_READY"
+
+
+@dataclass
+class FakeConfig:
+    ttft_s: float = 0.0  # request arrival -> first chunk written
+    itl_s: float = 0.0  # between chunk writes
+    tokens_per_chunk: int = 1
+    model: str = "kvbench-fake"
+    max_model_len: int = 4096
+    fail_every: int = 0  # every k-th request: HTTP 500
+    hang_every: int = 0  # every k-th request: never finishes
+    hang_after_chunks: int = 0  # chunks sent before hanging; 0: before the headers
+    drop_every: int = 0  # every k-th request: connection closed mid-stream
+    drop_after_chunks: int = 1
+    usage: bool = True  # honour stream_options.include_usage
+    continuous_usage: bool = True  # honour stream_options.continuous_usage_stats
+    send_done: bool = True  # end with data: [DONE]
+
+    def update(self, changes: dict[str, Any]) -> None:
+        names = {f.name: f.type for f in fields(self)}
+        for k, v in changes.items():
+            if k not in names:
+                raise ValueError(f"unknown fake-server setting {k!r}")
+            setattr(self, k, v)
+        if int(self.tokens_per_chunk) < 1:
+            raise ValueError("tokens_per_chunk must be >= 1")
+
+
+def _event(obj: Any) -> bytes:
+    return b"data: " + json.dumps(obj, separators=(",", ":")).encode() + b"\n\n"
+
+
+class _State:
+    def __init__(self, config: FakeConfig):
+        self.config = config
+        self.arrivals = 0
+        self.running = 0
+        self.log: list[dict[str, Any]] = []
+        self.prompt_tokens_total = 0
+        self.generation_tokens_total = 0
+        self.success_total = 0
+        self.stopping = asyncio.Event()
+
+    def reset(self) -> None:
+        self.arrivals = 0
+        self.log = []
+
+
+def _prompt_tokens(body: dict[str, Any], chat: bool) -> int:
+    if chat:
+        text = " ".join(str(m.get("content", "")) for m in body.get("messages", []))
+        return len(text.split()) + 4  # a stand-in for a chat template; the fake has no tokenizer
+    p = body.get("prompt", "")
+    if isinstance(p, list) and all(isinstance(i, int) for i in p):
+        return len(p)
+    return len(str(p).split())
+
+
+async def _completion(request: web.Request) -> web.StreamResponse:
+    t_recv = time.perf_counter()
+    st: _State = request.app["state"]
+    cfg = FakeConfig(**asdict(st.config))  # a snapshot: a reconfigure mid-request does not change it
+    chat = request.path.endswith("/chat/completions")
+    body = await request.json()
+    st.arrivals += 1
+    n = st.arrivals
+    entry: dict[str, Any] = {"n": n, "request_id": request.headers.get("X-Request-Id"), "received_s": t_recv, "api": "chat" if chat else "completions", "writes_s": [], "outcome": "ok"}
+    st.log.append(entry)
+    max_tokens = int(body.get("max_tokens") or body.get("max_completion_tokens") or 16)
+    prompt_tokens = _prompt_tokens(body, chat)
+    entry["max_tokens"] = max_tokens
+    entry["prompt_tokens"] = prompt_tokens
+
+    if cfg.fail_every and n % cfg.fail_every == 0:
+        entry["outcome"] = "http_500"
+        return web.json_response({"error": {"message": "fake failure", "type": "InternalServerError", "code": 500}}, status=500)
+    hang = bool(cfg.hang_every and n % cfg.hang_every == 0)
+    drop = bool(not hang and cfg.drop_every and n % cfg.drop_every == 0)
+    if hang and cfg.hang_after_chunks <= 0:
+        entry["outcome"] = "hang"
+        await st.stopping.wait()
+        raise web.HTTPServiceUnavailable()
+
+    opts = body.get("stream_options") or {}
+    with_usage = cfg.usage and bool(opts.get("include_usage"))
+    continuous = with_usage and cfg.continuous_usage and bool(opts.get("continuous_usage_stats"))
+    k = int(cfg.tokens_per_chunk)
+    sizes = [k] * (max_tokens // k) + ([max_tokens % k] if max_tokens % k else [])
+    rid = f"{'chatcmpl' if chat else 'cmpl'}-fake-{n}"
+    created = int(time.time())
+    obj = "chat.completion.chunk" if chat else "text_completion"
+
+    def usage(done: int) -> dict[str, int]:
+        return {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens + done, "completion_tokens": done}
+
+    def chunk(i: int, done: int, size: int) -> bytes:
+        last = i == len(sizes) - 1
+        text = " tok" * size
+        choice: dict[str, Any] = {"index": 0, "finish_reason": "length" if last else None}
+        if chat:
+            choice["delta"] = {"content": text}
+        else:
+            choice["text"] = text
+        ev: dict[str, Any] = {"id": rid, "object": obj, "created": created, "model": cfg.model, "choices": [choice]}
+        if continuous:
+            ev["usage"] = usage(done)
+        return _event(ev)
+
+    def opener() -> bytes:  # vLLM's chat stream opens with a role-only chunk, sent with the first token
+        ev: dict[str, Any] = {
+            "id": rid, "object": obj, "created": created, "model": cfg.model,
+            "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}],
+        }
+        if continuous:
+            ev["usage"] = usage(0)
+        return _event(ev)
+
+    def tail() -> bytes:
+        out = b""
+        if with_usage:
+            out += _event({"id": rid, "object": obj, "created": created, "model": cfg.model, "choices": [], "usage": usage(max_tokens)})
+        if cfg.send_done:
+            out += b"data: [DONE]\n\n"
+        return out
+
+    resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+    await resp.prepare(request)
+    st.running += 1
+    st.prompt_tokens_total += prompt_tokens
+    try:
+        zero = cfg.ttft_s <= 0 and cfg.itl_s <= 0 and not hang and not drop
+        if zero:  # zero-compute: one write, so the roofline measures the client
+            done = 0
+            parts = [opener()] if chat else []
+            for i, size in enumerate(sizes):
+                done += size
+                parts.append(chunk(i, done, size))
+            parts.append(tail())
+            await resp.write(b"".join(parts))
+            entry["writes_s"].append(time.perf_counter())
+        else:
+            done = 0
+            for i, size in enumerate(sizes):
+                delay = t_recv + cfg.ttft_s + i * cfg.itl_s - time.perf_counter()
+                if delay > 0:
+                    await asyncio.sleep(delay)
+                if drop and i == cfg.drop_after_chunks:
+                    entry["outcome"] = "dropped"
+                    request.transport.close()  # mid-stream: the chunked body never terminates
+                    return resp
+                if hang and i == cfg.hang_after_chunks:
+                    entry["outcome"] = "hang"
+                    await st.stopping.wait()
+                    return resp
+                done += size
+                data = (opener() if chat and i == 0 else b"") + chunk(i, done, size)
+                await resp.write(data)
+                entry["writes_s"].append(time.perf_counter())
+            await resp.write(tail())
+        await resp.write_eof()
+        st.generation_tokens_total += max_tokens
+        st.success_total += 1
+        return resp
+    finally:
+        st.running -= 1
+
+
+async def _models(request: web.Request) -> web.Response:
+    cfg: FakeConfig = request.app["state"].config
+    return web.json_response(
+        {"object": "list", "data": [{"id": cfg.model, "object": "model", "owned_by": "kvbench-fake", "root": cfg.model, "max_model_len": cfg.max_model_len}]}
+    )
+
+
+async def _metrics(request: web.Request) -> web.Response:
+    st: _State = request.app["state"]
+    lab = f'{{engine="0",model_name="{st.config.model}"}}'
+    lines = [
+        "# HELP vllm:num_requests_running Number of requests in model execution batches.",
+        "# TYPE vllm:num_requests_running gauge",
+        f"vllm:num_requests_running{lab} {float(st.running)}",
+        "# HELP vllm:num_requests_waiting Number of requests waiting to be processed.",
+        "# TYPE vllm:num_requests_waiting gauge",
+        f"vllm:num_requests_waiting{lab} 0.0",
+        "# HELP vllm:kv_cache_usage_perc KV-cache usage. 1 means 100 percent usage.",
+        "# TYPE vllm:kv_cache_usage_perc gauge",
+        f"vllm:kv_cache_usage_perc{lab} 0.0",
+        "# HELP vllm:prompt_tokens_total Number of prefill tokens processed.",
+        "# TYPE vllm:prompt_tokens_total counter",
+        f"vllm:prompt_tokens_total{lab} {float(st.prompt_tokens_total)}",
+        "# HELP vllm:generation_tokens_total Number of generation tokens processed.",
+        "# TYPE vllm:generation_tokens_total counter",
+        f"vllm:generation_tokens_total{lab} {float(st.generation_tokens_total)}",
+        "# HELP vllm:request_success_total Count of successfully processed requests.",
+        "# TYPE vllm:request_success_total counter",
+        f'vllm:request_success_total{{engine="0",finished_reason="length",model_name="{st.config.model}"}} {float(st.success_total)}',
+    ]
+    return web.Response(text="\n".join(lines) + "\n", content_type="text/plain", charset="utf-8")
+
+
+async def _health(request: web.Request) -> web.Response:
+    return web.Response(text="")
+
+
+async def _config(request: web.Request) -> web.Response:
+    st: _State = request.app["state"]
+    if request.method == "POST":
+        try:
+            st.config.update(await request.json())
+        except (ValueError, TypeError) as e:
+            return web.json_response({"error": str(e)}, status=400)
+        st.reset()
+    return web.json_response(asdict(st.config))
+
+
+async def _log(request: web.Request) -> web.Response:
+    st: _State = request.app["state"]
+    out = web.json_response(st.log)
+    if request.query.get("clear"):
+        st.reset()
+    return out
+
+
+def make_app(config: FakeConfig | None = None) -> web.Application:
+    app = web.Application()
+    app["state"] = _State(config or FakeConfig())
+    app.router.add_post("/v1/completions", _completion)
+    app.router.add_post("/v1/chat/completions", _completion)
+    app.router.add_get("/v1/models", _models)
+    app.router.add_get("/metrics", _metrics)
+    app.router.add_get("/health", _health)
+    app.router.add_route("*", "/fake/config", _config)
+    app.router.add_get("/fake/log", _log)
+    return app
+
+
+async def _serve(app: web.Application, sock: socket.socket) -> web.AppRunner:
+    # handler_cancellation: a client that gives up on a hung request frees its handler.
+    runner = web.AppRunner(app, handle_signals=False, access_log=None, handler_cancellation=True, shutdown_timeout=0.5)
+    await runner.setup()
+    await web.SockSite(runner, sock).start()
+    return runner
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    sock.listen(1024)
+    sock.setblocking(False)
+    return sock
+
+
+class FakeServer:
+    """The fake server, in a background thread (mode="thread") or a subprocess (mode="process")."""
+
+    def __init__(
+        self, config: FakeConfig | None = None, *, host: str = "127.0.0.1", port: int = 0, mode: str = "thread", uvloop: bool = False
+    ):
+        if mode not in ("thread", "process"):
+            raise ValueError("mode must be 'thread' or 'process'")
+        self.config = config or FakeConfig()
+        self.host = host
+        self.port = port
+        self.mode = mode
+        self.uvloop = uvloop  # process mode only
+        self._thread: threading.Thread | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._runner: web.AppRunner | None = None
+        self._app: web.Application | None = None
+        self._proc: subprocess.Popen | None = None
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def start(self) -> FakeServer:
+        if self.mode == "thread":
+            self._start_thread()
+        else:
+            self._start_process()
+        return self
+
+    def _start_thread(self) -> None:
+        sock = _bind(self.host, self.port)
+        self.port = sock.getsockname()[1]
+        ready = threading.Event()
+        errors: list[BaseException] = []
+
+        def main():
+            loop = asyncio.new_event_loop()
+            self._loop = loop
+            asyncio.set_event_loop(loop)
+            try:
+                self._app = make_app(self.config)
+                self._runner = loop.run_until_complete(_serve(self._app, sock))
+            except BaseException as e:  # reported to the starting thread
+                errors.append(e)
+                ready.set()
+                return
+            ready.set()
+            loop.run_forever()
+            loop.run_until_complete(self._runner.cleanup())
+            loop.close()
+
+        self._thread = threading.Thread(target=main, name="kvbench-fakeserver", daemon=True)
+        self._thread.start()
+        ready.wait(30)
+        if errors:
+            raise errors[0]
+
+    def _start_process(self) -> None:
+        cmd = [sys.executable, "-m", "kvbench.harness.fakeserver", "--host", self.host, "--port", str(self.port), "--config-json", json.dumps(asdict(self.config))]
+        cmd += ["--uvloop", "auto" if self.uvloop else "no"]
+        self._proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, start_new_session=True)
+        line = self._proc.stdout.readline()  # the child prints its URL once it listens
+        if not line.startswith(READY):
+            self.stop()
+            raise RuntimeError(f"fake server did not start (got {line!r})")
+        self.port = int(line.rsplit(":", 1)[1])
+
+    def stop(self) -> None:
+        if self._loop is not None and self._thread is not None:
+            loop, app = self._loop, self._app
+
+            def shutdown():
+                if app is not None:
+                    app["state"].stopping.set()  # release hung handlers
+                loop.call_later(0.05, loop.stop)
+
+            loop.call_soon_threadsafe(shutdown)
+            self._thread.join(10)
+            self._thread = self._loop = None
+        if self._proc is not None:
+            if self._proc.poll() is None:
+                try:
+                    os.killpg(self._proc.pid, signal.SIGTERM)
+                    self._proc.wait(5)
+                except (ProcessLookupError, subprocess.TimeoutExpired):
+                    try:
+                        os.killpg(self._proc.pid, signal.SIGKILL)
+                    except ProcessLookupError:
+                        pass
+                    self._proc.wait(5)
+            if self._proc.stdout:
+                self._proc.stdout.close()
+            self._proc = None
+
+    def __enter__(self) -> FakeServer:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    # -- control over HTTP (the same for both modes) ---------------------------------------------
+
+    def _call(self, path: str, data: dict | None = None) -> Any:
+        req = urllib.request.Request(self.base_url + path, method="POST" if data is not None else "GET")
+        body = None
+        if data is not None:
+            body = json.dumps(data).encode()
+            req.add_header("Content-Type", "application/json")
+        with urllib.request.urlopen(req, body, timeout=10) as resp:
+            return json.loads(resp.read())
+
+    def configure(self, **changes: Any) -> dict[str, Any]:
+        """Change settings (and reset the arrival counter and log) on the running server."""
+        return self._call("/fake/config", changes)
+
+    def log(self, clear: bool = False) -> list[dict[str, Any]]:
+        """Per request: arrival index, received_s and writes_s (perf_counter), outcome."""
+        return self._call("/fake/log" + ("?clear=1" if clear else ""))
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(prog="python -m kvbench.harness.fakeserver", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--host", default="127.0.0.1")
+    ap.add_argument("--port", type=int, default=0, help="0: any free port (printed on stdout)")
+    ap.add_argument("--ttft-ms", type=float, default=0.0)
+    ap.add_argument("--itl-ms", type=float, default=0.0, help="delay between chunks")
+    ap.add_argument("--tokens-per-chunk", type=int, default=1)
+    ap.add_argument("--model", default="kvbench-fake")
+    ap.add_argument("--fail-every", type=int, default=0)
+    ap.add_argument("--hang-every", type=int, default=0)
+    ap.add_argument("--hang-after-chunks", type=int, default=0)
+    ap.add_argument("--drop-every", type=int, default=0)
+    ap.add_argument("--drop-after-chunks", type=int, default=1)
+    ap.add_argument("--no-usage", action="store_true")
+    ap.add_argument("--no-continuous-usage", action="store_true")
+    ap.add_argument("--config-json", help="a full FakeConfig as JSON (overrides the flags)")
+    # Off by default: libuv's loop clock has millisecond granularity and its timers can fire up to 1 ms
+    # early, which would break the guarantee that no chunk leaves before its configured time.
+    ap.add_argument("--uvloop", choices=["auto", "yes", "no"], default="no", help="serve on uvloop (auto: if installed)")
+    a = ap.parse_args(argv)
+    if a.config_json:
+        cfg = FakeConfig(**json.loads(a.config_json))
+    else:
+        cfg = FakeConfig(
+            ttft_s=a.ttft_ms / 1e3, itl_s=a.itl_ms / 1e3, tokens_per_chunk=a.tokens_per_chunk, model=a.model,
+            fail_every=a.fail_every, hang_every=a.hang_every, hang_after_chunks=a.hang_after_chunks,
+            drop_every=a.drop_every, drop_after_chunks=a.drop_after_chunks,
+            usage=not a.no_usage, continuous_usage=not a.no_continuous_usage,
+        )
+    if a.uvloop != "no":
+        try:
+            import uvloop
+
+            asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
+        except ImportError:
+            if a.uvloop == "yes":
+                raise
+    asyncio.run(_main(cfg, a.host, a.port))
+
+
+async def _main(cfg: FakeConfig, host: str, port: int) -> None:
+    sock = _bind(host, port)
+    app = make_app(cfg)
+    runner = await _serve(app, sock)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    print(f"{READY} http://{host}:{sock.getsockname()[1]}", flush=True)
+    await stop.wait()
+    app["state"].stopping.set()
+    await runner.cleanup()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,379 @@
+"""When requests go: closed-loop concurrency, open-loop arrival rates, sweeps.
+
+Every request carries its intended send time. For a rate, the whole schedule is drawn up front (seeded),
+so a client or a concurrency cap that falls behind shows up as schedule lag (`sent - intended`) instead of
+silently stretching the run (coordinated omission). For a fixed concurrency the intended time is the
+moment a slot freed up, so the lag is the client's own dispatch delay.
+
+A no-progress watchdog ends a run when requests are in flight but no byte has arrived anywhere for
+`stall_timeout_s`: outstanding requests are cancelled and marked failed ("no progress for N s"), and the
+partial result is returned. Cancelling `run_load` (Ctrl-C under `asyncio.run`) cancels every request,
+closes what it opened and returns what was measured so far with `interrupted=True`; the caller decides
+the exit status. Nothing here prints; `on_progress` feeds the CLI's progress bar.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import math
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+
+from kvbench.harness.backend import OpenAIBackend, RequestResult
+from kvbench.harness.workload import Prompt
+
+
+@dataclass(frozen=True)
+class Concurrency:
+    """Closed loop: keep `concurrency` requests in flight; a new one is sent as soon as one finishes."""
+
+    concurrency: int
+
+    def __post_init__(self):
+        if self.concurrency < 1:
+            raise ValueError(f"concurrency must be >= 1, got {self.concurrency}")
+
+    @property
+    def max_in_flight(self) -> int:
+        return self.concurrency
+
+    def describe(self) -> dict[str, Any]:
+        return {"kind": "concurrency", "concurrency": self.concurrency}
+
+
+@dataclass(frozen=True)
+class Rate:
+    """Open loop: arrivals at `rate` requests/s with gamma-distributed gaps.
+
+    burstiness: the gamma shape, as vLLM's `--burstiness`: 1 is a Poisson process, < 1 burstier, > 1 more
+        regular, `math.inf` a constant 1/rate gap. `rate=math.inf` sends everything at t=0.
+    max_concurrency: optional cap on requests in flight; requests wait for a slot (their lag grows).
+    seed: the schedule's seed.
+    rescale: stretch the schedule so the last send is at exactly num_requests/rate, as vLLM does (removes
+        seed-dependent drift in the achieved rate; the gaps are then no longer exactly gamma).
+    """
+
+    rate: float  # requests/s
+    burstiness: float = 1.0
+    max_concurrency: int | None = None
+    seed: int = 0
+    rescale: bool = False
+
+    def __post_init__(self):
+        if not self.rate > 0:
+            raise ValueError(f"rate must be > 0 requests/s, got {self.rate}")
+        if not self.burstiness > 0:
+            raise ValueError(f"burstiness must be > 0, got {self.burstiness}")
+        if self.max_concurrency is not None and self.max_concurrency < 1:
+            raise ValueError(f"max_concurrency must be >= 1, got {self.max_concurrency}")
+
+    @property
+    def max_in_flight(self) -> int | None:
+        return self.max_concurrency
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "kind": "rate",
+            "rate_rps": _num(self.rate),
+            "burstiness": _num(self.burstiness),
+            "max_concurrency": self.max_concurrency,
+            "seed": self.seed,
+            "rescale": self.rescale,
+        }
+
+
+def _num(x: float) -> float | str:
+    return "inf" if math.isinf(x) else x  # JSON has no infinity
+
+
+def arrival_schedule(n: int, rate: Rate) -> np.ndarray:
+    """Intended send times (seconds from the run start) of `n` requests; the first gap is drawn too."""
+    if n <= 0:
+        return np.zeros(0)
+    if math.isinf(rate.rate):
+        return np.zeros(n)
+    if math.isinf(rate.burstiness):
+        gaps = np.full(n, 1.0 / rate.rate)
+    else:
+        rng = np.random.default_rng(rate.seed)
+        gaps = rng.gamma(shape=rate.burstiness, scale=1.0 / (rate.rate * rate.burstiness), size=n)
+    times = np.cumsum(gaps)
+    if rate.rescale and times[-1] > 0:
+        times *= (n / rate.rate) / times[-1]
+    return times
+
+
+@dataclass
+class LoadResult:
+    """One run's raw measurements. `results` holds every request that was sent, in index order."""
+
+    results: list[RequestResult]
+    duration_s: float  # from the run origin to the end of the last request (or the stall/interrupt)
+    started_at_monotonic: float  # perf_counter() at the run origin; request times are relative to it
+    interrupted: bool = False  # cancelled (Ctrl-C): partial
+    stalled: bool = False  # ended by the no-progress timeout: partial
+    mode: dict[str, Any] = field(default_factory=dict)
+    requested: int = 0  # prompts given
+    not_sent: int = 0  # never sent because the run ended early
+    output_tokens: int = 0
+    api: str = "completions"
+    stall_timeout_s: float | None = None
+    started_at_unix: float | None = None  # wall clock, metadata only
+    prompt_lengths_exact: bool | None = None
+    warmup: list[RequestResult] = field(default_factory=list)  # excluded from every statistic
+
+    def as_dict(self) -> dict[str, Any]:
+        d = {k: v for k, v in asdict(self).items() if k not in ("results", "warmup")}
+        d["results"] = [r.as_dict() for r in self.results]
+        d["warmup"] = [r.as_dict() for r in self.warmup]
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> LoadResult:
+        d = dict(d)
+        d["results"] = [RequestResult.from_dict(r) for r in d.get("results", [])]
+        d["warmup"] = [RequestResult.from_dict(r) for r in d.get("warmup", [])]
+        names = set(cls.__dataclass_fields__)
+        return cls(**{k: v for k, v in d.items() if k in names})
+
+
+class _Run:
+    """State of one run: in-flight tasks, counters, the watchdog's last-progress stamp."""
+
+    def __init__(self, backend, prompts, output_tokens, mode, stall_timeout_s, on_progress):
+        self.backend = backend
+        self.prompts = prompts
+        self.output_tokens = output_tokens
+        self.mode = mode
+        self.stall_timeout_s = stall_timeout_s
+        self.on_progress = on_progress
+        self.origin = 0.0
+        self.results: dict[int, RequestResult] = {}
+        self.tasks: set[asyncio.Task] = set()
+        self.in_flight = 0
+        self.completed = 0
+        self.failed = 0
+        self.last_progress = time.perf_counter()
+        self.stop_reason: tuple[str, str] | None = None  # (error_kind, message) for cancelled requests
+        self.end: float | None = None
+        self.run_id = uuid.uuid4().hex[:12]  # request ids must be unique on the server across runs
+
+    def touch(self) -> None:
+        self.last_progress = time.perf_counter()
+
+    def report(self) -> None:
+        if self.on_progress is not None:
+            self.on_progress(self.completed + self.failed, len(self.prompts))
+
+    async def request(self, i: int, intended_s: float) -> RequestResult:
+        prompt = self.prompts[i]
+        r = RequestResult(
+            index=i,
+            request_id=f"kvbench-{self.run_id}-{i}",
+            requested_output_tokens=self.output_tokens,
+            expected_prompt_tokens=prompt.num_tokens,
+            intended_send_s=intended_s,
+        )
+        self.results[i] = r
+        if self.in_flight == 0:
+            self.touch()  # the watchdog measures silence only while something is outstanding
+        self.in_flight += 1
+        try:
+            await self.backend.send(prompt, self.output_tokens, result=r, origin_s=self.origin, on_progress=self.touch)
+        except asyncio.CancelledError:
+            if self.stop_reason is not None:
+                r.error_kind, r.error = self.stop_reason  # the scheduler's reason beats the generic "cancelled"
+                r.ok = False
+            raise
+        finally:
+            self.in_flight -= 1
+            self.touch()
+            if r.ok:
+                self.completed += 1
+            else:
+                self.failed += 1
+        self.report()
+        return r
+
+    def spawn(self, i: int, intended_s: float) -> asyncio.Task:
+        task = asyncio.ensure_future(self.request(i, intended_s))
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+        return task
+
+    async def drive(self) -> None:
+        """Send every request according to the mode; return when all have finished."""
+        n = len(self.prompts)
+        clock = time.perf_counter
+        if isinstance(self.mode, Concurrency):
+            next_index = iter(range(n))
+
+            async def worker():
+                intended = 0.0  # the first wave is due at the origin
+                for i in next_index:  # a shared iterator: each index is taken once
+                    await self.spawn(i, intended)
+                    intended = clock() - self.origin  # the slot is free now; the next send is due now
+
+            await asyncio.gather(*(worker() for _ in range(min(self.mode.concurrency, n))))
+        else:
+            schedule = arrival_schedule(n, self.mode)
+            slots = asyncio.Semaphore(self.mode.max_concurrency) if self.mode.max_concurrency else None
+            pending = []
+            for i in range(n):
+                delay = self.origin + schedule[i] - clock()
+                if delay > 0:
+                    await asyncio.sleep(delay)
+                if slots is not None:
+                    await slots.acquire()
+                task = self.spawn(i, float(schedule[i]))
+                if slots is not None:
+                    task.add_done_callback(lambda _t: slots.release())
+                pending.append(task)
+            await asyncio.gather(*pending)  # a request task only raises on a client bug: surface it
+        self.end = clock()
+
+    async def watchdog(self) -> None:
+        """Return when requests are outstanding and nothing has arrived for stall_timeout_s."""
+        if self.stall_timeout_s is None:
+            await asyncio.Event().wait()  # never
+        step = max(0.01, min(0.25, self.stall_timeout_s / 4))
+        while True:
+            await asyncio.sleep(step)
+            if self.in_flight > 0 and time.perf_counter() - self.last_progress >= self.stall_timeout_s:
+                return
+
+
+async def run_load(
+    backend: OpenAIBackend,
+    prompts: Sequence[Prompt | Sequence[int] | str],
+    output_tokens: int,
+    mode: Concurrency | Rate,
+    *,
+    stall_timeout_s: float | None = 60.0,
+    on_progress: Callable[[int, int], None] | None = None,
+    warmup_prompts: Sequence[Prompt | Sequence[int] | str] = (),
+    freeze_gc: bool = True,
+) -> LoadResult:
+    """Run one load against `backend` and return every request's measurements.
+
+    on_progress(done, total): called once at the start and after every request ends (done counts failures).
+
+    warmup_prompts: sent first (at the same concurrency) and kept in `LoadResult.warmup`, outside every
+        statistic: they open the connections and warm the server. Use prompts distinct from `prompts`.
+    The backend's session is opened with a connector limit of at least the run's concurrency; if this call
+    opened it, it closes it at the end.
+    freeze_gc: move everything alive at the start (prompts included) out of the garbage collector's reach
+        for the run, as `vllm bench serve` does, so collections stay short and do not land in latencies.
+    """
+    items = [Prompt.of(p) for p in prompts]
+    warm = [Prompt.of(p) for p in warmup_prompts]
+    owns = not backend.is_open
+    await backend.open(mode.max_in_flight or 0)
+    if freeze_gc:
+        gc.collect()
+        gc.freeze()
+    try:
+        warm_result = None
+        if warm:
+            warm_mode = Concurrency(min(mode.max_in_flight or len(warm), len(warm)))
+            warm_result = await _run(backend, warm, output_tokens, warm_mode, stall_timeout_s, None)
+            if warm_result.interrupted or warm_result.stalled:
+                warm_result.warmup, warm_result.results = warm_result.results, []
+                warm_result.requested, warm_result.not_sent = len(items), len(items)
+                warm_result.mode = mode.describe()
+                return warm_result
+        result = await _run(backend, items, output_tokens, mode, stall_timeout_s, on_progress)
+        if warm_result is not None:
+            result.warmup = warm_result.results
+        return result
+    finally:
+        if freeze_gc:
+            gc.unfreeze()
+        if owns:
+            await asyncio.shield(backend.close())
+
+
+async def _run(backend, items, output_tokens, mode, stall_timeout_s, on_progress) -> LoadResult:
+    run = _Run(backend, items, output_tokens, mode, stall_timeout_s, on_progress)
+    interrupted = stalled = False
+    started_unix = time.time()
+    run.origin = time.perf_counter()
+    run.report()
+    driver = asyncio.ensure_future(run.drive())
+    watchdog = asyncio.ensure_future(run.watchdog())
+    try:
+        await asyncio.wait({driver, watchdog}, return_when=asyncio.FIRST_COMPLETED)
+        if driver.done():
+            driver.result()  # re-raise a bug in the driver (or on_progress), after cleanup below
+        else:
+            stalled = True
+            run.stop_reason = ("no_progress", f"no progress for {stall_timeout_s:g} s")
+    except asyncio.CancelledError:
+        interrupted = True
+        run.stop_reason = ("cancelled", "cancelled: run interrupted")
+        task = asyncio.current_task()
+        if task is not None and hasattr(task, "uncancel"):
+            task.uncancel()  # we handle this cancellation by returning the partial result
+    finally:
+        end = run.end if run.end is not None else time.perf_counter()
+        for t in (driver, watchdog, *run.tasks):
+            t.cancel()
+        await asyncio.gather(driver, watchdog, *list(run.tasks), return_exceptions=True)
+    results = [run.results[i] for i in sorted(run.results)]
+    return LoadResult(
+        results=results,
+        duration_s=end - run.origin,
+        started_at_monotonic=run.origin,
+        interrupted=interrupted,
+        stalled=stalled,
+        mode=mode.describe(),
+        requested=len(items),
+        not_sent=len(items) - len(results),
+        output_tokens=output_tokens,
+        api=backend.api,
+        stall_timeout_s=stall_timeout_s,
+        started_at_unix=started_unix,
+        prompt_lengths_exact=all(p.exact for p in items) if items else None,
+    )
+
+
+async def run_sweep(
+    backend: OpenAIBackend,
+    prompts: Sequence | Callable[[int, Concurrency | Rate], Sequence],
+    output_tokens: int,
+    modes: Sequence[Concurrency | Rate],
+    *,
+    stall_timeout_s: float | None = 60.0,
+    on_progress: Callable[[int, int, int], None] | None = None,
+    stop_on_stall: bool = True,
+) -> list[LoadResult]:
+    """One `run_load` per mode, in order; one LoadResult each.
+
+    prompts: the same prompts for every point, or `prompts(point_index, mode)` giving each point its own
+        (preferred: repeated prompts let the server's prefix cache skip prefill in later points).
+    on_progress(point_index, done, total).
+    Stops after an interrupted point (and after a stalled one unless stop_on_stall is False), returning the
+    points measured so far.
+    """
+    out = []
+    owns = not backend.is_open
+    limit = 0 if any(m.max_in_flight is None for m in modes) else max((m.max_in_flight for m in modes), default=0)
+    await backend.open(limit)
+    try:
+        for k, mode in enumerate(modes):
+            items = prompts(k, mode) if callable(prompts) else prompts
+            cb = (lambda done, total, k=k: on_progress(k, done, total)) if on_progress else None
+            res = await run_load(backend, items, output_tokens, mode, stall_timeout_s=stall_timeout_s, on_progress=cb)
+            out.append(res)
+            if res.interrupted or (res.stalled and stop_on_stall):
+                break
+    finally:
+        if owns:
+            await asyncio.shield(backend.close())
+    return out
