@@ -114,18 +114,18 @@ def _mma(a, b, dt: tl.constexpr, UPCAST: tl.constexpr):
 def _decode_partition_kernel(
     q_ptr, cache_ptr, block_table_ptr, seq_lens_ptr, m_ptr, l_ptr, acc_ptr,
     qk_scale,  # sm_scale * k_scale * log2(e): softmax in base 2
-    stride_qb, stride_qh, stride_bt, max_parts,
+    stride_qb, stride_qh, stride_bt, max_parts, partition,
     FMT: tl.constexpr, FP8_DECODE: tl.constexpr, HKV: tl.constexpr, GROUP: tl.constexpr,
-    GROUP_PAD: tl.constexpr, T: tl.constexpr, D: tl.constexpr, TILE_N: tl.constexpr, PARTITION: tl.constexpr,
+    GROUP_PAD: tl.constexpr, T: tl.constexpr, D: tl.constexpr, TILE_N: tl.constexpr,
     UPCAST: tl.constexpr,
 ):
     b = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1)
     p = tl.program_id(2)
     seq_len = tl.load(seq_lens_ptr + b)
-    start = p * PARTITION
+    start = p * partition
     if start < seq_len:
-        end = tl.minimum(start + PARTITION, seq_len)
+        end = tl.minimum(start + partition, seq_len)
         rows = tl.arange(0, GROUP_PAD)
         row_mask = rows < GROUP
         q_row = q_ptr + b * stride_qb + (h * GROUP + rows) * stride_qh
@@ -178,12 +178,12 @@ def _decode_partition_kernel(
 
 
 @triton.jit
-def _decode_reduce_kernel(m_ptr, l_ptr, acc_ptr, seq_lens_ptr, out_ptr, v_scale, max_parts,
-                          stride_ob, stride_oh, HQ: tl.constexpr, D: tl.constexpr, PARTITION: tl.constexpr):
+def _decode_reduce_kernel(m_ptr, l_ptr, acc_ptr, seq_lens_ptr, out_ptr, v_scale, max_parts, partition,
+                          stride_ob, stride_oh, HQ: tl.constexpr, D: tl.constexpr):
     """Merge the partitions of one (sequence, query head): rescale each to the common max, sum, divide."""
     b = tl.program_id(0).to(tl.int64)
     hq = tl.program_id(1)
-    n_parts = tl.cdiv(tl.load(seq_lens_ptr + b), PARTITION)
+    n_parts = tl.cdiv(tl.load(seq_lens_ptr + b), partition)
     base = (b * HQ + hq) * max_parts
     m_max = float("-inf")
     for i in range(0, n_parts):
@@ -240,6 +240,8 @@ def decode_attention(q: torch.Tensor, c: PagedKVCache, block_table: torch.Tensor
     if max_seq_len is None:
         max_seq_len = int(seq_lens.max())
     partition = partition or default_partition(b, c.num_kv_heads, max_seq_len, tile_n, q.device)
+    if partition % tile_n:
+        raise ValueError(f"partition ({partition}) must be a multiple of tile_n ({tile_n})")
     max_parts = -(-max_seq_len // partition)
     fp8_decode = default_fp8_decode(q.device) if fp8_decode is None else fp8_decode
     ws = workspace if workspace is not None else {}
@@ -251,13 +253,12 @@ def decode_attention(q: torch.Tensor, c: PagedKVCache, block_table: torch.Tensor
     out = torch.empty(b, hq, d, dtype=out_dtype or q.dtype, device=q.device)
     _decode_partition_kernel[(b, c.num_kv_heads, max_parts)](
         q, c.cache, block_table, seq_lens, ws["m"], ws["l"], ws["acc"],
-        sm_scale * c.k_scale * LOG2E, q.stride(0), q.stride(1), block_table.stride(0), max_parts,
+        sm_scale * c.k_scale * LOG2E, q.stride(0), q.stride(1), block_table.stride(0), max_parts, partition,
         FMT=_FMT_CODE[c.fmt], FP8_DECODE=fp8_decode, HKV=c.num_kv_heads, GROUP=group,
-        GROUP_PAD=max(16, triton.next_power_of_2(group)), T=c.block_size, D=d, TILE_N=tile_n,
-        PARTITION=partition, UPCAST=q.dtype == torch.bfloat16 and q.device.type != "cuda",
+        GROUP_PAD=max(16, triton.next_power_of_2(group)), T=c.block_size, D=d, TILE_N=tile_n, UPCAST=q.dtype == torch.bfloat16 and q.device.type != "cuda",
     )
     _decode_reduce_kernel[(b, hq)](
-        ws["m"], ws["l"], ws["acc"], seq_lens, out, c.v_scale, max_parts, out.stride(0), out.stride(1),
-        HQ=hq, D=d, PARTITION=partition,
+        ws["m"], ws["l"], ws["acc"], seq_lens, out, c.v_scale, max_parts, partition, out.stride(0), out.stride(1),
+        HQ=hq, D=d,
     )
     return out

@@ -6,7 +6,7 @@ import sys
 
 import typer
 
-from kvbench.commands import capacity, claims, plan
+from kvbench.commands import accuracy, capacity, claims, kernels, plan
 from kvbench.errors import KvbenchError
 
 app = typer.Typer(
@@ -16,7 +16,7 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
-for module in (capacity, claims, plan):
+for module in (capacity, claims, plan, accuracy, kernels):
     app.command(module.NAME, help=module.HELP)(module.command)
 
 

