@@ -19,12 +19,22 @@ from kvbench.output import jsonable
 
 
 def machine_name() -> str:
-    """The harness's machine name (h200, h100-sxm-80gb, cpu-<model>); a local fallback if it is absent."""
+    """The harness's machine name (h200-141gb, h100-sxm-80gb, cpu-<model>); a local fallback if it is absent.
+
+    The harness names GPUs from NVML; where nvidia-ml-py is missing but torch sees a GPU, the name comes
+    from torch's device name and memory instead, through the harness's own naming rule."""
     try:
-        from kvbench.harness.machine import machine_name as harness_machine_name
+        from kvbench.harness import machine as harness
     except ImportError:
         return _fallback_machine_name()
-    return harness_machine_name()
+    name = harness.machine_name()
+    if name.startswith("cpu-") and not os.environ.get("KVBENCH_MACHINE"):
+        import torch
+
+        if torch.cuda.is_available():
+            props = torch.cuda.get_device_properties(0)
+            return harness.gpu_machine_name(props.name, props.total_memory)
+    return name
 
 
 def _fallback_machine_name() -> str:

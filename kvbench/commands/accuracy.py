@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from kvbench.errors import UsageError
+from kvbench.errors import UsageError, unknown_choice
 from kvbench.output import console, err_console, print_json
 
 NAME = "accuracy"
@@ -22,7 +22,7 @@ def _split(text: str, choices: tuple[str, ...], what: str) -> list[str]:
     parts = [p.strip() for p in text.split(",") if p.strip()]
     for p in parts:
         if p not in choices:
-            raise UsageError(f"unknown {what} {p!r}; choose from: {', '.join(choices)}")
+            raise unknown_choice(what, p, choices)
     if not parts:
         raise UsageError(f"no {what} given; choose from: {', '.join(choices)}")
     return parts
@@ -127,7 +127,8 @@ def _print(doc: dict) -> None:
         src = real["text"]
         console.print(f"Real K/V: {real['model']}; text: {src['description']}, {src['tokens']:,} tokens in "
                       f"{src['windows']} windows of {src['window']} (sha256 {src['sha256'][:12]}); {real['scale_granularity']}.")
-        t = Table(title="Real activations: attention output vs fp32 (mean over 6 layers; min cos and max abs: worst row)",
+        n_layers = len(real["rows"][0]["layers"]) if real["rows"] else 0
+        t = Table(title=f"Real activations: attention output vs fp32 (mean over {n_layers} layers; min cos and max abs: worst row)",
                   title_justify="left")
         for col in ("format", "rel L2", "cos mean", "cos min", "max abs", "K rel L2", "V rel L2", "model output cos", "model output rel L2"):
             t.add_column(col, justify="left" if col == "format" else "right")

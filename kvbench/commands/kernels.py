@@ -11,7 +11,7 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from kvbench.errors import UsageError
+from kvbench.errors import UsageError, unknown_choice
 from kvbench.output import console, err_console, print_json
 
 NAME = "kernels"
@@ -52,7 +52,7 @@ def command(
     fmts = [f.strip() for f in formats.split(",") if f.strip()]
     for f in fmts:
         if f not in KERNEL_FORMATS:
-            raise UsageError(f"unknown KV format {f!r}; choose from: {', '.join(KERNEL_FORMATS)}")
+            raise unknown_choice("KV format", f, KERNEL_FORMATS)
     grid = INTERPRET_GRID if interpret else GPU_GRID
     ctxs = _ints(contexts or grid["contexts"], "--contexts")
     bats = _ints(batches or grid["batches"], "--batches")

@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# One prepared GPU run of `kvbench kernels` at a fixed size grid: installs nothing, stops itself well
+# inside 8 minutes, writes its records and log under $OUT.
+#
+#   OUT=/some/dir kernels/run_on_gpu.sh            # on an SM80+ NVIDIA GPU (A100, H100, H200, ...)
+#   DRY=1 OUT=/tmp/x kernels/run_on_gpu.sh         # tiny grid in Triton's CPU interpreter: checks the path
+#
+# Needs: python3 with torch (CUDA build), triton, typer, rich, numpy (whatever the machine has; nothing
+# is installed). If kvbench is not installed, it is imported from this checkout through a temporary
+# package folder of symlinks (kernels/ is the subpackage kvbench.kernels, as pyproject.toml maps it).
+set -euo pipefail
+
+REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+OUT="${OUT:?set OUT to the folder for records and the log}"
+PYTHON="${PYTHON:-python3}"
+mkdir -p "$OUT"
+
+# The fixed grid (Llama-3.1-8B layer: 32 query heads, 8 KV heads, head_dim 128, 16-token pages).
+FORMATS="fp16,fp8,nvfp4"
+CONTEXTS="1024,4096,16384,32768,131072"
+BATCHES="1,8,32"
+WRITE_TOKENS="1,8,32,1024,4096,16384,131072"
+WALL_S=450      # hard stop (timeout) -- under 8 minutes including start-up
+CASES_S=360     # stop starting new cases after this; the record then says "partial"
+EXTRA=()
+if [[ "${DRY:-0}" == "1" ]]; then
+    CONTEXTS="32"; BATCHES="1"; WRITE_TOKENS="4"; WALL_S=300; CASES_S=240
+    EXTRA=(--interpret)
+fi
+
+if ! "$PYTHON" -c "import kvbench.kernels" 2>/dev/null; then
+    SHIM="$(mktemp -d)"
+    trap 'rm -rf "$SHIM"' EXIT
+    mkdir "$SHIM/kvbench"
+    for f in "$REPO"/kvbench/*; do ln -s "$f" "$SHIM/kvbench/$(basename "$f")"; done
+    for sub in kernels harness dashboards; do
+        [[ -d "$REPO/$sub" ]] && ln -s "$REPO/$sub" "$SHIM/kvbench/$sub"
+    done
+    export PYTHONPATH="$SHIM${PYTHONPATH:+:$PYTHONPATH}"
+fi
+missing=$("$PYTHON" -c "
+import importlib.util as u
+print(' '.join(m for m in ('torch', 'triton', 'typer', 'rich', 'numpy') if u.find_spec(m) is None))")
+if [[ -n "$missing" ]]; then
+    echo "run_on_gpu.sh: missing Python packages: $missing (this script installs nothing)" | tee "$OUT/kernels.log" >&2
+    exit 3
+fi
+"$PYTHON" -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'gpu:', torch.cuda.get_device_name() if torch.cuda.is_available() else None)" | tee "$OUT/kernels.log"
+
+# Call the command function directly: only kvbench.commands.kernels and kvbench.kernels get imported.
+set +e
+COLUMNS=160 timeout --signal=INT --kill-after=20 "$WALL_S" "$PYTHON" - "${EXTRA[@]}" <<EOF 2>&1 | tee -a "$OUT/kernels.log"
+import sys
+from pathlib import Path
+from kvbench.commands.kernels import command
+command(formats="$FORMATS", contexts="$CONTEXTS", batches="$BATCHES", write_tokens="$WRITE_TOKENS",
+        max_seconds=$CASES_S, results_dir=Path("$OUT") / "results", interpret="--interpret" in sys.argv[1:])
+EOF
+rc=${PIPESTATUS[0]}
+set -e
+echo "run_on_gpu.sh: exit $rc; records:" | tee -a "$OUT/kernels.log"
+find "$OUT/results" -name '*.json' 2>/dev/null | tee -a "$OUT/kernels.log"
+exit "$rc"
