@@ -113,6 +113,7 @@ def write_atomic(path: str | Path, doc: dict) -> Path:
         with os.fdopen(fd, "w") as fh:
             json.dump(jsonable(doc), fh, indent=1)
             fh.write("\n")
+        os.chmod(tmp, 0o644)  # mkstemp makes 0600; records are for everyone to read
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
