@@ -20,12 +20,15 @@ from triton.compiler import ASTSource  # noqa: E402
 if not (Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas").exists():
     pytest.skip("this triton has no bundled ptxas", allow_module_level=True)
 
-os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")  # Triton 3.9's default, without its warning
-
 from kvbench.kernels import decode_attention as da  # noqa: E402
 from kvbench.kernels import paged_cache as pc  # noqa: E402
 
 CACHE_T = {"fp16": "*fp16", "bf16": "*bf16"}
+
+
+@pytest.fixture(autouse=True)
+def _fp_fusion(monkeypatch):
+    monkeypatch.setenv("TRITON_DEFAULT_FP_FUSION", "1")  # Triton 3.9's default, without its warning
 
 
 def compile_decode(cap, fmt, mode, head_dim=128, group=4):
