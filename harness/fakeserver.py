@@ -4,8 +4,8 @@ It streams `max_tokens` tokens (ignore_eos semantics) as SSE chunks shaped like 
 `ttft_s` after the request arrived, then one chunk every `itl_s`, each holding `tokens_per_chunk` tokens,
 with `usage` on every chunk (continuous usage stats) and a final usage-only chunk, then `[DONE]`.
 Chunk times are deadlines from the arrival (not cumulative sleeps), so lateness does not accumulate,
-and every write is logged with its `perf_counter()` time (CLOCK_MONOTONIC is shared by processes on one
-host, so a client can compare against it).
+and every write is logged with its `perf_counter()` time taken just before the write, so no byte can reach
+a client before its stamp (CLOCK_MONOTONIC is shared by processes on one host: a client can compare).
 
 Faults by arrival order (1-based): every `fail_every`-th request gets HTTP 500, every `hang_every`-th
 never finishes (after `hang_after_chunks` chunks; 0 = before the response headers), every
@@ -90,6 +90,9 @@ class _State:
         self.log = []
 
 
+STATE = web.AppKey("state", _State)
+
+
 def _prompt_tokens(body: dict[str, Any], chat: bool) -> int:
     if chat:
         text = " ".join(str(m.get("content", "")) for m in body.get("messages", []))
@@ -102,7 +105,7 @@ def _prompt_tokens(body: dict[str, Any], chat: bool) -> int:
 
 async def _completion(request: web.Request) -> web.StreamResponse:
     t_recv = time.perf_counter()
-    st: _State = request.app["state"]
+    st: _State = request.app[STATE]
     cfg = FakeConfig(**asdict(st.config))  # a snapshot: a reconfigure mid-request does not change it
     chat = request.path.endswith("/chat/completions")
     body = await request.json()
@@ -180,8 +183,8 @@ async def _completion(request: web.Request) -> web.StreamResponse:
                 done += size
                 parts.append(chunk(i, done, size))
             parts.append(tail())
-            await resp.write(b"".join(parts))
             entry["writes_s"].append(time.perf_counter())
+            await resp.write(b"".join(parts))
         else:
             done = 0
             for i, size in enumerate(sizes):
@@ -198,8 +201,8 @@ async def _completion(request: web.Request) -> web.StreamResponse:
                     return resp
                 done += size
                 data = (opener() if chat and i == 0 else b"") + chunk(i, done, size)
-                await resp.write(data)
                 entry["writes_s"].append(time.perf_counter())
+                await resp.write(data)
             await resp.write(tail())
         await resp.write_eof()
         st.generation_tokens_total += max_tokens
@@ -210,14 +213,14 @@ async def _completion(request: web.Request) -> web.StreamResponse:
 
 
 async def _models(request: web.Request) -> web.Response:
-    cfg: FakeConfig = request.app["state"].config
+    cfg: FakeConfig = request.app[STATE].config
     return web.json_response(
         {"object": "list", "data": [{"id": cfg.model, "object": "model", "owned_by": "kvbench-fake", "root": cfg.model, "max_model_len": cfg.max_model_len}]}
     )
 
 
 async def _metrics(request: web.Request) -> web.Response:
-    st: _State = request.app["state"]
+    st: _State = request.app[STATE]
     lab = f'{{engine="0",model_name="{st.config.model}"}}'
     lines = [
         "# HELP vllm:num_requests_running Number of requests in model execution batches.",
@@ -247,7 +250,7 @@ async def _health(request: web.Request) -> web.Response:
 
 
 async def _config(request: web.Request) -> web.Response:
-    st: _State = request.app["state"]
+    st: _State = request.app[STATE]
     if request.method == "POST":
         try:
             st.config.update(await request.json())
@@ -258,7 +261,7 @@ async def _config(request: web.Request) -> web.Response:
 
 
 async def _log(request: web.Request) -> web.Response:
-    st: _State = request.app["state"]
+    st: _State = request.app[STATE]
     out = web.json_response(st.log)
     if request.query.get("clear"):
         st.reset()
@@ -267,7 +270,7 @@ async def _log(request: web.Request) -> web.Response:
 
 def make_app(config: FakeConfig | None = None) -> web.Application:
     app = web.Application()
-    app["state"] = _State(config or FakeConfig())
+    app[STATE] = _State(config or FakeConfig())
     app.router.add_post("/v1/completions", _completion)
     app.router.add_post("/v1/chat/completions", _completion)
     app.router.add_get("/v1/models", _models)
@@ -369,7 +372,7 @@ class FakeServer:
 
             def shutdown():
                 if app is not None:
-                    app["state"].stopping.set()  # release hung handlers
+                    app[STATE].stopping.set()  # release hung handlers
                 loop.call_later(0.05, loop.stop)
 
             loop.call_soon_threadsafe(shutdown)
@@ -466,7 +469,7 @@ async def _main(cfg: FakeConfig, host: str, port: int) -> None:
         loop.add_signal_handler(sig, stop.set)
     print(f"{READY} http://{host}:{sock.getsockname()[1]}", flush=True)
     await stop.wait()
-    app["state"].stopping.set()
+    app[STATE].stopping.set()
     await runner.cleanup()
 
 

@@ -16,7 +16,8 @@ Definitions (milliseconds unless named otherwise; percentiles are numpy's linear
 - E2E from intended send (`e2e_from_intended_ms`): lag + E2E, the latency a user arriving on schedule sees.
 - Throughputs divide by the run duration (origin -> end of the last request): request_throughput_rps =
   completed / duration; output_throughput_tps = usage completion tokens of completed requests / duration;
-  total_token_throughput_tps adds their usage prompt tokens.
+  total_token_throughput_tps adds their usage prompt tokens. Both are None when any completed request lacks
+  usage (counts are never guessed).
 - Goodput (DistServe): completed requests meeting every SLO given (value <= SLO), per second and as a
   fraction of all requests sent (failures count against it). A request of one output token has TPOT 0
   for goodput, as in vLLM.
@@ -256,6 +257,8 @@ def summarize(load_result: LoadResult | dict, slo: SLO | None = None) -> RunSumm
             itl_tok.extend(per_token)
         itl_chunk.extend(itl_chunk_s(r))
 
+    # Token throughputs need the server's count for every completed request; otherwise they are unknown.
+    counts_known = all(r.completion_tokens is not None and r.prompt_tokens is not None for r in done)
     prompt_total = sum(r.prompt_tokens or 0 for r in done)
     completion_total = sum(r.completion_tokens or 0 for r in done)
     reasons = Counter(r.failure_label or "unknown" for r in failed)
@@ -284,8 +287,8 @@ def summarize(load_result: LoadResult | dict, slo: SLO | None = None) -> RunSumm
             _ms(r.e2e_s + r.schedule_lag_s for r in done if r.e2e_s is not None and r.schedule_lag_s is not None)
         ),
         request_throughput_rps=len(done) / dur if dur else None,
-        output_throughput_tps=completion_total / dur if dur else None,
-        total_token_throughput_tps=(prompt_total + completion_total) / dur if dur else None,
+        output_throughput_tps=completion_total / dur if dur and counts_known else None,
+        total_token_throughput_tps=(prompt_total + completion_total) / dur if dur and counts_known else None,
         goodput_rps=(good / dur if dur else None) if good is not None else None,
         goodput_fraction=(good / len(results) if results else None) if good is not None else None,
         good_requests=good,
