@@ -68,6 +68,31 @@ def parse_capacity(lines: list[str]) -> EngineCapacity | None:
     return found
 
 
+SEGFAULT = "Segfault encountered"
+FRAME = re.compile(r'File "(?P<file>[^"]+)", line \d+, in (?P<func>.+)$')
+
+
+def _short_symbol(func: str) -> str:
+    """'ns::Impl<(ns::ISA)1, T>::reshape_and_cache(T const*, ...)' -> 'Impl::reshape_and_cache'."""
+    while (stripped := re.sub(r"<[^<>]*>", "", func)) != func:
+        func = stripped
+    return "::".join(func.split("(")[0].strip().split("::")[-2:])
+
+
+def engine_failure(lines: list[str]) -> str | None:
+    """Why a running engine died: a native crash (first frame past the signal handler) or its fatal error."""
+    for i, line in enumerate(lines):
+        if SEGFAULT in line:
+            for frame in lines[i + 1 : i + 8]:
+                m = FRAME.search(frame)
+                if m and "sigaction" not in m["file"] and "<unknown>" not in m["file"]:
+                    return f"segfault in {_short_symbol(m['func'])} ({m['file'].rsplit('/', 1)[-1]})"
+            return "segfault"
+    if any("EngineCore encountered a fatal error" in line for line in lines):
+        return startup_error(lines) or "EngineCore encountered a fatal error"
+    return None
+
+
 def startup_error(lines: list[str]) -> str | None:
     """The most telling error line of a failed start: vLLM's argparse complaint or the last exception."""
     for line in reversed(lines):

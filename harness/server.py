@@ -65,6 +65,15 @@ class ServerConfig:
         return args + list(self.extra_args)
 
 
+def healthy(base_url: str, timeout_s: float = 2.0) -> bool:
+    """vLLM answers /health with 200 only while its engine is alive."""
+    try:
+        with urllib.request.urlopen(f"{base_url}/health", timeout=timeout_s) as resp:
+            return resp.status == 200
+    except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
+        return False
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((host, 0))
@@ -111,7 +120,7 @@ class VllmServer:
             if self.proc.poll() is not None:
                 reason = startup_error(self.log_lines()) or f"exited with status {self.proc.returncode}"
                 raise ServerStartError(f"vLLM server ({self.config.kv_cache_dtype}) failed to start: {reason}", self.log_tail())
-            if self._healthy():
+            if healthy(self.base_url):
                 self.ready_after_s = time.monotonic() - self.started_at
                 return
             if time.monotonic() > deadline:
@@ -122,13 +131,6 @@ class VllmServer:
             if on_tick:
                 on_tick(time.monotonic() - self.started_at)
             time.sleep(0.5)
-
-    def _healthy(self) -> bool:
-        try:
-            with urllib.request.urlopen(f"{self.base_url}/health", timeout=2) as resp:
-                return resp.status == 200
-        except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
-            return False
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
@@ -148,7 +150,9 @@ class VllmServer:
 
     def stop(self, grace_s: float = 15.0) -> None:
         """SIGTERM the process group, then SIGKILL whatever is left (children that escaped included)."""
-        if self.proc is None or self.proc.poll() is not None and not _descendants(self.proc.pid):
+        if self.proc is None:
+            return
+        if self.proc.poll() is not None and not _descendants(self.proc.pid):
             _LIVE.discard(self)
             return
         procs = [self.proc.pid, *_descendants(self.proc.pid)]

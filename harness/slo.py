@@ -2,7 +2,8 @@
 
 Bracketing then bisection: double the concurrency from `start` until a probe misses the SLO (or the cap
 is reached), then bisect between the last pass and the first miss. With a cap of C this takes about
-2*log2(C) probes; `max_probes` bounds it.
+2*log2(C) probes; `max_probes` bounds it. A miss is re-probed once before it counts (`confirm_misses`),
+so one noisy probe on a shared machine does not end the search early.
 """
 
 from __future__ import annotations
@@ -52,16 +53,22 @@ async def search(
     objective: Objective,
     cap: int,
     start: int = 1,
-    max_probes: int = 10,
+    max_probes: int = 12,
+    confirm_misses: bool = True,
 ) -> SearchResult:
     """`probe(c)` runs load at concurrency c and returns its summary."""
     probes: list[Probe] = []
 
-    async def run(c: int) -> bool:
+    async def once(c: int) -> bool:
         summary = await probe(c)
         met, why = objective.check(summary)
         probes.append(Probe(c, met, why, summary.ttft_ms.get("p95"), summary.tpot_ms.get("p95")))
         return met
+
+    async def run(c: int) -> bool:
+        if await once(c):
+            return True
+        return confirm_misses and len(probes) < max_probes and await once(c)
 
     cap = max(1, cap)
     good, bad = 0, None

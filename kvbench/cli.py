@@ -6,7 +6,7 @@ import sys
 
 import typer
 
-from kvbench.commands import accuracy, capacity, claims, kernels, plan
+from kvbench.commands import accuracy, capacity, claims, kernels, plan, report, run
 from kvbench.errors import KvbenchError
 
 app = typer.Typer(
@@ -16,8 +16,8 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
-for module in (capacity, claims, plan, accuracy, kernels):
-    app.command(module.NAME, help=module.HELP)(module.command)
+for module in (capacity, claims, plan, run, report, accuracy, kernels):
+    app.command(module.NAME, help=module.HELP, context_settings=getattr(module, "CONTEXT_SETTINGS", None))(module.command)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -1,0 +1,111 @@
+"""`kvbench report RUN.json`: the tables of a run record (capacity three ways, latency, throughput)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from kvbench.harness.records import headline, load_record
+from kvbench.output import console, num, print_json
+
+NAME = "report"
+HELP = "Print the tables of a run record: capacity (engine / SLO-measured / model), TTFT, TPOT, throughput."
+
+
+def _conc(value) -> str:
+    return "—" if value is None else f"{value:,.2f}"
+
+
+def render(doc: dict, path: Path | None = None) -> None:
+    cfg = doc.get("config", {})
+    env = doc.get("environment", {})
+    vllm = env.get("vllm") or {}
+    w = cfg.get("workload") or {}
+    console.print(
+        f"[bold]run {doc.get('run_id')}[/] on {doc.get('machine')} — status [bold]{doc.get('status')}[/]"
+        + (f"  ({path})" if path else "")
+    )
+    console.print(
+        f"model {cfg.get('model_name')}, {vllm.get('package')} {vllm.get('version')}; "
+        f"{w.get('prompt_tokens')} prompt + {w.get('output_tokens')} output tokens per request; "
+        f"max_model_len {cfg.get('max_model_len')}"
+    )
+    slo = cfg.get("slo")
+    if slo:
+        console.print(f"SLO for measured capacity: TTFT P95 <= {slo.get('ttft_p95_ms')} ms, TPOT P95 <= {slo.get('tpot_p95_ms')} ms")
+
+    cap = Table(title="Max concurrent requests of max_model_len tokens, three ways", title_justify="left")
+    for col in ("KV dtype", "status", "engine reports", "measured under SLO", "capacity model", "engine KV tokens", "model KV tokens"):
+        cap.add_column(col, justify="left" if col in ("KV dtype", "status") else "right")
+    lat = Table(title="Fixed-load phase", title_justify="left")
+    for col in (
+        "KV dtype",
+        "load",
+        "TTFT P50 (ms)",
+        "TTFT P95 (ms)",
+        "TPOT P95 (ms)",
+        "E2E P95 (ms)",
+        "output (tok/s)",
+        "requests (req/s)",
+        "goodput (req/s)",
+        "ok / failed",
+    ):
+        lat.add_column(col, justify="left" if col in ("KV dtype", "load") else "right")
+    for d in doc.get("dtypes", []):
+        h = headline(d)
+        measured = ((d.get("capacity") or {}).get("measured") or {})
+        m = h["measured_max_concurrency"]
+        m_text = "—" if m is None else f"{m}{'+' if measured.get('capped') else ''}"
+        cap.add_row(
+            d["kv_cache_dtype"],
+            d.get("status", "?"),
+            _conc(h["engine_max_concurrency"]),
+            m_text,
+            _conc(h["model_max_concurrency"]),
+            f"{h['engine_kv_tokens']:,}" if h["engine_kv_tokens"] else "—",
+            f"{h['model_kv_tokens']:,}" if h["model_kv_tokens"] else "—",
+        )
+        fixed = next((p for p in d.get("phases", []) if p.get("name") == "fixed"), None)
+        mode = (fixed or {}).get("mode") or {}
+        load = f"concurrency {mode['concurrency']}" if "concurrency" in mode else (f"{mode.get('rate')} req/s" if mode else "—")
+        lat.add_row(
+            d["kv_cache_dtype"],
+            load,
+            num(h["ttft_p50_ms"], 1),
+            num(h["ttft_p95_ms"], 1),
+            num(h["tpot_p95_ms"], 2),
+            num(h["e2e_p95_ms"], 0),
+            num(h["output_throughput_tps"], 0),
+            num(h["request_throughput_rps"], 2),
+            num(h["goodput_rps"], 2),
+            f"{h['completed'] or 0} / {h['failed'] or 0}" if fixed else "—",
+        )
+    console.print(cap)
+    console.print(
+        "engine: vLLM's startup report (log or /metrics); measured: highest concurrency meeting the SLO "
+        "('+': the search cap was reached); model: kvbench's page-accurate prediction for the engine's KV budget."
+    )
+    console.print(lat)
+    for d in doc.get("dtypes", []):
+        if d.get("status") != "ok":
+            console.print(f"[red]{d['kv_cache_dtype']}: {d.get('status')}[/] — {d.get('error')}")
+            for line in (d.get("log_tail") or [])[-5:]:
+                console.print("    " + line, markup=False, highlight=False)  # log text is not rich markup
+        for warning in d.get("warnings", []):
+            console.print(f"[yellow]{d['kv_cache_dtype']}: {warning}[/]")
+    for finding in doc.get("findings", []):
+        console.print(f"[bold yellow]!! {finding['text']}[/]")
+
+
+def command(
+    record: Annotated[Path, typer.Argument(help="A run record JSON written by `kvbench run`.")],
+    as_json: Annotated[bool, typer.Option("--json", help="Print the per-dtype headline numbers as JSON.")] = False,
+) -> None:
+    doc = load_record(record)
+    if as_json:
+        print_json({"run_id": doc["run_id"], "status": doc["status"], "dtypes": {d["kv_cache_dtype"]: headline(d) for d in doc["dtypes"]}, "findings": doc.get("findings", [])})
+        return
+    render(doc, record)
