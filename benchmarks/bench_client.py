@@ -1,0 +1,55 @@
+"""asv: the load generator's client roofline, from kvbench.harness.overhead (a zero-compute fake server in
+its own process; see that module for what "sustained" means).
+
+asv treats lower as better, so the sustained rate is also tracked as its inverse, seconds per request.
+"""
+
+import math
+
+from kvbench.harness.overhead import measure_client_overhead
+
+
+def _nan_if_none(x):
+    return math.nan if x is None else x
+
+
+class ClientRoofline:
+    version = "1"  # history survives cosmetic edits; bump when the measurement changes
+    timeout = 600  # also bounds setup_cache (the whole measurement, ~30 s on 2 cores)
+    rounds = 1
+    repeat = 1
+    number = 1
+
+    def setup_cache(self):
+        return measure_client_overhead().as_dict()
+
+    def track_max_sustained_rate(self, r):
+        return _nan_if_none(r["max_sustained_rate_rps"])
+
+    track_max_sustained_rate.unit = "requests/s"
+
+    def track_seconds_per_request_at_max_rate(self, r):
+        best = r["max_sustained_rate_rps"]
+        return 1.0 / best if best else math.nan
+
+    track_seconds_per_request_at_max_rate.unit = "seconds"
+
+    def track_ttft_overhead_vs_server_p50(self, r):
+        return _nan_if_none(r["ttft_overhead_vs_server_ms"]["p50"]) / 1e3
+
+    track_ttft_overhead_vs_server_p50.unit = "seconds"
+
+    def track_ttft_overhead_vs_server_p99(self, r):
+        return _nan_if_none(r["ttft_overhead_vs_server_ms"]["p99"]) / 1e3
+
+    track_ttft_overhead_vs_server_p99.unit = "seconds"
+
+    def track_ttft_overhead_vs_configured_p50(self, r):
+        return _nan_if_none(r["ttft_overhead_ms"]["p50"]) / 1e3
+
+    track_ttft_overhead_vs_configured_p50.unit = "seconds"
+
+    def track_chunk_delivery_p99(self, r):
+        return _nan_if_none(r["chunk_delivery_ms"]["p99"]) / 1e3
+
+    track_chunk_delivery_p99.unit = "seconds"
