@@ -1,4 +1,6 @@
-"""Run records: one versioned JSON document per `kvbench run`, written atomically under results/runs/.
+"""Run records: one versioned JSON document per `kvbench run`, written atomically to
+results/<machine>/runs/<run_id>.json, beside that machine's asv results (so copying a machine's folder
+carries everything it measured).
 
 Schema `kvbench.run/1` (top level):
   schema, run_id, created_at (UTC ISO 8601), status ("complete" | "partial" | "failed" | "interrupted"),
@@ -37,7 +39,7 @@ def utc_now() -> str:
 
 
 def record_path(results_dir: Path, machine: str, run_id: str) -> Path:
-    return Path(results_dir) / RUNS_DIR / machine / f"{run_id}.json"
+    return Path(results_dir) / machine / RUNS_DIR / f"{run_id}.json"
 
 
 def write_atomic(path: Path, doc: dict) -> Path:
@@ -51,6 +53,7 @@ def write_atomic(path: Path, doc: dict) -> Path:
             fh.write("\n")
             fh.flush()
             os.fsync(fh.fileno())
+        os.chmod(tmp, 0o644)  # mkstemp makes 0600; records are for everyone to read
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
@@ -75,14 +78,15 @@ def load_record(path: str | Path) -> dict:
 
 
 def find_records(where: str | Path) -> list[Path]:
-    """A record file, or every record under a folder (results/ or results/runs/<machine>/)."""
+    """A record file, or every run record under a folder (results/, results/<machine>/, or a runs/ folder)."""
     where = Path(where)
     if where.is_file():
         return [where]
     if not where.is_dir():
         raise UsageError(f"no run records at {where}")
-    base = where / RUNS_DIR if (where / RUNS_DIR).is_dir() else where
-    return sorted(p for p in base.rglob("*.json") if not p.name.startswith("."))
+    if where.name == RUNS_DIR:
+        return sorted(p for p in where.glob("*.json") if not p.name.startswith("."))
+    return sorted(p for p in where.rglob(f"{RUNS_DIR}/*.json") if not p.name.startswith("."))
 
 
 def _phase(dtype_result: dict, name: str) -> dict | None:

