@@ -1,0 +1,435 @@
+"""Everything the pages show, read once from a results folder into pandas frames.
+
+Pages only read a `SiteData`; nothing here runs a benchmark. A file that cannot be read is skipped and
+named in `problems`, so one bad record never hides the rest (the overview page lists them).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+from types import SimpleNamespace
+
+import pandas as pd
+
+from kvbench.errors import KvbenchError
+from kvbench.harness import records as run_records
+
+HISTORY_COLUMNS = [
+    "machine", "commit", "commit_date", "run_id", "run_started", "vllm_package", "vllm_version", "gpu", "driver",
+    "cuda", "metric", "label", "kv_dtype", "value", "unit", "direction",
+]
+REGRESSION_COLUMNS = [
+    "machine", "metric", "kv_dtype", "newest", "baseline", "change_pct", "spread", "direction", "commit", "run_id", "verdict",
+]
+REGRESSION = "regression"  # kvbench.regress's verdict for a change past the allowed band in the bad direction
+SLO_PHASE = re.compile(r"^slo-c(\d+)$")
+
+
+@dataclass
+class SiteData:
+    results_dir: Path
+    records: list[dict] = field(default_factory=list)  # run records as read, each with "_path"
+    runs: pd.DataFrame = field(default_factory=pd.DataFrame)  # one row per (run, dtype)
+    probes: pd.DataFrame = field(default_factory=pd.DataFrame)  # one row per SLO-search phase
+    findings: pd.DataFrame = field(default_factory=pd.DataFrame)  # one row per run finding
+    history: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=HISTORY_COLUMNS))
+    regressions: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=REGRESSION_COLUMNS))
+    history_note: str | None = None  # why history is empty or partial
+    accuracy: pd.DataFrame = field(default_factory=pd.DataFrame)  # one row per (record, data, format, scale)
+    kernel_records: list[dict] = field(default_factory=list)
+    kernels: pd.DataFrame = field(default_factory=pd.DataFrame)  # decode and write rows of kernel records
+    claims: dict | None = None  # the claims document
+    verdicts: list = field(default_factory=list)  # kvbench.claims.Verdict
+    problems: list[str] = field(default_factory=list)
+
+
+# --- run records -------------------------------------------------------------------------------------
+
+ACCURACY_FORMAT = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}
+
+
+@lru_cache(maxsize=64)
+def model_spec(name: str | None, path: str | None):
+    """The ModelSpec a run served, for the capacity model: the embedded tiny model by name, the run's own
+    config.json when it is on this disk, else a shipped short name; None when none of these is at hand."""
+    from kvbench import models
+    from kvbench.harness import tinymodel
+
+    if name == tinymodel.NAME:
+        return models.from_config(dict(tinymodel.CONFIG), name=tinymodel.NAME, source="kvbench.harness.tinymodel")
+    for candidate in (path, name):
+        if not candidate:
+            continue
+        if candidate in models.catalog() or (Path(candidate).expanduser() / "config.json").is_file() or Path(candidate).is_file():
+            try:
+                return models.load_model(candidate)
+            except KvbenchError:
+                continue
+    return None
+
+
+def gpu_of(env: dict) -> str:
+    """The accelerator a record ran on, in words: NVML's GPU name (with count), else the CPU model."""
+    gpus = env.get("gpus") or []
+    if gpus:
+        names = sorted({g.get("name") or "?" for g in gpus})
+        return ", ".join(f"{len(gpus)}x {n}" if len(gpus) > 1 else n for n in names)
+    cpu = env.get("cpu") or {}
+    return f"CPU: {cpu.get('model') or '?'}"
+
+
+def _slo_met(slo: dict | None, summary: dict) -> tuple[bool | None, str]:
+    """The SLO verdict for a phase summary, by the harness's own rule (kvbench.harness.slo.Objective)."""
+    if not slo:
+        return None, "no SLO in the run's config"
+    from kvbench.harness.slo import Objective
+
+    s = SimpleNamespace(
+        completed=summary.get("completed") or 0,
+        failed=summary.get("failed") or 0,
+        ttft_ms=summary.get("ttft_ms") or {},
+        tpot_ms=summary.get("tpot_ms") or {},
+    )
+    return Objective(slo.get("ttft_p95_ms"), slo.get("tpot_p95_ms")).check(s)
+
+
+def run_rows(doc: dict, path: Path | None) -> list[dict]:
+    """summary_frame's rows plus what the pages need beside them: GPU, context, budget, SLO, workload."""
+    env = doc.get("environment") or {}
+    cfg = doc.get("config") or {}
+    workload = cfg.get("workload") or {}
+    slo = cfg.get("slo") or {}
+    flagged = {f.get("dtype"): f.get("text") for f in doc.get("findings") or [] if f.get("dtype")}
+    spec = model_spec(cfg.get("model_name"), cfg.get("model"))
+    rows = []
+    for base, d in zip(run_records.summary_rows(doc, path), doc.get("dtypes") or []):
+        cap = d.get("capacity") or {}
+        model = cap.get("model") or {}
+        measured = cap.get("measured") or {}
+        engine = cap.get("engine") or {}
+        fixed = next((p for p in d.get("phases") or [] if p.get("name") == "fixed"), None)
+        mode = (fixed or {}).get("mode") or {}
+        rows.append(
+            {
+                **base,
+                "gpu": gpu_of(env),
+                "driver": env.get("driver"),
+                "cuda": env.get("cuda_driver") or env.get("cuda_runtime"),
+                "model_path": cfg.get("model"),
+                "activation": ACCURACY_FORMAT.get(spec.activation_dtype) if spec else None,
+                "context": model.get("context") or cfg.get("max_model_len") or engine.get("tokens_per_request"),
+                "budget_bytes": model.get("budget_bytes"),
+                "block_size": model.get("block_size"),
+                "format": model.get("format"),
+                "measured_capped": measured.get("capped"),
+                "measured_cap": measured.get("cap"),
+                "slo_ttft_p95_ms": slo.get("ttft_p95_ms"),
+                "slo_tpot_p95_ms": slo.get("tpot_p95_ms"),
+                "prompt_tokens": workload.get("prompt_tokens"),
+                "output_tokens": workload.get("output_tokens"),
+                "fixed_load": _describe_load(mode),
+                "honoured": d.get("kv_cache_dtype") not in flagged,
+                "finding": flagged.get(d.get("kv_cache_dtype")),
+                "log_tail": "\n".join((d.get("log_tail") or [])[-8:]),
+            }
+        )
+    return rows
+
+
+def _describe_load(mode: dict) -> str | None:
+    if not mode:
+        return None
+    if mode.get("kind") == "concurrency" or "concurrency" in mode and "rate_rps" not in mode:
+        return f"concurrency {mode.get('concurrency')}"
+    return f"{mode.get('rate_rps')} req/s"
+
+
+def probe_rows(doc: dict) -> list[dict]:
+    """One row per SLO-search phase (`slo-c<N>`) and fixed closed-loop phase: P95s at concurrency N and
+    whether they met the SLO.
+
+    Read from the phases rather than capacity.measured.probes, so a dtype whose engine died mid-search
+    still shows the probes it finished."""
+    env = doc.get("environment") or {}
+    vllm = env.get("vllm") or {}
+    slo = (doc.get("config") or {}).get("slo")
+    rows = []
+    for d in doc.get("dtypes") or []:
+        measured = (d.get("capacity") or {}).get("measured") or {}
+        for i, phase in enumerate(d.get("phases") or []):
+            name = phase.get("name") or ""
+            m = SLO_PHASE.match(name)
+            mode = phase.get("mode") or {}
+            if m:
+                concurrency = int(m.group(1))
+            elif name.startswith("fixed") and mode.get("kind") == "concurrency":
+                concurrency = mode.get("concurrency")  # fixed closed-loop load: one more point on the same curve
+            else:
+                continue
+            s = phase.get("summary") or {}
+            met, why = _slo_met(slo, s)
+            rows.append(
+                {
+                    "run_id": doc.get("run_id"),
+                    "created_at": doc.get("created_at"),
+                    "machine": doc.get("machine"),
+                    "vllm_version": vllm.get("version"),
+                    "kv_cache_dtype": d.get("kv_cache_dtype"),
+                    "dtype_status": d.get("status"),
+                    "order": i,
+                    "phase": name,
+                    "search": bool(m),
+                    "concurrency": concurrency,
+                    "ttft_p50_ms": (s.get("ttft_ms") or {}).get("p50"),
+                    "ttft_p95_ms": (s.get("ttft_ms") or {}).get("p95"),
+                    "tpot_p50_ms": (s.get("tpot_ms") or {}).get("p50"),
+                    "tpot_p95_ms": (s.get("tpot_ms") or {}).get("p95"),
+                    "completed": s.get("completed"),
+                    "failed": s.get("failed"),
+                    "met": met,
+                    "why": why,
+                    "knee": measured.get("max_concurrency"),
+                }
+            )
+    return rows
+
+
+def load_runs(results_dir: Path, data: SiteData) -> None:
+    try:
+        paths = run_records.find_records(results_dir)
+    except KvbenchError as exc:
+        data.problems.append(str(exc))
+        paths = []
+    rows, probes, findings = [], [], []
+    for path in paths:
+        try:
+            doc = run_records.load_record(path)
+            doc_rows = run_rows(doc, path)
+        except (KvbenchError, AttributeError, TypeError, ValueError) as exc:
+            data.problems.append(f"{path}: skipped ({exc})")
+            continue
+        doc["_path"] = str(path)
+        data.records.append(doc)
+        rows += doc_rows
+        probes += probe_rows(doc)
+        for f in doc.get("findings") or []:
+            findings.append({"run_id": doc.get("run_id"), "machine": doc.get("machine"), "created_at": doc.get("created_at"),
+                             "kv_cache_dtype": f.get("dtype"), "level": f.get("level"), "text": f.get("text")})
+    data.runs = _dated(pd.DataFrame(rows), ["created_at", "kv_cache_dtype"])
+    data.probes = _dated(pd.DataFrame(probes), ["created_at", "kv_cache_dtype", "order"])
+    data.findings = _dated(pd.DataFrame(findings), ["created_at"])
+    data.records.sort(key=lambda d: str(d.get("created_at")))
+
+
+def _dated(frame: pd.DataFrame, order: list[str]) -> pd.DataFrame:
+    if frame.empty:
+        return frame
+    frame["created_at"] = pd.to_datetime(frame["created_at"], utc=True, errors="coerce")
+    return frame.sort_values(order, kind="stable").reset_index(drop=True)
+
+
+def latest_runs(runs: pd.DataFrame) -> pd.DataFrame:
+    """The newest run's row per (machine, dtype)."""
+    if runs.empty:
+        return runs
+    return runs.sort_values("created_at", kind="stable").groupby(["machine", "kv_cache_dtype"], sort=False).tail(1)
+
+
+def newest_record_per_machine(records: list[dict]) -> list[dict]:
+    newest: dict[str, dict] = {}
+    for doc in records:  # sorted by created_at
+        newest[doc.get("machine")] = doc
+    return [newest[k] for k in sorted(newest, key=str)]
+
+
+# --- history and regressions (kvbench.history / kvbench.regress) -----------------------------------------
+
+
+def load_history(results_dir: Path, asv_conf: Path | None, data: SiteData) -> None:
+    try:
+        from kvbench import history
+    except ImportError:
+        data.history_note = "kvbench.history is not available in this kvbench"
+        return
+    if not (Path(results_dir) / "benchmarks.json").is_file():
+        data.history_note = "no asv results: benchmarks.json is missing"
+        return
+    conf = asv_conf if asv_conf is not None else _asv_conf_for(results_dir)
+    try:
+        frame = history.history_frame(results_dir=str(results_dir), asv_conf=str(conf))
+    except Exception as exc:  # asv raises its own UserError types; the page says what went wrong
+        data.history_note = f"history not read: {' '.join(str(exc).split())}"
+        data.problems.append(data.history_note)
+        return
+    if frame is None or frame.empty:
+        return
+    frame = frame.copy()
+    for col in ("commit_date", "run_started"):
+        if col in frame:
+            frame[col] = pd.to_datetime(frame[col], utc=True, errors="coerce")
+    # One vLLM release after another can run on the same kvbench commit: a point's time is when it ran.
+    frame["when"] = frame["run_started"].fillna(frame["commit_date"]) if "run_started" in frame else frame["commit_date"]
+    data.history = frame.sort_values(["machine", "metric", "kv_dtype", "when"], kind="stable").reset_index(drop=True)
+    try:
+        from kvbench import regress
+    except ImportError:
+        data.history_note = "kvbench.regress is not available: regressions are not marked"
+        return
+    try:
+        found = regress.find_regressions(data.history, **regression_settings(regress))
+    except Exception as exc:  # a broken rule must not take the other pages down; the overview lists it
+        data.problems.append(f"regressions not computed: {exc}")
+        return
+    rows = [r if isinstance(r, dict) else _as_dict(r) for r in found]
+    data.regressions = pd.DataFrame(rows).reindex(columns=list(dict.fromkeys([*REGRESSION_COLUMNS, *(rows[0] if rows else [])])))
+
+
+def regression_settings(regress) -> dict:
+    """`kvbench regress`'s own defaults (window, threshold), so the pages mark what the command reports."""
+    import inspect
+
+    params = inspect.signature(regress.find_regressions).parameters
+    out = {}
+    for name in ("window", "threshold_pct"):
+        default = params[name].default if name in params else inspect.Parameter.empty
+        if default is inspect.Parameter.empty:
+            const = getattr(regress, f"DEFAULT_{name.upper()}", None)
+            if const is not None:
+                out[name] = const
+    return out
+
+
+def _as_dict(obj) -> dict:
+    from dataclasses import asdict, is_dataclass
+
+    return asdict(obj) if is_dataclass(obj) else dict(vars(obj))
+
+
+def _asv_conf_for(results_dir: Path) -> Path:
+    """asv.conf.json beside the results folder (a repo checkout), else the one in the working directory."""
+    beside = Path(results_dir).resolve().parent / "asv.conf.json"
+    return beside if beside.is_file() else Path("asv.conf.json")
+
+
+# --- kernel and accuracy records ------------------------------------------------------------------------
+
+
+def _json_records(results_dir: Path, kind: str, schema: str, data: SiteData) -> list[dict]:
+    out = []
+    if not Path(results_dir).is_dir():
+        return out
+    for path in sorted(Path(results_dir).glob(f"*/{kind}/*.json")):
+        if path.name.startswith("."):
+            continue  # a writer's temp file
+        try:
+            doc = json.loads(path.read_text())
+        except (OSError, json.JSONDecodeError) as exc:
+            data.problems.append(f"{path}: skipped ({exc})")
+            continue
+        if not isinstance(doc, dict) or doc.get("schema") != schema:
+            data.problems.append(f"{path}: skipped (schema {doc.get('schema') if isinstance(doc, dict) else None!r}, expected {schema})")
+            continue
+        doc["_path"] = str(path)
+        out.append(doc)
+    return sorted(out, key=lambda d: str(d.get("created_at")))
+
+
+def load_accuracy(results_dir: Path, data: SiteData) -> None:
+    rows = []
+    for doc in _json_records(results_dir, "accuracy", "kvbench.accuracy/1", data):
+        base = {"machine": doc.get("machine"), "created_at": doc.get("created_at"), "path": doc["_path"],
+                "vllm_version": (doc.get("environment") or {}).get("vllm")}
+        real = doc.get("real") or {}
+        sources = [("synthetic", (doc.get("synthetic") or {}).get("rows")), ("real K/V", real.get("rows")),
+                   ("model output", real.get("model_output"))]
+        for kind, items in sources:
+            for r in items or []:
+                rows.append({**base, "kind": kind, "data": r.get("data"), "format": r.get("format"),
+                             "scale": r.get("scale"), "rel_l2": r.get("rel_l2"), "cos_mean": r.get("cos_mean"),
+                             "max_abs": r.get("max_abs"), "model": real.get("model") if kind != "synthetic" else None})
+    data.accuracy = _dated(pd.DataFrame(rows), ["created_at"])
+
+
+def load_kernels(results_dir: Path, data: SiteData) -> None:
+    rows = []
+    docs = _json_records(results_dir, "kernels", "kvbench.kernels/1", data)
+    for doc in docs:
+        cat = doc.get("gpu_catalog") or {}
+        device = ((doc.get("environment") or {}).get("device") or {}).get("name")
+        base = {"machine": doc.get("machine"), "created_at": doc.get("created_at"), "mode": doc.get("mode"),
+                "device": device, "peak_gbs": cat.get("hbm_bandwidth_gbs"), "gpu_key": cat.get("key"),
+                "copy_gbs": (doc.get("copy_baseline") or {}).get("gbs") if doc.get("mode") == "gpu" else None,
+                "path": doc["_path"]}
+        for kind in ("decode", "write"):
+            for r in doc.get(kind) or []:
+                rows.append({**base, "kernel": kind, "format": r.get("format"), "batch": r.get("batch"),
+                             "context": r.get("context"), "tokens": r.get("tokens"), "time_us": r.get("time_us"),
+                             "gbs": r.get("gbs"), "pct_of_peak": r.get("pct_of_peak"), "pct_of_copy": r.get("pct_of_copy")})
+    data.kernel_records = docs
+    data.kernels = _dated(pd.DataFrame(rows), ["created_at"])
+
+
+# --- claims ------------------------------------------------------------------------------------------------
+
+
+def measured_for_claims(doc: dict, runs: pd.DataFrame) -> dict[str, float]:
+    """Claim id -> the value a run measured, where a run matches the claim's model, context and KV budget.
+
+    Only the engine's own numbers count (engine_max_concurrency, engine_capacity_ratio, kv_budget_gb), and
+    only from a run of the same model at the same context whose KV budget is within the claim's tolerance."""
+    out: dict[str, float] = {}
+    if runs.empty:
+        return out
+    ok = runs[runs["status"] == "ok"]
+    for claim in doc.get("claims", []):
+        measure, budget_gb = claim.get("measure"), claim.get("kv_budget_gb")
+        if not measure or not claim.get("context"):
+            continue
+        match = ok[(ok["model"] == claim.get("model")) & (ok["context"] == claim["context"])]
+        if budget_gb:
+            tol = claim.get("tolerance_pct", 5) / 100
+            match = match[(match["budget_bytes"] / 1e9 - budget_gb).abs() <= tol * budget_gb]
+        if match.empty:
+            continue
+        newest = match[match["run_id"] == match.sort_values("created_at")["run_id"].iloc[-1]]
+        by_dtype = newest.set_index("kv_cache_dtype")
+        dtype = claim.get("dtype")
+        if measure == "engine_max_concurrency" and dtype in by_dtype.index:
+            out[claim["id"]] = float(by_dtype.at[dtype, "engine_max_concurrency"])
+        elif measure == "kv_budget_gb" and dtype in by_dtype.index:
+            out[claim["id"]] = float(by_dtype.at[dtype, "budget_bytes"]) / 1e9
+        elif measure == "engine_capacity_ratio" and {dtype, claim.get("baseline")} <= set(by_dtype.index):
+            out[claim["id"]] = float(by_dtype.at[dtype, "engine_max_concurrency"] / by_dtype.at[claim["baseline"], "engine_max_concurrency"])
+    return {k: v for k, v in out.items() if v == v}  # drop NaN
+
+
+def load_claims_data(data: SiteData, claims_file: Path | None = None) -> None:
+    from kvbench.claims import evaluate, load_claims
+
+    try:
+        doc = load_claims(claims_file)
+    except KvbenchError as exc:
+        data.problems.append(f"claims not read: {exc}")
+        return
+    data.claims = doc
+    data.verdicts = evaluate(doc, measured_for_claims(doc, data.runs))
+
+
+# --- everything ---------------------------------------------------------------------------------------------
+
+
+def load(results_dir: str | Path = "results", asv_conf: str | Path | None = None, claims_file: str | Path | None = None) -> SiteData:
+    results_dir = Path(results_dir)
+    data = SiteData(results_dir=results_dir)
+    if not results_dir.is_dir():
+        data.problems.append(f"no results folder at {results_dir}")
+    load_runs(results_dir, data)
+    load_history(results_dir, Path(asv_conf) if asv_conf else None, data)
+    load_accuracy(results_dir, data)
+    load_kernels(results_dir, data)
+    load_claims_data(data, Path(claims_file) if claims_file else None)
+    return data

@@ -1,0 +1,91 @@
+"""Across GPUs: the same model and workload on every machine side by side, newest run per machine."""
+
+from __future__ import annotations
+
+import pandas as pd
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from kvbench.dashboards.components import Page, empty, fmt, hover_data, hover_template, note, section, slug, table
+from kvbench.dashboards.data import SiteData
+from kvbench.dashboards.theme import color, esc, ordered, style
+
+SLUG, TITLE = "gpus", "Across GPUs"
+PANELS = (  # column, panel title, axis title, unit
+    ("measured_max_concurrency", "Max concurrency under the SLO", "concurrency", "requests"),
+    ("engine_max_concurrency", "Max concurrency, engine-reported", "concurrency", "requests"),
+    ("output_throughput_tps", "Output throughput", "throughput", "tokens/s"),
+    ("ttft_p95_ms", "TTFT P95", "TTFT P95", "ms"),
+    ("tpot_p95_ms", "TPOT P95", "TPOT P95", "ms"),
+    ("goodput_rps", "Goodput under the SLO", "goodput", "requests/s"),
+)
+WORKLOAD = ["model", "prompt_tokens", "output_tokens", "context", "fixed_load"]
+
+
+def workload_groups(runs: pd.DataFrame) -> list[tuple[tuple, pd.DataFrame]]:
+    """Rows grouped by model and workload, each keeping the newest run per machine."""
+    keyed = runs.assign(**{c: runs[c].astype(str) for c in WORKLOAD})
+    out = []
+    for key, g in keyed.groupby(WORKLOAD, sort=True):
+        newest = g.sort_values("created_at").groupby("machine")["run_id"].last()
+        out.append((key, runs.loc[g.index][runs.loc[g.index, "run_id"].isin(newest.values)]))
+    return sorted(out, key=lambda kg: -kg[1]["machine"].nunique())
+
+
+def comparison_figure(rows: pd.DataFrame) -> go.Figure:
+    machines = sorted(rows["machine"].unique(), key=str)
+    labels = {m: esc(m) for m in machines}
+    fig = make_subplots(rows=2, cols=3, subplot_titles=[f"{t} ({u})" for _, t, _, u in PANELS], vertical_spacing=0.2, horizontal_spacing=0.07)
+    for i, (col, title, axis, unit) in enumerate(PANELS):
+        r, c = divmod(i, 3)
+        for dtype in ordered(rows["kv_cache_dtype"]):
+            pts = rows[rows["kv_cache_dtype"] == dtype].set_index("machine").reindex(machines).reset_index()
+            pts["kv_cache_dtype"] = dtype
+            fig.add_trace(
+                go.Bar(
+                    x=[labels[m] for m in machines], y=pts[col], name=esc(dtype), legendgroup=dtype, showlegend=i == 0,
+                    marker={"color": color(dtype), "line": {"color": "#333", "width": 0.5},
+                            "pattern": {"shape": {"fp8": "/", "nvfp4": "x"}.get(dtype, ""), "fgcolor": "#fff"}},
+                    customdata=hover_data(pts, extra=["kv_cache_dtype", "gpu", "status"]),
+                    hovertemplate=hover_template([f"<b>%{{customdata[4]}}</b>: %{{y:.4g}} {esc(unit)}", "%{customdata[5]}",
+                                                  "status %{customdata[6]}"]),
+                ),
+                row=r + 1, col=c + 1,
+            )
+        fig.update_yaxes(title_text=f"{axis} ({esc(unit)})", row=r + 1, col=c + 1)
+        fig.update_xaxes(title_text="machine", row=r + 1, col=c + 1)
+    style(fig, None, height=640)
+    fig.update_layout(barmode="group")
+    return fig
+
+
+def build(data: SiteData) -> Page:
+    page = Page(SLUG, TITLE)
+    parts = [f"<h1>{esc(TITLE)}</h1>",
+             '<p class="lead">The same model and workload on every machine (A100 vs H100 vs H200 …), newest run per machine, '
+             "per KV dtype. Runs are compared only with runs of the same model, prompt/output lengths, context and fixed load. "
+             "A missing bar is a dtype that failed or was not run (the machine table says which).</p>"]
+    if data.runs.empty:
+        parts.append(empty(f"No run records under <code>{esc(data.results_dir)}</code> — run <code>kvbench run</code> on each "
+                           "machine and copy its <code>results/&lt;machine&gt;/</code> folder here to compare them."))
+        page.body = "\n".join(parts)
+        return page
+    for (model, prompt, output, context, load), rows in workload_groups(data.runs):
+        title = f"{model}: {prompt} prompt + {output} output tokens, context {context}, fixed load {load}"
+        inner = ""
+        n = rows["machine"].nunique()
+        if n == 1:
+            inner += note(f"Only <b>{esc(rows['machine'].iloc[0])}</b> has results for this model and workload. Run the same "
+                          "<code>kvbench run</code> on another GPU and copy its <code>results/&lt;machine&gt;/</code> folder in "
+                          "to compare machines.")
+        inner += page.plot(comparison_figure(rows), f"gpus-{slug(title)}")
+        machines = rows.drop_duplicates("machine").sort_values("machine").copy()
+        machines["vllm"] = machines["vllm_package"].astype(str) + " " + machines["vllm_version"].astype(str)
+        machines["when"] = [fmt(None) if pd.isna(t) else t.strftime("%Y-%m-%d %H:%M UTC") for t in machines["created_at"]]
+        failed = rows[rows["status"] != "ok"].groupby("machine")["kv_cache_dtype"].apply(lambda s: ", ".join(ordered(s)))
+        machines["failed"] = [failed.get(m, "—") for m in machines["machine"]]
+        inner += table(machines, {"machine": "machine", "gpu": "GPU", "vllm": "vLLM", "driver": "driver", "cuda": "CUDA",
+                                  "run_id": "run", "when": "date", "failed": "dtypes failed"})
+        parts.append(section(title, inner))
+    page.body = "\n".join(parts)
+    return page

@@ -1,0 +1,160 @@
+"""History: each tracked metric over commits per machine and dtype, with vLLM releases and regressions marked."""
+
+from __future__ import annotations
+
+import pandas as pd
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from kvbench.dashboards.components import Page, date_text, dtype_chip, empty, fmt, note, section, slug, table
+from kvbench.dashboards.data import REGRESSION, SiteData
+from kvbench.dashboards.theme import REGRESSION_COLOR, color, dash, esc, ordered, style, symbol
+
+SLUG, TITLE = "history", "History"
+# Latency metrics are stored in seconds (asv's unit); people read them in ms.
+DISPLAY_UNITS = {"seconds": ("ms", 1e3)}
+MAX_LABELLED_TICKS = 14  # beyond this, date ticks with release lines only
+
+
+def display_unit(unit: str) -> tuple[str, float]:
+    return DISPLAY_UNITS.get(unit, (unit, 1.0))
+
+
+def boundaries(points: pd.DataFrame) -> list[tuple]:
+    """(x between the last point of one vLLM version and the first of the next, new version, old version)."""
+    firsts = points.dropna(subset=["when"]).sort_values("when").drop_duplicates("when")
+    out, prev = [], None
+    for _, r in firsts.iterrows():
+        if prev is not None and r["vllm_version"] != prev["vllm_version"]:
+            mid = prev["when"] + (r["when"] - prev["when"]) / 2
+            out.append((mid, r["vllm_version"], prev["vllm_version"]))
+        prev = r
+    return out
+
+
+def _flagged(regressions: pd.DataFrame) -> pd.DataFrame:
+    if regressions.empty:
+        return regressions
+    return regressions[regressions["verdict"] == REGRESSION]
+
+
+def _regression_points(regs: pd.DataFrame, points: pd.DataFrame) -> pd.DataFrame:
+    """The history point each regression judged: by run id where it has one, else by commit."""
+    keys = ["machine", "metric", "kv_dtype"]
+    by_run = regs.dropna(subset=["run_id"]).merge(points, on=[*keys, "run_id"], how="inner", suffixes=("", "_h"))
+    by_commit = regs[regs["run_id"].isna()].merge(points, on=[*keys, "commit"], how="inner", suffixes=("", "_h"))
+    hits = pd.concat([by_run, by_commit], ignore_index=True)
+    if "run_id_h" in hits:
+        hits["run_id"] = hits["run_id"].fillna(hits["run_id_h"])
+    return hits
+
+
+def metric_figure(frame: pd.DataFrame, regressions: pd.DataFrame, title: str, unit: str) -> go.Figure:
+    metric = frame["metric"].iloc[0]
+    shown_unit, factor = display_unit(unit)
+    machines = sorted(frame["machine"].unique(), key=str)
+    fig = make_subplots(rows=len(machines), cols=1, subplot_titles=[esc(m) for m in machines], vertical_spacing=0.16 / max(1, len(machines) - 1) if len(machines) > 1 else 0.1)
+    legend_done: set[str] = set()
+    flagged = _flagged(regressions)
+    for row, machine in enumerate(machines, start=1):
+        mframe = frame[frame["machine"] == machine]
+        for dtype in ordered(mframe["kv_dtype"]):
+            pts = mframe[mframe["kv_dtype"] == dtype].sort_values("when")
+            custom = [
+                [esc(r["run_id"]), esc(date_text(r["when"])), esc(r["vllm_version"]), esc(machine), esc(str(r["commit"])[:10]),
+                 esc(dtype), esc(date_text(r["commit_date"]))]
+                for _, r in pts.iterrows()
+            ]
+            fig.add_trace(
+                go.Scatter(
+                    x=pts["when"], y=pts["value"] * factor, mode="lines+markers", name=esc(dtype),
+                    legendgroup=dtype, showlegend=dtype not in legend_done,
+                    line={"color": color(dtype), "dash": dash(dtype), "width": 2},
+                    marker={"color": color(dtype), "symbol": symbol(dtype), "size": 9, "line": {"color": "#fff", "width": 1}},
+                    customdata=custom,
+                    hovertemplate=(f"<b>%{{customdata[5]}}</b>: %{{y:.4g}} {esc(shown_unit)}<br>commit %{{customdata[4]}} "
+                                   "(%{customdata[6]})<br>run %{customdata[0]}<br>%{customdata[1]}<br>vLLM %{customdata[2]}"
+                                   "<br>machine %{customdata[3]}<extra></extra>"),
+                ),
+                row=row, col=1,
+            )
+            legend_done.add(dtype)
+        # Regressions `kvbench regress` found: a ring around the newest point it judged.
+        mreg = flagged[flagged["machine"] == machine] if not flagged.empty else flagged
+        if not mreg.empty:
+            hits = _regression_points(mreg, mframe)
+            if not hits.empty:
+                fig.add_trace(
+                    go.Scatter(
+                        x=hits["when"], y=hits["value"] * factor, mode="markers", name="regression (kvbench regress)",
+                        legendgroup="regression", showlegend="regression" not in legend_done,
+                        marker={"symbol": "circle-open", "size": 22, "color": REGRESSION_COLOR, "line": {"width": 3}},
+                        customdata=[[esc(r["run_id"]), esc(date_text(r["when"])), esc(r["vllm_version"]), esc(machine),
+                                     esc(r["kv_dtype"]), fmt(r["change_pct"], 1, "%"), fmt(r["baseline"] * factor, 4)]
+                                    for _, r in hits.iterrows()],
+                        hovertemplate=("<b>regression</b> %{customdata[4]}: %{customdata[5]} vs baseline %{customdata[6]}"
+                                       f" {esc(shown_unit)}<br>run %{{customdata[0]}}<br>%{{customdata[1]}}<br>vLLM %{{customdata[2]}}"
+                                       "<br>machine %{customdata[3]}<extra></extra>"),
+                    ),
+                    row=row, col=1,
+                )
+                legend_done.add("regression")
+        # vLLM release boundaries and the version under every point.
+        for x, new, old in boundaries(mframe):
+            fig.add_vline(x=x, line={"color": "#666", "dash": "dot", "width": 1.5}, row=row, col=1)
+            fig.add_annotation(x=x, y=1, yref=f"y{'' if row == 1 else row} domain", text=f"vLLM {esc(old)} → {esc(new)}",
+                               showarrow=False, xanchor="left", yanchor="bottom", font={"size": 11, "color": "#444"},
+                               row=row, col=1)
+        ticks = mframe.dropna(subset=["when"]).drop_duplicates("when").sort_values("when")
+        if 0 < len(ticks) <= MAX_LABELLED_TICKS:
+            fig.update_xaxes(tickvals=list(ticks["when"]),
+                             ticktext=[f"vLLM {esc(r['vllm_version'])}<br>{esc(str(r['commit'])[:7])}" for _, r in ticks.iterrows()],
+                             row=row, col=1)
+        fig.update_xaxes(title_text="date measured (UTC; ticks: vLLM version and kvbench commit)", row=row, col=1)
+        fig.update_yaxes(title_text=f"{esc(metric)} ({esc(shown_unit)})", row=row, col=1)
+    style(fig, f"{title} ({shown_unit})", height=200 + 300 * len(machines))
+    return fig
+
+
+def build(data: SiteData) -> Page:
+    page = Page(SLUG, TITLE)
+    parts = [f"<h1>{esc(TITLE)}</h1>",
+             '<p class="lead">Each tracked metric (kvbench/data/metrics.toml) over commits, per machine and KV dtype, from the '
+             "asv results under the results folder. Dotted lines mark a new vLLM version; red rings mark what "
+             "<code>kvbench regress</code> calls a regression. Hover a point for its run, date, vLLM version and machine.</p>"]
+    h = data.history
+    if h.empty:
+        why = f" ({esc(data.history_note)})" if data.history_note else ""
+        parts.append(empty(
+            f"No asv history under <code>{esc(data.results_dir)}</code>{why}. Each history point is one asv run of the "
+            "benchmark suite, which calls <code>kvbench run</code>: run <code>asv run</code> (see results/README.md), "
+            "then rebuild with <code>kvbench dashboard</code>."))
+        page.body = "\n".join(parts)
+        return page
+    flagged = _flagged(data.regressions)
+    if not flagged.empty:
+        parts.append(note(f"{len(flagged)} regression(s) flagged by <code>kvbench regress</code>.", "warn"))
+    for metric in pd.unique(h["metric"]):
+        mf = h[h["metric"] == metric]
+        label, unit = mf["label"].iloc[0], mf["unit"].iloc[0]
+        direction = mf["direction"].iloc[0]
+        missing = mf[mf["value"].isna()]
+        plotted = mf.dropna(subset=["value"])
+        inner = f'<p class="lead">{esc(direction)} is better.</p>'
+        if plotted.empty:
+            inner += empty(f"No values recorded for {esc(label)} yet.")
+        else:
+            inner += page.plot(metric_figure(plotted, data.regressions[data.regressions["metric"] == metric]
+                                           if not data.regressions.empty else data.regressions, label, unit),
+                             f"history-{slug(metric)}")
+        if not missing.empty:
+            view = missing.copy()
+            view["dtype_html"] = [dtype_chip(d) for d in view["kv_dtype"]]
+            view["commit7"] = [str(c)[:10] for c in view["commit"]]
+            inner += note("Not measured at these points (the dtype failed or was not run; its run record says why):", "warn")
+            cols = {"machine": "machine", "dtype_html": "KV dtype", "commit7": "commit", "vllm_version": "vLLM", "run_id": "run"}
+            cols.update({c: c.replace("_", " ") for c in ("state", "dtype_status") if c in view})
+            inner += table(view, cols, raw={"dtype_html"})
+        parts.append(section(label, inner, anchor=slug(metric)))
+    page.body = "\n".join(parts)
+    return page

