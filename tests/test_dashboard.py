@@ -1,0 +1,338 @@
+"""`kvbench dashboard`: pages build from the committed results, from sample records of the real shapes and
+from an empty folder; one colour per dtype everywhere; units on every axis; hovers name the run; data text
+is escaped; the site is swapped in whole."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from kvbench.dashboards import data as site_data
+from kvbench.dashboards import derive, site, theme
+
+REPO = Path(__file__).resolve().parents[1]
+_spec = importlib.util.spec_from_file_location("dashboard_sample", Path(__file__).with_name("dashboard_sample.py"))
+sample = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(sample)
+
+PAGE_SLUGS = ["index", "history", "gpus", "capacity", "latency", "claims", "kernels"]
+CATEGORICAL_AXES = {"KV-cache dtype", "machine", "claim"}
+
+
+@pytest.fixture(scope="module")
+def sample_data(tmp_path_factory):
+    root = sample.write_results(tmp_path_factory.mktemp("results"))
+    loaded = site_data.load(root)
+    loaded.history = sample.history_frame()
+    loaded.history["when"] = loaded.history["run_started"]
+    loaded.regressions = sample.regressions_frame(loaded.history)
+    return loaded
+
+
+@pytest.fixture(scope="module")
+def sample_pages(sample_data):
+    return {p.slug: p for p in site.build_pages(sample_data)}
+
+
+@pytest.fixture(scope="module")
+def sample_site(sample_data, tmp_path_factory):
+    out = tmp_path_factory.mktemp("site") / "site"
+    site.write_site(sample_data, out)
+    return out
+
+
+def all_figures(pages):
+    for page in pages.values():
+        for div_id, fig in page.figures:
+            yield page.slug, div_id, fig
+
+
+# --- building -----------------------------------------------------------------------------------------------
+
+
+def test_builds_from_committed_results(tmp_path):
+    loaded = site_data.load(REPO / "results", asv_conf=REPO / "asv.conf.json")
+    written = site.write_site(loaded, tmp_path / "site")
+    assert [p.stem for p in written] == PAGE_SLUGS
+    assert (tmp_path / "site" / site.PLOTLY_JS).stat().st_size > 1_000_000  # plotly.js bundled once
+    assert len(list((tmp_path / "site").rglob("plotly*.js"))) == 1
+    for page in written:
+        html = page.read_text()
+        assert '<script src="assets/plotly.min.js"></script>' in html
+        assert not re.search(r'<script[^>]+src="(https?:)?//', html), f"{page.name} fetches a script from the network"
+    kernels = (tmp_path / "site" / "kernels.html").read_text()
+    if not loaded.accuracy.empty:  # the committed accuracy record is plotted
+        assert "accuracy-" in kernels and "all-MiniLM-L6-v2" in kernels
+    if not loaded.history.empty:
+        assert "js-plotly-plot" in (tmp_path / "site" / "history.html").read_text() or 'class="figure"' in (tmp_path / "site" / "history.html").read_text()
+
+
+def test_builds_from_empty_results_with_instructions(tmp_path):
+    (tmp_path / "results").mkdir()
+    loaded = site_data.load(tmp_path / "results")
+    pages = {p.slug: p for p in site.build_pages(loaded)}
+    assert all(not p.figures for slug, p in pages.items() if slug != "claims")  # claims come from shipped data
+    site.write_site(loaded, tmp_path / "site")
+    text = {slug: (tmp_path / "site" / f"{slug}.html").read_text() for slug in PAGE_SLUGS}
+    for slug in ("index", "gpus", "capacity", "latency"):
+        assert "kvbench run" in text[slug], slug
+    assert "asv run" in text["history"]
+    assert "kvbench kernels" in text["kernels"] and "kvbench accuracy" in text["kernels"]
+
+
+def test_missing_results_folder_says_so(tmp_path):
+    loaded = site_data.load(tmp_path / "nowhere")
+    site.write_site(loaded, tmp_path / "site")
+    assert "no results folder" in (tmp_path / "site" / "index.html").read_text()
+
+
+def test_every_page_has_its_plots(sample_pages):
+    counts = {slug: len(p.figures) for slug, p in sample_pages.items()}
+    assert counts["index"] == 1 and counts["history"] == 2 and counts["claims"] == 1
+    assert counts["capacity"] == 4 and counts["latency"] == 4  # h100, h200, cpu, and the evil record's machine
+    assert counts["gpus"] >= 2  # llama-3.1-8b on two GPUs; the tiny model on the CPU
+    assert counts["kernels"] == 2  # one kernel record, one accuracy record
+
+
+def test_cli_writes_site(tmp_path):
+    (tmp_path / "results").mkdir()
+    out = subprocess.run([sys.executable, "-m", "kvbench", "dashboard", "--results", str(tmp_path / "results"), "--out",
+                          str(tmp_path / "site")], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "wrote 7 pages" in out.stdout and (tmp_path / "site" / "index.html").is_file()
+
+
+# --- made for people -----------------------------------------------------------------------------------------
+
+
+def _trace_colors(trace) -> list[str]:
+    out = []
+    for part in ("marker", "line"):
+        obj = getattr(trace, part, None)
+        c = getattr(obj, "color", None) if obj is not None else None
+        if isinstance(c, str):
+            out.append(c)
+    return out
+
+
+def test_one_colour_per_dtype_on_every_page(sample_pages):
+    seen: dict[str, set[str]] = {}
+    for slug, div, fig in all_figures(sample_pages):
+        for trace in fig.data:
+            group = trace.legendgroup
+            if group in theme.COLORS:
+                for c in _trace_colors(trace):
+                    seen.setdefault(group, set()).add(c)
+            marker_colors = getattr(trace.marker, "color", None) if hasattr(trace, "marker") else None
+            if isinstance(marker_colors, (list, tuple)) and trace.x is not None:  # bars coloured per dtype on the x axis
+                for x, c in zip(trace.x, marker_colors):
+                    if x in theme.COLORS:
+                        seen.setdefault(x, set()).add(c)
+    assert {"auto", "fp8", "nvfp4"} <= set(seen)
+    for dtype, colors in seen.items():
+        assert colors == {theme.COLORS[dtype]}, (dtype, colors)
+
+
+def test_palette_is_okabe_ito_and_markers_differ():
+    okabe_ito = {"#E69F00", "#56B4E9", "#009E73", "#F0E442", "#0072B2", "#D55E00", "#CC79A7", "#000000", "#999999"}
+    assert set(theme.COLORS.values()) <= okabe_ito
+    assert len(set(theme.COLORS.values())) == len(theme.COLORS)
+    assert len(set(theme.SYMBOLS.values())) == len(theme.SYMBOLS)
+
+
+def test_every_axis_title_has_a_unit(sample_pages):
+    checked = 0
+    for slug, div, fig in all_figures(sample_pages):
+        layout = fig.to_plotly_json()["layout"]
+        for key, axis in layout.items():
+            if not re.fullmatch(r"[xy]axis\d*", key):
+                continue
+            title = ((axis.get("title") or {}).get("text")) or ""
+            if not title or title in CATEGORICAL_AXES or title.startswith("data source"):
+                continue
+            checked += 1
+            assert re.search(r"\([^)]+\)\s*$", title), f"{slug}/{div} {key}: {title!r} has no unit"
+    assert checked > 20
+
+
+def test_hover_names_run_date_vllm_and_machine(sample_pages):
+    checked = 0
+    for slug, div, fig in all_figures(sample_pages):
+        if slug == "claims":
+            continue  # claims are derived from specs, not from a run (their hover says so)
+        for trace in fig.data:
+            if trace.hoverinfo == "skip":
+                continue  # legend-only entries
+            tpl = trace.hovertemplate or ""
+            assert re.search(r"(run|record) %\{customdata\[0\]\}", tpl), (slug, div, trace.name, tpl)
+            assert "vLLM %{customdata[2]}" in tpl and "machine %{customdata[3]}" in tpl, (slug, div, tpl)
+            assert re.search(r"%\{customdata\[1\]\}", tpl)
+            for row in trace.customdata:
+                assert row[0] not in ("", "—") and re.match(r"\d{4}-\d{2}-\d{2}", row[1]), (slug, div, row)
+            checked += 1
+    assert checked > 20
+    claims = next(fig for slug, div, fig in all_figures(sample_pages) if slug == "claims")
+    assert all("derived from kvbench's specs (no run)" in t.hovertemplate for t in claims.data)
+
+
+def test_hover_values_come_from_the_records(sample_pages, sample_data):
+    latency = dict(sample_pages["latency"].figures)["latency-h100-sxm-80gb"]
+    runs = sample_data.runs
+    run_id = runs[runs["machine"] == "h100-sxm-80gb"]["run_id"].iloc[0]
+    rows = [row for t in latency.data for row in t.customdata]
+    assert {row[0] for row in rows} == {run_id}
+    assert {row[2] for row in rows} == {"0.32.0"} and {row[3] for row in rows} == {"h100-sxm-80gb"}
+
+
+def test_data_text_is_escaped(sample_site, sample_pages):
+    for page in sample_site.glob("*.html"):
+        html = page.read_text()
+        assert sample.PAYLOAD not in html and sample.SCRIPT not in html, page.name
+        assert "onerror=" not in html.replace("onerror=&quot;", "").replace('onerror=\\"', "") or "&lt;img" in html
+    assert "&lt;script&gt;window.__kvbench_injected=true&lt;/script&gt;" in (sample_site / "index.html").read_text()
+    # plotly reads labels as HTML too: the figures carry the escaped text
+    for slug, div, fig in all_figures(sample_pages):
+        blob = json.dumps(fig.to_plotly_json(), default=str)
+        assert "<img" not in blob and "<script" not in blob, (slug, div)
+
+
+def test_units_and_escaping_in_tables(sample_site):
+    html = (sample_site / "index.html").read_text()
+    for header in ("TTFT P95 (ms)", "TPOT P95 (ms)", "output throughput (tokens/s)", "measured under the SLO (requests)"):
+        assert header in html
+
+
+# --- what the pages conclude ---------------------------------------------------------------------------------
+
+
+def test_recommendation_is_derived_and_explained(sample_pages, sample_data):
+    html = sample_pages["index"].body
+    assert "Recommended:" in html and "Chosen in code" in html
+    h100 = sample_data.runs[sample_data.runs["machine"] == "h100-sxm-80gb"]
+    rec = derive.recommend(site_data.latest_runs(h100), "h100-sxm-80gb")
+    assert rec.dtype == "fp8" and rec.concurrency == 28  # nvfp4 crashed; fp8's knee beats auto's 24
+    assert any("nvfp4: partial" in e for e in rec.excluded)
+    cpu = sample_data.runs[sample_data.runs["machine"] == "cpu-amd-epyc"]
+    rec = derive.recommend(site_data.latest_runs(cpu), "cpu-amd-epyc")
+    assert rec.dtype == "auto"  # 3 > fp8's 2; nvfp4 not honoured and partial
+
+
+def test_recommendation_rules():
+    import pandas as pd
+
+    def rows(*specs):
+        return pd.DataFrame([{"kv_cache_dtype": d, "status": s, "honoured": h, "measured_max_concurrency": m} for d, s, h, m in specs])
+
+    tie = derive.recommend(rows(("nvfp4", "ok", True, 8), ("fp8", "ok", True, 8), ("auto", "ok", True, 4)), "m")
+    assert tie.dtype == "fp8" and "tied with nvfp4" in tie.why
+    dishonoured = derive.recommend(rows(("auto", "ok", True, 4), ("nvfp4", "ok", False, 9)), "m")
+    assert dishonoured.dtype == "auto" and "not honoured" in dishonoured.excluded[0]
+    none = derive.recommend(rows(("auto", "ok", True, 0), ("fp8", "failed", True, None)), "m")
+    assert none.dtype is None and len(none.excluded) == 2
+
+
+def test_capacity_page_shows_the_not_honoured_finding(sample_pages):
+    page = sample_pages["capacity"]
+    assert "probably NOT honoured on this platform" in page.body and 'class="note finding"' in page.body
+    fig = dict(page.figures)["capacity-cpu-amd-epyc"]
+    notes = [a.text for a in fig.layout.annotations]
+    assert any("nvfp4 probably NOT honoured" in t for t in notes)
+    names = {t.name for t in fig.data}
+    assert {"auto: capacity model", "nvfp4: capacity model", "nvfp4: engine-reported", "auto: measured under the SLO"} <= names
+    # the engine's nvfp4 point sits on fp8's line (32 requests), far below nvfp4's own
+    line = next(t for t in fig.data if t.name == "nvfp4: capacity model")
+    at_512 = dict(zip(line.x, line.y))[512]
+    assert at_512 == pytest.approx(56.75, rel=0.01)
+
+
+def test_latency_page_marks_slo_and_knee(sample_pages):
+    fig = dict(sample_pages["latency"].figures)["latency-h100-sxm-80gb"]
+    shapes = fig.layout.shapes
+    assert sum(1 for s in shapes if s.y0 == s.y1 == 250) == 1  # TTFT SLO
+    assert sum(1 for s in shapes if s.y0 == s.y1 == 25) == 1  # TPOT SLO
+    knees = sorted({s.x0 for s in shapes if s.x0 == s.x1})
+    assert knees == [24, 28]  # auto and fp8; nvfp4 never finished its search
+    texts = [a.text for a in fig.layout.annotations]
+    assert "knee fp8: 28" in texts and "SLO 250 ms" in texts
+    assert "engine died during slo-c32" in sample_pages["latency"].body  # the failure is on the page
+
+
+def test_history_marks_releases_and_regressions(sample_pages):
+    figs = dict(sample_pages["history"].figures)
+    ttft = figs["history-ttft-p95"]
+    assert ttft.layout.title.text.endswith("(ms)")
+    regression = [t for t in ttft.data if t.name == "regression (kvbench regress)"]
+    assert len(regression) == 1 and len(regression[0].x) == 1
+    fp8 = next(t for t in ttft.data if t.name == "fp8")
+    assert regression[0].y[0] == pytest.approx(fp8.y[-1])  # the ring is on the newest fp8 point, in ms
+    assert fp8.y[0] == pytest.approx(350.0)
+    releases = [a.text for a in ttft.layout.annotations if "→" in a.text]
+    assert releases == ["vLLM 0.30.0 → 0.31.0", "vLLM 0.31.0 → 0.32.0"]
+    assert all("vLLM 0.3" in t for t in ttft.layout.xaxis.ticktext)  # every point labelled with its version
+    body = sample_pages["history"].body
+    assert "Not measured at these points" in body and "failed" in body  # nvfp4's failures are listed, not hidden
+
+
+def test_history_with_real_regress_rule(sample_data):
+    regress = pytest.importorskip("kvbench.regress")
+    found = regress.find_regressions(sample_data.history)
+    flagged = [r for r in found if r.verdict == "regression"]
+    assert [(r.metric, r.kv_dtype) for r in flagged] == [("ttft_p95", "fp8")]
+
+
+def test_claims_page_lists_every_claim_with_source(sample_pages, sample_data):
+    body = sample_pages["claims"].body
+    for v in sample_data.verdicts:
+        assert v.id in body
+    assert body.count('class="badge"') == len(sample_data.verdicts)
+    assert "nvfp4-kv-cache-article" in body
+
+
+def test_gpus_page_compares_machines_side_by_side(sample_pages):
+    figs = dict(sample_pages["gpus"].figures)
+    llama = next(f for k, f in figs.items() if "llama-3-1-8b" in k)
+    xs = {x for t in llama.data for x in t.x}
+    assert xs == {"h100-sxm-80gb", "h200-141gb"}
+
+
+def test_kernels_page_draws_roofline(sample_pages):
+    fig = dict(sample_pages["kernels"].figures)["kernels-h100-sxm-80gb"]
+    assert any(s.y0 == 3350.0 for s in fig.layout.shapes)
+    assert any("roofline 3,350 GB/s" in (a.text or "") for a in fig.layout.annotations)
+
+
+# --- writing -----------------------------------------------------------------------------------------------------
+
+
+def test_site_is_swapped_in_whole(tmp_path, sample_data, monkeypatch):
+    out = tmp_path / "site"
+    site.write_site(sample_data, out, generated_at="first")
+    assert "first" in (out / "index.html").read_text()
+
+    def broken(data):
+        raise RuntimeError("page failed")
+
+    monkeypatch.setattr(site.page_claims, "build", broken)
+    with pytest.raises(RuntimeError):
+        site.write_site(sample_data, out, generated_at="second")
+    assert "first" in (out / "index.html").read_text()  # the old site is intact
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["site"]  # no temp folders left
+    monkeypatch.undo()
+    site.write_site(sample_data, out, generated_at="third")
+    assert "third" in (out / "index.html").read_text() and sorted(p.name for p in tmp_path.iterdir()) == ["site"]
+
+
+def test_refuses_to_replace_a_foreign_folder(tmp_path, sample_data):
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "notes.txt").write_text("keep me")
+    from kvbench.errors import UsageError
+
+    with pytest.raises(UsageError, match="refusing to replace"):
+        site.write_site(sample_data, tmp_path / "mine")
+    assert (tmp_path / "mine" / "notes.txt").read_text() == "keep me"
