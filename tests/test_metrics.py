@@ -185,3 +185,10 @@ def test_summarize_accepts_the_stored_dict_form():
 def test_slo_rejects_nonpositive(bad):
     with pytest.raises(ValueError):
         SLO(**bad)
+
+
+def test_burst_delivered_streams_are_counted():
+    held = req(0, 0.2, arrivals=[0.2, 0.2, 0.2002])  # every chunk within 1 ms: held back, then released
+    streamed = req(1, 0.01, arrivals=[0.01, 0.02, 0.03])
+    single = req(2, 0.01, arrivals=[0.01])  # one chunk says nothing about streaming
+    assert summarize(load([held, streamed, single], duration=1.0)).burst_delivered_requests == 1
