@@ -35,7 +35,7 @@ def recommend(rows: pd.DataFrame, machine: str) -> Recommendation:
     for _, r in rows.iterrows():
         d = r["kv_cache_dtype"]
         if r.get("status") != "ok":
-            excluded.append(f"{d}: {r.get('status')}")
+            excluded.append(f"{d}: run {r.get('status')} (see failures)")
         elif not r.get("honoured", True):
             excluded.append(f"{d}: probably not honoured by the engine")
         elif is_missing(r.get("measured_max_concurrency")):
@@ -48,9 +48,9 @@ def recommend(rows: pd.DataFrame, machine: str) -> Recommendation:
         return Recommendation(machine, None, None, "no dtype ran ok and met the SLO at any concurrency", excluded)
     best = max(c for c, _ in candidates)
     tied = sorted((d for c, d in candidates if c == best), key=dtype_sort_key)
-    why = f"highest concurrency meeting the SLO ({best} requests)"
+    why = "most concurrent requests within the SLO"
     if len(tied) > 1:
-        why += f"; tied with {', '.join(tied[1:])}, so the more precise dtype is recommended"
+        why += f" (tied with {', '.join(tied[1:])}; the more precise dtype wins the tie)"
     return Recommendation(machine, tied[0], best, why, excluded)
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import pandas as pd
 import plotly.graph_objects as go
 
-from kvbench.dashboards.components import Page, badge, empty, fmt, section, table
+from kvbench.dashboards.components import Page, badge, empty, section, table
 from kvbench.dashboards.data import SiteData
 from kvbench.dashboards.theme import VERDICT_COLORS, esc, style
 
@@ -47,11 +47,13 @@ def source_link(doc: dict) -> str:
 
 
 def _value(v, unit: str) -> str:
+    """As `kvbench claims` prints it: whole users and GPUs, else four significant digits."""
     if v is None:
         return "—"
     if isinstance(v, str):
         return esc(v)
-    return esc(fmt(float(v), 0 if unit in ("users", "GPUs") else 4 if abs(v) < 10 else 1, unit))
+    text = f"{float(v):,.0f}" if unit in ("users", "GPUs") else f"{float(v):,.4g}"
+    return esc(f"{text} {unit}".strip())
 
 
 def verdict_figure(frame: pd.DataFrame, title: str) -> go.Figure:
@@ -71,9 +73,12 @@ def verdict_figure(frame: pd.DataFrame, title: str) -> go.Figure:
     tol = float(frame["tolerance_pct"].dropna().max()) if frame["tolerance_pct"].notna().any() else None
     if tol:
         fig.add_vrect(x0=-tol, x1=tol, fillcolor="#009E73", opacity=0.10, line_width=0,
-                      annotation={"text": f"holds: within ±{tol:g}%", "font": {"size": 11}}, annotation_position="top left")
-    fig.update_xaxes(title_text="derived vs claimed (%)", zeroline=True, zerolinecolor="#444")
-    fig.update_yaxes(title_text="claim", automargin=True)
+                      annotation={"text": f"holds: within ±{tol:g}%", "font": {"size": 11}}, annotation_position="outside top")
+    lo, hi = float(f["delta_pct"].min()), float(f["delta_pct"].max())
+    pad = max(8.0, 0.22 * (max(hi, 0) - min(lo, 0)))  # room for the verdict labels outside the bars
+    fig.update_xaxes(title_text="derived vs claimed (%)", zeroline=True, zerolinecolor="#444", range=[min(lo, 0) - pad, max(hi, 0) + pad])
+    # claims top to bottom in the file's order, whatever trace (verdict) they are in
+    fig.update_yaxes(title_text="claim", automargin=True, categoryorder="array", categoryarray=[esc(i) for i in f["id"]])
     style(fig, "How far each claim is from what kvbench derives", height=max(380, 26 * len(f) + 140))
     fig.update_layout(barmode="overlay")
     return fig
@@ -98,7 +103,9 @@ def build(data: SiteData) -> Page:
                  f"context and KV budget exists. {esc(summary)}.</p>")
     parts.append(page.plot(verdict_figure(frame, title), "claims-verdicts"))
     view = frame.copy()
-    view["claim"] = [f"{esc(r['text'])}<br><small><code>{esc(r['id'])}</code> · {esc(r['where'])} · {source_link(doc)}</small>"
+    path = _source_path(doc)
+    link = f'<a href="{SOURCES_DIR}/{esc(path.name)}">source</a>' if path else "source not in this checkout"
+    view["claim"] = [f"{esc(r['text'])}<br><small><code>{esc(r['id'])}</code> · {esc(r['where'])} · {link}</small>"
                      for _, r in view.iterrows()]
     view["claimed_t"] = [_value(v, u) for v, u in zip(view["claimed"], view["unit"])]
     view["derived_t"] = [_value(None if pd.isna(v) else v, u) for v, u in zip(view["derived"], view["unit"])]

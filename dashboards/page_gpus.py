@@ -6,7 +6,7 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from kvbench.dashboards.components import Page, empty, fmt, hover_data, hover_template, note, section, slug, table
+from kvbench.dashboards.components import Page, empty, fmt, hover_data, hover_template, note, section, slug, table, text
 from kvbench.dashboards.data import SiteData
 from kvbench.dashboards.theme import color, esc, ordered, style
 
@@ -39,15 +39,19 @@ def comparison_figure(rows: pd.DataFrame) -> go.Figure:
     for i, (col, title, axis, unit) in enumerate(PANELS):
         r, c = divmod(i, 3)
         for dtype in ordered(rows["kv_cache_dtype"]):
-            pts = rows[rows["kv_cache_dtype"] == dtype].set_index("machine").reindex(machines).reset_index()
-            pts["kv_cache_dtype"] = dtype
+            pts = rows[rows["kv_cache_dtype"] == dtype].sort_values("machine")
+            missing = pts[col].isna()
+            # A dtype that ran but has no number (it failed) gets an empty slot labelled with its status.
+            value = [f"not measured ({text(s)})" if m else f"{v:.4g} {unit}" for v, m, s in zip(pts[col], missing, pts["status"])]
             fig.add_trace(
                 go.Bar(
-                    x=[labels[m] for m in machines], y=pts[col], name=esc(dtype), legendgroup=dtype, showlegend=i == 0,
+                    x=[labels[m] for m in pts["machine"]], y=pts[col].fillna(0), name=esc(dtype), legendgroup=dtype, showlegend=i == 0,
                     marker={"color": color(dtype), "line": {"color": "#333", "width": 0.5},
                             "pattern": {"shape": {"fp8": "/", "nvfp4": "x"}.get(dtype, ""), "fgcolor": "#fff"}},
-                    customdata=hover_data(pts, extra=["kv_cache_dtype", "gpu", "status"]),
-                    hovertemplate=hover_template([f"<b>%{{customdata[4]}}</b>: %{{y:.4g}} {esc(unit)}", "%{customdata[5]}",
+                    text=[f"✕ {esc(text(s))}" if m else "" for m, s in zip(missing, pts["status"])], textposition="outside",
+                    textfont={"color": "#D55E00", "size": 11}, cliponaxis=False,
+                    customdata=[row + [esc(v)] for row, v in zip(hover_data(pts, extra=["kv_cache_dtype", "gpu", "status"]), value)],
+                    hovertemplate=hover_template(["<b>%{customdata[4]}</b>: %{customdata[7]}", "%{customdata[5]}",
                                                   "status %{customdata[6]}"]),
                 ),
                 row=r + 1, col=c + 1,
@@ -64,7 +68,7 @@ def build(data: SiteData) -> Page:
     parts = [f"<h1>{esc(TITLE)}</h1>",
              '<p class="lead">The same model and workload on every machine (A100 vs H100 vs H200 …), newest run per machine, '
              "per KV dtype. Runs are compared only with runs of the same model, prompt/output lengths, context and fixed load. "
-             "A missing bar is a dtype that failed or was not run (the machine table says which).</p>"]
+             "<b>✕ partial</b> / <b>✕ failed</b> in a bar's place: the dtype ran but its engine failed before that number was measured.</p>"]
     if data.runs.empty:
         parts.append(empty(f"No run records under <code>{esc(data.results_dir)}</code> — run <code>kvbench run</code> on each "
                            "machine and copy its <code>results/&lt;machine&gt;/</code> folder here to compare them."))

@@ -148,13 +148,19 @@ def build(data: SiteData) -> Page:
                                            if not data.regressions.empty else data.regressions, label, unit),
                              f"history-{slug(metric)}")
         if not missing.empty:
-            view = missing.copy()
-            view["dtype_html"] = [dtype_chip(d) for d in view["kv_dtype"]]
-            view["commit7"] = [str(c)[:10] for c in view["commit"]]
-            inner += note("Not measured at these points (the dtype failed or was not run; its run record says why):", "warn")
-            cols = {"machine": "machine", "dtype_html": "KV dtype", "commit7": "commit", "vllm_version": "vLLM", "run_id": "run"}
-            cols.update({c: c.replace("_", " ") for c in ("state", "dtype_status") if c in view})
-            inner += table(view, cols, raw={"dtype_html"})
+            # One line per series that has gaps: which dtype, how often, under which vLLM versions, and why.
+            state = missing["state"] if "state" in missing else pd.Series("not measured", index=missing.index)
+            gaps = (missing.assign(state=state.fillna("not measured"))
+                    .groupby(["machine", "kv_dtype", "state"], sort=True)
+                    .agg(points=("value", "size"), versions=("vllm_version", lambda v: ", ".join(sorted({str(x) for x in v}))),
+                         runs=("run_id", lambda v: ", ".join(str(x) for x in list(dict.fromkeys(v))[:3]) + (" …" if len(set(v)) > 3 else "")))
+                    .reset_index())
+            totals = mf.groupby(["machine", "kv_dtype"]).size()
+            gaps["of"] = [f"{p} of {totals[(m, d)]}" for p, m, d in zip(gaps["points"], gaps["machine"], gaps["kv_dtype"])]
+            gaps["dtype_html"] = [dtype_chip(d) for d in gaps["kv_dtype"]]
+            inner += note("Not measured at these points (the dtype failed or was skipped; its run record says why):", "warn")
+            inner += table(gaps, {"machine": "machine", "dtype_html": "KV dtype", "state": "state", "of": "points",
+                                  "versions": "vLLM", "runs": "runs"}, raw={"dtype_html"})
         parts.append(section(label, inner, anchor=slug(metric)))
     page.body = "\n".join(parts)
     return page

@@ -12,7 +12,7 @@ from plotly.subplots import make_subplots
 
 from kvbench.dashboards.components import Page, date_text, empty, fmt, note, section, slug, table
 from kvbench.dashboards.data import SiteData
-from kvbench.dashboards.theme import color, esc, ordered, style, symbol
+from kvbench.dashboards.theme import color, esc, log_ticks, ordered, style, symbol
 
 SLUG, TITLE = "kernels", "Kernels and accuracy"
 MAX_BATCH_PANELS = 4
@@ -47,7 +47,8 @@ def kernel_figure(doc: dict, rows: pd.DataFrame) -> go.Figure:
                 hovertemplate="<b>%{customdata[4]}</b> decode: %{y:,.1f} GB/s at %{x:,} tokens<br>%{customdata[5]} µs, %{customdata[6]} of peak" + std,
             ), row=1, col=col)
             shown.add(f)
-        fig.update_xaxes(type="log", title_text="context (tokens)", row=1, col=col)
+        fig.update_xaxes(type="log", title_text="context (tokens)", row=1, col=col, tickformat=",d",
+                         tickvals=log_ticks(dec["context"].min(), dec["context"].max()))
     wr = rows[rows["kernel"] == "write"]
     wcol = len(titles)
     for f in ordered(wr["format"]):
@@ -59,7 +60,8 @@ def kernel_figure(doc: dict, rows: pd.DataFrame) -> go.Figure:
             hovertemplate="<b>%{customdata[4]}</b> write: %{y:,.1f} GB/s for %{x:,} tokens<br>%{customdata[5]} µs, %{customdata[6]} of peak" + std,
         ), row=1, col=wcol)
         shown.add(f)
-    fig.update_xaxes(type="log", title_text="new tokens written (tokens)", row=1, col=wcol)
+    fig.update_xaxes(type="log", title_text="new tokens written (tokens)", row=1, col=wcol, tickformat=",d",
+                     tickvals=log_ticks(wr["tokens"].min(), wr["tokens"].max()) if not wr.empty else None)
     peak = rows["peak_gbs"].dropna()
     copy = rows["copy_gbs"].dropna()
     for col in range(1, len(titles) + 1):
@@ -92,7 +94,7 @@ def accuracy_figure(rows: pd.DataFrame, doc_machine: str) -> go.Figure:
                                "<br>record %{customdata[0]}<br>%{customdata[1]}<br>vLLM %{customdata[2]}<br>machine %{customdata[3]}"
                                "<extra></extra>"),
             ))
-    fig.update_yaxes(type="log", title_text="attention output error vs fp32 (relative L2, unitless)")
+    fig.update_yaxes(type="log", title_text="attention error vs fp32 (rel. L2, unitless)", dtick=1, tickformat="~g")
     fig.update_xaxes(title_text="data source (synthetic K/V; real MiniLM K/V; MiniLM's own output)")
     style(fig, f"{doc_machine}: error per KV format on each data source (lower is better)", height=520)
     fig.update_layout(barmode="group", legend={"orientation": "v", "yref": "paper", "x": 1.01, "y": 1, "xanchor": "left", "yanchor": "top"},

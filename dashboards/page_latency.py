@@ -3,6 +3,8 @@ concurrency that met the SLO in the run's search)."""
 
 from __future__ import annotations
 
+import math
+
 import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
@@ -38,9 +40,12 @@ def latency_figure(doc: dict, probes: pd.DataFrame) -> go.Figure:
             ), row=1, col=col)
             knee = pts["knee"].dropna()
             if len(knee) and knee.iloc[0] > 0:
-                fig.add_vline(x=knee.iloc[0], line={"color": color(dtype), "dash": "dot", "width": 2}, row=1, col=col,
-                              annotation={"text": f"knee {esc(dtype)}: {int(knee.iloc[0])}", "font": {"color": color(dtype), "size": 11},
-                                          "textangle": -90, "yanchor": "top"})
+                k = int(knee.iloc[0])
+                fig.add_vline(x=k, line={"color": color(dtype), "dash": "dot", "width": 2}, row=1, col=col)
+                # Placed by hand: on a log axis plotly puts a vline's own annotation at 10**x.
+                sfx = "" if col == 1 else str(col)
+                fig.add_annotation(x=math.log10(k), xref=f"x{sfx}", y=1, yref=f"y{sfx} domain", text=f"knee {esc(dtype)}: {k}",
+                                   showarrow=False, textangle=-90, xanchor="right", yanchor="top", font={"color": color(dtype), "size": 11})
         bound = slo.get(slo_key)
         if bound is not None:
             fig.add_hline(y=bound, line={"color": SLO_COLOR, "dash": "dash", "width": 2}, row=1, col=col,

@@ -53,6 +53,10 @@ def _slo_text(r) -> str:
     return " and ".join(parts) or "no SLO set"
 
 
+def _acc_label(a: dict) -> str:
+    return a["format"] if a["scale"] in ("-", None) else f"{a['format']}, scale {a['scale']}"
+
+
 def run_line(rows: pd.DataFrame) -> str:
     """Which run(s) the table shows: one line when every dtype comes from the same run."""
     runs = rows.drop_duplicates("run_id")
@@ -71,7 +75,7 @@ def machine_table(rows: pd.DataFrame, accuracy: pd.DataFrame) -> str:
     view["tpot"] = [fmt(v, 2) for v in view["tpot_p95_ms"]]
     view["tput"] = [fmt(v, 0) for v in view["output_throughput_tps"]]
     acc = [derive.accuracy_for(accuracy, r["kv_cache_dtype"], r.get("activation") or "bf16") for _, r in view.iterrows()]
-    view["accuracy"] = ["—" if a is None else f"{a['rel_l2']:.4f} ({a['format']}, scale {a['scale']})" for a in acc]
+    view["accuracy"] = ["—" if a is None else f"{a['rel_l2']:.4f} ({_acc_label(a)})" for a in acc]
     view["run"] = [f"{r['run_id']} · {date_text(r['created_at'])}" for _, r in view.iterrows()]
     notes = []
     for _, r in view.iterrows():
@@ -109,17 +113,20 @@ def recommendation_html(rec: derive.Recommendation, rows: pd.DataFrame, accuracy
                 f"— {esc(rec.why)} (SLO: {slo}).{excluded}<br><small>{how}</small></div>")
     activation = rows.set_index("kv_cache_dtype").at[rec.dtype, "activation"] or "bf16"
     acc = derive.accuracy_for(accuracy, rec.dtype, activation)
-    acc_text = (f" Accuracy cost: attention rel. L2 error {acc['rel_l2']:.4f} vs fp32 on real K/V ({esc(acc['format'])}, "
-                f"scale {esc(acc['scale'])})." if acc else " No accuracy record for it yet (run <code>kvbench accuracy</code>).")
-    return (f'<div class="recommend"><span class="pick">Recommended: {dtype_chip(rec.dtype)}</span> — {esc(rec.why)} '
-            f"under the SLO {slo}.{acc_text}{excluded}<br><small>{how}</small></div>")
+    acc_text = (f" Accuracy cost: attention rel. L2 error {acc['rel_l2']:.4f} vs fp32 on real K/V ({esc(_acc_label(acc))})."
+                if acc else " No accuracy record for it yet (run <code>kvbench accuracy</code>).")
+    ctx = rows["context"].dropna()
+    at = f" of {int(ctx.iloc[0]):,} tokens" if len(ctx) else ""
+    return (f'<div class="recommend"><span class="pick">Recommended: {dtype_chip(rec.dtype)}</span> — {esc(rec.why)}: '
+            f"{rec.concurrency} requests{at} at once (SLO: {slo}).{acc_text}{excluded}<br><small>{how}</small></div>")
 
 
 def capacity_figure(latest: pd.DataFrame) -> go.Figure:
     """Measured-under-the-SLO (solid) and engine-reported (hatched) concurrency per dtype, one panel per machine.
     Bars are coloured by dtype (and labelled with it on the axis); the legend explains fill vs hatching."""
     machines = sorted(latest["machine"].unique(), key=str)
-    fig = make_subplots(rows=1, cols=len(machines), subplot_titles=[esc(m) for m in machines], shared_yaxes=True)
+    # Own y axis per machine: a CPU's 16 requests and an H200's 400 do not share a scale.
+    fig = make_subplots(rows=1, cols=len(machines), subplot_titles=[esc(m) for m in machines], horizontal_spacing=0.06)
     kinds = (("measured under the SLO", "measured_max_concurrency", ""), ("engine-reported", "engine_max_concurrency", "/"))
     for i, machine in enumerate(machines, start=1):
         rows = latest[latest["machine"] == machine]
@@ -143,14 +150,14 @@ def capacity_figure(latest: pd.DataFrame) -> go.Figure:
                 row=1, col=i,
             )
         fig.update_xaxes(title_text="KV-cache dtype", row=1, col=i)
+        ctx = rows["context"].dropna()
+        at = f" at {int(ctx.iloc[0]):,} tokens" if len(ctx) else ""
+        fig.update_yaxes(title_text=f"concurrency{at} (requests)", rangemode="tozero", row=1, col=i)
     # Legend-only entries in neutral grey: fill vs hatching, whatever the dtype colours.
     for name, _, pattern in kinds:
         fig.add_trace(go.Bar(x=[None], y=[None], name=name, hoverinfo="skip",
                              marker={"color": "#8c8c8c", "pattern": {"shape": pattern, "fgcolor": "#fff", "solidity": 0.3},
                                      "line": {"color": "#333", "width": 1}}), row=1, col=1)
-    ctx = latest["context"].dropna()
-    ctx_text = f"{int(ctx.iloc[0]):,}" if len(ctx) and ctx.nunique() == 1 else "the run's max_model_len"
-    fig.update_yaxes(title_text=f"concurrent requests at {ctx_text} tokens (requests)", rangemode="tozero", row=1, col=1)
     style(fig, "Capacity of the newest run per machine: measured under the SLO vs engine-reported", height=440)
     fig.update_layout(barmode="group", bargap=0.3)
     return fig
