@@ -49,7 +49,7 @@ def test_capacity_table_states_units():
         (["capacity", "-m", "llama-3.1-8b", "-g", "h100-sxm", "-c", "1", "--kv-dtype", "fp3"], "choose from: auto"),
         (["plan", "-m", "llama-3.1-8b", "-u", "5", "-c", "10", "--gpus", "h100,h200"], "choose from: a100-40gb"),
         (["capacity", "-m", "llama-3.1-8b", "-g", "h100-sxm", "-c", "1", "--kv-budget-gb", "5", "--gpu-memory-utilization", "0.5"], "not both"),
-        (["frobnicate"], "choose from: accuracy, capacity, claims, dashboard, "),
+        (["frobnicate"], "choose from: accuracy, capacity, claims, "),
     ],
 )
 def test_bad_input_is_one_line_exit_2(args, needle):
