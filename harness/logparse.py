@@ -99,6 +99,8 @@ def startup_error(lines: list[str]) -> str | None:
         if m := ARGPARSE_LINE.search(line):
             return m["msg"].strip()
     for line in reversed(lines):
+        if " WARNING " in line:  # e.g. vLLM's ulimit warning quotes an OSError it did not hit
+            continue
         if m := ERROR_LINE.search(line):
             return f"{m['kind'].rsplit('.', 1)[-1]}: {m['msg'].strip()}"
     return None

@@ -99,6 +99,7 @@ class Runner:
         self.machine = machine_name()
         self.run_id = records.new_run_id(self.machine)
         self.path = records.record_path(plan.results_dir, self.machine, self.run_id)
+        self._current: VllmServer | None = None  # the server of the dtype being measured
         self.doc = {
             "schema": records.SCHEMA,
             "run_id": self.run_id,
@@ -153,7 +154,7 @@ class Runner:
             if plan.endpoint:
                 base_url = plan.endpoint.rstrip("/")
             else:
-                server = self._server(dtype)
+                server = self._current = self._server(dtype)
                 result["log_path"] = str(server.log_path)
                 self.reporter.phase(dtype, "starting vLLM")
                 server.start()
@@ -280,6 +281,8 @@ class Runner:
             result["phases"].append(
                 {"name": name, "mode": load.describe(), "summary": summary.as_dict(), "requests": [r.as_dict() for r in load_result.results]}
             )
+            if load_result.interrupted:  # run_load keeps what it measured on Ctrl-C; the run stops here
+                raise asyncio.CancelledError
             if not (server.alive() if server else True) or not await asyncio.to_thread(healthy, backend.base_url, 10.0):
                 cause = engine_failure(server.log_lines()) if server else None
                 raise RuntimeError(f"vLLM engine died during {name}: {cause or 'server stopped answering /health'}")

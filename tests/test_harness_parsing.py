@@ -43,6 +43,8 @@ def test_startup_errors():
     oom = ["Traceback (most recent call last):", '  File "x.py"', "torch.OutOfMemoryError: CUDA out of memory."]
     assert startup_error(oom) == "OutOfMemoryError: CUDA out of memory."
     assert startup_error(["all fine"]) is None
+    ulimit = "(APIServer pid=1) WARNING 11-29 [system_utils.py:255] Found ulimit ... like `OSError: [Errno 24] Too many open files`."
+    assert startup_error([ulimit]) is None
 
 
 METRICS = """# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig
