@@ -162,10 +162,13 @@ def probe_rows(doc: dict) -> list[dict]:
             name = phase.get("name") or ""
             m = SLO_PHASE.match(name)
             mode = phase.get("mode") or {}
+            rate = None
             if m:
                 concurrency = int(m.group(1))
             elif name.startswith("fixed") and mode.get("kind") == "concurrency":
                 concurrency = mode.get("concurrency")  # fixed closed-loop load: one more point on the same curve
+            elif name.startswith("fixed") and mode.get("kind") == "rate" and isinstance(mode.get("rate_rps"), (int, float)):
+                concurrency, rate = None, mode["rate_rps"]  # open-loop load: a point on the latency-vs-rate curve
             else:
                 continue
             s = phase.get("summary") or {}
@@ -182,6 +185,7 @@ def probe_rows(doc: dict) -> list[dict]:
                     "phase": name,
                     "search": bool(m),
                     "concurrency": concurrency,
+                    "rate_rps": rate,
                     "ttft_p50_ms": (s.get("ttft_ms") or {}).get("p50"),
                     "ttft_p95_ms": (s.get("ttft_ms") or {}).get("p95"),
                     "tpot_p50_ms": (s.get("tpot_ms") or {}).get("p50"),

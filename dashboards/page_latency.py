@@ -17,29 +17,34 @@ SLUG, TITLE = "latency", "Latency under load"
 PANELS = (("ttft_p95_ms", "TTFT P95", "ttft_p95_ms"), ("tpot_p95_ms", "TPOT P95", "tpot_p95_ms"))
 
 
-def latency_figure(doc: dict, probes: pd.DataFrame) -> go.Figure:
+def latency_figure(doc: dict, probes: pd.DataFrame, x: str = "concurrency") -> go.Figure:
+    """P95s vs `x`: "concurrency" (closed loop: SLO search and fixed loads) or "rate_rps" (open-loop fixed loads)."""
     slo = (doc.get("config") or {}).get("slo") or {}
-    fig = make_subplots(rows=1, cols=2, subplot_titles=[f"{t} vs concurrency (ms)" for _, t, _ in PANELS], horizontal_spacing=0.09)
+    by_rate = x == "rate_rps"
+    probes = probes.dropna(subset=[x])
+    fig = make_subplots(rows=1, cols=2, subplot_titles=[f"{t} vs {'request rate' if by_rate else 'concurrency'} (ms)" for _, t, _ in PANELS],
+                        horizontal_spacing=0.09)
     for col, (key, title, slo_key) in enumerate(PANELS, start=1):
         for dtype in ordered(probes["kv_cache_dtype"]):
-            pts = probes[probes["kv_cache_dtype"] == dtype].sort_values(["concurrency", "order"])
+            pts = probes[probes["kv_cache_dtype"] == dtype].sort_values([x, "order"])
             custom = [[esc(r["run_id"]), esc(date_text(r["created_at"])), esc(r["vllm_version"]), esc(r["machine"]), esc(dtype),
                        esc(r["phase"]), esc("met" if r["met"] else ("missed" if r["met"] is False else "no SLO")), esc(r["why"]),
                        "—" if is_missing(r["completed"]) else int(r["completed"]), "—" if is_missing(r["failed"]) else int(r["failed"])]
                       for _, r in pts.iterrows()]
             fig.add_trace(go.Scatter(
-                x=pts["concurrency"], y=pts[key], mode="lines+markers", name=esc(dtype), legendgroup=dtype, showlegend=col == 1,
+                x=pts[x], y=pts[key], mode="lines+markers", name=esc(dtype), legendgroup=dtype, showlegend=col == 1,
                 line={"color": color(dtype), "dash": dash(dtype), "width": 1.5},
                 marker={"color": color(dtype), "size": 11, "line": {"color": color(dtype), "width": 2},
                         # filled: met the SLO; open: missed it
                         "symbol": [symbol(dtype) if m else f"{symbol(dtype)}-open" for m in pts["met"]]},
                 customdata=custom,
-                hovertemplate=(f"<b>%{{customdata[4]}}</b> {esc(title)}: %{{y:.1f}} ms at concurrency %{{x}}<br>phase %{{customdata[5]}}: "
+                hovertemplate=(f"<b>%{{customdata[4]}}</b> {esc(title)}: %{{y:.1f}} ms at "
+                               + ("%{x} requests/s" if by_rate else "concurrency %{x}") + "<br>phase %{customdata[5]}: "
                                "%{customdata[6]} (%{customdata[7]})<br>%{customdata[8]} completed, %{customdata[9]} failed<br>"
                                "run %{customdata[0]}<br>%{customdata[1]}<br>vLLM %{customdata[2]}<br>machine %{customdata[3]}<extra></extra>"),
             ), row=1, col=col)
             knee = pts["knee"].dropna()
-            if len(knee) and knee.iloc[0] > 0:
+            if not by_rate and len(knee) and knee.iloc[0] > 0:
                 k = int(knee.iloc[0])
                 fig.add_vline(x=k, line={"color": color(dtype), "dash": "dot", "width": 2}, row=1, col=col)
                 # Placed by hand: on a log axis plotly puts a vline's own annotation at 10**x.
@@ -51,10 +56,13 @@ def latency_figure(doc: dict, probes: pd.DataFrame) -> go.Figure:
             fig.add_hline(y=bound, line={"color": SLO_COLOR, "dash": "dash", "width": 2}, row=1, col=col,
                           annotation={"text": f"SLO {bound:g} ms", "font": {"color": SLO_COLOR}, "xanchor": "right"},
                           annotation_position="top right")
-        fig.update_xaxes(type="log", title_text="concurrent requests (requests)", row=1, col=col,
-                         tickvals=log_ticks(probes["concurrency"].min(), probes["concurrency"].max()), tickformat=",d")
+        if by_rate:
+            fig.update_xaxes(title_text="request rate (requests/s)", rangemode="tozero", row=1, col=col)
+        else:
+            fig.update_xaxes(type="log", title_text="concurrent requests (requests)", row=1, col=col,
+                             tickvals=log_ticks(probes[x].min(), probes[x].max()), tickformat=",d")
         fig.update_yaxes(title_text=f"{title} (ms)", rangemode="tozero", row=1, col=col)
-    style(fig, f"{doc.get('machine')}: P95 latency vs concurrency", height=460)
+    style(fig, f"{doc.get('machine')}: P95 latency vs {'request rate' if by_rate else 'concurrency'}", height=460)
     return fig
 
 
@@ -94,11 +102,15 @@ def build(data: SiteData) -> Page:
         if not slo:
             inner += note("This run set no SLO, so there is no search and no knee.", "warn")
         inner += knee_text(doc)
-        if probes.empty:
-            inner += empty("This run has no load phases at fixed concurrency — run <code>kvbench run</code> with an SLO "
-                           "to search for the knee.")
-        else:
-            inner += page.plot(latency_figure(doc, probes), f"latency-{slug(machine)}")
+        closed = probes[probes["concurrency"].notna()] if not probes.empty else probes
+        opened = probes[probes["rate_rps"].notna()] if not probes.empty else probes
+        if closed.empty and opened.empty:
+            inner += empty("This run has no load phases at fixed concurrency or rate — run <code>kvbench run</code> with an "
+                           "SLO to search for the knee.")
+        if not closed.empty:
+            inner += page.plot(latency_figure(doc, closed), f"latency-{slug(machine)}")
+        if not opened.empty:
+            inner += page.plot(latency_figure(doc, opened, x="rate_rps"), f"latency-rate-{slug(machine)}")
         parts.append(section(f"{machine} — run {doc.get('run_id')}", inner, anchor=f"m-{machine}"))
     page.body = "\n".join(parts)
     return page

@@ -30,6 +30,12 @@ def phase(name: str, concurrency: int, ttft_p95: float | None, tpot_p95: float |
     return {"name": name, "mode": {"kind": "concurrency", "concurrency": concurrency}, "summary": summary, "requests": []}
 
 
+def rate_phase(name: str, rate: float, ttft_p95: float, tpot_p95: float) -> dict:
+    out = phase(name, 1, ttft_p95, tpot_p95)
+    out["mode"] = {"kind": "rate", "rate_rps": rate, "burstiness": 1.0, "max_concurrency": None, "seed": 0, "rescale": True}
+    return out
+
+
 def dtype_result(dtype: str, engine: float, model: float, budget: int, block: int, context: int, probes: list[tuple],
                  fixed: tuple | None, knee: int | None, status: str = "ok", error: str | None = None) -> dict:
     phases = [phase(f"slo-c{c}", c, t, p) for c, t, p in probes]
@@ -70,17 +76,22 @@ def run_record(machine: str, created_at: str, *, vllm: tuple[str, str] = ("vllm"
     }
 
 
-def gpu_record(machine: str, gpu: str, created_at: str, scale: float) -> dict:
+def gpu_record(machine: str, gpu: str, created_at: str, scale: float, rates: bool = False) -> dict:
     budget, block, ctx = 56_000_000_000, 16, 4096
     probes = [(1, 40 * scale, 8), (2, 45 * scale, 9), (4, 60 * scale, 10), (8, 90 * scale, 12), (16, 160 * scale, 15),
               (32, 300 * scale, 22), (24, 210 * scale, 18)]
-    return run_record(machine, created_at, gpus=[{"index": 0, "name": gpu, "memory_bytes": 85_520_000_000}], dtypes=[
+    doc = run_record(machine, created_at, gpus=[{"index": 0, "name": gpu, "memory_bytes": 85_520_000_000}], dtypes=[
         dtype_result("auto", 104.3, 104.3, budget, block, ctx, probes, (16, 150 * scale, 14), 24),
         dtype_result("fp8", 208.6, 208.6, budget, block, ctx, [(c, t * 0.9, p * 0.9) for c, t, p in probes] + [(28, 240 * scale, 20)],
                      (16, 140 * scale, 13), 28),
         dtype_result("nvfp4", 370.9, 370.9, budget, block, ctx, [(c, t * 1.1, p * 1.1) for c, t, p in probes[:5]], None, None,
                      status="partial", error="RuntimeError: vLLM engine died during slo-c32"),
     ])
+    if rates:  # open-loop loads after the first (closed-loop) one: phases fixed-r<rate>
+        doc["config"]["loads"] += [{"kind": "rate", "rate_rps": r} for r in (2.0, 8.0)]
+        for d in doc["dtypes"][:2]:
+            d["phases"] += [rate_phase(f"fixed-r{r:g}", r, 60 * r * scale, 8 + r) for r in (2.0, 8.0)]
+    return doc
 
 
 def cpu_record(created_at: str = "2026-11-28T10:00:00+00:00") -> dict:
@@ -126,7 +137,7 @@ def write_results(root: Path, evil: bool = True) -> Path:
     """results/<machine>/{runs,kernels,accuracy} with two GPU machines, the CPU default, and the committed
     accuracy record."""
     docs = [gpu_record("h100-sxm-80gb", "NVIDIA H100 80GB HBM3", "2026-11-28T11:00:00+00:00", 1.0),
-            gpu_record("h200-141gb", "NVIDIA H200", "2026-11-28T11:30:00+00:00", 0.8), cpu_record()]
+            gpu_record("h200-141gb", "NVIDIA H200", "2026-11-28T11:30:00+00:00", 0.8, rates=True), cpu_record()]
     if evil:
         docs.append(evil_record())
     for doc in docs:

@@ -95,7 +95,8 @@ def test_missing_results_folder_says_so(tmp_path):
 def test_every_page_has_its_plots(sample_pages):
     counts = {slug: len(p.figures) for slug, p in sample_pages.items()}
     assert counts["index"] == 1 and counts["history"] == 2 and counts["claims"] == 1
-    assert counts["capacity"] == 4 and counts["latency"] == 4  # h100, h200, cpu, and the evil record's machine
+    assert counts["capacity"] == 4  # h100, h200, cpu, and the evil record's machine
+    assert counts["latency"] == 5  # the same, plus latency vs request rate for h200's open-loop loads
     assert counts["gpus"] >= 2  # llama-3.1-8b on two GPUs; the tiny model on the CPU
     assert counts["kernels"] == 2  # one kernel record, one accuracy record
 
@@ -261,6 +262,13 @@ def test_latency_page_marks_slo_and_knee(sample_pages):
     texts = [a.text for a in fig.layout.annotations]
     assert "knee fp8: 28" in texts and "SLO 250 ms" in texts
     assert "engine died during slo-c32" in sample_pages["latency"].body  # the failure is on the page
+
+
+def test_latency_vs_request_rate_for_open_loop_loads(sample_pages):
+    fig = dict(sample_pages["latency"].figures)["latency-rate-h200-141gb"]
+    assert fig.layout.xaxis.title.text == "request rate (requests/s)"
+    assert sorted({x for t in fig.data for x in t.x}) == [2.0, 8.0]
+    assert not [s for s in fig.layout.shapes if s.x0 == s.x1]  # a knee is a concurrency, not a rate
 
 
 def test_history_marks_releases_and_regressions(sample_pages):
