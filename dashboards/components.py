@@ -85,9 +85,10 @@ def hover_template(lines: list[str], first_extra: int = 4) -> str:
     return "<br>".join([*lines, standard]) + "<extra></extra>"
 
 
-def table(frame: pd.DataFrame, columns: dict[str, str], raw: set[str] = frozenset(), classes: str = "data") -> str:
+def table(frame: pd.DataFrame, columns: dict[str, str], raw: set[str] = frozenset(), classes: str = "data",
+          numeric: set[str] = frozenset()) -> str:
     """An HTML table from a frame. Cells are escaped unless their column is in `raw` (cells the page built
-    itself from escaped parts)."""
+    itself from escaped parts); `numeric` columns are right-aligned."""
     head = "".join(f"<th>{esc(title)}</th>" for title in columns.values())
     body = []
     for _, row in frame.iterrows():
@@ -95,7 +96,7 @@ def table(frame: pd.DataFrame, columns: dict[str, str], raw: set[str] = frozense
         for col in columns:
             value = row.get(col)
             text = value if col in raw else esc("—" if is_missing(value) else value)
-            cells.append(f"<td>{text}</td>")
+            cells.append(f'<td class="num">{text}</td>' if col in numeric else f"<td>{text}</td>")
         body.append("<tr>" + "".join(cells) + "</tr>")
     return f'<table class="{classes}"><thead><tr>{head}</tr></thead><tbody>{"".join(body)}</tbody></table>'
 

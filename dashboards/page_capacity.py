@@ -126,7 +126,8 @@ def run_table(rows: pd.DataFrame) -> str:
     return table(view, {"dtype_html": "KV dtype", "status": "status", "ctx": "context (tokens)", "model_c": "capacity model (requests)",
                         "engine_c": "engine-reported (requests)", "engine_model": "engine / model",
                         "measured_c": "measured under the SLO (requests)", "budget": "engine KV budget (10^6 B)",
-                        "block_size": "block (tokens)"}, raw={"dtype_html"})
+                        "block_size": "block (tokens)"}, raw={"dtype_html"},
+                 numeric={"ctx", "model_c", "engine_c", "engine_model", "measured_c", "budget", "block_size"})
 
 
 def build(data: SiteData) -> Page:

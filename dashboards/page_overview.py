@@ -100,7 +100,8 @@ def machine_table(rows: pd.DataFrame, accuracy: pd.DataFrame) -> str:
     }
     if view["run_id"].nunique() > 1:
         columns["run"] = "run · date"
-    return table(view, columns, raw={"dtype_html", "status_html", "notes"})
+    return table(view, columns, raw={"dtype_html", "status_html", "notes"},
+                 numeric={"measured", "engine", "model_pred", "ttft", "tpot", "tput", "accuracy"})
 
 
 def recommendation_html(rec: derive.Recommendation, rows: pd.DataFrame, accuracy: pd.DataFrame) -> str:
