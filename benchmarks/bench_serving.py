@@ -1,0 +1,57 @@
+"""asv: the serving metrics of kvbench/data/metrics.toml (source "run"), one `track_<name>` each,
+parameterized by KV dtype. `setup_cache` runs ONE `kvbench run` (kvbench.suite.serving_numbers); every
+track only reads its number. A dtype the installed vLLM does not accept, or that produced no number,
+raises NotImplementedError in `setup`, which asv records as NaN ("n/a").
+
+The track methods are generated from metrics.toml so the suite cannot drift from it; the benchmark set is
+the same on every machine."""
+
+import math
+from pathlib import Path
+
+from kvbench.suite import serving_numbers
+from kvbench.tracked import KV_DTYPES, metrics
+
+
+ROOT = Path(__file__).resolve().parents[1]  # the asv project: asv.conf.json, results/
+
+
+class Serving:
+    params = list(KV_DTYPES)
+    param_names = ["kv_dtype"]
+    version = "kvbench.serving/1"  # keeps history across cosmetic edits; bump when a measurement changes
+    timeout = 3600  # also bounds setup_cache: three vLLM servers, SLO searches and fixed loads
+    rounds = 1
+    repeat = 1
+    number = 1
+
+    def setup_cache(self):
+        return serving_numbers(ROOT)
+
+    def setup(self, run, kv_dtype):
+        numbers = run["dtypes"].get(kv_dtype)
+        if numbers is None or numbers["status"] == "unsupported":
+            raise NotImplementedError(f"{kv_dtype}: not run ({(numbers or {}).get('status', 'absent')})")
+        self.numbers = numbers
+
+
+def _track(metric):
+    def track(self, run, kv_dtype):
+        value = metric.from_field(self.numbers.get(metric.field))
+        if math.isnan(value):
+            # no number for this dtype (e.g. the engine died before the phase): n/a, not a failure
+            from asv_runner.benchmarks.mark import SkipNotImplemented
+
+            raise SkipNotImplemented(f"{metric.name} not measured for {kv_dtype}")
+        return value
+
+    track.__name__ = f"track_{metric.name}"
+    track.__doc__ = metric.label
+    track.unit = metric.unit
+    track.pretty_name = f"{metric.label} ({metric.unit}, {metric.direction} is better)"
+    return track
+
+
+for _m in metrics():
+    if _m.source == "run":
+        setattr(Serving, f"track_{_m.name}", _track(_m))

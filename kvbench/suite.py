@@ -1,0 +1,122 @@
+"""What the asv suite measures, as library code (benchmarks/ only wraps it): one `kvbench run` per asv
+history point for the serving metrics, and a deterministic attention-accuracy study.
+
+Both return plain dicts ({kv_dtype: {field: number or None}}) so asv can pickle them from `setup_cache`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+from kvbench.tracked import KV_DTYPES
+
+# Environment the `kvbench history run` wrapper sets for the benchmark processes. asv passes the calling
+# environment through (minus PYTHONPATH) but gives benchmarks none of its ASV_* variables (asv 0.6.6 only
+# interpolates them into build commands), so a plain `asv run` falls back to what the files say.
+ENV_COMMIT = "KVBENCH_ASV_COMMIT"
+ENV_ENV_NAME = "KVBENCH_ASV_ENV"
+ENV_RESULTS = "KVBENCH_RESULTS"
+ENV_MACHINE = "KVBENCH_MACHINE"  # also read by kvbench.harness.machine.machine_name
+ENV_MODEL = "KVBENCH_MODEL"  # the model on GPU machines (the CPU default needs none)
+
+# The accuracy track: KV dtype -> (kvbench.kernels.accuracy format, tensor-scale convention). "auto" is
+# bf16, the dtype of the tiny CPU model and of most checkpoints. Scale "1" is what vLLM uses for fp8 and
+# nvfp4 when the checkpoint carries no calibrated scales, i.e. what `--kv-cache-dtype` alone gives.
+ACCURACY_VARIANTS = {"auto": ("bf16", "-"), "fp8": ("fp8", "1"), "nvfp4": ("nvfp4", "1")}
+ACCURACY_DATA = "gaussian"  # seed 0, Llama-3.1-8B attention shape at 4K context: ~10 s on 2 cores
+
+
+def results_dir(root: Path) -> Path:
+    """Where the asv run's results live (absolute: benchmarks run in a temporary working directory):
+    $KVBENCH_RESULTS, else `results_dir` of <root>/asv.conf.json (root = the folder above benchmarks/)."""
+    if os.environ.get(ENV_RESULTS):
+        return Path(os.environ[ENV_RESULTS]).absolute()
+    try:
+        conf = json.loads((root / "asv.conf.json").read_text())
+    except (OSError, ValueError):
+        conf = {}
+    return (root / conf.get("results_dir", "results")).absolute()
+
+
+def _git_head(repo: Path) -> str | None:
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return out.stdout.strip() or None
+
+
+def _existing_env_name(python: str) -> str:
+    """asv's name for an existing environment run by this interpreter path (see kvbench.asvrun.env_name)."""
+    from asv.environment import get_env_name
+
+    return get_env_name("existing", python.replace(os.path.sep, "_"), {}, {})
+
+
+def asv_link(root: Path) -> dict:
+    """What ties a run record to its asv history point: the commit asv keys it by and the env name.
+    Without the wrapper's variables: HEAD (what `asv run --set-commit-hash HEAD` keys to) and the name
+    asv gives an existing environment of this interpreter."""
+    return {
+        "commit": os.environ.get(ENV_COMMIT) or _git_head(root),
+        "env_name": os.environ.get(ENV_ENV_NAME) or _existing_env_name(sys.executable),
+        "python": sys.executable,
+    }
+
+
+def serving_numbers(root: Path, model: str | None = None) -> dict:
+    """Run ONE `kvbench run` with the machine's defaults (SLO search on, unknown dtypes recorded as
+    unsupported) and return {"run_id", "record", "dtypes": {dtype: {"status", **headline}}}.
+
+    root: the asv project folder (above benchmarks/). The record goes to <results>/<machine>/runs/ like any
+    `kvbench run`, with an "asv" block linking it to the history point."""
+    from kvbench.datafiles import load_toml
+    from kvbench.harness.defaults import build_plan
+    from kvbench.harness.machine import nvml_gpus
+    from kvbench.harness.records import headline
+    from kvbench.harness.runner import Runner
+    from kvbench.harness.server import stop_all
+
+    gpus, _ = nvml_gpus()
+    defaults = load_toml("run_defaults.toml")["gpu" if gpus else "cpu"]
+    plan = build_plan(
+        defaults=defaults,
+        on_gpu=bool(gpus),
+        model=model or os.environ.get(ENV_MODEL) or None,
+        kv_dtypes=",".join(KV_DTYPES),
+        slo={},  # the SLO search with the machine's default objective: measured capacity
+        unknown_dtypes="record",
+        results_dir=results_dir(root),
+        python=sys.executable,
+    )
+    runner = Runner(plan)
+    runner.doc["asv"] = asv_link(root)
+
+    def _sigterm(*_):  # asv's timeout terminates us: stop the vLLM servers and keep the partial record
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, _sigterm)
+    try:
+        doc = asyncio.run(runner.run())
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        stop_all()
+    by_dtype = {d["kv_cache_dtype"]: {"status": d["status"], **headline(d)} for d in doc["dtypes"]}
+    return {"run_id": doc["run_id"], "record": str(runner.path), "status": doc["status"], "dtypes": by_dtype}
+
+
+def accuracy_numbers() -> dict:
+    """{dtype: {"rel_l2", "cos_mean", ...}}: attention output vs fp32 with K/V stored in each KV dtype, on
+    seeded synthetic K/V (deterministic: the same numbers on every run with the same torch)."""
+    from kvbench.kernels import accuracy
+
+    shape = accuracy.SyntheticShape()
+    q, k, v = accuracy.synthetic_kv(ACCURACY_DATA, shape)
+    ref = accuracy.attention(q, k, v)
+    return {dtype: accuracy.evaluate(accuracy.Variant(fmt, scale), q, k, v, ref) for dtype, (fmt, scale) in ACCURACY_VARIANTS.items()}
