@@ -126,9 +126,9 @@ def build(data: SiteData) -> Page:
     if h.empty:
         why = f" ({esc(data.history_note)})" if data.history_note else ""
         parts.append(empty(
-            f"No asv history under <code>{esc(data.results_dir)}</code>{why}. Each history point is one asv run of the "
-            "benchmark suite, which calls <code>kvbench run</code>: run <code>asv run</code> (see results/README.md), "
-            "then rebuild with <code>kvbench dashboard</code>."))
+            f"No asv history under <code>{esc(data.results_dir)}</code>{why}. Each history point is one <code>kvbench run</code> "
+            "recorded through the asv suite: run <code>kvbench history run</code> (add <code>--venv DIR</code> for another vLLM "
+            "release), then rebuild with <code>kvbench dashboard</code>."))
         page.body = "\n".join(parts)
         return page
     flagged = _flagged(data.regressions)

@@ -168,8 +168,8 @@ def regressions_html(data: SiteData) -> str:
     if data.history.empty:
         why = f" ({esc(data.history_note)})" if data.history_note else ""
         return empty(
-            f"No asv history under <code>{esc(data.results_dir)}</code>{why} — run the asv suite "
-            "(<code>asv run</code>, see results/README.md) to track metrics over vLLM releases; regressions appear here."
+            f"No asv history under <code>{esc(data.results_dir)}</code>{why} — run <code>kvbench history run</code> once per "
+            "vLLM release to track metrics over releases; what <code>kvbench regress</code> finds appears here."
         )
     reg = data.regressions
     flagged = reg[reg["verdict"] == REGRESSION] if not reg.empty else reg

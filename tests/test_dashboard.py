@@ -82,7 +82,7 @@ def test_builds_from_empty_results_with_instructions(tmp_path):
     text = {slug: (tmp_path / "site" / f"{slug}.html").read_text() for slug in PAGE_SLUGS}
     for slug in ("index", "gpus", "capacity", "latency"):
         assert "kvbench run" in text[slug], slug
-    assert "asv run" in text["history"]
+    assert "kvbench history run" in text["history"] and "kvbench history run" in text["index"]
     assert "kvbench kernels" in text["kernels"] and "kvbench accuracy" in text["kernels"]
 
 
