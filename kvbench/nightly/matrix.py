@@ -1,0 +1,200 @@
+"""A machine section expanded into matrix entries: models x workloads x SLOs, with the per-GPU overrides
+applied. One entry is one `kvbench run` (all its KV dtypes, one vLLM server each)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from kvbench.errors import UsageError
+from kvbench.nightly.config import CPU, TINY, MachineConfig, NightlyConfig, model_kind
+
+
+@dataclass(frozen=True)
+class ModelRef:
+    name: str  # as the config says it
+    serve: str | None  # what vLLM gets as --model (None: the tiny model, built on demand)
+    spec: str | None  # what kvbench.models.load_model reads for the capacity model (None: unknown)
+
+    @property
+    def label(self) -> str:
+        return self.name.rsplit("/", 1)[-1] if model_kind(self.name) in ("hf", "path") else self.name
+
+
+def resolve_model(name: str) -> ModelRef:
+    from kvbench.models import catalog
+
+    kind = model_kind(name)
+    if kind == "tiny":
+        return ModelRef(name, None, None)  # its config is kvbench.harness.tinymodel.CONFIG
+    if kind == "short":
+        return ModelRef(name, catalog()[name]["hf_id"], name)
+    if kind == "path":
+        p = Path(name).expanduser()
+        folder = p if p.is_dir() else p.parent
+        return ModelRef(name, str(folder), str(p))
+    return ModelRef(name, name, None)  # an HF id: vLLM fetches it; no local config.json
+
+
+@dataclass(frozen=True)
+class Entry:
+    name: str  # model/workload/slo
+    model: ModelRef
+    workload: str
+    prompt_tokens: int
+    output_tokens: int
+    num_requests: int
+    concurrency: tuple[int, ...]
+    api: str
+    slo_name: str | None
+    slo: dict | None  # {"ttft_p95_ms": .., "tpot_p95_ms": ..} when the entry searches; None: fixed load only
+    kv_dtypes: tuple[str, ...]
+    max_model_len: int | None
+    search_cap: int | None
+    extra_args: tuple[str, ...]
+    notes: tuple[str, ...] = ()
+
+    @property
+    def context(self) -> int:
+        return self.max_model_len or self.prompt_tokens + self.output_tokens
+
+    def as_dict(self) -> dict:
+        return {
+            "name": self.name, "model": self.model.name, "served_as": self.model.serve, "workload": self.workload,
+            "prompt_tokens": self.prompt_tokens, "output_tokens": self.output_tokens, "num_requests": self.num_requests,
+            "concurrency": list(self.concurrency), "api": self.api, "slo": self.slo_name, "slo_bounds": self.slo,
+            "kv_dtypes": list(self.kv_dtypes), "max_model_len": self.max_model_len, "search_cap": self.search_cap,
+            "extra_args": list(self.extra_args), "notes": list(self.notes),
+        }
+
+
+@dataclass
+class MachinePlan:
+    key: str  # GPU catalog key or "cpu"
+    cfg: MachineConfig
+    vllm: str  # the vLLM version or channel this machine tests
+    entries: list[Entry] = field(default_factory=list)
+
+    @property
+    def on_gpu(self) -> bool:
+        return self.key != CPU
+
+    @property
+    def gpus(self) -> int:
+        """GPUs paid for: the section's `gpus`, else its tensor-parallel size; 0 without a GPU."""
+        return 0 if not self.on_gpu else self.cfg.gpus or self.cfg.tensor_parallel_size
+
+    @property
+    def history_model(self) -> ModelRef:
+        return resolve_model(self.cfg.history_model or self.cfg.models[0])
+
+    @property
+    def gpu(self):
+        from kvbench.gpus import get_gpu
+
+        return get_gpu(self.key) if self.on_gpu else None
+
+
+def expand(cfg: NightlyConfig, key: str) -> MachinePlan:
+    """The matrix of one machine section, in config order: models, then workloads, then SLOs."""
+    if key not in cfg.machines:
+        raise UsageError(f"the nightly config has no [machines.{key}] section; configured: {', '.join(cfg.machines)}")
+    m = cfg.machines[key]
+    plan = MachinePlan(key=key, cfg=m, vllm=m.vllm or cfg.vllm.version)
+    extra = list(m.extra_args)
+    if m.tensor_parallel_size > 1:
+        extra += ["--tensor-parallel-size", str(m.tensor_parallel_size)]
+    for model_name in m.models:
+        model = resolve_model(model_name)
+        for wname in m.workloads:
+            w = cfg.workloads[wname].model_dump()
+            override = m.overrides.get(wname)
+            if override is not None:
+                w.update({k: v for k, v in override.model_dump().items() if v is not None})
+            notes = []
+            conc = list(dict.fromkeys(w["concurrency"]))
+            if m.max_concurrency is not None and max(conc) > m.max_concurrency:
+                notes.append(f"concurrency {conc} capped at max_concurrency {m.max_concurrency}")
+                conc = list(dict.fromkeys(min(c, m.max_concurrency) for c in conc))
+            if m.max_model_len is not None and w["prompt_tokens"] + w["output_tokens"] > m.max_model_len:
+                raise UsageError(
+                    f"[machines.{key}] workload {wname!r}: prompt + output tokens ({w['prompt_tokens'] + w['output_tokens']}) "
+                    f"exceed max_model_len {m.max_model_len}"
+                )
+            for slo_name in m.slos or [None]:
+                slo = None
+                if slo_name is not None:
+                    # both keys, None included: build_plan fills absent keys from the backend default,
+                    # and an SLO without a TPOT bound must stay without one
+                    slo = cfg.slos[slo_name].model_dump()
+                name = "/".join(p for p in (model.label, wname, slo_name or "fixed-load") if p)
+                plan.entries.append(
+                    Entry(
+                        name=name, model=model, workload=wname, prompt_tokens=w["prompt_tokens"],
+                        output_tokens=w["output_tokens"], num_requests=w["num_requests"], concurrency=tuple(conc),
+                        api=w["api"], slo_name=slo_name, slo=slo, kv_dtypes=tuple(m.kv_dtypes),
+                        max_model_len=m.max_model_len, search_cap=m.max_concurrency if slo is not None else None,
+                        extra_args=tuple(extra), notes=tuple(notes),
+                    )
+                )
+    return plan
+
+
+def run_plan(entry: Entry, on_gpu: bool, results_dir: Path):
+    """The harness RunPlan of one entry: build_plan with the backend's defaults and the entry's values.
+    Dtypes the installed vLLM does not accept are recorded as unsupported, not fatal (one bad dtype must not
+    cost the night)."""
+    from kvbench.datafiles import load_toml
+    from kvbench.harness.defaults import build_plan
+
+    defaults = load_toml("run_defaults.toml")["gpu" if on_gpu else "cpu"]
+    serve, note = served_model(entry.model, on_gpu)
+    plan = build_plan(
+        defaults=defaults,
+        on_gpu=on_gpu,
+        model=serve,
+        kv_dtypes=",".join(entry.kv_dtypes),
+        concurrency=list(entry.concurrency),
+        slo=entry.slo,
+        search_cap=entry.search_cap,
+        prompt_tokens=entry.prompt_tokens,
+        output_tokens=entry.output_tokens,
+        num_requests=entry.num_requests,
+        max_model_len=entry.max_model_len,
+        api=entry.api,
+        extra_args=list(entry.extra_args),
+        unknown_dtypes="record",
+        results_dir=results_dir,
+    )
+    if entry.model.name != TINY:
+        plan.model_name = entry.model.name
+    plan.notes.extend([*entry.notes, *([note] if note else [])])
+    return plan
+
+
+def served_model(model: ModelRef, on_gpu: bool) -> tuple[str | None, str | None]:
+    """(what vLLM gets as --model, a note). An HF id already in the local Hugging Face cache is served
+    from there: the run is then offline, and the harness reads its config.json for the capacity model and
+    the "dtype not honoured" check (it cannot for a bare HF id). The workflow and the SkyPilot task
+    download the models first (`kvbench nightly --print models`)."""
+    if model.serve is None:  # the tiny model
+        if not on_gpu:
+            return None, None  # build_plan builds and names it
+        from kvbench.harness.tinymodel import ensure_tiny_model
+
+        return str(ensure_tiny_model()), None
+    if model_kind(model.name) not in ("short", "hf"):
+        return model.serve, None
+    local = local_snapshot(model.serve)
+    if local is None:
+        return model.serve, f"{model.serve} is not in the local Hugging Face cache: vLLM downloads it, and the record has no capacity-model prediction"
+    return local, None
+
+
+def local_snapshot(hf_id: str) -> str | None:
+    try:
+        from huggingface_hub import snapshot_download
+
+        return snapshot_download(hf_id, local_files_only=True)
+    except Exception:  # not cached, or huggingface_hub missing: vLLM fetches the id itself
+        return None

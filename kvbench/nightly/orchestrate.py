@@ -1,0 +1,425 @@
+"""One night on one machine: the asv history point, the matrix through the harness, the regression gate,
+the dashboard, and a summary that says why it failed when it did.
+
+The history point, the gate and the dashboard are other kvbench commands (`kvbench history run`,
+`kvbench regress --json`, `kvbench dashboard`), run as subprocesses through their documented CLI: their
+output goes to results/<machine>/logs/nightly-<id>/ (never committed) and a failure shows its tail. The
+matrix runs in this process through the harness (kvbench.harness.runner.Runner), one entry at a time; a
+dtype that fails is recorded by the harness and the run goes on, and an entry that fails does not stop
+the next one.
+
+Budget: the machine's max_minutes is a deadline. No entry starts after it; an entry still running at it
+is stopped (its record is kept, marked interrupted) and every later entry is recorded as skipped. The
+gate and the dashboard still run: they are what tells you what happened.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from rich.markup import escape
+
+from kvbench.errors import KvbenchError, UsageError
+from kvbench.nightly.config import CPU, NightlyConfig
+from kvbench.nightly.estimate import MachineEstimate
+from kvbench.nightly.matrix import Entry, MachinePlan, served_model
+
+SCHEMA = "kvbench.nightly/1"
+NIGHTLY_DIR = "nightly"  # results/<machine>/nightly/<id>.json: one summary per night
+KILL_GRACE_S = 60  # after SIGTERM, how long a step may take to stop its vLLM servers and flush
+
+
+@dataclass
+class Target:
+    key: str  # the config section: a GPU catalog key or "cpu"
+    machine: str  # the results folder (results/<machine>/)
+    gpus_found: int
+    gpu_name: str | None
+
+
+def detect(cfg: NightlyConfig, tensor_parallel: dict[str, int] | None = None) -> Target:
+    """The config section for this machine's GPU (NVML name -> catalog key), or "cpu" without one."""
+    from kvbench.gpus import match_nvml_name
+    from kvbench.harness.machine import machine_name, nvml_gpus
+
+    gpus, _ = nvml_gpus()
+    if not gpus:
+        key, name = CPU, None
+    else:
+        name = gpus[0]["name"]
+        spec = match_nvml_name(name)
+        if spec is None:
+            raise UsageError(f"GPU {name!r} is not in kvbench's catalog (kvbench/data/gpus.toml): add it there and a [machines.<key>] section")
+        key = spec.key
+    if key not in cfg.machines:
+        raise UsageError(f"this machine's {'GPU ' + repr(name) + ' (' + key + ')' if name else 'CPU'} has no [machines.{key}] "
+                         f"section in the nightly config; configured: {', '.join(cfg.machines)}")
+    tp = cfg.machines[key].tensor_parallel_size
+    if gpus and len(gpus) < tp:
+        raise UsageError(f"[machines.{key}] wants tensor_parallel_size {tp}, but NVML finds {len(gpus)} GPU(s)")
+    return Target(key, machine_name(tp if gpus else 1), len(gpus), name)
+
+
+def results_dir_of(asv_conf: Path) -> Path:
+    """Where records and history go: the asv config's results_dir (so asv and the harness agree)."""
+    try:
+        conf = json.loads(Path(asv_conf).read_text())
+    except FileNotFoundError:
+        raise UsageError(f"asv config not found: {asv_conf}; run from the kvbench checkout or pass --asv-config") from None
+    except json.JSONDecodeError as exc:
+        raise UsageError(f"{asv_conf}: not JSON ({exc.msg} at line {exc.lineno})") from None
+    return Path(asv_conf).absolute().parent / conf.get("results_dir", "results")
+
+
+# -- results of the night -----------------------------------------------------------------------------
+
+
+@dataclass
+class StepResult:
+    name: str
+    status: str  # ok | failed | skipped | regression | not run
+    detail: str = ""
+    seconds: float = 0.0
+    log: str | None = None
+    data: dict = field(default_factory=dict)
+
+
+@dataclass
+class EntryResult:
+    name: str
+    status: str  # ok | failed | interrupted | skipped
+    estimate_s: float
+    seconds: float = 0.0
+    record: str | None = None
+    dtypes: dict[str, str] = field(default_factory=dict)  # dtype -> harness status
+    errors: dict[str, str] = field(default_factory=dict)  # dtype -> first line of its error
+    expected: dict[str, str] = field(default_factory=dict)  # dtype -> why its failure is known (config)
+    error: str | None = None
+
+
+# -- the night ----------------------------------------------------------------------------------------
+
+
+class Nightly:
+    def __init__(self, cfg: NightlyConfig, cfg_path: Path, plan: MachinePlan, target: Target, estimate: MachineEstimate,
+                 asv_conf: Path, site_out: Path, console, vllm_installed: tuple[str | None, str | None]):
+        from kvbench.harness.records import utc_now
+
+        self.cfg, self.cfg_path, self.plan, self.target, self.estimate = cfg, cfg_path, plan, target, estimate
+        self.asv_conf = Path(asv_conf).absolute()
+        self.results_dir = results_dir_of(self.asv_conf)
+        self.site_out = Path(site_out)
+        self.console = console
+        self.started_at = utc_now()
+        self.id = f"{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}-{target.machine}"
+        self.logs = self.results_dir / target.machine / "logs" / f"nightly-{self.id}"
+        self.t0 = time.monotonic()
+        self.deadline = self.t0 + plan.cfg.max_minutes * 60
+        self.steps: dict[str, StepResult] = {}
+        self.entries: list[EntryResult] = []
+        self.vllm_installed = vllm_installed
+        self.interrupted = False
+
+    # -- helpers ------------------------------------------------------------------------------------
+
+    def remaining_s(self) -> float:
+        return self.deadline - time.monotonic()
+
+    def _kvbench(self, *args: str) -> list[str]:
+        return [sys.executable, "-m", "kvbench", *args]
+
+    def _subprocess(self, name: str, argv: list[str], what: str, deadline: float | None) -> tuple[int | None, float, Path]:
+        """Run a kvbench command with its output in the night's log folder; (rc or None if stopped, s, log)."""
+        self.logs.mkdir(parents=True, exist_ok=True)
+        log = self.logs / f"{name}.log"
+        env = {**os.environ, "COLUMNS": "160", "KVBENCH_MACHINE": self.target.machine}
+        t0 = time.monotonic()
+        with open(log, "w") as fh:
+            fh.write("$ " + " ".join(argv) + "\n")
+            fh.flush()
+            # its own process group: a stop reaches asv, the benchmark processes and their vLLM servers
+            proc = subprocess.Popen(argv, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True, env=env)
+            try:
+                with self.console.status(f"{what} (log: {log})") as status:
+                    while True:
+                        try:
+                            rc = proc.wait(timeout=1.0)
+                            return rc, time.monotonic() - t0, log
+                        except subprocess.TimeoutExpired:
+                            pass
+                        status.update(f"{what}: {(time.monotonic() - t0) / 60:.1f} min (log: {log})")
+                        if deadline is not None and time.monotonic() > deadline:
+                            _stop_group(proc)
+                            return None, time.monotonic() - t0, log
+            except BaseException:
+                _stop_group(proc)
+                raise
+
+    def _tail(self, log: Path, n: int = 15) -> str:
+        try:
+            lines = log.read_text(errors="replace").splitlines()
+        except OSError:
+            return ""
+        return "\n".join(lines[-n:])
+
+    # -- steps --------------------------------------------------------------------------------------
+
+    def history(self) -> StepResult:
+        if not self.cfg.history.enabled:
+            return StepResult("history", "skipped", "disabled in [history]")
+        if not _has_command("history"):
+            return StepResult("history", "not run", "this kvbench has no `kvbench history` command (the asv history has not landed)")
+        if self.remaining_s() <= 0:
+            return StepResult("history", "skipped", f"budget of {self.plan.cfg.max_minutes:g} min spent")
+        args = ["history", "run", "--venv", sys.prefix, "--machine", self.target.machine, "--config", str(self.asv_conf)]
+        model, _ = served_model(self.plan.history_model, self.plan.on_gpu)
+        if model is not None:
+            args += ["--model", model]
+        for regex in self.cfg.history.bench:
+            args += ["--bench", regex]
+        rc, secs, log = self._subprocess("history", self._kvbench(*args), "asv history point (kvbench history run)", self.deadline)
+        if rc is None:
+            return StepResult("history", "failed", f"stopped: the budget of {self.plan.cfg.max_minutes:g} min ran out", secs, str(log))
+        if rc != 0:
+            tail = self._tail(log, 8)
+            return StepResult("history", "failed", f"kvbench history run exited {rc}: {_last_line(tail)}", secs, str(log), {"tail": tail})
+        return StepResult("history", "ok", "history point added", secs, str(log))
+
+    def matrix(self, progress_factory) -> None:
+        from kvbench.commands.run import ProgressReporter
+        from kvbench.harness.runner import Runner
+        from kvbench.harness.server import stop_all
+        from kvbench.nightly.matrix import run_plan
+
+        estimates = {e.name: e.total_s for e in self.estimate.entries}
+        for i, entry in enumerate(self.plan.entries):
+            result = EntryResult(entry.name, "running", estimates.get(entry.name, 0.0))
+            self.entries.append(result)
+            if self.remaining_s() <= 0:
+                result.status = "skipped"
+                result.error = f"budget of {self.plan.cfg.max_minutes:g} min spent before it started"
+                continue
+            self.console.print(f"[bold]entry {i + 1}/{len(self.plan.entries)}: {escape(entry.name)}[/] "
+                               f"(estimate {result.estimate_s / 60:.1f} min, {self.remaining_s() / 60:.1f} min of budget left)")
+            t0 = time.monotonic()
+            try:
+                rp = run_plan(entry, self.plan.on_gpu, self.results_dir)
+            except KvbenchError as exc:
+                result.status, result.error = "failed", str(exc)
+                continue
+            progress = progress_factory()
+            runner = Runner(rp, ProgressReporter(progress))
+            runner.doc["nightly"] = {"id": self.id, "entry": entry.name, "section": self.plan.key, "config": str(self.cfg_path),
+                                     "vllm_wanted": self.plan.vllm}
+            result.record = str(runner.path)
+            timed_out = False
+            try:
+                with progress:
+                    asyncio.run(_bounded(runner.run(), self.remaining_s()))
+            except TimeoutError:
+                timed_out = True
+            except KeyboardInterrupt:
+                self.interrupted = True
+                result.status, result.error = "interrupted", "interrupted (Ctrl-C or SIGTERM)"
+                raise
+            except Exception as exc:  # a harness bug must not cost the rest of the night
+                result.status, result.error = "failed", f"{type(exc).__name__}: {exc}"
+            finally:
+                stop_all()
+                result.seconds = time.monotonic() - t0
+            if timed_out:
+                _mark_budget_stop(runner, self.plan.cfg.max_minutes)
+                result.status, result.error = "interrupted", f"stopped: the budget of {self.plan.cfg.max_minutes:g} min ran out"
+            self._classify(result, runner.doc, entry)
+
+    def _classify(self, result: EntryResult, doc: dict, entry: Entry) -> None:
+        expected = self.plan.cfg.expected_failures
+        for d in doc.get("dtypes", []):
+            dtype, status = d["kv_cache_dtype"], d["status"]
+            result.dtypes[dtype] = status
+            if status != "ok":
+                result.errors[dtype] = _last_line(str(d.get("error") or status))
+                if dtype in expected:
+                    result.expected[dtype] = expected[dtype]
+        if result.status != "running":
+            return
+        unexpected = [d for d, s in result.dtypes.items() if s != "ok" and d not in result.expected]
+        missing = [d for d in entry.kv_dtypes if d not in result.dtypes]
+        result.status = "failed" if unexpected or missing else "ok"
+        if missing:
+            result.error = f"no result for {', '.join(missing)}"
+
+    def gate(self) -> StepResult:
+        if not self.cfg.gate.enabled:
+            return StepResult("gate", "skipped", "disabled in [gate]")
+        if not _has_command("regress"):
+            return StepResult("gate", "not run", "this kvbench has no `kvbench regress` command (the regression gate has not landed)")
+        args = ["regress", "--machine", self.target.machine, "--results", str(self.results_dir), "--config", str(self.asv_conf), "--json"]
+        if self.cfg.gate.window is not None:
+            args += ["--window", str(self.cfg.gate.window)]
+        if self.cfg.gate.threshold_pct is not None:
+            args += ["--threshold", str(self.cfg.gate.threshold_pct)]
+        rc, secs, log = self._subprocess("regress", self._kvbench(*args), "regression gate (kvbench regress)", None)
+        text = log.read_text(errors="replace")
+        report = _json_after_command(text)
+        if rc in (0, 1) and report is not None:
+            bad = [s for s in report.get("series", []) if s.get("verdict") == "regression"]
+            moved = {v: sum(s.get("verdict") == v for s in report.get("series", [])) for v in ("improvement", "not measured", "unchanged", "no baseline")}
+            detail = f"{len(bad)} regression(s) in {len(report.get('series', []))} series; " + ", ".join(f"{n} {v}" for v, n in moved.items() if n)
+            return StepResult("gate", "regression" if bad else "ok", detail, secs, str(log), {"regressions": bad, "window": report.get("window"),
+                                                                                               "threshold_pct": report.get("threshold_pct")})
+        return StepResult("gate", "not run", f"kvbench regress exited {rc}: {_last_line(self._tail(log, 5))}", secs, str(log))
+
+    def dashboard(self) -> StepResult:
+        if not self.cfg.dashboard.enabled:
+            return StepResult("dashboard", "skipped", "disabled in [dashboard]")
+        args = ["dashboard", "--results", str(self.results_dir), "--out", str(self.site_out), "--asv-conf", str(self.asv_conf)]
+        rc, secs, log = self._subprocess("dashboard", self._kvbench(*args), "dashboard (kvbench dashboard)", None)
+        if rc != 0:
+            return StepResult("dashboard", "failed", f"kvbench dashboard exited {rc}: {_last_line(self._tail(log, 5))}", secs, str(log))
+        index = self.site_out / "index.html"
+        return StepResult("dashboard", "ok", f"{index}" if index.exists() else f"written to {self.site_out}", secs, str(log))
+
+    # -- the whole night ----------------------------------------------------------------------------
+
+    def run(self, progress_factory) -> dict:
+        previous = {"KVBENCH_MACHINE": os.environ.get("KVBENCH_MACHINE")}
+        os.environ["KVBENCH_MACHINE"] = self.target.machine  # the harness names records' folder from it
+        try:
+            self.steps["history"] = self.history()
+            self.console.print(escape(f"history: {self.steps['history'].status} ({self.steps['history'].detail})"))
+            self.matrix(progress_factory)
+        except KeyboardInterrupt:
+            self.interrupted = True
+        finally:
+            if previous["KVBENCH_MACHINE"] is None:
+                os.environ.pop("KVBENCH_MACHINE", None)
+            else:
+                os.environ["KVBENCH_MACHINE"] = previous["KVBENCH_MACHINE"]
+        for entry in self.plan.entries[len(self.entries):]:  # never started (Ctrl-C)
+            self.entries.append(EntryResult(entry.name, "skipped", 0.0, error="not started: the night was interrupted"))
+        if not self.interrupted:
+            self.steps["gate"] = self.gate()
+            self.steps["dashboard"] = self.dashboard()
+        return self.write_summary()
+
+    def reasons(self) -> list[str]:
+        out = []
+        if self.interrupted:
+            out.append("interrupted (Ctrl-C or SIGTERM)")
+        for e in self.entries:
+            if e.status == "skipped":
+                out.append(f"{e.name}: skipped ({e.error})")
+            elif e.status != "ok":
+                bad = {d: msg for d, msg in e.errors.items() if d not in e.expected}
+                why = "; ".join(f"{d} {e.dtypes.get(d, '?')}: {msg}" for d, msg in bad.items()) or e.error or e.status
+                out.append(f"{e.name}: {e.status} ({why})")
+        for s in self.steps.values():
+            if s.status == "regression":
+                for r in s.data.get("regressions", []):
+                    out.append(f"regression: {r.get('label') or r.get('metric')} [{r.get('kv_dtype')}] {_fmt_change(r)}")
+            elif s.status in ("failed", "not run") and not (s.name == "gate" and self.steps.get("history", StepResult("", "")).status == "failed"):
+                out.append(f"{s.name}: {s.status} ({s.detail})")
+        return out
+
+    def write_summary(self) -> dict:
+        from kvbench.harness.records import utc_now, write_atomic
+
+        reasons = self.reasons()
+        regressed = any(s.status == "regression" for s in self.steps.values())
+        failed = [r for r in reasons if not r.startswith("regression:")]
+        status = "ok" if not reasons else ("regression" if regressed and not failed else "failed")
+        doc = {
+            "schema": SCHEMA,
+            "id": self.id,
+            "machine": self.target.machine,
+            "section": self.plan.key,
+            "gpu": self.target.gpu_name,
+            "config": str(self.cfg_path),
+            "vllm": {"wanted": self.plan.vllm, "package": self.vllm_installed[0], "version": self.vllm_installed[1]},
+            "started_at": self.started_at,
+            "finished_at": utc_now(),
+            "minutes": (time.monotonic() - self.t0) / 60,
+            "budget_minutes": self.plan.cfg.max_minutes,
+            "estimate_minutes": self.estimate.minutes,
+            "status": status,
+            "reasons": reasons,
+            "steps": {k: asdict(v) for k, v in self.steps.items()},
+            "entries": [asdict(e) for e in self.entries],
+            "site": str(self.site_out),
+        }
+        self.path = write_atomic(self.results_dir / self.target.machine / NIGHTLY_DIR / f"{self.id}.json", doc)
+        return doc
+
+
+# -- small helpers ------------------------------------------------------------------------------------
+
+
+async def _bounded(coro, seconds: float):
+    return await asyncio.wait_for(coro, timeout=max(0.0, seconds))
+
+
+def _mark_budget_stop(runner, max_minutes: float) -> None:
+    """The harness calls every cancellation Ctrl-C; say what stopped this entry, and keep the record."""
+    why = f"stopped: the nightly budget of {max_minutes:g} min ran out"
+    for d in runner.doc.get("dtypes", []):
+        if d.get("error") == "interrupted (Ctrl-C)":
+            d["error"] = why
+    runner.doc["status"] = "interrupted"
+    runner.doc.setdefault("nightly", {})["stopped"] = why
+    runner.flush()
+
+
+def _stop_group(proc: subprocess.Popen) -> None:
+    """SIGTERM the step's process group (kvbench turns it into a clean stop), SIGKILL after a grace period."""
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    try:
+        proc.wait(timeout=KILL_GRACE_S)
+    except subprocess.TimeoutExpired:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.wait()
+
+
+def _has_command(name: str) -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec(f"kvbench.commands.{name}") is not None
+
+
+def _last_line(text: str) -> str:
+    lines = [ln.strip() for ln in str(text).splitlines() if ln.strip()]
+    return lines[-1] if lines else ""
+
+
+def _json_after_command(text: str) -> dict | None:
+    """The JSON document a `--json` command printed (the log's first line is the command)."""
+    start = text.find("\n{")
+    if start < 0:
+        return None
+    try:
+        return json.loads(text[start + 1:])
+    except json.JSONDecodeError:
+        return None
+
+
+def _fmt_change(r: dict) -> str:
+    def val(v):
+        return "n/a" if v is None else f"{v:,.4g}"
+
+    change = r.get("change_pct")
+    pct = "" if change is None else f" ({change:+.1f}%, allowed ±{r.get('allowed_pct') or 0:.1f}%)"
+    return f"{val(r.get('baseline'))} -> {val(r.get('newest'))} {r.get('unit') or ''}{pct}".strip()
