@@ -29,7 +29,7 @@ from pathlib import Path
 
 from kvbench.errors import KvbenchError, UsageError
 from kvbench.harness.records import write_atomic
-from kvbench.suite import ENV_COMMIT, ENV_ENV_NAME, ENV_MACHINE, ENV_MODEL, ENV_RESULTS
+from kvbench.suite import ENV_COMMIT, ENV_ENV_NAME, ENV_MACHINE, ENV_MODEL, ENV_RESULTS, changed_code
 
 VENV_LINK = Path(".asv") / "venv"  # relative to the asv.conf.json folder
 MACHINE_FILE = Path("~/.asv-machine.json")
@@ -218,8 +218,7 @@ def point_commit(project: AsvProject, machine: str, env: str, message: str) -> t
 
 def dirty_paths(repo: Path) -> list[str]:
     """Tracked files changed against HEAD in the code the benchmarks run (the point claims HEAD's code)."""
-    out = git(repo, "status", "--porcelain", "--untracked-files=no", "--", "kvbench", "harness", "kernels", "benchmarks", check=False)
-    return [line[3:] for line in out.splitlines() if line.strip()]
+    return changed_code(repo)
 
 
 def commit_results(repo: Path, paths: list[Path], message: str) -> str:

@@ -52,6 +52,19 @@ def _git_head(repo: Path) -> str | None:
     return out.stdout.strip() or None
 
 
+CODE_DIRS = ("kvbench", "harness", "kernels", "benchmarks")
+
+
+def changed_code(repo: Path) -> list[str]:
+    """Tracked files of the code the benchmarks run that differ from HEAD (a point claims HEAD's code)."""
+    try:
+        out = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", *CODE_DIRS], cwd=repo,
+                             capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return []
+    return [line[3:] for line in out.stdout.splitlines() if len(line) > 3]
+
+
 def _existing_env_name(python: str) -> str:
     """asv's name for an existing environment run by this interpreter path (see kvbench.asvrun.env_name)."""
     from asv.environment import get_env_name
@@ -67,6 +80,7 @@ def asv_link(root: Path) -> dict:
         "commit": os.environ.get(ENV_COMMIT) or _git_head(root),
         "env_name": os.environ.get(ENV_ENV_NAME) or _existing_env_name(sys.executable),
         "python": sys.executable,
+        "uncommitted_code": changed_code(root),  # what ran differed from the commit in these files
     }
 
 
@@ -97,6 +111,8 @@ def serving_numbers(root: Path, model: str | None = None) -> dict:
     )
     runner = Runner(plan)
     runner.doc["asv"] = asv_link(root)
+    # other work on the box distorts every latency: the record says how busy it was (1/5/15-min load averages)
+    runner.doc["host_load"] = {"cpus": os.cpu_count(), "before": list(os.getloadavg())}
 
     def _sigterm(*_):  # asv's timeout terminates us: stop the vLLM servers and keep the partial record
         raise KeyboardInterrupt
@@ -107,6 +123,8 @@ def serving_numbers(root: Path, model: str | None = None) -> dict:
     finally:
         signal.signal(signal.SIGTERM, previous)
         stop_all()
+    runner.doc["host_load"]["after"] = list(os.getloadavg())
+    runner.flush()
     by_dtype = {d["kv_cache_dtype"]: {"status": d["status"], **headline(d)} for d in doc["dtypes"]}
     return {"run_id": doc["run_id"], "record": str(runner.path), "status": doc["status"], "dtypes": by_dtype}
 

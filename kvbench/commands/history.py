@@ -4,8 +4,10 @@ and the vLLM in a venv. `kvbench history show`: the history table. The keying sc
 from __future__ import annotations
 
 import math
+import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Annotated
 
@@ -27,6 +29,7 @@ def command(
     config: Annotated[Path, typer.Option("--config", help="asv config of the kvbench checkout.")] = Path("asv.conf.json"),
     model: Annotated[str | None, typer.Option("--model", help="Model for the serving run (required with a GPU; CPU: the tiny local model).")] = None,
     bench: Annotated[list[str] | None, typer.Option("--bench", "-b", help="Only benchmarks matching this regex (repeatable; asv -b).")] = None,
+    wait_load: Annotated[float | None, typer.Option("--wait-load", help="First wait (up to 30 min) until the 1-minute load average is at most this: other work distorts every latency.")] = None,
     commit: Annotated[bool, typer.Option("--commit", help="Commit the new point's files (asv result, machine.json, run record, benchmarks.json) afterwards.")] = False,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Say what would run; change nothing.")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="show: print the rows as JSON.")] = False,
@@ -38,10 +41,25 @@ def command(
     project = AsvProject.load(config)
     if action == "show":
         return show(project, machine, as_json)
-    return run(project, venv, machine, model, bench, commit, dry_run)
+    if wait_load is not None and wait_load <= 0:
+        raise UsageError(f"--wait-load must be a positive load average, got {wait_load}")
+    return run(project, venv, machine, model, bench, commit, dry_run, wait_load)
 
 
-def run(project, venv: Path | None, machine: str | None, model: str | None, bench: list[str] | None, commit: bool, dry_run: bool) -> int:
+def wait_for_quiet(max_load: float, timeout_s: float = 1800.0, poll_s: float = 10.0) -> float:
+    """Wait until the 1-minute load average is <= max_load (or the timeout); return the load seen last."""
+    start = time.monotonic()
+    load = os.getloadavg()[0]
+    with console.status(f"host load {load:.1f}; waiting for <= {max_load:g}") as status:
+        while load > max_load and time.monotonic() - start < timeout_s:
+            time.sleep(poll_s)
+            load = os.getloadavg()[0]
+            status.update(f"host load {load:.1f} on {os.cpu_count()} CPUs; waiting for <= {max_load:g} ({time.monotonic() - start:.0f} s)")
+    return load
+
+
+def run(project, venv: Path | None, machine: str | None, model: str | None, bench: list[str] | None, commit: bool, dry_run: bool,
+        wait_load: float | None = None) -> int:
     from kvbench import asvrun
     from kvbench.harness.machine import machine_name
 
@@ -63,6 +81,11 @@ def run(project, venv: Path | None, machine: str | None, model: str | None, benc
         console.print("would run: " + " ".join(asvrun.asv_command(project, head, machine, bench)))
         return 0
 
+    if wait_load is not None:
+        load = wait_for_quiet(wait_load)
+        if load > wait_load:
+            console.print(f"[yellow]warning[/]: host load still {load:.1f} after 30 min; running anyway")
+    console.print(f"host load {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs (recorded in the run record)")
     asvrun.link_venv(project, venv)
     sha, made = asvrun.point_commit(project, machine, env, f"history point: {machine}, {vllm}")
     if made:
