@@ -425,6 +425,38 @@ def test_gate_regression_fails_the_night_with_the_series(tmp_path, monkeypatch):
     assert doc["reasons"] == ["regression: output throughput [fp8] 2,500 -> 1,900 tokens/s (-24.0%, allowed ±15.0%)"]
 
 
+@pytest.mark.parametrize("expected", [False, True])
+def test_a_dtype_that_failed_in_the_history_point_fails_the_night_unless_expected(tmp_path, monkeypatch, expected):
+    more = {"machines.cpu.expected_failures": {"nvfp4": "known"} if expected else {}}
+    raw = shipped(**{"gate.enabled": False, "dashboard.enabled": False, "machines.cpu.slos": [], **more})
+    night, progress = fake_night(tmp_path, monkeypatch, raw)
+    calls = []
+
+    def fake_subprocess(name, argv, what, deadline):
+        calls.append(argv)
+        runs = tmp_path / "results" / "cpu-test" / "runs"
+        runs.mkdir(parents=True, exist_ok=True)
+        from kvbench.harness.records import utc_now
+
+        (runs / "point.json").write_text(json.dumps({"created_at": utc_now(), "asv": {"commit": "abc"}, "dtypes": [
+            {"kv_cache_dtype": "auto", "status": "ok"}, {"kv_cache_dtype": "nvfp4", "status": "partial", "error": "engine died"}]}))
+        log = tmp_path / "history.log"
+        log.write_text("$ kvbench history run\n")
+        return 0, 1.0, log
+
+    monkeypatch.setattr(night, "_subprocess", fake_subprocess)
+    doc = night.run(progress)
+    argv = calls[0]
+    assert argv[3:5] == ["history", "run"] and argv[argv.index("--machine") + 1] == "cpu-test" and "--model" not in argv  # CPU: the tiny default
+    step = doc["steps"]["history"]
+    assert step["data"]["dtypes"] == {"auto": "ok", "nvfp4": "partial"}
+    if expected:
+        assert step["status"] == "ok" and "nvfp4 failed as expected" in step["detail"] and doc["status"] == "ok"
+    else:
+        assert step["status"] == "failed" and doc["status"] == "failed"
+        assert any(r.startswith("history: failed") and "nvfp4 partial: engine died" in r for r in doc["reasons"])
+
+
 # -- one real night on the CPU --------------------------------------------------------------------------
 
 
@@ -446,10 +478,14 @@ def test_cpu_night_end_to_end(tmp_path):
         "history.bench": ["bench_accuracy"],
         "workloads.cpu-small": {"prompt_tokens": 64, "output_tokens": 16, "num_requests": 8, "concurrency": [4]},
         "machines.cpu.kv_dtypes": ["auto", "fp8"],
+        "machines.cpu.expected_failures": {},
         "machines.cpu.max_minutes": 15,
     })
     cfg = write_config(tmp_path, raw)
-    env = {"KVBENCH_MACHINE": "cpu-nightly-test", "HOME": str(tmp_path)}  # asv's machine file goes to $HOME
+    from kvbench.harness.tinymodel import cache_root
+
+    # asv writes its machine file to $HOME: a throwaway one; the tiny model stays where it is cached
+    env = {"KVBENCH_MACHINE": "cpu-nightly-test", "HOME": str(tmp_path), "KVBENCH_CACHE_DIR": str(cache_root())}
     t0 = time.monotonic()
     out = kvbench("nightly", "--config", str(cfg), "--asv-config", str(project / "asv.conf.json"), "--out", str(tmp_path / "site"),
                   cwd=project, env=env, timeout=900)

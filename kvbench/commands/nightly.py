@@ -202,7 +202,7 @@ def render_plan(cfg, plan, est, detected: bool) -> None:
     if est.history is not None:
         rows.append((history_entry(plan), est.history))
     for entry, x in rows:
-        probes = "/".join(str(len(d.probes)) for d in x.dtypes) if entry.slo is not None else "—"
+        probes = "/".join(str(len(d.probes)) for d in x.dtypes) if entry.slo is not None and x.dtypes else "—"
         minutes = x.total_s / 60 + (est.history_other_s / 60 if x is est.history else 0)
         table.add_row(entry.name, ",".join(entry.kv_dtypes), f"{entry.prompt_tokens:,}+{entry.output_tokens:,}",
                       f"{entry.num_requests:,} x {','.join(map(str, entry.concurrency))}", _slo_text(entry.slo), probes,
@@ -324,9 +324,15 @@ def render_summary(doc: dict, path: Path) -> None:
     table = Table(show_edge=False)
     for col in ("entry", "status", "KV dtypes", "est. min", "min", "record"):
         table.add_column(col, justify="right" if col.endswith("min") else "left")
+    def short(record: str | None) -> str:  # relative to the results folder: the machine and run id are what matter
+        if not record:
+            return "—"
+        parts = Path(record).parts
+        return str(Path(*parts[-3:])) if len(parts) >= 3 else record
+
     for e in doc["entries"]:
         dtypes = ", ".join(f"{d} {s}" + (" (expected)" if d in e["expected"] else "") for d, s in e["dtypes"].items()) or (e["error"] or "")
-        table.add_row(escape(e["name"]), _styled(e["status"]), escape(dtypes), f"{e['estimate_s'] / 60:.1f}", f"{e['seconds'] / 60:.1f}", e["record"] or "—")
+        table.add_row(escape(e["name"]), _styled(e["status"]), escape(dtypes), f"{e['estimate_s'] / 60:.1f}", f"{e['seconds'] / 60:.1f}", short(e["record"]))
     console.print(table)
     for s in doc["steps"].values():
         console.print(f"{s['name']}: {_styled(s['status'])} " + escape(f"({s['detail']}){'; log ' + s['log'] if s.get('log') else ''}"))

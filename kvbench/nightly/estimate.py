@@ -220,10 +220,30 @@ def history_entry(plan: MachinePlan) -> Entry:
     )
 
 
+def history_runs_serving(bench: list[str]) -> bool:
+    """Whether asv's -b regexes (matched with re.search against benchmark names) select the serving suite."""
+    import re
+
+    if not bench:
+        return True
+    try:
+        from kvbench.tracked import metrics
+
+        names = [m.benchmark for m in metrics() if m.source == "run"]
+    except ImportError:
+        names = ["bench_serving.Serving.track_output_throughput"]
+    return any(re.search(regex, name) for regex in bench for name in names)
+
+
 def estimate_machine(cfg: NightlyConfig, plan: MachinePlan, prices: dict[str, float] | None = None) -> MachineEstimate:
     consts = harness_constants()
     entries = [estimate_entry(e, plan, consts) for e in plan.entries]
-    history = estimate_entry(history_entry(plan), plan, consts) if cfg.history.enabled else None
+    history = None
+    if cfg.history.enabled:
+        history = estimate_entry(history_entry(plan), plan, consts)
+        if not history_runs_serving(cfg.history.bench):
+            history.dtypes = []
+            history.notes.append(f"[history] bench {cfg.history.bench} selects no serving benchmark: the point runs no vLLM")
     price, source = None, None
     if prices and plan.key in prices:
         price, source = prices[plan.key], "--price-per-hour"
