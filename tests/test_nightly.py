@@ -229,7 +229,7 @@ def test_dry_run_prints_a_plan_for_a100_h100_h200_with_gpu_hours_and_cost():
     for key, folder in (("a100-80gb", "a100-80gb"), ("h100-sxm", "h100-sxm-80gb"), ("h200", "h200-141gb")):
         assert key in text and f"results/{folder}/" in text
     assert text.count("GPU-hours (1 GPU)") == 3 and "USD/GPU-hour (--price-per-hour)" in text
-    assert "kvbench plan:" in text and "assumptions" in text and "nothing is started" in text
+    assert "kvbench plan, chat: 64 concurrent 1,280-token llama-3.1-8b sequences need" in text and "assumptions" in text and "nothing is started" in text
     data = json.loads(kvbench("nightly", "--dry-run", "--json", "--price-per-hour", "h100-sxm=2.65").stdout)
     machines = {m["key"]: m for m in data["machines"]}
     h100 = machines["h100-sxm"]

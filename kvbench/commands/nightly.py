@@ -179,7 +179,7 @@ def machine_folder(plan) -> str:
 
 def _slo_text(slo: dict | None) -> str:
     if slo is None:
-        return "— (no search)"
+        return "none: no search"
     ttft, tpot = slo.get("ttft_p95_ms"), slo.get("tpot_p95_ms")
     return f"{'—' if ttft is None else f'{ttft:g}'} / {'—' if tpot is None else f'{tpot:g}'}"
 
@@ -195,12 +195,14 @@ def render_plan(cfg, plan, est, detected: bool) -> None:
     console.rule(f"[bold]{plan.key}[/]{mark}", align="left")
     folder = f"results/{machine_folder(plan)}/" + ("" if plan.on_gpu else " (named from this CPU)")
     console.print(escape(f"{gpus}{label}; {folder}; vLLM {plan.vllm}: pip install {pip}"))
-    table = Table(show_edge=False)
-    for col in ("entry", "KV dtypes", "tokens in+out", "requests x conc.", "SLO P95 ms (TTFT / TPOT)", "probes / dtype", "s / request", "est. min"):
-        table.add_column(col, justify="left" if col in ("entry", "KV dtypes", "SLO P95 ms (TTFT / TPOT)") else "right")
     rows = [(e, x) for e, x in zip(plan.entries, est.entries)]
     if est.history is not None:
         rows.append((history_entry(plan), est.history))
+    table = Table(show_edge=False)
+    # an entry's name is its identity in the records: never cut it
+    table.add_column("entry", no_wrap=True, min_width=max(len(e.name) for e, _ in rows))
+    for col in ("KV dtypes", "in+out tokens", "requests x conc.", "SLO P95 TTFT/TPOT ms", "probes/dtype", "s/request", "est. min"):
+        table.add_column(col, justify="left" if col in ("KV dtypes", "SLO P95 TTFT/TPOT ms") else "right")
     for entry, x in rows:
         probes = "/".join(str(len(d.probes)) for d in x.dtypes) if entry.slo is not None and x.dtypes else "—"
         minutes = x.total_s / 60 + (est.history_other_s / 60 if x is est.history else 0)
@@ -261,9 +263,16 @@ def plan_lines(plan) -> list[str]:
     for r in plan_rows(plan):
         by.setdefault((r["model"], r["workload"], r["users"], r["context"]), []).append(r)
     for (model, workload, users, context), rows in by.items():
-        parts = [f"{r['dtype']} {r['gpus']} (TP {r['tensor_parallel']}, {r['users_per_replica']:,}/replica)" if r["supported"]
+        head = f"kvbench plan, {workload}: {users:,} concurrent {context:,}-token {model} sequences need"
+        tps = {r["tensor_parallel"] for r in rows}
+        if all(r["supported"] for r in rows) and len(tps) == 1:
+            gpus = ", ".join(f"{r['dtype']} {r['gpus']}" for r in rows)
+            per = " / ".join(f"{r['users_per_replica']:,}" for r in rows)
+            lines.append(f"{head} {gpus} x {plan.key} (TP {tps.pop()}; {per} sequences per replica)")
+            continue
+        parts = [f"{r['dtype']} {r['gpus']} (TP {r['tensor_parallel']}, {r['users_per_replica']:,} per replica)" if r["supported"]
                  else f"{r['dtype']} unsupported ({r['reason']})" for r in rows]
-        lines.append(f"kvbench plan: {users:,} concurrent {context:,}-token {model} sequences ({workload}) need {plan.key} GPUs: {', '.join(parts)}")
+        lines.append(f"{head} {', '.join(parts)} x {plan.key}")
     return lines
 
 
