@@ -119,10 +119,18 @@ class Row:
     a: float
     b: float
     change_pct: float
-    verdict: str  # "better", "worse", "same" (within threshold), "n/a"
+    verdict: str  # "better", "worse", "same" (within the noise floor), "n/a"
 
 
-def compare(a: dict, b: dict, threshold_pct: float = 5.0) -> list[Row]:
+def machine_kind_of(side: Side) -> str:
+    """"gpu" when the side's runs saw a GPU (the noise floors differ), else "cpu"."""
+    gpus = [g for doc in side.records for g in ((doc.get("environment") or {}).get("gpus") or [])]
+    return "gpu" if gpus else "cpu"
+
+
+def compare(a: dict, b: dict, threshold_pct: float | None = None, kind: str = "cpu") -> list[Row]:
+    """Rows per (metric, dtype). Within the metric's noise floor for this machine kind (metrics.toml
+    noise_pct), or within threshold_pct when given, a change is called "same"."""
     rows = []
     for m in metrics():
         dtypes = sorted({d for (name, d) in [*a, *b] if name == m.name}, key=lambda d: ("auto", "fp8", "nvfp4").index(d) if d in ("auto", "fp8", "nvfp4") else 9)
@@ -132,7 +140,8 @@ def compare(a: dict, b: dict, threshold_pct: float = 5.0) -> list[Row]:
                 change, verdict = math.nan, "n/a"
             else:
                 change = 0.0 if va == vb else ((vb - va) / abs(va) * 100 if va else math.copysign(math.inf, vb - va))
-                if abs(change) <= threshold_pct:
+                floor = threshold_pct if threshold_pct is not None else m.floor_pct(kind)
+                if abs(change) <= floor or (threshold_pct is None and abs(vb - va) <= m.noise_abs):
                     verdict = "same"
                 else:
                     verdict = "worse" if m.is_worse(vb, va) else "better"

