@@ -17,8 +17,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 run: setup
-	$(VENV)/bin/kvbench capacity --model llama-3.1-8b --gpu h100-sxm --context 4096
-	$(VENV)/bin/kvbench claims
+	$(VENV)/bin/kvbench run
 
 test: setup
 	$(PY) -m pytest
