@@ -62,10 +62,37 @@ def test_kvbench_agrees_with_vllm_bench_serve(tmp_path, tiny_model):
         assert kv["total_input_tokens"] == n * p
         assert abs(vl["total_input_tokens"] - n * p) <= 0.05 * n * p
         assert kv["client_runqueue_wait_fraction"] is not None
-    # A short run on a 2-core box is noisy (see the script's docstring), so this checks for gross
-    # disagreement (a chunk counted as a token, TCP setup in TTFT, a missed first chunk); the 10 %
-    # agreement is the full script's job.
-    diff = seq["comparison"]["diff_pct"]
-    assert abs(diff["output_throughput_tps"]) <= 25, seq["comparison"]
-    assert abs(diff["e2e_p50_ms"]) <= 25, seq["comparison"]
-    assert abs(diff["ttft_p50_ms"]) <= 60, seq["comparison"]
+    # Timing is not compared here: on a shared 2-core box the server's own speed swings between runs
+    # (other tenants, and each client's CPU, slow it), by 20-50 % in either direction. The precise
+    # agreement is checked against the fake server below, where the truth is known. What must hold on the
+    # real server: with the client on real-time priority, tokens stream (they are not all delivered at
+    # once, see kvbench.harness.clientsched) and the client was not kept off the CPU.
+    for r in seq["rounds"]:
+        kv = r["kvbench"]
+        if rec["clients_realtime"]:
+            assert kv["burst_delivered_fraction"] < 0.5
+            assert kv["client_runqueue_wait_fraction"] < 0.05
+        assert 0 < kv["ttft_p50_ms"] < kv["e2e_p50_ms"]
+
+
+@pytest.mark.vllm
+@needs_vllm
+@pytest.mark.timeout(180)
+def test_kvbench_and_vllm_bench_serve_agree_on_known_timing(tmp_path, tiny_model):
+    """Both clients against the fake server (TTFT 15 ms, 2 ms between chunks): within 10 % of each other
+    and neither below the truth."""
+    out = tmp_path / "peer-fake.json"
+    cmd = [
+        sys.executable, str(SCRIPT), "--fake-server", "--model", str(tiny_model), "--prompt-tokens", "128",
+        "--output-tokens", "32", "--num-requests", "32", "--concurrency", "4", "--rounds", "3", "--out", str(out), "--quiet",
+    ]
+    done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=170)
+    assert done.returncode in (0, 1), done.stdout[-2000:] + done.stderr[-2000:]
+    rec = json.loads(out.read_text())
+    seq = rec["modes"]["sequential"]
+    for key in ("ttft_p50_ms", "output_throughput_tps", "e2e_p50_ms"):
+        assert abs(seq["comparison"]["diff_pct"][key]) <= 10, (key, seq["comparison"])
+    truth_ttft, truth_e2e = rec["server"]["fake_ttft_ms"], rec["server"]["fake_e2e_ms"]
+    for r in seq["rounds"]:
+        for tool in ("kvbench", "vllm"):
+            assert r[tool]["ttft_p50_ms"] >= truth_ttft and r[tool]["e2e_p50_ms"] >= truth_e2e
