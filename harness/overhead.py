@@ -17,13 +17,12 @@ fire early.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import math
 import os
 import platform
 from dataclasses import asdict, dataclass, field
 from typing import Any
-
-import numpy as np
 
 from kvbench.harness.backend import OpenAIBackend
 from kvbench.harness.fakeserver import FakeConfig, FakeServer
@@ -176,18 +175,15 @@ def measure_client_overhead(*, client_uvloop: bool = False, **rate_kw: Any) -> O
         max_sustained_rate_rps=best,
         rate_points=points,
         settings={
+            # the rate search's effective parameters: its defaults, then what the caller changed
+            **{k: v.default for k, v in inspect.signature(max_sustained_rate).parameters.items() if v.default is not inspect.Parameter.empty},
             **rate_kw,
             "client_loop": "uvloop" if client_uvloop else "asyncio",
             "cpus": os.cpu_count(),
             "python": platform.python_version(),
-            "lag_bound_default_ms": 10.0,
         },
         **timing,
     )
-
-
-def _median(values) -> float | None:
-    return float(np.median(values)) if len(values) else None
 
 
 if __name__ == "__main__":  # python -m kvbench.harness.overhead: one report as JSON

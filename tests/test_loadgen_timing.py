@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from kvbench.harness.backend import OpenAIBackend
-from kvbench.harness.fakeserver import FakeConfig, FakeServer
+from kvbench.harness.fakeserver import FakeServer
 from kvbench.harness.metrics import summarize
 from kvbench.harness.scheduler import Concurrency, Rate, arrival_schedule, run_load
 from kvbench.harness.workload import Workload, make_prompts
