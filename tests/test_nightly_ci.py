@@ -88,7 +88,7 @@ def test_workflow_runs_the_nightly_on_every_configured_gpu_then_merges_and_publi
     assert gpu["strategy"]["fail-fast"] is False
     assert gpu["runs-on"] == ["self-hosted", "${{ matrix.label }}"]
     runs = "\n".join(s.get("run", "") for s in gpu["steps"])
-    assert "pip install -e '.[gpu]'" in runs and "kvbench nightly --config" in runs and "--print pip-args" in runs
+    assert "uv pip install -e '.[gpu]'" in runs and "kvbench nightly --config" in runs and "--print install-args" in runs
     assert gpu["timeout-minutes"] > max(cfg.machines[k].max_minutes for k in cfg.machines if cfg.machines[k].label)
     uploads = [s for s in gpu["steps"] if str(s.get("uses", "")).startswith("actions/upload-artifact")]
     assert any("results/${{ steps.machine.outputs.name }}/" in s["with"]["path"] for s in uploads)
@@ -151,7 +151,7 @@ def test_sky_task_validates():
     task = load_yaml(SKY_TASK)
     assert sky_errors(task) == []
     assert task["resources"]["accelerators"].split(":")[0] in ("A100-80GB", "H100", "H200")
-    assert "pip install -e '.[gpu]'" in task["setup"] and "kvbench nightly --config" in task["run"]
+    assert "uv pip install -e '.[gpu]'" in task["setup"] and "--print install-args" in task["setup"] and "kvbench nightly --config" in task["run"]
     assert "HF_TOKEN" in task["secrets"] and task["workdir"] == "."
 
 

@@ -21,7 +21,7 @@ NAME = "nightly"
 HELP = ("One night on this machine: the configured models x workloads x SLOs through the harness, an asv history point, "
         "the regression gate and the dashboard; exit 1 on a regression or a failed run. --dry-run prints every machine's "
         "plan with estimated GPU-hours and cost.")
-PRINTS = ("machine", "pip-args", "models")
+PRINTS = ("machine", "install-args", "models")
 
 
 def command(
@@ -31,7 +31,7 @@ def command(
     price_per_hour: Annotated[str | None, typer.Option("--price-per-hour", help="USD per GPU-hour for the cost, e.g. h100-sxm=2.65,h200=3.5 (kvbench ships no prices).")] = None,
     asv_config: Annotated[Path, typer.Option("--asv-config", help="asv config of the kvbench checkout; records and history go to its results_dir.")] = Path("asv.conf.json"),
     out: Annotated[Path | None, typer.Option("--out", help="Dashboard folder (default: the config's dashboard.out).")] = None,
-    print_what: Annotated[str | None, typer.Option("--print", help="Print one thing for scripts and exit: machine (results folder name), pip-args (installs the config's vLLM), models (HF ids to download).")] = None,
+    print_what: Annotated[str | None, typer.Option("--print", help="Print one thing for scripts and exit: machine (results folder name), install-args (`uv pip install` arguments for the config's vLLM), models (HF ids to download).")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="With --dry-run: the plans as JSON.")] = False,
 ) -> int:
     from kvbench.nightly import config as nconfig
@@ -143,8 +143,8 @@ def _print(what: str, cfg, gpu: str | None) -> int:
         if target is None:
             raise UsageError("--print machine names THIS machine's results folder; drop --gpu")
         print(target.machine)
-    elif what == "pip-args":
-        print(" ".join(vllm.pip_args(plan.vllm, plan.on_gpu)))
+    elif what == "install-args":
+        print(" ".join(vllm.install_args(plan.vllm, plan.on_gpu)))
     else:
         models = [e.model for e in plan.entries] + [plan.history_model]
         for serve in dict.fromkeys(m.serve for m in models if model_kind(m.name) in ("short", "hf")):
@@ -190,11 +190,12 @@ def render_plan(cfg, plan, est, detected: bool) -> None:
 
     label = f", runner label {plan.cfg.label}" if plan.cfg.label else ""
     gpus = f"{plan.gpus} GPU{'s' if plan.gpus != 1 else ''} (tensor parallel {plan.cfg.tensor_parallel_size})" if plan.on_gpu else "no GPU"
-    pip = " ".join(vllm.pip_args(plan.vllm, plan.on_gpu)) or "(keep the installed one)"
+    pip = " ".join(vllm.install_args(plan.vllm, plan.on_gpu))
+    pip = f"uv pip install {pip}" if pip else "keep the installed one"
     mark = " [green](this machine)[/]" if detected else ""
     console.rule(f"[bold]{plan.key}[/]{mark}", align="left")
     folder = f"results/{machine_folder(plan)}/" + ("" if plan.on_gpu else " (named from this CPU)")
-    console.print(escape(f"{gpus}{label}; {folder}; vLLM {plan.vllm}: pip install {pip}"))
+    console.print(escape(f"{gpus}{label}; {folder}; vLLM {plan.vllm}: {pip}"))
     rows = [(e, x) for e, x in zip(plan.entries, est.entries)]
     if est.history is not None:
         rows.append((history_entry(plan), est.history))
@@ -311,7 +312,7 @@ def _plan_json(cfg, plan, est) -> dict:
 
     return {
         "key": plan.key, "label": plan.cfg.label, "gpus": plan.gpus, "tensor_parallel_size": plan.cfg.tensor_parallel_size,
-        "machine_folder": machine_folder(plan), "vllm": plan.vllm, "pip_args": vllm.pip_args(plan.vllm, plan.on_gpu),
+        "machine_folder": machine_folder(plan), "vllm": plan.vllm, "install_args": vllm.install_args(plan.vllm, plan.on_gpu),
         "entries": [entry_json(e, x) for e, x in zip(plan.entries, est.entries)],
         "history": entry_json(history_entry(plan), est.history, est.history_other_s) if est.history else None,
         "minutes": est.minutes, "gpu_hours": est.gpu_hours, "usd": est.usd, "price_per_hour": est.price_per_hour,

