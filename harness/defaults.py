@@ -34,6 +34,7 @@ def build_plan(
     results_dir: Path = Path("results"),
     stall_timeout_s: float = 60.0,
     startup_timeout_s: float | None = None,
+    realtime: bool | None = None,
     python: str = sys.executable,
 ) -> RunPlan:
     notes: list[str] = []
@@ -99,5 +100,6 @@ def build_plan(
         stall_timeout_s=stall_timeout_s,
         startup_timeout_s=startup_timeout_s or defaults["startup_timeout_s"],
         unsupported=unsupported,
+        client_realtime=defaults.get("client_realtime", False) if realtime is None else realtime,
         notes=notes,
     )

@@ -31,6 +31,8 @@ from kvbench.models import load_model
 
 # Two capacity ratios (engine vs format) further apart than this mean the dtype was probably not honoured.
 HONOURED_TOLERANCE = 0.05
+# A client that waited for a CPU this share of a phase measured its own queueing, not the server.
+STARVED_CLIENT_FRACTION = 0.05
 # A P95 needs enough samples to mean something; small concurrencies still get this many requests.
 MIN_PROBE_REQUESTS = 16
 
@@ -56,6 +58,7 @@ class RunPlan:
     warmup_requests: int = 2
     model_name: str | None = None  # how records name the model (the tiny model's short name, an HF id)
     unsupported: dict[str, str] = field(default_factory=dict)  # dtype -> why it is recorded, not run
+    client_realtime: bool = False  # SCHED_FIFO for the client (see harness/clientsched.py), where permitted
     notes: list[str] = field(default_factory=list)
 
     def as_dict(self) -> dict:
@@ -75,6 +78,7 @@ class RunPlan:
             "max_model_len": self.max_model_len,
             "stall_timeout_s": self.stall_timeout_s,
             "unsupported": self.unsupported,
+            "client_realtime": self.client_realtime,
             "notes": self.notes,
         }
 
@@ -276,6 +280,7 @@ class Runner:
                 stall_timeout_s=plan.stall_timeout_s,
                 on_progress=self.reporter.advance,
                 warmup_prompts=warm,
+                realtime=plan.client_realtime,
             )
             summary = summarize(load_result, slo)
             result["phases"].append(
@@ -341,8 +346,8 @@ def _kv_budget_bytes(engine: EngineCapacity | None, cache_config: dict) -> int |
 
 
 def findings(doc: dict, spec) -> list[dict]:
-    """Loud, plain-language findings: dtypes the platform probably did not honour."""
-    out = []
+    """Loud, plain-language findings: dtypes the platform probably did not honour, a starved client."""
+    out = _starved_client(doc)
     engine = {
         d["kv_cache_dtype"]: ((d.get("capacity") or {}).get("engine") or {}).get("kv_tokens")
         for d in doc["dtypes"]
@@ -381,3 +386,21 @@ def run_plan(plan: RunPlan, reporter: Reporter | None = None) -> tuple[dict, Pat
     return doc, runner.path
 
 
+def _starved_client(doc: dict) -> list[dict]:
+    worst = (0.0, None, None)
+    for d in doc["dtypes"]:
+        for phase in d.get("phases", []):
+            frac = (phase.get("summary") or {}).get("client_runqueue_wait_fraction") or 0.0
+            if frac > worst[0]:
+                worst = (frac, d["kv_cache_dtype"], phase["name"])
+    frac, dtype, name = worst
+    if frac <= STARVED_CLIENT_FRACTION:
+        return []
+    return [{
+        "level": "warning",
+        "dtype": dtype,
+        "text": (
+            f"the load generator waited for a CPU {frac:.0%} of phase {name} ({dtype}): its latencies include its own "
+            "queueing. Run on a quieter machine, or with --realtime (SCHED_FIFO; needs root or CAP_SYS_NICE)."
+        ),
+    }]

@@ -89,6 +89,16 @@ def render(doc: dict, path: Path | None = None) -> None:
         "('+': the search cap was reached); model: kvbench's page-accurate prediction for the engine's KV budget."
     )
     console.print(lat)
+    fixed_phases = [p for d in doc.get("dtypes", []) for p in d.get("phases", []) if p.get("name") == "fixed"]
+    policies = sorted({(p.get("summary") or {}).get("client_policy") or "unknown" for p in fixed_phases})
+    waits = [(p.get("summary") or {}).get("client_runqueue_wait_fraction") for p in fixed_phases]
+    waits = [w for w in waits if w is not None]
+    if fixed_phases:
+        console.print(
+            f"client: scheduled {', '.join(policies)}; waited for a CPU at most "
+            + (f"{max(waits):.1%}" if waits else "— (unknown)")
+            + " of a fixed phase"
+        )
     for d in doc.get("dtypes", []):
         if d.get("status") != "ok":
             console.print(f"[red]{d['kv_cache_dtype']}: {d.get('status')}[/] — {d.get('error')}")

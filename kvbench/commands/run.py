@@ -111,6 +111,7 @@ def command(
     results: Annotated[Path, typer.Option("--results", help="Where records go: <dir>/<machine>/runs/<run id>.json.")] = Path("results"),
     stall_timeout: Annotated[float, typer.Option("--stall-timeout", help="Seconds without any response progress before a phase is declared hung.")] = 60.0,
     startup_timeout: Annotated[float | None, typer.Option("--startup-timeout", help="Seconds to wait for each server to become ready.")] = None,
+    realtime: Annotated[bool | None, typer.Option("--realtime/--no-realtime", help="Run the client under SCHED_FIFO where permitted (CPU default: on).")] = None,
     strict: Annotated[bool, typer.Option("--strict", help="Exit 1 if any dtype failed (default: only if all did).")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print the record's headline numbers as JSON at the end.")] = False,
 ) -> int:
@@ -146,6 +147,7 @@ def command(
         results_dir=results,
         stall_timeout_s=stall_timeout,
         startup_timeout_s=startup_timeout,
+        realtime=realtime,
     )
 
     from kvbench.commands.report import render
