@@ -6,7 +6,7 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from kvbench.dashboards.components import Page, date_text, dtype_chip, empty, fmt, note, section, slug, table
+from kvbench.dashboards.components import Page, date_text, dtype_chip, empty, fmt, note, section, slug, table, text
 from kvbench.dashboards.data import REGRESSION, SiteData
 from kvbench.dashboards.theme import REGRESSION_COLOR, color, dash, esc, ordered, style, symbol
 
@@ -49,11 +49,32 @@ def _regression_points(regs: pd.DataFrame, points: pd.DataFrame) -> pd.DataFrame
     return hits
 
 
+def regressions_table(flagged: pd.DataFrame, link: str = "") -> str:
+    """What `kvbench regress` flagged, in the units the charts use, each linked to its metric's chart."""
+    view = flagged.copy()
+    units = [display_unit(u) for u in (view["unit"] if "unit" in view else [""] * len(view))]
+    view["metric_html"] = [f'<a href="{link}#{slug(m)}">{esc(text(lbl) or m)}</a>'
+                           for m, lbl in zip(view["metric"], view["label"] if "label" in view else view["metric"])]
+    view["newest_v"] = [f"{v * f:,.4g} {u}" for v, (u, f) in zip(view["newest"], units)]
+    view["baseline_v"] = [f"{v * f:,.4g} {u}" for v, (u, f) in zip(view["baseline"], units)]
+    view["change"] = [fmt(v, 1, "%") for v in view["change_pct"]]
+    view["dtype_html"] = [dtype_chip(d) for d in view["kv_dtype"]]
+    view["commit7"] = [text(c)[:10] for c in view["commit"]]
+    view["versions"] = [f"{text(b) or '?'} → {text(n) or '?'}" for b, n in
+                        zip(view.get("baseline_vllm_versions", [None] * len(view)), view.get("vllm_version", [None] * len(view)))]
+    return table(view, {"machine": "machine", "metric_html": "metric", "dtype_html": "KV dtype", "newest_v": "newest",
+                        "baseline_v": "baseline (median)", "change": "change", "direction": "better is", "versions": "vLLM (baseline → newest)",
+                        "commit7": "commit", "run_id": "run"},
+                 raw={"metric_html", "dtype_html"}, numeric={"newest_v", "baseline_v", "change"})
+
+
 def metric_figure(frame: pd.DataFrame, regressions: pd.DataFrame, title: str, unit: str) -> go.Figure:
     metric = frame["metric"].iloc[0]
     shown_unit, factor = display_unit(unit)
     machines = sorted(frame["machine"].unique(), key=str)
-    fig = make_subplots(rows=len(machines), cols=1, subplot_titles=[esc(m) for m in machines], vertical_spacing=0.16 / max(1, len(machines) - 1) if len(machines) > 1 else 0.1)
+    one = len(machines) == 1  # then the machine goes in the title, not above a lone subplot
+    fig = make_subplots(rows=len(machines), cols=1, subplot_titles=None if one else [esc(m) for m in machines],
+                        vertical_spacing=0.1 if one else 0.16 / (len(machines) - 1))
     legend_done: set[str] = set()
     flagged = _flagged(regressions)
     for row, machine in enumerate(machines, start=1):
@@ -103,8 +124,8 @@ def metric_figure(frame: pd.DataFrame, regressions: pd.DataFrame, title: str, un
         for x, new, old in boundaries(mframe):
             fig.add_vline(x=x, line={"color": "#666", "dash": "dot", "width": 1.5}, row=row, col=1)
             fig.add_annotation(x=x, y=1, yref=f"y{'' if row == 1 else row} domain", text=f"vLLM {esc(old)} → {esc(new)}",
-                               showarrow=False, xanchor="left", yanchor="bottom", font={"size": 11, "color": "#444"},
-                               row=row, col=1)
+                               showarrow=False, xanchor="left", yanchor="top", xshift=3, font={"size": 11, "color": "#444"},
+                               bgcolor="rgba(255,255,255,0.85)", row=row, col=1)
         ticks = mframe.dropna(subset=["when"]).drop_duplicates("when").sort_values("when")
         if 0 < len(ticks) <= MAX_LABELLED_TICKS:
             fig.update_xaxes(tickvals=list(ticks["when"]),
@@ -112,8 +133,22 @@ def metric_figure(frame: pd.DataFrame, regressions: pd.DataFrame, title: str, un
                              row=row, col=1)
         fig.update_xaxes(title_text="date measured (UTC; ticks: vLLM version and kvbench commit)", row=row, col=1)
         fig.update_yaxes(title_text=f"{esc(metric)} ({esc(shown_unit)})", row=row, col=1)
-    style(fig, f"{title} ({shown_unit})", height=200 + 300 * len(machines))
+    style(fig, f"{title} ({shown_unit})" + (f" — {machines[0]}" if one else ""), height=160 + 270 * len(machines))
     return fig
+
+
+def metric_order(history: pd.DataFrame, regressions: pd.DataFrame) -> list[str]:
+    """Metrics with a regression first, then metrics.toml's order (capacity, latency, throughput, accuracy)."""
+    present = list(pd.unique(history["metric"]))
+    try:
+        from kvbench.tracked import metrics
+
+        known = [m.name for m in metrics()]
+    except ImportError:
+        known = []
+    order = [m for m in known if m in present] + [m for m in present if m not in known]
+    flagged = set(_flagged(regressions)["metric"]) if not regressions.empty else set()
+    return [m for m in order if m in flagged] + [m for m in order if m not in flagged]
 
 
 def build(data: SiteData) -> Page:
@@ -133,8 +168,9 @@ def build(data: SiteData) -> Page:
         return page
     flagged = _flagged(data.regressions)
     if not flagged.empty:
-        parts.append(note(f"{len(flagged)} regression(s) flagged by <code>kvbench regress</code>.", "warn"))
-    for metric in pd.unique(h["metric"]):
+        parts.append(note(f"{len(flagged)} regression(s) flagged by <code>kvbench regress</code> (its default window and "
+                          "noise floors):", "warn") + regressions_table(flagged))
+    for metric in metric_order(h, data.regressions):
         mf = h[h["metric"] == metric]
         label, unit = mf["label"].iloc[0], mf["unit"].iloc[0]
         direction = mf["direction"].iloc[0]

@@ -23,6 +23,7 @@ from kvbench.dashboards.components import (
     text,
 )
 from kvbench.dashboards.data import REGRESSION, SiteData, latest_runs
+from kvbench.dashboards.page_history import regressions_table
 from kvbench.dashboards.theme import STATUS_BAD, STATUS_OK, color, esc, ordered, style
 
 SLUG, TITLE = "overview", "Overview"
@@ -175,17 +176,8 @@ def regressions_html(data: SiteData) -> str:
     flagged = reg[reg["verdict"] == REGRESSION] if not reg.empty else reg
     if flagged.empty:
         return note(f"No regressions: <code>kvbench regress</code>'s rule finds none in {len(data.history):,} history points.", "ok")
-    view = flagged.copy()
-    view["change"] = [fmt(v, 1, "%") for v in view["change_pct"]]
-    view["newest_v"] = [fmt(v, 4) for v in view["newest"]]
-    view["baseline_v"] = [fmt(v, 4) for v in view["baseline"]]
-    view["dtype_html"] = [dtype_chip(d) for d in view["kv_dtype"]]
-    return note(f"{len(view)} regression(s) found by <code>kvbench regress</code>; see the History page.", "warn") + table(
-        view,
-        {"machine": "machine", "metric": "metric", "dtype_html": "KV dtype", "newest_v": "newest", "baseline_v": "baseline",
-         "change": "change", "direction": "better is", "commit": "commit", "run_id": "run", "verdict": "verdict"},
-        raw={"dtype_html"},
-    )
+    return note(f"{len(flagged)} regression(s) found by <code>kvbench regress</code>; the History page shows them in context.",
+                "warn") + regressions_table(flagged, link="history.html")
 
 
 def build(data: SiteData) -> Page:

@@ -274,7 +274,7 @@ def test_latency_vs_request_rate_for_open_loop_loads(sample_pages):
 def test_history_marks_releases_and_regressions(sample_pages):
     figs = dict(sample_pages["history"].figures)
     ttft = figs["history-ttft-p95"]
-    assert ttft.layout.title.text.endswith("(ms)")
+    assert ttft.layout.title.text == "TTFT P95 (ms) — cpu-amd-epyc"
     regression = [t for t in ttft.data if t.name == "regression (kvbench regress)"]
     assert len(regression) == 1 and len(regression[0].x) == 1
     fp8 = next(t for t in ttft.data if t.name == "fp8")
