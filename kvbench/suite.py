@@ -111,6 +111,10 @@ def serving_numbers(root: Path, model: str | None = None) -> dict:
     )
     runner = Runner(plan)
     runner.doc["asv"] = asv_link(root)
+    # which --kv-cache-dtype values this vLLM accepts: releases differ in it, and the tracked three are a subset
+    from kvbench.harness.vllm_info import accepted_kv_dtypes
+
+    runner.doc["vllm_kv_dtypes"] = list(accepted_kv_dtypes(sys.executable))
     # other work on the box distorts every latency: the record says how busy it was (1/5/15-min load averages)
     runner.doc["host_load"] = {"cpus": os.cpu_count(), "before": list(os.getloadavg())}
 
