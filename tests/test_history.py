@@ -218,10 +218,28 @@ def test_publish_and_regress_on_a_constructed_history(tmp_path):
     bad = kvbench(*args)
     assert bad.returncode == 1, bad.stdout + bad.stderr
     assert "Output token throughput" in bad.stdout and "regression" in bad.stdout
-    # asv's own step detection stays off for it: publish still works and lists no throughput "regression"
-    assert asv("publish", cwd=repo).returncode == 0
-    feed = json.loads((repo / "html" / "regressions.json").read_text())["regressions"]
-    assert not [r for r in feed if "throughput" in r[0]]
+
+
+def _scale_last_points(results: Path, metric: str, factor: float, n: int = 2) -> None:
+    frame = history_frame(results, results.parent / "asv.conf.json")
+    for p in points(frame).tail(n).itertuples():
+        path = result_file(results, p.machine, p.commit, p.env_name)
+        doc = json.loads(path.read_text())
+        row = doc["results"][by_name()[metric].benchmark]
+        row[0] = [v * factor for v in row[0]]
+        path.write_text(json.dumps(doc))
+
+
+def test_asv_reads_regressions_first_commits(tmp_path):
+    # asv flags upward steps only: a throughput GAIN would be its "regression" unless switched off
+    repo = build_history(tmp_path, nights=8)
+    _scale_last_points(repo / "results", "output_throughput", 1.5, n=3)
+    _scale_last_points(repo / "results", "ttft_p95", 2.0, n=3)
+    out = asv("publish", cwd=repo)
+    assert out.returncode == 0, out.stdout + out.stderr
+    feed = [r[0] for r in json.loads((repo / "html" / "regressions.json").read_text())["regressions"]]
+    assert any(name.startswith(by_name()["ttft_p95"].benchmark) for name in feed), feed  # lower is better: kept
+    assert not [name for name in feed if "throughput" in name], feed
 
 
 def test_regress_and_compare_usage_errors(tmp_path):
