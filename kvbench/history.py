@@ -109,6 +109,8 @@ def history_frame(results_dir="results", asv_conf="asv.conf.json"):
     import pandas as pd
 
     results_dir = Path(results_dir)
+    if not (results_dir / "benchmarks.json").is_file():  # no asv run yet: an empty history, not an error
+        return _typed(pd.DataFrame(columns=COLUMNS))
     benchmarks = _load_asv(results_dir, asv_conf)
     tracked = by_benchmark()
     rows = []
@@ -159,11 +161,17 @@ def history_frame(results_dir="results", asv_conf="asv.conf.json"):
                         "dtype_status": statuses.get(dtype) if metric.source == "run" else None,
                         "benchmark": key,
                     })
-    frame = pd.DataFrame(rows, columns=COLUMNS)
+    frame = _typed(pd.DataFrame(rows, columns=COLUMNS))
+    return frame.sort_values(["machine", "run_started", "commit_date", "metric", "kv_dtype"], kind="stable").reset_index(drop=True)
+
+
+def _typed(frame):
+    import pandas as pd
+
     for col in ("commit_date", "run_started"):
         frame[col] = pd.to_datetime(frame[col], utc=True, format="ISO8601")
     frame["value"] = frame["value"].astype(float)
-    return frame.sort_values(["machine", "run_started", "commit_date", "metric", "kv_dtype"], kind="stable").reset_index(drop=True)
+    return frame
 
 
 def points(frame):

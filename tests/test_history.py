@@ -205,6 +205,13 @@ def test_history_frame_joins_points_to_their_runs(tmp_path):
     assert set(frame[frame.metric == "ttft_p95"].unit) == {"seconds"}
 
 
+def test_no_history_yet_is_an_empty_frame(tmp_path):
+    frame = history_frame(tmp_path / "results", ROOT / "asv.conf.json")
+    assert frame.empty and list(frame.columns) == COLUMNS and str(frame.run_started.dt.tz) == "UTC"
+    out = kvbench("history", "show", "--config", str(ROOT / "asv.conf.json"), cwd=tmp_path)
+    assert out.returncode == 0
+
+
 def test_publish_and_regress_on_a_constructed_history(tmp_path):
     repo = build_history(tmp_path)
     out = asv("publish", cwd=repo)
