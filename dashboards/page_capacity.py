@@ -84,7 +84,7 @@ def capacity_figure(doc: dict, lines: pd.DataFrame, runs: pd.DataFrame) -> go.Fi
         if not is_missing(m) and m > 0:
             fig.add_trace(go.Scatter(
                 x=[ctx], y=[m], mode="markers", name=f"{esc(dtype)}: measured under the SLO",
-                legendgroup=dtype, marker={"color": color(dtype), "symbol": f"{symbol(dtype)}-open", "size": 17, "line": {"width": 3}},
+                legendgroup=dtype, marker={"color": color(dtype), "symbol": f"{symbol(dtype)}-open", "size": 26, "line": {"width": 3}},  # a ring around the engine point when they agree
                 customdata=custom,
                 hovertemplate="<b>%{customdata[4]}</b>, measured under the SLO<br>%{x:,} tokens: %{y} requests<br>" + std,
             ))

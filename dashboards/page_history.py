@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import math
+
 import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from kvbench.dashboards.components import Page, date_text, dtype_chip, empty, fmt, note, section, slug, table, text
 from kvbench.dashboards.data import REGRESSION, SiteData
-from kvbench.dashboards.theme import REGRESSION_COLOR, color, dash, esc, ordered, style, symbol
+from kvbench.dashboards.theme import REGRESSION_COLOR, color, dash, dtype_sort_key, esc, ordered, style, symbol
 
 SLUG, TITLE = "history", "History"
 # Latency metrics are stored in seconds (asv's unit); people read them in ms.
@@ -137,6 +139,59 @@ def metric_figure(frame: pd.DataFrame, regressions: pd.DataFrame, title: str, un
     return fig
 
 
+GLANCE_COLS = 3
+
+
+def glance_figure(frame: pd.DataFrame, regressions: pd.DataFrame, metrics: list[str]) -> go.Figure:
+    """Every tracked metric of one machine as small multiples, so a release's effect shows at a glance."""
+    machine = frame["machine"].iloc[0]
+    metrics = [m for m in metrics if frame.loc[frame["metric"] == m, "value"].notna().any()]
+    rows = math.ceil(len(metrics) / GLANCE_COLS)
+    labels = {m: frame.loc[frame["metric"] == m, "label"].iloc[0] for m in metrics}
+    fig = make_subplots(rows=rows, cols=GLANCE_COLS, subplot_titles=[esc(labels[m]) for m in metrics],
+                        vertical_spacing=0.32 / rows, horizontal_spacing=0.08)
+    flagged = _flagged(regressions)
+    shown: set[str] = set()
+    ticks = frame.dropna(subset=["when"]).drop_duplicates("when").sort_values("when")
+    for i, metric in enumerate(metrics):
+        r, c = divmod(i, GLANCE_COLS)
+        mf = frame[(frame["metric"] == metric)].dropna(subset=["value"])
+        unit, factor = display_unit(mf["unit"].iloc[0])
+        for dtype in ordered(mf["kv_dtype"]):
+            pts = mf[mf["kv_dtype"] == dtype].sort_values("when")
+            fig.add_trace(go.Scatter(
+                x=pts["when"], y=pts["value"] * factor, mode="lines+markers", name=esc(dtype), legendgroup=dtype,
+                showlegend=dtype not in shown, line={"color": color(dtype), "dash": dash(dtype), "width": 1.5},
+                marker={"color": color(dtype), "symbol": symbol(dtype), "size": 7},
+                customdata=[[esc(p["run_id"]), esc(date_text(p["when"])), esc(p["vllm_version"]), esc(machine), esc(dtype)]
+                            for _, p in pts.iterrows()],
+                hovertemplate=(f"<b>%{{customdata[4]}}</b>: %{{y:.4g}} {esc(unit)}<br>run %{{customdata[0]}}<br>%{{customdata[1]}}"
+                               "<br>vLLM %{customdata[2]}<br>machine %{customdata[3]}<extra></extra>"),
+            ), row=r + 1, col=c + 1)
+            shown.add(dtype)
+        hits = _regression_points(flagged[flagged["metric"] == metric], mf) if not flagged.empty else flagged
+        if not hits.empty:
+            fig.add_trace(go.Scatter(
+                x=hits["when"], y=hits["value"] * factor, mode="markers", name="regression (kvbench regress)",
+                legendgroup="regression", showlegend="regression" not in shown,
+                marker={"symbol": "circle-open", "size": 16, "color": REGRESSION_COLOR, "line": {"width": 3}},
+                customdata=[[esc(h["run_id"]), esc(date_text(h["when"])), esc(h["vllm_version"]), esc(machine), esc(h["kv_dtype"]),
+                             fmt(h["change_pct"], 1, "%")] for _, h in hits.iterrows()],
+                hovertemplate=("<b>regression</b> %{customdata[4]}: %{customdata[5]}<br>run %{customdata[0]}<br>%{customdata[1]}"
+                               "<br>vLLM %{customdata[2]}<br>machine %{customdata[3]}<extra></extra>"),
+            ), row=r + 1, col=c + 1)
+            shown.add("regression")
+        for x, _, _ in boundaries(mf):
+            fig.add_vline(x=x, line={"color": "#888", "dash": "dot", "width": 1}, row=r + 1, col=c + 1)
+        if 0 < len(ticks) <= MAX_LABELLED_TICKS:
+            fig.update_xaxes(tickvals=list(ticks["when"]), ticktext=[f"vLLM {esc(v)}" for v in ticks["vllm_version"]],
+                             tickfont={"size": 10}, row=r + 1, col=c + 1)
+        fig.update_yaxes(title_text=f"({esc(unit)})", title_font={"size": 11}, row=r + 1, col=c + 1)
+    fig.update_annotations(font_size=12)
+    style(fig, f"All tracked metrics at a glance — {machine}", height=140 + 250 * rows)
+    return fig
+
+
 def metric_order(history: pd.DataFrame, regressions: pd.DataFrame) -> list[str]:
     """Metrics with a regression first, then metrics.toml's order (capacity, latency, throughput, accuracy)."""
     present = list(pd.unique(history["metric"]))
@@ -170,7 +225,22 @@ def build(data: SiteData) -> Page:
     if not flagged.empty:
         parts.append(note(f"{len(flagged)} regression(s) flagged by <code>kvbench regress</code> (its default window and "
                           "noise floors):", "warn") + regressions_table(flagged))
-    for metric in metric_order(h, data.regressions):
+    else:
+        parts.append(note(f"No regressions: <code>kvbench regress</code> (its default window and noise floors) finds none in the "
+                          f"newest point of {h.groupby(['machine', 'metric', 'kv_dtype']).ngroups} series.", "ok"))
+    order = metric_order(h, data.regressions)
+    for machine in sorted(h["machine"].unique(), key=str):
+        mh = h[h["machine"] == machine]
+        parts.append(page.plot(glance_figure(mh, data.regressions, order), f"history-glance-{slug(machine)}"))
+        gaps = mh[mh["value"].isna()]
+        if not gaps.empty:  # failures stay visible: say which dtype has no numbers, where, and why
+            lines = []
+            for dtype, g in sorted(gaps.groupby("kv_dtype"), key=lambda kv: dtype_sort_key(kv[0])):
+                states = ", ".join(sorted({text(x) or "not measured" for x in g.get("state", pd.Series(["not measured"]))}))
+                lines.append(f"{dtype_chip(dtype)} no value for {g['metric'].nunique()} of {mh['metric'].nunique()} metrics at "
+                             f"{g['run_id'].nunique()} of {mh['run_id'].nunique()} points ({esc(states)}); each metric below lists them.")
+            parts.append(note(f"Not measured on {esc(machine)}:<br>" + "<br>".join(lines), "warn"))
+    for metric in order:
         mf = h[h["metric"] == metric]
         label, unit = mf["label"].iloc[0], mf["unit"].iloc[0]
         direction = mf["direction"].iloc[0]

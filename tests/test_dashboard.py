@@ -94,7 +94,7 @@ def test_missing_results_folder_says_so(tmp_path):
 
 def test_every_page_has_its_plots(sample_pages):
     counts = {slug: len(p.figures) for slug, p in sample_pages.items()}
-    assert counts["index"] == 1 and counts["history"] == 2 and counts["claims"] == 1
+    assert counts["index"] == 1 and counts["history"] == 3 and counts["claims"] == 1  # history: glance + one per metric
     assert counts["capacity"] == 4  # h100, h200, cpu, and the evil record's machine
     assert counts["latency"] == 5  # the same, plus latency vs request rate for h200's open-loop loads
     assert counts["gpus"] >= 2  # llama-3.1-8b on two GPUs; the tiny model on the CPU
