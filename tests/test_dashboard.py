@@ -66,11 +66,16 @@ def test_builds_from_committed_results(tmp_path):
         html = page.read_text()
         assert '<script src="assets/plotly.min.js"></script>' in html
         assert not re.search(r'<script[^>]+src="(https?:)?//', html), f"{page.name} fetches a script from the network"
-    kernels = (tmp_path / "site" / "kernels.html").read_text()
+    assert loaded.problems == []
+    pages = {p.slug: p for p in site.build_pages(loaded)}
     if not loaded.accuracy.empty:  # the committed accuracy record is plotted
-        assert "accuracy-" in kernels and "all-MiniLM-L6-v2" in kernels
-    if not loaded.history.empty:
-        assert "js-plotly-plot" in (tmp_path / "site" / "history.html").read_text() or 'class="figure"' in (tmp_path / "site" / "history.html").read_text()
+        assert any(d.startswith("accuracy-") for d, _ in pages["kernels"].figures)
+    if not loaded.history.empty:  # the committed history: the glance figure plus one chart per measured metric
+        measured = loaded.history.dropna(subset=["value"])["metric"].nunique()
+        assert len(pages["history"].figures) == loaded.history["machine"].nunique() + measured
+    if loaded.records:
+        for slug in ("index", "gpus", "capacity", "latency"):
+            assert pages[slug].figures, slug
 
 
 def test_builds_from_empty_results_with_instructions(tmp_path):
