@@ -113,7 +113,7 @@ def build(data: SiteData) -> Page:
     if data.kernels.empty:
         inner = empty(f"No kernel records under <code>{esc(data.results_dir)}/&lt;machine&gt;/kernels/</code> — run "
                       "<code>kvbench kernels</code> on an SM80+ GPU (or <code>OUT=dir kernels/run_on_gpu.sh</code>) and copy the "
-                      "record in. The kernels have not run on a GPU yet.")
+                      "record in. This results folder holds no GPU kernel timings yet.")
     else:
         for doc in _newest_per_machine(data.kernel_records):
             rows = data.kernels[data.kernels["path"] == doc["_path"]]
