@@ -378,39 +378,8 @@ def load_kernels(results_dir: Path, data: SiteData) -> None:
 # --- claims ------------------------------------------------------------------------------------------------
 
 
-def measured_for_claims(doc: dict, runs: pd.DataFrame) -> dict[str, float]:
-    """Claim id -> the value a run measured, where a run matches the claim's model, context and KV budget.
-
-    Only the engine's own numbers count (engine_max_concurrency, engine_capacity_ratio, kv_budget_gb), and
-    only from a run of the same model at the same context whose KV budget is within the claim's tolerance."""
-    out: dict[str, float] = {}
-    if runs.empty:
-        return out
-    ok = runs[runs["status"] == "ok"]
-    for claim in doc.get("claims", []):
-        measure, budget_gb = claim.get("measure"), claim.get("kv_budget_gb")
-        if not measure or not claim.get("context"):
-            continue
-        match = ok[(ok["model"] == claim.get("model")) & (ok["context"] == claim["context"])]
-        if budget_gb:
-            tol = claim.get("tolerance_pct", 5) / 100
-            match = match[(match["budget_bytes"] / 1e9 - budget_gb).abs() <= tol * budget_gb]
-        if match.empty:
-            continue
-        newest = match[match["run_id"] == match.sort_values("created_at")["run_id"].iloc[-1]]
-        by_dtype = newest.set_index("kv_cache_dtype")
-        dtype = claim.get("dtype")
-        if measure == "engine_max_concurrency" and dtype in by_dtype.index:
-            out[claim["id"]] = float(by_dtype.at[dtype, "engine_max_concurrency"])
-        elif measure == "kv_budget_gb" and dtype in by_dtype.index:
-            out[claim["id"]] = float(by_dtype.at[dtype, "budget_bytes"]) / 1e9
-        elif measure == "engine_capacity_ratio" and {dtype, claim.get("baseline")} <= set(by_dtype.index):
-            out[claim["id"]] = float(by_dtype.at[dtype, "engine_max_concurrency"] / by_dtype.at[claim["baseline"], "engine_max_concurrency"])
-    return {k: v for k, v in out.items() if v == v}  # drop NaN
-
-
 def load_claims_data(data: SiteData, claims_file: Path | None = None) -> None:
-    from kvbench.claims import evaluate, load_claims
+    from kvbench.claims import evaluate, load_claims, measured_values
 
     try:
         doc = load_claims(claims_file)
@@ -418,7 +387,7 @@ def load_claims_data(data: SiteData, claims_file: Path | None = None) -> None:
         data.problems.append(f"claims not read: {exc}")
         return
     data.claims = doc
-    data.verdicts = evaluate(doc, measured_for_claims(doc, data.runs))
+    data.verdicts = evaluate(doc, measured_values(doc, data.runs))
 
 
 # --- everything ---------------------------------------------------------------------------------------------

@@ -148,6 +148,7 @@ def summary_rows(doc: dict, path: Path | None = None) -> list[dict]:
     config = doc.get("config") or {}
     rows = []
     for d in doc.get("dtypes", []):
+        model = ((d.get("capacity") or {}).get("model")) or {}
         rows.append(
             {
                 "run_id": doc.get("run_id"),
@@ -160,6 +161,8 @@ def summary_rows(doc: dict, path: Path | None = None) -> list[dict]:
                 "kv_cache_dtype": d.get("kv_cache_dtype"),
                 "status": d.get("status"),
                 "error": d.get("error"),
+                "context": model.get("context") or config.get("max_model_len"),
+                "budget_bytes": model.get("budget_bytes"),  # the engine's KV memory
                 **headline(d),
                 "path": str(path) if path else None,
             }

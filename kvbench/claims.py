@@ -186,3 +186,41 @@ def evaluate(doc: dict, measured: Mapping[str, float] | None = None) -> list[Ver
             )
         )
     return out
+
+
+def measured_values(doc: dict, runs) -> dict[str, float]:
+    """Claim id -> the value a kvbench run measured, where a run matches the claim's conditions.
+
+    `runs` is `kvbench.harness.records.summary_frame(...)`. Only the engine's own numbers count
+    (engine_max_concurrency, engine_capacity_ratio, kv_budget_gb), and only from the newest run of the
+    claim's model (short name or its Hugging Face id) at the claim's context whose KV budget is within
+    the claim's tolerance of the claimed budget."""
+    from kvbench.models import catalog as model_catalog
+
+    out: dict[str, float] = {}
+    if runs is None or runs.empty:
+        return out
+    ok = runs[runs["status"] == "ok"]
+    models = model_catalog()
+    for claim in doc.get("claims", []):
+        measure, budget_gb = claim.get("measure"), claim.get("kv_budget_gb")
+        if not measure or not claim.get("context"):
+            continue
+        names = {claim.get("model"), (models.get(claim.get("model")) or {}).get("hf_id")} - {None}
+        match = ok[ok["model"].isin(names) & (ok["context"] == claim["context"])]
+        if budget_gb:
+            tol = claim.get("tolerance_pct", 5) / 100
+            match = match[(match["budget_bytes"] / 1e9 - budget_gb).abs() <= tol * budget_gb]
+        if match.empty:
+            continue
+        newest = match[match["run_id"] == match.sort_values("created_at")["run_id"].iloc[-1]]
+        by_dtype = newest.set_index("kv_cache_dtype")
+        dtype = claim.get("dtype")
+        if measure == "engine_max_concurrency" and dtype in by_dtype.index:
+            out[claim["id"]] = float(by_dtype.at[dtype, "engine_max_concurrency"])
+        elif measure == "kv_budget_gb" and dtype in by_dtype.index:
+            out[claim["id"]] = float(by_dtype.at[dtype, "budget_bytes"]) / 1e9
+        elif measure == "engine_capacity_ratio" and {dtype, claim.get("baseline")} <= set(by_dtype.index):
+            engine = by_dtype["engine_max_concurrency"]
+            out[claim["id"]] = float(engine[dtype] / engine[claim["baseline"]])
+    return {k: v for k, v in out.items() if v == v}  # drop NaN

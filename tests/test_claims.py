@@ -58,3 +58,25 @@ def test_bad_claims_files(tmp_path):
         load_claims(f)
     with pytest.raises(UsageError, match="not found"):
         load_claims(tmp_path / "missing.toml")
+
+
+def test_measured_values_only_from_matching_runs():
+    import pandas as pd
+
+    from kvbench.claims import measured_values
+
+    def row(dtype, conc, model="meta-llama/Llama-3.1-8B", context=4096, budget=56.5e9, run="r2", when="2026-11-29T02:00:00Z"):
+        return {"run_id": run, "created_at": pd.Timestamp(when), "model": model, "context": context, "budget_bytes": budget,
+                "kv_cache_dtype": dtype, "status": "ok", "engine_max_concurrency": conc}
+
+    runs = pd.DataFrame([
+        row("auto", 100.0, run="r1", when="2026-11-28T02:00:00Z"),  # older: ignored
+        row("auto", 104.0), row("nvfp4", 366.0),  # the newest matching run (HF id of llama-3.1-8b)
+        row("fp8", 999.0, context=8192),  # another context: ignored
+        row("fp8", 999.0, budget=80e9),  # budget off by more than the claim's 5%: ignored
+    ])
+    got = measured_values(load_claims(), runs)
+    assert got["users-fp16-4k"] == 104.0 and got["users-nvfp4-4k"] == 366.0
+    assert got["4x-users"] == pytest.approx(366 / 104)
+    assert "users-fp8-4k" not in got
+    assert measured_values(load_claims(), None) == {}

@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from kvbench.claims import evaluate, load_claims
+from kvbench.claims import evaluate, load_claims, measured_values
 from kvbench.output import console, print_json
 
 NAME = "claims"
@@ -26,13 +26,24 @@ def _fmt(value, unit: str) -> str:
     return f"{text} {unit}".strip()
 
 
+def _runs(results: Path):
+    """The run records' summary frame, or None when there are none (measured stays empty)."""
+    from kvbench.harness.records import find_records, summary_frame
+
+    if not results.is_dir():
+        return None
+    paths = find_records(results)
+    return summary_frame(paths) if paths else None
+
+
 def command(
     file: Annotated[Path | None, typer.Option("--file", "-f", help="Claims TOML file (default: the shipped NVFP4 KV-cache article claims).")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
     strict: Annotated[bool, typer.Option("--strict", help="Exit 1 when any claim fails.")] = False,
+    results: Annotated[Path, typer.Option("--results", help="Run records to take measured values from (a run of the claim's model, context and budget).")] = Path("results"),
 ) -> int:
     doc = load_claims(file)
-    verdicts = evaluate(doc)
+    verdicts = evaluate(doc, measured_values(doc, _runs(results)))
     failed = [v for v in verdicts if v.verdict == "fails"]
     if as_json:
         print_json({"title": doc.get("title"), "source": doc.get("source"), "claims": verdicts})
