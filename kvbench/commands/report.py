@@ -122,7 +122,9 @@ def render(doc: dict, path: Path | None = None) -> None:
     for d in doc.get("dtypes", []):
         if d.get("status") != "ok":
             console.print(f"[red]{d['kv_cache_dtype']}: {d.get('status')}[/] — {d.get('error')}")
-            for line in (d.get("log_tail") or [])[-5:]:
+            # uvicorn's access lines ("POST /v1/completions ... 500") say nothing the error does not
+            tail = [line for line in d.get("log_tail") or [] if '" 200 OK' not in line and "HTTP/1.1\"" not in line]
+            for line in tail[-5:]:
                 console.print("    " + line, markup=False, highlight=False)  # log text is not rich markup
         for warning in d.get("warnings", []):
             console.print(f"[yellow]{d['kv_cache_dtype']}: {warning}[/]")
