@@ -2,7 +2,7 @@
 kvbench.suite.accuracy_numbers: seeded synthetic K/V, deterministic, ~10 s on 2 cores."""
 
 from kvbench.suite import accuracy_numbers
-from kvbench.tracked import KV_DTYPES, metrics
+from kvbench.tracked import KV_DTYPES, as_track, metrics
 
 
 class Accuracy:
@@ -22,11 +22,7 @@ def _track(metric):
     def track(self, numbers, kv_dtype):
         return float(numbers[kv_dtype][metric.field])
 
-    track.__name__ = f"track_{metric.name}"
-    track.__doc__ = metric.label
-    track.unit = metric.unit
-    track.pretty_name = f"{metric.label} ({metric.unit}, {metric.direction} is better)"
-    return track
+    return as_track(track, metric)
 
 
 for _m in metrics():

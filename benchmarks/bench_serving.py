@@ -10,7 +10,7 @@ import math
 from pathlib import Path
 
 from kvbench.suite import serving_numbers
-from kvbench.tracked import KV_DTYPES, metrics
+from kvbench.tracked import KV_DTYPES, as_track, metrics
 
 
 ROOT = Path(__file__).resolve().parents[1]  # the asv project: asv.conf.json, results/
@@ -45,11 +45,7 @@ def _track(metric):
             raise SkipNotImplemented(f"{metric.name} not measured for {kv_dtype}")
         return value
 
-    track.__name__ = f"track_{metric.name}"
-    track.__doc__ = metric.label
-    track.unit = metric.unit
-    track.pretty_name = f"{metric.label} ({metric.unit}, {metric.direction} is better)"
-    return track
+    return as_track(track, metric)
 
 
 for _m in metrics():

@@ -103,6 +103,22 @@ def find_records(where: str | Path) -> list[Path]:
     return sorted(p for p in where.rglob(f"{RUNS_DIR}/*.json") if not p.name.startswith("."))
 
 
+def linked_records(machine_dir: Path) -> list[tuple[str, dict, Path]]:
+    """(created_at, record, path) of every readable run record in a machine folder that names an asv
+    history point (its `asv` block: commit and env name), oldest first."""
+    out = []
+    for path in sorted((Path(machine_dir) / RUNS_DIR).glob("*.json")):
+        if path.name.startswith("."):
+            continue
+        try:
+            doc = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue  # a foreign or damaged file is not a history point
+        if (doc.get("asv") or {}).get("commit"):
+            out.append((str(doc.get("created_at") or ""), doc, path))
+    return sorted(out, key=lambda item: item[0])
+
+
 def _phase(dtype_result: dict, name: str) -> dict | None:
     for phase in dtype_result.get("phases", []):
         if phase.get("name") == name:

@@ -169,7 +169,6 @@ def bench_decode(fmt: str, batch: int, context: int, shape: AttnShape, dev: torc
     fn = lambda: decode_attention(q, c, bt, sl, max_seq_len=context, workspace=ws)  # noqa: E731
     ms = time_ms(fn, dev)
     out = {"format": fmt, "batch": batch, "context": context, **_rates(decode_bytes(fmt, batch, context, shape), ms, peak_gbs, copy_gbs)}
-    del q, c, bt, sl, ws
     return out
 
 
@@ -178,7 +177,6 @@ def bench_write(fmt: str, tokens: int, shape: AttnShape, dev: torch.device,
     c, k, v, slots = write_case(fmt, tokens, shape, dev)
     ms = time_ms(lambda: pc.reshape_and_cache(c, k, v, slots), dev)
     out = {"format": fmt, "tokens": tokens, **_rates(write_bytes(fmt, tokens, shape), ms, peak_gbs, copy_gbs)}
-    del c, k, v, slots
     return out
 
 

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kvbench.errors import KvbenchError, UsageError
-from kvbench.harness.records import write_atomic
+from kvbench.harness.records import linked_records, write_atomic
 from kvbench.suite import ENV_COMMIT, ENV_ENV_NAME, ENV_MACHINE, ENV_MODEL, ENV_RESULTS, changed_code
 
 VENV_LINK = Path(".asv") / "venv"  # relative to the asv.conf.json folder
@@ -260,16 +260,6 @@ def asv_env(project: AsvProject, commit: str, machine: str, model: str | None) -
 
 def find_record(results_dir: Path, machine: str, commit: str, env: str) -> Path | None:
     """The newest run record the serving benchmarks wrote for this point."""
-    best = None
-    for path in sorted((Path(results_dir) / machine / "runs").glob("*.json")):
-        if path.name.startswith("."):
-            continue
-        try:
-            doc = json.loads(path.read_text())
-        except (OSError, ValueError):
-            continue
-        link = doc.get("asv") or {}
-        if link.get("commit") == commit and link.get("env_name") in (env, None):
-            if best is None or doc.get("created_at", "") >= best[0]:
-                best = (doc.get("created_at", ""), path)
-    return best[1] if best else None
+    found = [path for _, doc, path in linked_records(Path(results_dir) / machine)
+             if doc["asv"]["commit"] == commit and doc["asv"].get("env_name") in (env, None)]
+    return found[-1] if found else None

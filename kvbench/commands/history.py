@@ -3,7 +3,6 @@ and the vLLM in a venv. `kvbench history show`: the history table. The keying sc
 
 from __future__ import annotations
 
-import math
 import os
 import subprocess
 import sys
@@ -15,7 +14,7 @@ import typer
 from rich.table import Table
 
 from kvbench.errors import KvbenchError, UsageError
-from kvbench.output import console, print_json
+from kvbench.output import console, fmt_value, print_json, vllm_label
 
 NAME = "history"
 HELP = "run: add one asv history point for this machine and the vLLM in --venv (one kvbench run + the asv suite); show: the history table."
@@ -125,20 +124,6 @@ def _print_point(project, machine: str, sha: str, env: str) -> None:
     console.print(_table(rows, f"new history point ({machine}, {sha[:8]})"))
 
 
-def vllm_label(package, version) -> str:
-    return f"{package} {version}" if isinstance(package, str) else "vLLM unknown (no linked run record)"
-
-
-def _fmt(value: float, unit: str) -> str:
-    if not math.isfinite(value):
-        return "n/a"
-    if unit == "seconds":
-        return f"{value * 1e3:,.1f} ms"
-    if unit == "relative L2":
-        return f"{value:.4f}"
-    return f"{value:,.2f} {unit}"
-
-
 def _table(rows, title: str) -> Table:
     dtypes = list(dict.fromkeys(rows.kv_dtype))
     table = Table(title=title, title_justify="left")
@@ -149,7 +134,7 @@ def _table(rows, title: str) -> Table:
     for metric, group in rows.groupby("metric", sort=False):
         by = {r.kv_dtype: r for r in group.itertuples()}
         first = group.iloc[0]
-        table.add_row(first.label, first.direction, *[_fmt(by[d].value, by[d].unit) if d in by else "—" for d in dtypes])
+        table.add_row(first.label, first.direction, *[fmt_value(by[d].value, by[d].unit) if d in by else "—" for d in dtypes])
     return table
 
 

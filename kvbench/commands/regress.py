@@ -9,31 +9,12 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from kvbench.commands.history import vllm_label
 from kvbench.errors import UsageError
-from kvbench.output import console, print_json
+from kvbench.output import console, fmt_pct, fmt_value, print_json, vllm_label
 from kvbench.regress import DEFAULT_WINDOW, K_SPREAD, MIN_SPREAD_POINTS
 
 NAME = "regress"
 HELP = "Newest history point vs a robust baseline (median of the last N points, MAD-aware), per metric and KV dtype; exit 1 on a regression."
-
-
-def fmt_value(value: float, unit: str) -> str:
-    if not math.isfinite(value):
-        return "n/a"
-    if unit == "seconds":
-        return f"{value * 1e3:,.1f} ms"
-    if unit == "relative L2":
-        return f"{value:.4f}"
-    return f"{value:,.2f} {unit}"
-
-
-def fmt_pct(value: float) -> str:
-    if math.isnan(value):
-        return "—"
-    if math.isinf(value):
-        return "+inf%" if value > 0 else "-inf%"
-    return f"{value:+.1f}%"
 
 
 def _allowed(pct: float) -> str:

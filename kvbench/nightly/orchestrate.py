@@ -28,6 +28,7 @@ from pathlib import Path
 from rich.markup import escape
 
 from kvbench.errors import KvbenchError, UsageError
+from kvbench.harness.records import linked_records
 from kvbench.nightly.config import CPU, NightlyConfig
 from kvbench.nightly.estimate import MachineEstimate
 from kvbench.nightly.matrix import Entry, MachinePlan, served_model
@@ -214,18 +215,8 @@ class Nightly:
 
     def _history_record(self, since: str) -> Path | None:
         """The run record the history point's serving benchmark wrote: the newest one with an asv link since `since`."""
-        best = None
-        for path in (self.results_dir / self.target.machine / "runs").glob("*.json"):
-            if path.name.startswith("."):
-                continue
-            try:
-                doc = json.loads(path.read_text())
-            except (OSError, ValueError):
-                continue
-            created = str(doc.get("created_at") or "")
-            if doc.get("asv") and created >= since and (best is None or created > best[0]):
-                best = (created, path)
-        return best[1] if best else None
+        found = [path for created, _, path in linked_records(self.results_dir / self.target.machine) if created >= since]
+        return found[-1] if found else None
 
     def matrix(self, progress_factory) -> None:
         from kvbench.commands.run import ProgressReporter
