@@ -234,11 +234,29 @@ def _dated(frame: pd.DataFrame, order: list[str]) -> pd.DataFrame:
     return frame.sort_values(order, kind="stable").reset_index(drop=True)
 
 
+def setup_label(row) -> str:
+    """What a run measured, apart from the machine: model, request shape and fixed load (a nightly runs
+    several of these per machine, and each needs its own newest run)."""
+    def part(key):
+        value = row.get(key)
+        return "?" if value is None or value != value else value
+
+    return f"{part('model')}, {part('prompt_tokens')}+{part('output_tokens')} tokens, {part('fixed_load')}"
+
+
 def latest_runs(runs: pd.DataFrame) -> pd.DataFrame:
-    """The newest run's row per (machine, dtype)."""
+    """The newest run's row per (machine, setup, dtype), with the `setup` label as a column."""
     if runs.empty:
         return runs
-    return runs.sort_values("created_at", kind="stable").groupby(["machine", "kv_cache_dtype"], sort=False).tail(1)
+    runs = runs.assign(setup=[setup_label(r) for _, r in runs.iterrows()])
+    return runs.sort_values("created_at", kind="stable").groupby(["machine", "setup", "kv_cache_dtype"], sort=False).tail(1)
+
+
+def setups(latest: pd.DataFrame) -> list[tuple[str, str, str]]:
+    """(machine, setup, title) per newest-run group; the title names the setup only where a machine has several."""
+    pairs = sorted({(m, s) for m, s in zip(latest["machine"], latest["setup"])}, key=lambda p: (str(p[0]), str(p[1])))
+    per_machine = {m: sum(1 for mm, _ in pairs if mm == m) for m, _ in pairs}
+    return [(m, s, f"{m} — {s}" if per_machine[m] > 1 else str(m)) for m, s in pairs]
 
 
 def newest_record_per_machine(records: list[dict]) -> list[dict]:

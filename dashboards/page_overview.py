@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+
 import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
@@ -22,7 +24,7 @@ from kvbench.dashboards.components import (
     table,
     text,
 )
-from kvbench.dashboards.data import REGRESSION, SiteData, latest_runs
+from kvbench.dashboards.data import REGRESSION, SiteData, latest_runs, setups
 from kvbench.dashboards.page_history import regressions_table
 from kvbench.dashboards.theme import STATUS_BAD, STATUS_OK, color, esc, ordered, style
 
@@ -126,12 +128,12 @@ def recommendation_html(rec: derive.Recommendation, rows: pd.DataFrame, accuracy
 def capacity_figure(latest: pd.DataFrame) -> go.Figure:
     """Measured-under-the-SLO (solid) and engine-reported (hatched) concurrency per dtype, one panel per machine.
     Bars are coloured by dtype (and labelled with it on the axis); the legend explains fill vs hatching."""
-    machines = sorted(latest["machine"].unique(), key=str)
-    # Own y axis per machine: a CPU's 16 requests and an H200's 400 do not share a scale.
-    fig = make_subplots(rows=1, cols=len(machines), subplot_titles=[esc(m) for m in machines], horizontal_spacing=0.06)
+    groups = setups(latest)
+    # Own y axis per machine and setup: a CPU's 16 requests and an H200's 400 do not share a scale.
+    fig = make_subplots(rows=1, cols=len(groups), subplot_titles=[esc(t) for _, _, t in groups], horizontal_spacing=0.06)
     kinds = (("measured under the SLO", "measured_max_concurrency", ""), ("engine-reported", "engine_max_concurrency", "/"))
-    for i, machine in enumerate(machines, start=1):
-        rows = latest[latest["machine"] == machine]
+    for i, (machine, setup, _) in enumerate(groups, start=1):
+        rows = latest[(latest["machine"] == machine) & (latest["setup"] == setup)]
         rows = rows.set_index("kv_cache_dtype").loc[ordered(rows["kv_cache_dtype"])].reset_index()
         x = [esc(d) for d in rows["kv_cache_dtype"]]
         colors = [color(d) for d in rows["kv_cache_dtype"]]
@@ -192,8 +194,8 @@ def build(data: SiteData) -> Page:
         parts.append(empty(NO_RUNS.format(dir=esc(data.results_dir))))
     else:
         latest = latest_runs(data.runs)
-        for machine in sorted(latest["machine"].unique(), key=str):
-            rows = latest[latest["machine"] == machine]
+        for machine, setup, title in setups(latest):
+            rows = latest[(latest["machine"] == machine) & (latest["setup"] == setup)]
             rows = rows.set_index("kv_cache_dtype").loc[ordered(rows["kv_cache_dtype"])].reset_index()
             first = rows.iloc[0]
             ctx = fmt(first["context"], 0)
@@ -206,7 +208,8 @@ def build(data: SiteData) -> Page:
                 if text(r.get("finding")):
                     inner += note(f"⚠ {esc(r['finding'])}", "finding")
             inner += machine_table(rows, data.accuracy)
-            parts.append(section(f"{machine}", inner, anchor=f"m-{machine}"))
+            anchor = f"m-{machine}" if title == machine else f"m-{machine}-" + hashlib.sha1(setup.encode()).hexdigest()[:8]
+            parts.append(section(title, inner, anchor=anchor))
         parts.append(section("Capacity at a glance", page.plot(capacity_figure(latest), "overview-capacity")))
     parts.append(section("Regressions", regressions_html(data)))
     page.body = "\n".join(parts)

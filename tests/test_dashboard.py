@@ -349,3 +349,20 @@ def test_refuses_to_replace_a_foreign_folder(tmp_path, sample_data):
     with pytest.raises(UsageError, match="refusing to replace"):
         site.write_site(sample_data, tmp_path / "mine")
     assert (tmp_path / "mine" / "notes.txt").read_text() == "keep me"
+
+
+def test_overview_keeps_each_workload_of_a_machine():
+    # A nightly runs several workloads per machine: each keeps its own newest run, titled by its setup.
+    import pandas as pd
+
+    def row(run, when, prompt, dtype="auto"):
+        return {"machine": "h100-sxm-80gb", "run_id": run, "created_at": pd.Timestamp(when), "model": "llama",
+                "prompt_tokens": prompt, "output_tokens": 256, "fixed_load": "concurrency 64", "kv_cache_dtype": dtype}
+
+    runs = pd.DataFrame([row("a", "2026-11-28", 1024), row("b", "2026-11-29", 16384), row("c", "2026-11-29 01:00", 1024)])
+    latest = site_data.latest_runs(runs)
+    assert sorted(latest["run_id"]) == ["b", "c"]
+    titles = [t for _, _, t in site_data.setups(latest)]
+    assert len(titles) == 2 and all(t.startswith("h100-sxm-80gb — llama, ") for t in titles)
+    single = site_data.setups(site_data.latest_runs(runs[runs["run_id"] != "b"]))
+    assert [t for _, _, t in single] == ["h100-sxm-80gb"]
