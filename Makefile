@@ -18,6 +18,7 @@ $(STAMP): pyproject.toml
 
 run: setup
 	$(VENV)/bin/kvbench run
+	$(VENV)/bin/kvbench claims
 
 test: setup
 	$(PY) -m pytest
