@@ -13,6 +13,8 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import aiohttp
+
 from kvbench.capacity import budget_from_bytes, capacity_row
 from kvbench.errors import UsageError
 from kvbench.formats import format_ratio, get_format
@@ -336,7 +338,12 @@ class Runner:
         self.reporter.phase(dtype, "agreement (greedy outputs vs auto)")
         w = Workload(**{**plan.workload.as_dict(), "num_requests": plan.agreement_prompts, "api": "completions"})
         prompts = [p.content for p in make_prompts(w, self._tokenizer, stream=AGREEMENT_STREAM)]
-        data = await collect(backend.base_url, backend.model, prompts, plan.agreement_tokens, self._reference)
+        try:
+            data = await collect(backend.base_url, backend.model, prompts, plan.agreement_tokens, self._reference, plan.stall_timeout_s)
+        except (aiohttp.ClientError, asyncio.TimeoutError, KeyError, ValueError) as exc:
+            # This part failed; the load phases still run (and find out for themselves if the server is gone).
+            result["agreement"] = {"error": f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__}
+            return
         if dtype == "auto":
             self._reference = [Sample(**s) for s in data["samples"]]
             self._reference_samples = data["samples"]

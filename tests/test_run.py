@@ -62,6 +62,7 @@ def test_hung_server_ends_by_no_progress_timeout(tmp_path, tiny_model):
     assert d["status"] == "partial" and "no progress" in d["error"]
     s = d["phases"][0]["summary"]
     assert s["completed"] == 0 and s["failed"] + s["not_sent"] == 4  # every request accounted for
+    assert "Timeout" in d["agreement"]["error"]  # the agreement requests hung too, and timed out on their own
     assert out.returncode == 0 or out.returncode == 1
 
 
