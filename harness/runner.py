@@ -336,14 +336,20 @@ class Runner:
     async def _agreement(self, dtype: str, backend, result: dict) -> None:
         plan = self.plan
         self.reporter.phase(dtype, "agreement (greedy outputs vs auto)")
-        w = Workload(**{**plan.workload.as_dict(), "num_requests": plan.agreement_prompts, "api": "completions"})
+        tokens, prompt_tokens = plan.agreement_tokens, plan.workload.prompt_tokens
+        if plan.max_model_len:
+            # Scoring sends prompt + continuation + 1 new token: all of it must fit in max_model_len.
+            tokens = min(tokens, max(1, plan.max_model_len // 4))
+            prompt_tokens = max(1, min(prompt_tokens, plan.max_model_len - tokens - 1))
+        w = Workload(**{**plan.workload.as_dict(), "prompt_tokens": prompt_tokens, "num_requests": plan.agreement_prompts, "api": "completions"})
         prompts = [p.content for p in make_prompts(w, self._tokenizer, stream=AGREEMENT_STREAM)]
         try:
-            data = await collect(backend.base_url, backend.model, prompts, plan.agreement_tokens, self._reference, plan.stall_timeout_s)
+            data = await collect(backend.base_url, backend.model, prompts, tokens, self._reference, plan.stall_timeout_s)
         except (aiohttp.ClientError, asyncio.TimeoutError, KeyError, ValueError) as exc:
             # This part failed; the load phases still run (and find out for themselves if the server is gone).
             result["agreement"] = {"error": f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__}
             return
+        data.update(prompt_tokens=prompt_tokens, tokens=tokens)
         if dtype == "auto":
             self._reference = [Sample(**s) for s in data["samples"]]
             self._reference_samples = data["samples"]

@@ -136,7 +136,9 @@ def test_bad_flag_fails_that_dtype_and_the_rest_go_on(tmp_path, monkeypatch):
 
     monkeypatch.setattr(runner, "_server", server)
     doc = asyncio.run(runner.run())
-    fp8, auto = doc["dtypes"]
+    by = {d["kv_cache_dtype"]: d for d in doc["dtypes"]}
+    fp8, auto = by["fp8"], by["auto"]
+    assert [d["kv_cache_dtype"] for d in doc["dtypes"]] == ["auto", "fp8"]  # the baseline runs first
     assert fp8["status"] == "failed" and "--no-such-flag" in fp8["error"] and fp8["log_tail"]
     assert auto["status"] == "ok" and records.headline(auto)["completed"] == 4
     assert doc["status"] == "partial"

@@ -92,9 +92,10 @@ def render(doc: dict, path: Path | None = None) -> None:
     agree = [(d["kv_cache_dtype"], (d.get("agreement") or {}).get("vs_auto")) for d in doc.get("dtypes", [])]
     agree = [(dtype, a) for dtype, a in agree if a]
     if agree:
-        n = (cfg.get("agreement") or {})
+        first = next(d.get("agreement") for d in doc["dtypes"] if (d.get("agreement") or {}).get("vs_auto"))
         acc = Table(
-            title=f"End-to-end accuracy vs auto: {n.get('prompts')} prompts, {n.get('tokens')} greedy tokens each",
+            title=(f"End-to-end accuracy vs auto: {first['vs_auto']['sequences']} prompts of {first.get('prompt_tokens', '?')} tokens, "
+                   f"{first.get('tokens', '?')} greedy tokens each"),
             title_justify="left",
         )
         for col in ("KV dtype", "same greedy token", "identical outputs", "first difference at token", "|Δ logprob| mean (teacher-forced)", "|Δ logprob| max"):
