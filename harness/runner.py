@@ -15,7 +15,7 @@ from pathlib import Path
 
 import aiohttp
 
-from kvbench.capacity import budget_from_bytes, capacity_row
+from kvbench.capacity import VLLM_DEFAULT_GPU_MEMORY_UTILIZATION, budget_from_bytes, capacity_row
 from kvbench.errors import UsageError
 from kvbench.formats import format_ratio, get_format
 from kvbench.harness import records
@@ -198,9 +198,7 @@ class Runner:
             finally:
                 await sampler_http.stop()
                 result["metrics"]["during"] = [s.as_dict() for s in sampler_http.samples]
-                close = getattr(backend, "close", None)
-                if close:
-                    await close()
+                await backend.close()
             if server is None or server.alive():
                 result["metrics"]["after"] = (await asyncio.to_thread(fetch_metrics, base_url)).as_dict()
             if result["status"] == "running":
@@ -231,8 +229,6 @@ class Runner:
         return VllmServer(cfg, log)
 
     async def _served_model(self, base_url: str) -> str:
-        import aiohttp
-
         async with aiohttp.ClientSession() as s, s.get(f"{base_url}/v1/models") as resp:
             data = await resp.json()
         return data["data"][0]["id"]
@@ -256,7 +252,8 @@ class Runner:
             except UsageError:
                 fmt = None
             if fmt is not None:
-                row = capacity_row(spec, fmt, context, budget_from_bytes(budget_bytes, "engine's KV memory"), block_size=block)
+                gpu = self._catalog_gpu()
+                row = capacity_row(spec, fmt, context, budget_from_bytes(budget_bytes, "engine's KV memory"), gpu, block_size=block)
                 out["model"] = {
                     "kv_tokens": row.kv_tokens,
                     "max_concurrency": row.max_concurrency,
@@ -265,8 +262,27 @@ class Runner:
                     "block_size": block,
                     "context": context,
                     "format": fmt.key,
+                    "gpu": gpu.key if gpu else None,
+                    "activation_overhead_bytes": self._overhead(spec, budget_bytes, cache_config),
                 }
         return out
+
+    def _catalog_gpu(self):
+        from kvbench.gpus import match_nvml_name
+
+        gpus = self.doc["environment"].get("gpus") or []
+        return match_nvml_name(gpus[0]["name"]) if gpus else None
+
+    def _overhead(self, spec, budget_bytes: int, cache_config: dict) -> int | None:
+        """What vLLM kept back besides weights and KV cache (activations, CUDA graphs, non-torch memory), per
+        GPU: device memory x utilization - weights / TP - KV budget. The number `kvbench capacity
+        --overhead-gb` asks for; only on a GPU whose KV budget vLLM derived itself."""
+        gpus = self.doc["environment"].get("gpus") or []
+        if not gpus or _int(cache_config.get("kv_cache_memory_bytes")):
+            return None
+        util = float(cache_config.get("gpu_memory_utilization") or VLLM_DEFAULT_GPU_MEMORY_UTILIZATION)
+        tp = _tensor_parallel(self.plan.extra_args)
+        return int(gpus[0]["memory_bytes"] * util - spec.weight_bytes / tp - budget_bytes)
 
     async def _phases(self, dtype: str, backend, result: dict, server: VllmServer | None) -> None:
         plan = self.plan
@@ -365,6 +381,17 @@ class Runner:
             self._tok = load_tokenizer(self.plan.model)
         return self._tok
 
+
+
+def _tensor_parallel(args: list[str]) -> int:
+    """--tensor-parallel-size / -tp from the vLLM arguments (1 when absent)."""
+    for i, arg in enumerate(args):
+        for flag in ("--tensor-parallel-size", "-tp"):
+            if arg == flag and i + 1 < len(args):
+                return max(1, _int(args[i + 1]) or 1)
+            if arg.startswith(flag + "="):
+                return max(1, _int(arg.split("=", 1)[1]) or 1)
+    return 1
 
 
 def _int(text) -> int | None:

@@ -181,3 +181,32 @@ def test_agreement_compare():
     assert (out["identical_sequences"], out["mean_first_difference"]) == (1, 2.0)
     assert out["logprob_delta_mean"] == (0.5 + 0.5) / 6 and out["logprob_delta_max"] == 0.5
     assert compare(ref, got, None)["logprob_delta_mean"] is None
+
+
+def test_tensor_parallel_from_vllm_args():
+    from kvbench.harness.runner import _tensor_parallel
+
+    assert _tensor_parallel([]) == 1
+    assert _tensor_parallel(["--enforce-eager", "--tensor-parallel-size", "4"]) == 4
+    assert _tensor_parallel(["-tp=2"]) == 2
+
+
+def test_capacity_block_on_a_gpu_measures_the_overhead(tmp_path):
+    from kvbench.harness.logparse import EngineCapacity
+    from kvbench.harness.runner import Runner, RunPlan
+    from kvbench.harness.scheduler import Concurrency
+    from kvbench.harness.workload import Workload
+    from kvbench.models import load_model
+
+    plan = RunPlan(model="llama-3.1-8b", kv_dtypes=["auto"], workload=Workload(1024, 256, 8), loads=[Concurrency(4)],
+                   max_model_len=4096, results_dir=tmp_path, extra_args=["-tp", "1"])
+    runner = Runner(plan)
+    runner.doc["environment"]["gpus"] = [{"index": 0, "name": "NVIDIA H100 80GB HBM3", "memory_bytes": 81559 * 2**20}]
+    engine = EngineCapacity("GPU", 400_000, 97.66, 4096, "log", kv_cache_gib=50.0)
+    cap = runner._capacity("auto", engine, {"block_size": "16", "gpu_memory_utilization": "0.92"})
+    model = cap["model"]
+    assert model["gpu"] == "h100-sxm" and model["budget_bytes"] == 50 * 2**30
+    expected = 81559 * 2**20 * 0.92 - load_model("llama-3.1-8b").weight_bytes - 50 * 2**30
+    assert model["activation_overhead_bytes"] == pytest.approx(expected, abs=1)
+    # 50 GiB / (16 tokens x 32 layers x 4 KiB = 2 MiB) = 25,600 blocks; 256 blocks per 4,096-token request
+    assert model["max_concurrency"] == 25_600 / 256

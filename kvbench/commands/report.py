@@ -84,6 +84,14 @@ def render(doc: dict, path: Path | None = None) -> None:
             f"{h['completed'] or 0} / {h['failed'] or 0}" if fixed else "—",
         )
     console.print(cap)
+    overheads = {d["kv_cache_dtype"]: ((d.get("capacity") or {}).get("model") or {}).get("activation_overhead_bytes") for d in doc.get("dtypes", [])}
+    overheads = {k: v for k, v in overheads.items() if v is not None}
+    if overheads:
+        console.print(
+            "kept back by vLLM besides weights and KV (activations, CUDA graphs), per GPU: "
+            + ", ".join(f"{k} {v / 1e9:.2f} GB" for k, v in overheads.items())
+            + " — pass it to `kvbench capacity/plan --overhead-gb`"
+        )
     console.print(
         "engine: vLLM's startup report (log or /metrics); measured: highest concurrency meeting the SLO "
         "('+': the search cap was reached); model: kvbench's page-accurate prediction for the engine's KV budget."
