@@ -112,7 +112,7 @@ class Runner:
         self.run_id = records.new_run_id(self.machine)
         self.path = records.record_path(plan.results_dir, self.machine, self.run_id)
         self._current: VllmServer | None = None  # the server of the dtype being measured
-        self._reference: list[Sample] | None = None  # auto's greedy outputs, for end-to-end agreement
+        self._reference: list[dict] | None = None  # auto's greedy samples, for end-to-end agreement
         self.doc = {
             "schema": records.SCHEMA,
             "run_id": self.run_id,
@@ -360,17 +360,17 @@ class Runner:
         w = Workload(**{**plan.workload.as_dict(), "prompt_tokens": prompt_tokens, "num_requests": plan.agreement_prompts, "api": "completions"})
         prompts = [p.content for p in make_prompts(w, self._tokenizer, stream=AGREEMENT_STREAM)]
         try:
-            data = await collect(backend.base_url, backend.model, prompts, tokens, self._reference, plan.stall_timeout_s)
+            reference = [Sample(**r) for r in self._reference] if self._reference is not None else None
+            data = await collect(backend.base_url, backend.model, prompts, tokens, reference, plan.stall_timeout_s)
         except (aiohttp.ClientError, asyncio.TimeoutError, KeyError, ValueError) as exc:
             # This part failed; the load phases still run (and find out for themselves if the server is gone).
             result["agreement"] = {"error": f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__}
             return
         data.update(prompt_tokens=prompt_tokens, tokens=tokens)
         if dtype == "auto":
-            self._reference = [Sample(**s) for s in data["samples"]]
-            self._reference_samples = data["samples"]
+            self._reference = data["samples"]
         elif self._reference is not None:
-            data["vs_auto"] = compare(self._reference_samples, data["samples"], data["teacher_forced"])
+            data["vs_auto"] = compare(self._reference, data["samples"], data["teacher_forced"])
         result["agreement"] = data
 
     @property
