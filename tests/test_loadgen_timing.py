@@ -136,6 +136,43 @@ def test_poisson_schedule_has_the_right_rate_and_shape():
     assert not arrival_schedule(5, Rate(math.inf)).any()
 
 
+@pytest.mark.parametrize("burstiness", [1.0, 0.5, math.inf])
+def test_vllm_rng_reproduces_vllm_bench_serve_schedule(monkeypatch, burstiness):
+    """rng="vllm": the same send times `vllm bench serve --seed S --request-rate R` would use, read from
+    vLLM's own get_request with its clock and sleep replaced by recorders (no real waiting)."""
+    serve = pytest.importorskip("vllm.benchmarks.serve")
+    import types
+
+    slept = []
+
+    async def record_sleep(s):
+        slept.append(s)
+
+    monkeypatch.setattr(serve, "time", types.SimpleNamespace(time=lambda: 0.0, perf_counter=lambda: 0.0))
+    monkeypatch.setattr(serve, "asyncio", types.SimpleNamespace(sleep=record_sleep))
+    n, rate, seed = 40, 12.0, 7
+
+    async def drain():
+        return [r async for r, _ in serve.get_request(list(range(n)), rate, burstiness)]
+
+    state = np.random.get_state()
+    try:
+        np.random.seed(seed)  # what vLLM's main does with --seed before it builds the schedule
+        assert len(asyncio.run(drain())) == n
+    finally:
+        np.random.set_state(state)
+    # With the clock frozen at its start, each sleep is that request's delay from the run start.
+    ours = arrival_schedule(n, Rate(rate, burstiness=burstiness, seed=seed, rescale=True, rng="vllm"))
+    assert np.allclose(slept, ours, rtol=1e-12, atol=0)
+    if not math.isinf(burstiness):  # a constant gap does not depend on the seed
+        assert not np.allclose(ours, arrival_schedule(n, Rate(rate, burstiness=burstiness, seed=seed + 1, rescale=True, rng="vllm")))
+
+
+def test_rate_rejects_an_unknown_rng():
+    with pytest.raises(ValueError, match="rng must be one of pcg64, vllm"):
+        Rate(1.0, rng="mt")
+
+
 def test_rate_run_sends_on_schedule(fake):
     fake.configure(ttft_s=0.0, itl_s=0.0, tokens_per_chunk=1)
     mode = Rate(100.0, seed=5)
