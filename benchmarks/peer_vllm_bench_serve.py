@@ -158,7 +158,7 @@ def _kill_group(proc: subprocess.Popen) -> None:
 class GcPauses:
     """Every garbage-collector pause in this process while active (ms): a collection of a heap holding
     torch, vLLM and transformers can stop the event loop for 100+ ms, which lands in whichever requests
-    were waiting for a chunk. Both clients run in this process, so both are exposed alike."""
+    were waiting for a chunk. In sequential mode both clients run in this process, exposed alike."""
 
     def __init__(self):
         self.pauses_ms: list[float] = []
