@@ -22,6 +22,7 @@ import tempfile
 from datetime import UTC, datetime
 from pathlib import Path
 
+from kvbench.datafiles import read_json
 from kvbench.errors import UsageError
 from kvbench.output import jsonable
 
@@ -77,12 +78,7 @@ def write_atomic(path: Path, doc: dict) -> Path:
 
 def load_record(path: str | Path) -> dict:
     path = Path(path)
-    try:
-        doc = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise UsageError(f"run record not found: {path}") from None
-    except json.JSONDecodeError as exc:
-        raise UsageError(f"{path}: not a JSON run record ({exc.msg} at line {exc.lineno})") from None
+    doc = read_json(path, missing=f"run record not found: {path}", bad="not a JSON run record")
     schema = doc.get("schema") if isinstance(doc, dict) else None
     if not isinstance(schema, str) or not schema.startswith("kvbench.run/"):
         raise UsageError(f"{path}: not a kvbench run record (schema {schema!r}; expected {SCHEMA})")

@@ -27,6 +27,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from kvbench.datafiles import read_json
 from kvbench.errors import KvbenchError, UsageError
 from kvbench.harness.records import linked_records, write_atomic
 from kvbench.suite import ENV_COMMIT, ENV_ENV_NAME, ENV_MACHINE, ENV_MODEL, ENV_RESULTS, changed_code
@@ -46,14 +47,14 @@ class AsvProject:
 
     @classmethod
     def load(cls, path: str | Path = "asv.conf.json") -> AsvProject:
+        return cls.load_as(path, "--config")
+
+    @classmethod
+    def load_as(cls, path: str | Path, flag: str) -> AsvProject:
+        """Load the config a command took from `flag` (named in the error when it is missing)."""
         path = Path(path).absolute()
-        try:
-            conf = json.loads(path.read_text())
-        except FileNotFoundError:
-            raise UsageError(f"asv config not found: {path}; run from the kvbench checkout or pass --config") from None
-        except json.JSONDecodeError as exc:
-            raise UsageError(f"{path}: not JSON ({exc.msg} at line {exc.lineno})") from None
-        return cls(path, conf)
+        missing = f"asv config not found: {path}; run from the kvbench checkout or pass {flag}"
+        return cls(path, read_json(path, missing=missing, bad="not JSON"))
 
     @property
     def root(self) -> Path:

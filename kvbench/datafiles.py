@@ -1,11 +1,15 @@
-"""Access to the data files shipped inside the package (kvbench/data/)."""
+"""Reading data files: the ones shipped inside the package (kvbench/data/), and JSON files a user names."""
 
 from __future__ import annotations
 
+import json
 import tomllib
 from functools import cache
 from importlib import resources
 from pathlib import Path
+from typing import Any
+
+from kvbench.errors import UsageError
 
 DATA = resources.files("kvbench") / "data"
 
@@ -18,3 +22,16 @@ def data_path(relative: str) -> Path:
 def load_toml(relative: str) -> dict:
     with (DATA / relative).open("rb") as fh:
         return tomllib.load(fh)
+
+
+def read_json(path: Path, *, missing: str | None = None, bad: str = "not valid JSON") -> Any:
+    """Parse a JSON file, or raise a one-line UsageError: `missing` when it does not exist (None: the
+    caller has checked, FileNotFoundError passes), "<path>: <bad> (<reason> at line N)" when it is not JSON."""
+    try:
+        return json.loads(Path(path).read_text())
+    except FileNotFoundError:
+        if missing is None:
+            raise
+        raise UsageError(missing) from None
+    except json.JSONDecodeError as exc:
+        raise UsageError(f"{path}: {bad} ({exc.msg} at line {exc.lineno})") from None

@@ -5,11 +5,10 @@ Any config.json path works; the shipped ones (kvbench/data/models.toml) are addr
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kvbench.datafiles import data_path, load_toml
+from kvbench.datafiles import data_path, load_toml, read_json
 from kvbench.errors import UsageError, unknown_choice
 
 DTYPE_BYTES = {"float32": 4.0, "float16": 2.0, "bfloat16": 2.0}
@@ -70,20 +69,13 @@ def load_model(name_or_path: str) -> ModelSpec:
     entries = catalog()
     if name_or_path in entries:
         entry = entries[name_or_path]
-        return from_config(_read_json(data_path(entry["config"])), name=name_or_path, source=entry["source"])
+        return from_config(read_json(data_path(entry["config"])), name=name_or_path, source=entry["source"])
     path = Path(name_or_path).expanduser()
     if path.is_dir():
         path = path / "config.json"
     if path.is_file():
-        return from_config(_read_json(path), name=path.parent.name or str(path), source=str(path))
+        return from_config(read_json(path), name=path.parent.name or str(path), source=str(path))
     raise unknown_choice("model", name_or_path, entries, extra=", or a path to a config.json")
-
-
-def _read_json(path: Path) -> dict:
-    try:
-        return json.loads(path.read_text())
-    except json.JSONDecodeError as exc:
-        raise UsageError(f"{path}: not valid JSON ({exc.msg} at line {exc.lineno})") from None
 
 
 class _Config:

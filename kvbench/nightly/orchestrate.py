@@ -71,13 +71,9 @@ def detect(cfg: NightlyConfig, tensor_parallel: dict[str, int] | None = None) ->
 
 def results_dir_of(asv_conf: Path) -> Path:
     """Where records and history go: the asv config's results_dir (so asv and the harness agree)."""
-    try:
-        conf = json.loads(Path(asv_conf).read_text())
-    except FileNotFoundError:
-        raise UsageError(f"asv config not found: {asv_conf}; run from the kvbench checkout or pass --asv-config") from None
-    except json.JSONDecodeError as exc:
-        raise UsageError(f"{asv_conf}: not JSON ({exc.msg} at line {exc.lineno})") from None
-    return Path(asv_conf).absolute().parent / conf.get("results_dir", "results")
+    from kvbench.asvrun import AsvProject
+
+    return AsvProject.load_as(asv_conf, "--asv-config").results_dir
 
 
 # -- results of the night -----------------------------------------------------------------------------
