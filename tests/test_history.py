@@ -132,9 +132,9 @@ def _git(repo, *args):
     return subprocess.run(["git", *args], cwd=repo, capture_output=True, text=True, check=True).stdout.strip()
 
 
-def build_history(tmp_path: Path, nights: int = 6, versions=("0.30.0", "0.31.0", "0.32.0")) -> Path:
-    """A git repo with one empty commit per night and an asv point + linked run record for each."""
-    repo = tmp_path / "repo"
+def _repo_with_conf(tmp_path, name: str = "k") -> Path:
+    """A git repo holding kvbench's asv.conf.json in one commit."""
+    repo = tmp_path / name
     repo.mkdir()
     _git(repo, "init", "-q", "-b", "main")
     _git(repo, "config", "user.email", "t@example.com")
@@ -142,6 +142,12 @@ def build_history(tmp_path: Path, nights: int = 6, versions=("0.30.0", "0.31.0",
     shutil.copy(ROOT / "asv.conf.json", repo / "asv.conf.json")
     _git(repo, "add", "asv.conf.json")
     _git(repo, "commit", "-q", "-m", "suite")
+    return repo
+
+
+def build_history(tmp_path: Path, nights: int = 6, versions=("0.30.0", "0.31.0", "0.32.0")) -> Path:
+    """A git repo with one empty commit per night and an asv point + linked run record for each."""
+    repo = _repo_with_conf(tmp_path, "repo")
     results = repo / "results"
     (results / MACHINE / "runs").mkdir(parents=True)
     (results / "benchmarks.json").write_text(json.dumps(_benchmarks_json()))
@@ -311,18 +317,6 @@ def test_asv_publish_on_a_fresh_clone(tmp_path):
 
 
 # -- keying: the history-point commit, the environment link, the machine file -----------------------
-
-
-def _repo_with_conf(tmp_path) -> Path:
-    repo = tmp_path / "k"
-    repo.mkdir()
-    _git(repo, "init", "-q", "-b", "main")
-    _git(repo, "config", "user.email", "t@example.com")
-    _git(repo, "config", "user.name", "t")
-    shutil.copy(ROOT / "asv.conf.json", repo / "asv.conf.json")
-    _git(repo, "add", "asv.conf.json")
-    _git(repo, "commit", "-q", "-m", "suite")
-    return repo
 
 
 def test_a_second_run_on_the_same_commit_gets_an_empty_history_point_commit(tmp_path):
