@@ -24,9 +24,23 @@ def _custom(r, machine, run_id, vllm, extra):
     return [esc(run_id), esc(date_text(r["created_at"])), esc(vllm), esc(machine), *[esc(e) for e in extra]]
 
 
+STD_HOVER = "<br>run %{customdata[0]}<br>%{customdata[1]}<br>vLLM %{customdata[2]}<br>machine %{customdata[3]}<extra></extra>"
+
+
+def _gbs_trace(pts: pd.DataFrame, x: str, f: str, show: bool, hover: str, ident: tuple) -> go.Scatter:
+    """Format f's achieved GB/s along column `x`. hover: the kernel's words before the token count
+    ('decode: ... GB/s at'); ident: (machine, run id, vLLM version) for _custom."""
+    return go.Scatter(
+        x=pts[x], y=pts["gbs"], mode="lines+markers", name=esc(f), legendgroup=f, showlegend=show,
+        line={"color": color(f)}, marker={"color": color(f), "symbol": symbol(f), "size": 9},
+        customdata=[_custom(r, *ident, [f, fmt(r["time_us"], 1), fmt(r["pct_of_peak"], 1, "%")]) for _, r in pts.iterrows()],
+        hovertemplate=f"<b>%{{customdata[4]}}</b> {hover} %{{x:,}} tokens<br>%{{customdata[5]}} µs, %{{customdata[6]}} of peak" + STD_HOVER,
+    )
+
+
 def kernel_figure(doc: dict, rows: pd.DataFrame) -> go.Figure:
     machine, run_id = doc.get("machine"), Path(doc["_path"]).stem
-    vllm = (doc.get("environment") or {}).get("vllm")
+    ident = (machine, run_id, (doc.get("environment") or {}).get("vllm"))  # every point's hover names its run
     dec = rows[rows["kernel"] == "decode"]
     batches = sorted(dec["batch"].dropna().unique())
     if len(batches) > MAX_BATCH_PANELS:  # keep the smallest, largest and evenly spaced ones between
@@ -34,18 +48,12 @@ def kernel_figure(doc: dict, rows: pd.DataFrame) -> go.Figure:
     titles = [f"decode attention, batch {int(b)}" for b in batches] + ["quantize + write (reshape-and-cache)"]
     fig = make_subplots(rows=1, cols=len(titles), subplot_titles=titles, shared_yaxes=True, horizontal_spacing=0.04)
     shown = set()
-    std = "<br>run %{customdata[0]}<br>%{customdata[1]}<br>vLLM %{customdata[2]}<br>machine %{customdata[3]}<extra></extra>"
     for col, batch in enumerate(batches, start=1):
         for f in ordered(dec["format"]):
             pts = dec[(dec["format"] == f) & (dec["batch"] == batch)].sort_values("context")
             if pts.empty:
                 continue
-            fig.add_trace(go.Scatter(
-                x=pts["context"], y=pts["gbs"], mode="lines+markers", name=esc(f), legendgroup=f, showlegend=f not in shown,
-                line={"color": color(f)}, marker={"color": color(f), "symbol": symbol(f), "size": 9},
-                customdata=[_custom(r, machine, run_id, vllm, [f, fmt(r["time_us"], 1), fmt(r["pct_of_peak"], 1, "%")]) for _, r in pts.iterrows()],
-                hovertemplate="<b>%{customdata[4]}</b> decode: %{y:,.1f} GB/s at %{x:,} tokens<br>%{customdata[5]} µs, %{customdata[6]} of peak" + std,
-            ), row=1, col=col)
+            fig.add_trace(_gbs_trace(pts, "context", f, f not in shown, "decode: %{y:,.1f} GB/s at", ident), row=1, col=col)
             shown.add(f)
         fig.update_xaxes(type="log", title_text="context (tokens)", row=1, col=col, tickformat=",d",
                          tickvals=log_ticks(dec["context"].min(), dec["context"].max()))
@@ -53,12 +61,7 @@ def kernel_figure(doc: dict, rows: pd.DataFrame) -> go.Figure:
     wcol = len(titles)
     for f in ordered(wr["format"]):
         pts = wr[wr["format"] == f].sort_values("tokens")
-        fig.add_trace(go.Scatter(
-            x=pts["tokens"], y=pts["gbs"], mode="lines+markers", name=esc(f), legendgroup=f, showlegend=f not in shown,
-            line={"color": color(f)}, marker={"color": color(f), "symbol": symbol(f), "size": 9},
-            customdata=[_custom(r, machine, run_id, vllm, [f, fmt(r["time_us"], 1), fmt(r["pct_of_peak"], 1, "%")]) for _, r in pts.iterrows()],
-            hovertemplate="<b>%{customdata[4]}</b> write: %{y:,.1f} GB/s for %{x:,} tokens<br>%{customdata[5]} µs, %{customdata[6]} of peak" + std,
-        ), row=1, col=wcol)
+        fig.add_trace(_gbs_trace(pts, "tokens", f, f not in shown, "write: %{y:,.1f} GB/s for", ident), row=1, col=wcol)
         shown.add(f)
     fig.update_xaxes(type="log", title_text="new tokens written (tokens)", row=1, col=wcol, tickformat=",d",
                      tickvals=log_ticks(wr["tokens"].min(), wr["tokens"].max()) if not wr.empty else None)
