@@ -406,8 +406,8 @@ def warm_up(url: str, model: str, tokenizer, a) -> None:
     """Both code paths once, small: imports, connections, the engine's first batches."""
     small = argparse.Namespace(**{**vars(a), "num_requests": max(a.concurrency * 2, 8)})
     run_kvbench(url, model, tokenizer, small, seed=10_000)
-    run_vllm_bench(url, model, small, seed=10_001, trust_env=True)
-    run_vllm_bench(url, model, small, seed=10_002, trust_env=False)
+    for k, client in enumerate(VLLM_CLIENTS[a.vllm_session]):  # only the vLLM clients this comparison runs
+        run_vllm_bench(url, model, small, seed=10_001 + k, trust_env=TRUST_ENV[client])
 
 
 # --- comparison -------------------------------------------------------------------------------------
