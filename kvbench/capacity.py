@@ -103,12 +103,14 @@ def budget_from_gpu(
     )
 
 
-def rank_model(model: ModelSpec, tensor_parallel_size: int = 1, layers: range | None = None) -> ModelSpec:
+def rank_model(model: ModelSpec, tensor_parallel_size: int = 1, layers: range | None = None,
+               dtype: str | None = None) -> ModelSpec:
     """The part of the model one rank caches: its KV heads (replicated once TP exceeds them; an MLA latent
-    is whole on every rank) and its pipeline stage's layers."""
+    is whole on every rank), its pipeline stage's layers, and the dtype vLLM runs it in (`auto` KV cache)."""
     kv_heads = model.num_kv_heads if model.is_mla else max(1, model.num_kv_heads // tensor_parallel_size)
     kept = model.layers if layers is None else model.layers[layers.start : layers.stop]
-    return replace(model, num_kv_heads=kv_heads, layers=tuple(kept), num_layers=len(kept))
+    return replace(model, num_kv_heads=kv_heads, layers=tuple(kept), num_layers=len(kept),
+                   activation_dtype=dtype or model.activation_dtype)
 
 
 @dataclass(frozen=True)
@@ -258,7 +260,7 @@ def capacity_for_ranks(
     def row_for(fmt: CacheFormat) -> CapacityRow:
         best = None
         for stage, pool in stage_pools:
-            part = rank_model(model, tp, stage.layers)
+            part = rank_model(model, tp, stage.layers, estimate.dtype)
             row = capacity_row(part, fmt, context, budget_from_bytes(max(pool, 0.0)), gpu, block_size, batched)
             if best is None or row.num_blocks < best.num_blocks:
                 best = row
