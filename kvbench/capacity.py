@@ -14,12 +14,13 @@ Page-accurate (vLLM v1, `vllm/v1/core/kv_cache_utils.py` and `kv_cache_interface
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 from kvbench.formats import CacheFormat, get_format
 from kvbench.gpus import GpuSpec, server_defaults
 from kvbench.models import LayerKind, ModelSpec
-from kvbench.units import fmt_both, fmt_gb
+from kvbench.units import fmt_both, fmt_gib
+from kvbench.vllm_memory import NonKvEstimate, predict_non_kv
 
 # vLLM 0.32 defaults (vllm/config/cache.py): --gpu-memory-utilization 0.92, block size 16 on
 # CUDA, 128 on CPU (vllm/platforms/cpu.py). Async scheduling keeps 2 batches in flight.
@@ -39,6 +40,7 @@ class Budget:
     utilization: float | None = None
     weight_bytes: float | None = None
     overhead_bytes: float = 0.0
+    estimate: NonKvEstimate | None = None  # vLLM's non-KV terms per rank, when derived from the GPU
 
 
 def budget_from_bytes(kv_bytes: float, how: str = "given") -> Budget:
@@ -48,33 +50,67 @@ def budget_from_bytes(kv_bytes: float, how: str = "given") -> Budget:
 def budget_from_gpu(
     gpu: GpuSpec,
     model: ModelSpec,
-    utilization: float = VLLM_DEFAULT_GPU_MEMORY_UTILIZATION,
-    overhead_bytes: float = 0.0,
+    utilization: float | None = None,
+    overhead_bytes: float | None = None,
     memory_basis: str = "device",
     num_gpus: int = 1,
+    *,
+    vllm_version: str | None = None,
+    weights: str = "auto",
+    dtype: str | None = None,
+    max_num_seqs: int | None = None,
+    max_num_batched_tokens: int | None = None,
+    max_model_len: int | None = None,
 ) -> Budget:
-    """vLLM's budget: total memory x utilization - weights - (activations, CUDA graphs: `overhead`).
-
-    `memory_basis` "device" uses what the driver reports (vLLM's basis); "spec" the spec-sheet GB.
-    With tensor parallelism the weights are split and the budget summed over `num_gpus`.
+    """vLLM's budget over `num_gpus` tensor-parallel ranks: per rank, the device total torch reports x
+    utilization - weights (sharded) - profiled activation peak - non-torch memory - CUDA graphs (where the
+    release subtracts them); see kvbench.vllm_memory. `overhead_bytes` per GPU replaces the last three terms;
+    `memory_basis` "spec" takes the spec-sheet GB instead of the device total.
     """
-    per_gpu = gpu.device_memory_bytes if memory_basis == "device" else gpu.spec_memory_bytes
-    total = per_gpu * num_gpus
-    kv = total * utilization - model.weight_bytes - overhead_bytes * num_gpus
-    basis = "device-reported" if memory_basis == "device" else "spec-sheet"
-    gpus = f"{num_gpus} x " if num_gpus > 1 else ""
-    how = (
-        f"{gpus}{fmt_gb(per_gpu)} {basis} x {utilization:.2f} utilization - {fmt_gb(model.weight_bytes)} "
-        f"weights ({model.weight_format}) - {fmt_gb(overhead_bytes * num_gpus)} activation/graph overhead"
+    est = predict_non_kv(
+        model, gpu, utilization=utilization, tensor_parallel_size=num_gpus, weights=weights, dtype=dtype,
+        vllm_version=vllm_version, max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
+        max_model_len=max_model_len,
     )
+    rank = est.stages[0]
+    per_gpu = rank.total.bytes if memory_basis == "device" else gpu.spec_memory_bytes
+    util = est.utilization
+    modelled = rank.activation.bytes + rank.non_torch.bytes + rank.cudagraph.bytes
+    overhead = modelled if overhead_bytes is None else overhead_bytes
+    kv_rank = per_gpu * util - rank.weights.bytes - overhead
+    gpus = f"{num_gpus} x (" if num_gpus > 1 else ""
+    basis = rank.total.source if memory_basis == "device" else "spec-sheet"
+    if overhead_bytes is None:
+        rest = (
+            f"{fmt_gib(rank.activation.bytes)} activation peak - {fmt_gib(rank.non_torch.bytes)} non-torch"
+            + (f" - {fmt_gib(rank.cudagraph.bytes)} CUDA graphs" if rank.cudagraph.bytes else "")
+        )
+    else:
+        rest = f"{fmt_gib(overhead)} --overhead-gb"
+    how = (
+        f"{gpus}{fmt_gib(per_gpu)} ({basis}) x {util:.2f} - {fmt_gib(rank.weights.bytes)} weights ({rank.weights.source}) "
+        f"- {rest}{')' if num_gpus > 1 else ''}"
+    )
+    kv = kv_rank * num_gpus
     return Budget(
         kv_bytes=kv,
         derivation=f"{fmt_both(kv)} = {how}",
-        total_bytes=total,
-        utilization=utilization,
-        weight_bytes=model.weight_bytes,
-        overhead_bytes=overhead_bytes * num_gpus,
+        total_bytes=per_gpu * num_gpus,
+        utilization=util,
+        weight_bytes=rank.weights.bytes * num_gpus,
+        overhead_bytes=overhead * num_gpus,
+        estimate=est,
     )
+
+
+def rank_model(model: ModelSpec, tensor_parallel_size: int = 1, layers: range | None = None,
+               dtype: str | None = None) -> ModelSpec:
+    """The part of the model one rank caches: its KV heads (replicated once TP exceeds them; an MLA latent
+    is whole on every rank), its pipeline stage's layers, and the dtype vLLM runs it in (`auto` KV cache)."""
+    kv_heads = model.num_kv_heads if model.is_mla else max(1, model.num_kv_heads // tensor_parallel_size)
+    kept = model.layers if layers is None else model.layers[layers.start : layers.stop]
+    return replace(model, num_kv_heads=kv_heads, layers=tuple(kept), num_layers=len(kept),
+                   activation_dtype=dtype or model.activation_dtype)
 
 
 @dataclass(frozen=True)
@@ -193,4 +229,47 @@ def capacity_table(
         row = capacity_row(model, fmt, context, budget, gpu, block_size, max_num_batched_tokens)
         ratio = row.max_concurrency / auto.max_concurrency if auto.max_concurrency else None
         rows.append(CapacityRow(**{**asdict(row), "ratio_vs_auto": ratio}))
+    return rows
+
+
+def capacity_for_ranks(
+    model: ModelSpec,
+    formats: list[CacheFormat],
+    context: int,
+    estimate: NonKvEstimate,
+    gpu: GpuSpec | None = None,
+    block_size: int = VLLM_DEFAULT_BLOCK_SIZE,
+    pool_bytes: float | None = None,
+    overhead_bytes: float | None = None,
+) -> list[CapacityRow]:
+    """Capacity of a tensor/pipeline-parallel group as vLLM logs it: each stage's ranks size their own pool
+    for their own KV heads and layers, the group keeps the smallest block count of its stages, and kv_tokens
+    counts the whole group. `pool_bytes` (per rank) or `overhead_bytes` (per GPU) override the derived pool."""
+    tp = estimate.tensor_parallel_size
+    batched = estimate.scheduler.max_num_batched_tokens
+    stage_pools = []
+    for stage in estimate.stages:
+        if pool_bytes is not None:
+            pool = pool_bytes
+        elif overhead_bytes is not None:
+            pool = stage.requested.bytes - stage.weights.bytes - overhead_bytes
+        else:
+            pool = stage.kv_pool.bytes
+        stage_pools.append((stage, pool))
+
+    def row_for(fmt: CacheFormat) -> CapacityRow:
+        best = None
+        for stage, pool in stage_pools:
+            part = rank_model(model, tp, stage.layers, estimate.dtype)
+            row = capacity_row(part, fmt, context, budget_from_bytes(max(pool, 0.0)), gpu, block_size, batched)
+            if best is None or row.num_blocks < best.num_blocks:
+                best = row
+        return replace(best, scheduler_cap=estimate.scheduler.max_num_seqs)
+
+    auto = row_for(get_format("auto"))
+    rows = []
+    for fmt in formats:
+        row = row_for(fmt)
+        ratio = row.max_concurrency / auto.max_concurrency if auto.max_concurrency else None
+        rows.append(replace(row, ratio_vs_auto=ratio))
     return rows

@@ -35,3 +35,5 @@ def read_json(path: Path, *, missing: str | None = None, bad: str = "not valid J
         raise UsageError(missing) from None
     except json.JSONDecodeError as exc:
         raise UsageError(f"{path}: {bad} ({exc.msg} at line {exc.lineno})") from None
+    except UnicodeDecodeError:
+        raise UsageError(f"{path}: {bad} (not UTF-8 text)") from None

@@ -22,10 +22,23 @@ class GpuSpec:
     native_fp8: bool
     native_fp4: bool
     source: str
+    torch_total_gib: float | None = None  # what torch reports (vLLM's total_memory); None: not seen yet
+    torch_total_source: str | None = None
 
     @property
     def device_memory_bytes(self) -> int:
         return self.device_memory_mib * MiB
+
+    @property
+    def torch_total_bytes(self) -> float:
+        """vLLM's basis: the total torch reports, else the driver's total (a little more than torch sees)."""
+        return self.torch_total_gib * GiB if self.torch_total_gib else float(self.device_memory_bytes)
+
+    @property
+    def torch_total_how(self) -> str:
+        if self.torch_total_gib:
+            return f"as torch reports it ({self.torch_total_source})"
+        return "nvidia-smi total (torch's figure not on record for this GPU; it reports ~0.5 GiB less)"
 
     @property
     def spec_memory_bytes(self) -> float:
@@ -55,6 +68,8 @@ def catalog() -> dict[str, GpuSpec]:
             native_fp8=bool(v["native_fp8"]),
             native_fp4=bool(v["native_fp4"]),
             source=v["source"],
+            torch_total_gib=float(v["torch_total_gib"]) if "torch_total_gib" in v else None,
+            torch_total_source=v.get("torch_total_source"),
         )
         for key, v in raw.items()
         if isinstance(v, dict)

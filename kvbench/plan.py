@@ -10,10 +10,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from kvbench.capacity import Budget, budget_from_bytes, budget_from_gpu, capacity_row
+from kvbench.capacity import capacity_for_ranks
 from kvbench.formats import CacheFormat
 from kvbench.gpus import GpuSpec
 from kvbench.models import ModelSpec
+from kvbench.vllm_memory import predict_non_kv
 
 TP_SIZES = (1, 2, 4, 8)
 
@@ -40,28 +41,40 @@ def plan_row(
     gpu: GpuSpec,
     users: int,
     context: int,
-    utilization: float,
+    utilization: float | None,
     kv_budget_gb: float | None = None,
-    overhead_gb: float = 0.0,
+    overhead_gb: float | None = None,
     max_num_seqs: int | None = None,
     price_per_hour: float | None = None,
+    *,
+    tensor_parallel_sizes: tuple[int, ...] = TP_SIZES,
+    pipeline_parallel_size: int = 1,
+    weights: str = "auto",
+    vllm_version: str | None = None,
+    max_num_batched_tokens: int | None = None,
 ) -> PlanRow:
-    def budget_for(tp: int) -> Budget:
-        if kv_budget_gb is not None:
-            return budget_from_bytes(kv_budget_gb * 1e9 * tp, "given per GPU")
-        return budget_from_gpu(gpu, model, utilization, overhead_gb * 1e9, num_gpus=tp)
-
+    """The cheapest replica layout: per TP size, vLLM's capacity with the same non-KV terms as
+    `kvbench capacity` (kvbench.vllm_memory), users capped at max_num_seqs, replicas to reach `users`."""
     best: PlanRow | None = None
     reason = None
-    for tp in TP_SIZES:
-        budget = budget_for(tp)
-        row = capacity_row(model, fmt, context, budget, gpu)
+    for tp in tensor_parallel_sizes:
+        est = predict_non_kv(
+            model, gpu, utilization=utilization, tensor_parallel_size=tp, pipeline_parallel_size=pipeline_parallel_size,
+            weights=weights, vllm_version=vllm_version, max_num_seqs=max_num_seqs,
+            max_num_batched_tokens=max_num_batched_tokens, max_model_len=context,
+        )
+        pool = kv_budget_gb * 1e9 if kv_budget_gb is not None else None
+        overhead = overhead_gb * 1e9 if overhead_gb is not None else None
+        row = capacity_for_ranks(model, [fmt], context, est, gpu, pool_bytes=pool, overhead_bytes=overhead)[0]
         reason = row.reason
         if row.reason or row.users < 1:
             continue
-        cap = max_num_seqs or row.scheduler_cap or row.users
+        cap = est.scheduler.max_num_seqs
         per_replica = min(row.users, cap)
         replicas = math.ceil(users / per_replica)
+        per_gpu = min(s.kv_pool.bytes for s in est.stages) if pool is None and overhead is None else (
+            pool if pool is not None else min(s.requested.bytes - s.weights.bytes - overhead for s in est.stages))
+        group = tp * pipeline_parallel_size
         candidate = PlanRow(
             gpu=gpu.key,
             dtype=fmt.key,
@@ -72,13 +85,14 @@ def plan_row(
             kv_limited_users=row.users,
             limited_by="max_num_seqs" if cap < row.users else "kv cache",
             replicas=replicas,
-            gpus=replicas * tp,
-            usd_per_hour=replicas * tp * price_per_hour if price_per_hour is not None else None,
-            kv_budget_bytes=budget.kv_bytes,
+            gpus=replicas * group,
+            usd_per_hour=replicas * group * price_per_hour if price_per_hour is not None else None,
+            kv_budget_bytes=per_gpu * tp,
         )
         if best is None or candidate.gpus < best.gpus:
             best = candidate
     if best is None:
-        why = reason or f"the weights ({model.weight_bytes / 1e9:.1f} GB) leave no KV room even at TP={TP_SIZES[-1]}"
+        why = reason or (
+            f"the weights ({model.weight_bytes / 1e9:.1f} GB) leave no KV room even at TP={tensor_parallel_sizes[-1]}")
         return PlanRow(gpu.key, fmt.key, False, why, None, 0, 0, "", None, None, None, None)
     return best

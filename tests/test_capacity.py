@@ -8,7 +8,7 @@ from kvbench.capacity import budget_from_bytes, budget_from_gpu, capacity_row, c
 from kvbench.formats import get_format, parse_format_list
 from kvbench.gpus import get_gpu, server_defaults
 from kvbench.models import load_model
-from kvbench.units import GB, MiB
+from kvbench.units import GB, GiB
 
 LLAMA = load_model("llama-3.1-8b")
 
@@ -55,13 +55,25 @@ def test_hybrid_groups_gpt_oss():
     assert row.blocks_per_request == 8192 + (math.ceil((127 + 2 * 8192) / 16) + 1)
 
 
-def test_budget_from_gpu_uses_device_memory():
+def test_budget_from_gpu_uses_torch_total_and_profiled_terms():
     h100 = get_gpu("h100-sxm")
-    b = budget_from_gpu(h100, LLAMA, utilization=0.9)
-    assert b.kv_bytes == pytest.approx(81559 * MiB * 0.9 - LLAMA.weight_bytes)
-    spec = budget_from_gpu(h100, LLAMA, utilization=0.9, memory_basis="spec")
-    assert spec.kv_bytes == pytest.approx(80e9 * 0.9 - 16_060_522_496)  # the article's ~56 GB
+    b = budget_from_gpu(h100, LLAMA, utilization=0.9, vllm_version="0.19.0")
+    rank = b.estimate.stages[0]
+    # vLLM's basis is the total torch reports (79.19 GiB), not the driver's 81,559 MiB
+    assert rank.total.bytes == 79.19 * GiB
+    expected = 79.19 * GiB * 0.9 - rank.weights.bytes - rank.activation.bytes - rank.non_torch.bytes
+    assert b.kv_bytes == pytest.approx(expected)
+    assert rank.activation.bytes > 1.5 * GiB and rank.non_torch.bytes > 0
+    # --overhead-gb 0 means zero overhead, not "use the model"
+    zero = budget_from_gpu(h100, LLAMA, utilization=0.9, overhead_bytes=0.0, vllm_version="0.19.0")
+    assert zero.kv_bytes == pytest.approx(79.19 * GiB * 0.9 - rank.weights.bytes)
+    spec = budget_from_gpu(h100, LLAMA, utilization=0.9, overhead_bytes=0.0, memory_basis="spec")
+    assert spec.kv_bytes == pytest.approx(80e9 * 0.9 - LLAMA.weight_bytes - 128256 * 0 - rope_bytes(LLAMA))
     assert "GiB" in b.derivation and "GB" in b.derivation
+
+
+def rope_bytes(model):
+    return model.max_position_embeddings * model.rotary_dim * 2
 
 
 def test_scheduler_defaults_by_device():

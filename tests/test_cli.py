@@ -44,10 +44,10 @@ def test_capacity_table_states_units():
 @pytest.mark.parametrize(
     "args, needle",
     [
-        (["capacity", "-m", "nope", "-g", "h100-sxm", "-c", "1"], "choose from: deepseek-v3"),
-        (["capacity", "-m", "llama-3.1-8b", "-g", "h900", "-c", "1"], "choose from: a100-40gb"),
+        (["capacity", "-m", "nope", "-g", "h100-sxm", "-c", "1"], "choose from: codellama-7b, deepseek-v2-lite"),
+        (["capacity", "-m", "llama-3.1-8b", "-g", "h900", "-c", "1"], "choose from: a10, a100-40gb"),
         (["capacity", "-m", "llama-3.1-8b", "-g", "h100-sxm", "-c", "1", "--kv-dtype", "fp3"], "choose from: auto"),
-        (["plan", "-m", "llama-3.1-8b", "-u", "5", "-c", "10", "--gpus", "h100,h200"], "choose from: a100-40gb"),
+        (["plan", "-m", "llama-3.1-8b", "-u", "5", "-c", "10", "--gpus", "h100,h200"], "choose from: a10, a100-40gb"),
         (["capacity", "-m", "llama-3.1-8b", "-g", "h100-sxm", "-c", "1", "--kv-budget-gb", "5", "--gpu-memory-utilization", "0.5"], "not both"),
         (["frobnicate"], "choose from: accuracy, capacity, claims, "),
     ],

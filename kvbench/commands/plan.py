@@ -7,14 +7,17 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from kvbench.capacity import VLLM_DEFAULT_GPU_MEMORY_UTILIZATION
-from kvbench.commands.capacity import BasisOpt, BudgetOpt, ContextOpt, DtypesOpt, ModelOpt, OverheadOpt, UtilOpt
+from kvbench.commands.capacity import (
+    BasisOpt, BatchedOpt, BudgetOpt, ContextOpt, DtypesOpt, ModelOpt, OverheadOpt, PpOpt, UtilOpt, VersionOpt, WeightsOpt,
+    check_number, check_parallel_flags,
+)
 from kvbench.errors import UsageError
 from kvbench.formats import parse_format_list
 from kvbench.gpus import parse_gpu_list
 from kvbench.models import load_model
 from kvbench.output import console, print_json
-from kvbench.plan import plan_row
+from kvbench.plan import TP_SIZES, plan_row
+from kvbench.vllm_memory import release
 
 NAME = "plan"
 HELP = "GPUs needed and cost per hour to serve N concurrent users at a context length, per GPU type and KV dtype."
@@ -36,8 +39,7 @@ def parse_prices(text: str | None, known: set[str]) -> dict[str, float]:
             prices[key] = float(value)
         except ValueError:
             raise UsageError(f"--price-per-hour for {key} must be a number of USD, got {value!r}") from None
-        if prices[key] < 0:
-            raise UsageError(f"--price-per-hour for {key} must not be negative")
+        check_number(f"--price-per-hour for {key}", prices[key], 0.0, low_open=False)
     return prices
 
 
@@ -50,26 +52,37 @@ def command(
     price_per_hour: Annotated[str | None, typer.Option("--price-per-hour", help="USD per GPU-hour, e.g. h100-sxm=2.65,h200=3.5.")] = None,
     kv_budget_gb: BudgetOpt = None,
     gpu_memory_utilization: UtilOpt = None,
-    overhead_gb: OverheadOpt = 0.0,
+    overhead_gb: OverheadOpt = None,
     memory_basis: BasisOpt = "device",
     max_num_seqs: Annotated[int | None, typer.Option("--max-num-seqs", help="vLLM's cap on running sequences (default: vLLM's default for each GPU).")] = None,
+    tensor_parallel_size: Annotated[int | None, typer.Option("--tensor-parallel-size", help=f"Fix the TP size (default: try {', '.join(map(str, TP_SIZES))}).")] = None,
+    pipeline_parallel_size: PpOpt = 1,
+    weights: WeightsOpt = "auto",
+    vllm_version: VersionOpt = None,
+    max_num_batched_tokens: BatchedOpt = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
 ) -> None:
     if users <= 0 or context <= 0:
-        raise UsageError("--users and --context must be positive")
+        raise UsageError(f"--users and --context must be positive, got {users} and {context}")
     if kv_budget_gb is not None and gpu_memory_utilization is not None:
         raise UsageError("give either --kv-budget-gb or --gpu-memory-utilization, not both")
     if memory_basis != "device":
         raise UsageError("kvbench plan sizes with the device-reported memory; --memory-basis spec is for `kvbench capacity`")
-    util = VLLM_DEFAULT_GPU_MEMORY_UTILIZATION if gpu_memory_utilization is None else gpu_memory_utilization
-    if not 0 < util <= 1:
-        raise UsageError(f"--gpu-memory-utilization must be in (0, 1], got {util}")
+    check_number("--kv-budget-gb", kv_budget_gb)
+    check_parallel_flags(1 if tensor_parallel_size is None else tensor_parallel_size, pipeline_parallel_size, max_num_seqs, max_num_batched_tokens,
+                         weights, gpu_memory_utilization, overhead_gb)
+    util = release(vllm_version).default_gpu_memory_utilization if gpu_memory_utilization is None else gpu_memory_utilization
+    tp_sizes = TP_SIZES if tensor_parallel_size is None else (tensor_parallel_size,)
     spec = load_model(model)
     cards = parse_gpu_list(gpus)
     formats = parse_format_list(kv_dtype)
     prices = parse_prices(price_per_hour, {c.key for c in cards})
     rows = [
-        plan_row(spec, fmt, card, users, context, util, kv_budget_gb, overhead_gb, max_num_seqs, prices.get(card.key))
+        plan_row(
+            spec, fmt, card, users, context, util, kv_budget_gb, overhead_gb, max_num_seqs, prices.get(card.key),
+            tensor_parallel_sizes=tp_sizes, pipeline_parallel_size=pipeline_parallel_size, weights=weights,
+            vllm_version=vllm_version, max_num_batched_tokens=max_num_batched_tokens,
+        )
         for card in cards
         for fmt in formats
     ]
@@ -89,4 +102,4 @@ def command(
     console.print(table)
     if not prices:
         console.print("cost: pass --price-per-hour GPU=USD,... to see USD per hour (kvbench ships no prices).")
-    console.print("activation and CUDA-graph memory are not modelled (--overhead-gb); measure with `kvbench run`.")
+    console.print("non-KV memory per GPU as `kvbench capacity` derives it (weights, profiled activations, non-torch, CUDA graphs).")

@@ -1,0 +1,145 @@
+"""`kvbench capacity --from-log FILE`: vLLM's own start-up figures next to kvbench's prediction, term by term."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from rich.table import Table
+
+from kvbench.capacity import capacity_for_ranks
+from kvbench.errors import UsageError
+from kvbench.formats import get_format
+from kvbench.gpus import GpuSpec, catalog, get_gpu
+from kvbench.output import console, print_json
+from kvbench.startuplog import StartupLog, parse_startup_log
+from kvbench.units import GiB
+from kvbench.vllm_memory import NonKvEstimate, predict_non_kv
+
+_DTYPES = {"bfloat16": "bf16", "float16": "fp16", "half": "fp16", "float32": "fp32", "float": "fp32"}
+_QUANT = {"fp8": "fp8"}
+
+
+@dataclass(frozen=True)
+class Comparison:
+    term: str
+    logged: float | None  # GiB, or tokens for kv_tokens
+    predicted: float
+    unit: str
+
+    @property
+    def error(self) -> float | None:
+        return None if self.logged is None else self.predicted - self.logged
+
+    @property
+    def error_pct(self) -> float | None:
+        return None if not self.logged else 100 * (self.predicted - self.logged) / self.logged
+
+
+def gpu_for_total(total_gib: float | None) -> GpuSpec | None:
+    """The catalog GPU whose torch-reported total is within 0.1 GiB of what the log says."""
+    if total_gib is None:
+        return None
+    near = [g for g in catalog().values() if g.torch_total_gib and abs(g.torch_total_gib - total_gib) <= 0.1]
+    return min(near, key=lambda g: abs(g.torch_total_gib - total_gib)) if near else None
+
+
+def predict_for_log(log: StartupLog, source: Path, *, model=None, gpu=None, context=None, kv_dtype=None,
+                    utilization=None, tp=None, pp=None, weights=None, vllm_version=None, max_num_seqs=None,
+                    max_num_batched_tokens=None, block_size=16):
+    """kvbench's prediction with the log's settings, flags filling what it does not say (and overriding it)."""
+    from kvbench.commands.capacity import resolve_model_for_log
+
+    spec = resolve_model_for_log(model, log.model, source)
+    card = get_gpu(gpu) if gpu else gpu_for_total(log.total_gib)
+    if card is None:
+        raise UsageError(f"{source}: no GPU in kvbench's catalog reports {log.total_gib} GiB; pass --gpu")
+    max_len = context or log.max_model_len
+    if max_len is None:
+        raise UsageError(f"{source}: the log does not say max_model_len; pass --context")
+    args = log.args
+    if weights in (None, "auto"):
+        dtype_arg = str(args.get("dtype", "auto")).lower()
+        weights = _QUANT.get(str(args.get("quantization", "")).lower()) or "auto"
+        dtype = None if dtype_arg == "auto" else {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}.get(
+            _DTYPES.get(dtype_arg, ""))
+    else:
+        dtype = None
+    fmt = get_format(kv_dtype or str(args.get("kv_cache_dtype", "auto")))
+    est = predict_non_kv(
+        spec, card, utilization=utilization if utilization is not None else log.utilization,
+        tensor_parallel_size=tp if tp and tp > 1 else log.tensor_parallel_size,
+        pipeline_parallel_size=pp if pp and pp > 1 else log.pipeline_parallel_size,
+        weights=weights, dtype=dtype, vllm_version=vllm_version or log.vllm_version,
+        max_num_seqs=max_num_seqs or args.get("max_num_seqs"),
+        max_num_batched_tokens=max_num_batched_tokens or args.get("max_num_batched_tokens"), max_model_len=max_len,
+    )
+    row = capacity_for_ranks(spec, [fmt], max_len, est, card, args.get("block_size") or block_size)[0]
+    return spec, card, est, row, max_len
+
+
+def comparisons(log: StartupLog, est: NonKvEstimate, kv_tokens: int) -> list[Comparison]:
+    """Term by term; the first stage's rank is the one whose figures vLLM logs first."""
+    s = est.stages[0]
+    graph_logged = log.cudagraph_estimate_gib if est.release.subtracts_cudagraph else (
+        0.0 if log.cudagraph_estimate_gib is not None else None)
+    out = [
+        Comparison("device total", log.total_gib, s.total.bytes / GiB, "GiB"),
+        Comparison("requested (x utilization)", log.total_gib * log.utilization if log.total_gib and log.utilization
+                   else None, s.requested.bytes / GiB, "GiB"),
+        Comparison("weights", log.weights_gib, s.weights.bytes / GiB, "GiB"),
+        Comparison("activation peak", log.activation_gib, s.activation.bytes / GiB, "GiB"),
+        Comparison("non-torch", log.non_torch_gib, s.non_torch.bytes / GiB, "GiB"),
+        Comparison("CUDA graphs subtracted", graph_logged, s.cudagraph.bytes / GiB, "GiB"),
+        Comparison("KV pool per GPU", log.available_kv_gib, s.kv_pool.bytes / GiB, "GiB"),
+        Comparison("KV tokens (group)", log.kv_tokens, kv_tokens, "tokens"),
+    ]
+    return out
+
+
+def compare_log(path: Path, model, gpu, context, kv_dtype, utilization, tp, pp, weights, vllm_version, max_num_seqs,
+                max_num_batched_tokens, block_size, as_json) -> None:
+    try:
+        text = Path(path).read_bytes().decode("utf-8", errors="replace")
+    except OSError as exc:
+        raise UsageError(f"--from-log {path}: cannot read ({exc.strerror})") from None
+    log = parse_startup_log(text)
+    if not log.has_capacity:
+        raise UsageError(f"{path}: no KV-cache capacity line ('Available KV cache memory' or 'KV cache size') in this log")
+    kv = None if kv_dtype == "auto,fp8,nvfp4" else kv_dtype  # the capacity default: take the log's dtype instead
+    spec, card, est, row, max_len = predict_for_log(
+        log, Path(path), model=model, gpu=gpu, context=context, kv_dtype=kv, utilization=utilization, tp=tp, pp=pp,
+        weights=weights, vllm_version=vllm_version, max_num_seqs=max_num_seqs,
+        max_num_batched_tokens=max_num_batched_tokens, block_size=block_size,
+    )
+    rows = comparisons(log, est, row.kv_tokens)
+    if as_json:
+        print_json({
+            "log": str(path), "model": spec.name, "gpu": card.key, "max_model_len": max_len,
+            "vllm_version": est.release.version, "logged_vllm_version": log.vllm_version,
+            "terms": [{"term": c.term, "unit": c.unit, "logged": c.logged, "predicted": c.predicted,
+                       "error": c.error, "error_pct": c.error_pct} for c in rows],
+            "non_kv": est.as_dict(),
+        })
+        return
+    console.print(
+        f"[bold]{path}[/]: {log.model or spec.name} on {card.name}, TP {est.tensor_parallel_size} PP "
+        f"{est.pipeline_parallel_size}, max_model_len {max_len:,}, utilization {est.utilization:g}; "
+        f"vLLM {log.vllm_version or 'version not in log'} (kvbench models {est.release.version})"
+    )
+    table = Table(title="vLLM's figures vs kvbench's prediction (GiB = 2^30 bytes, per GPU)", title_justify="left")
+    for col in ("term", "vLLM logged", "kvbench", "error", "error %", "kvbench's source"):
+        table.add_column(col, justify="left" if col in ("term", "kvbench's source") else "right")
+    sources = {t.name: t for t in est.stages[0].terms}
+    keys = ["total", "requested", "weights", "activation", "non_torch", "cudagraph", "kv_pool", None]
+    for c, key in zip(rows, keys, strict=True):
+        fmt = (lambda v: f"{v:,.0f}") if c.unit == "tokens" else (lambda v: f"{v:.2f}")
+        src = sources[key].source if key else f"{row.num_blocks:,} blocks of {row.block_size} tokens"
+        table.add_row(
+            c.term, "—" if c.logged is None else fmt(c.logged), fmt(c.predicted),
+            "—" if c.error is None else ("{:+,.0f}" if c.unit == "tokens" else "{:+.2f}").format(c.error),
+            "—" if c.error_pct is None else f"{c.error_pct:+.1f}%", src,
+        )
+    console.print(table)
+    parts = est.stages[0].activation_parts
+    console.print("activation peak = " + " + ".join(f"{t.name} {t.bytes / GiB:.2f}" for t in parts) + " GiB")
