@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pathlib import Path
+from urllib.parse import urlsplit
 
 import pandas as pd
 import plotly.graph_objects as go
@@ -15,35 +15,28 @@ SLUG, TITLE = "claims", "Claims"
 SOURCES_DIR = "sources"
 
 
-def _source_path(doc: dict) -> Path | None:
-    """The claims file's `source`, if it is on this disk: relative to the working directory, then to the repo."""
-    source = (doc or {}).get("source")
-    if not source or "://" in source:
-        return None
-    repo = Path(__file__).resolve().parents[1]
-    for base in (Path.cwd(), repo):
-        path = (base / source).resolve()
-        if path.is_file():
-            return path
-    return None
-
-
 def source_files(data: SiteData) -> dict[str, bytes]:
-    """Files to copy into the site so the claims link to their source from file:// with no network."""
-    path = _source_path(data.claims)
+    """The claims' source file (inside the claims folder: kvbench.claims refuses any other) copied into the
+    site, so the page links to it from file:// with no network."""
+    source = (data.claims or {}).get("source")
+    path = getattr(source, "file", None)
     return {f"{SOURCES_DIR}/{path.name}": path.read_bytes()} if path else {}
 
 
 def source_link(doc: dict) -> str:
+    """The source named by title, publisher and date; linked only through an http(s) URL or the copied file."""
     source = (doc or {}).get("source")
-    if not source:
+    if source is None:
         return "no source given"
-    if "://" in source:
-        return f'<a href="{esc(source)}">{esc(source)}</a>'
-    path = _source_path(doc)
-    if path:
-        return f'<a href="{SOURCES_DIR}/{esc(path.name)}">{esc(path.name)}</a> (copied from <code>{esc(source)}</code>)'
-    return f"<code>{esc(source)}</code> (not in this checkout)"
+    named = esc(", ".join(x for x in (source.title, source.publisher, source.date) if x))
+    links = []
+    if source.url and urlsplit(source.url).scheme in ("http", "https"):
+        links.append(f'<a href="{esc(source.url)}" rel="noopener noreferrer">{esc(source.url)}</a>')
+    if source.file:
+        links.append(f'<a href="{SOURCES_DIR}/{esc(source.file.name)}">{esc(source.file.name)}</a>')
+    if not named and not links:
+        return "no source given"
+    return named + (f" ({', '.join(links)})" if links else "")
 
 
 def _value(v, unit: str) -> str:
@@ -103,9 +96,7 @@ def build(data: SiteData) -> Page:
                  f"context and KV budget exists. {esc(summary)}.</p>")
     parts.append(page.plot(verdict_figure(frame, title), "claims-verdicts"))
     view = frame.copy()
-    path = _source_path(doc)
-    link = f'<a href="{SOURCES_DIR}/{esc(path.name)}">source</a>' if path else "source not in this checkout"
-    view["claim"] = [f"{esc(r['text'])}<br><small><code>{esc(r['id'])}</code> · {esc(r['where'])} · {link}</small>"
+    view["claim"] = [f"{esc(r['text'])}<br><small><code>{esc(r['id'])}</code> · {esc(r['where'])}</small>"
                      for _, r in view.iterrows()]
     view["claimed_t"] = [_value(v, u) for v, u in zip(view["claimed"], view["unit"])]
     view["derived_t"] = [_value(None if pd.isna(v) else v, u) for v, u in zip(view["derived"], view["unit"])]

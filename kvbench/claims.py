@@ -11,6 +11,7 @@ import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from kvbench.capacity import (
     VLLM_DEFAULT_GPU_MEMORY_UTILIZATION,
@@ -72,14 +73,77 @@ class Verdict:
         return self.verdict
 
 
+@dataclass(frozen=True)
+class Source:
+    """Where a claims file's claims come from: a publication named by title, publisher and date, with an
+    http(s) URL and/or a file beside the claims file (never a path outside the claims folder: the dashboard
+    copies it into a published site)."""
+
+    title: str | None = None
+    publisher: str | None = None
+    date: str | None = None
+    url: str | None = None
+    file: Path | None = None
+
+    def describe(self) -> str:
+        named = ", ".join(x for x in (self.title, self.publisher, self.date) if x)
+        where = self.url or (self.file.name if self.file else None)
+        return f"{named} ({where})" if named and where else (named or where or "no source given")
+
+    def as_dict(self) -> dict:
+        return {"title": self.title, "publisher": self.publisher, "date": self.date, "url": self.url,
+                "file": self.file.name if self.file else None}
+
+
+def _url(value, file: Path) -> str:
+    if not isinstance(value, str) or urlsplit(value).scheme not in ("http", "https") or not urlsplit(value).netloc:
+        raise UsageError(f"{file}: source url {str(value)[:80]!r} is not an http(s) URL; give https://... or a file in "
+                         f"{file.parent}")
+    return value
+
+
+def _inside(value, file: Path) -> Path:
+    folder = file.parent.resolve()
+    if not isinstance(value, str) or not value or Path(value).is_absolute():
+        raise UsageError(f"{file}: source file {str(value)[:80]!r} must be a relative path to a file inside {folder}")
+    path = (folder / value).resolve()
+    if not path.is_relative_to(folder) or not path.is_file():
+        raise UsageError(f"{file}: source file {value!r} is not a file inside {folder} (the claims folder); "
+                         "give an http(s) URL or a file beside the claims file")
+    return path
+
+
+def parse_source(raw, file: Path) -> Source:
+    """`source = "https://..."`, `source = "file-beside-me.txt"`, or a [source] table with title, publisher,
+    date and optionally url and file. Anything else (javascript:, a path outside the claims folder) is refused."""
+    if raw is None:
+        return Source()
+    if isinstance(raw, str):
+        if "://" in raw or ":" in raw.split("/", 1)[0]:  # a scheme (https:, javascript:, data:, file:)
+            return Source(url=_url(raw, file))
+        return Source(file=_inside(raw, file))
+    if not isinstance(raw, dict):
+        raise UsageError(f"{file}: source must be a URL, a file name or a [source] table, not {type(raw).__name__}")
+    unknown = set(raw) - {"title", "publisher", "date", "url", "file"}
+    if unknown:
+        raise UsageError(f"{file}: unknown key(s) {', '.join(sorted(unknown))} in [source]; valid: title, publisher, date, url, file")
+    for key in ("title", "publisher", "date"):
+        if key in raw and not isinstance(raw[key], str):
+            raise UsageError(f"{file}: [source] {key} must be text")
+    return Source(raw.get("title"), raw.get("publisher"), raw.get("date"),
+                  _url(raw["url"], file) if "url" in raw else None,
+                  _inside(raw["file"], file) if "file" in raw else None)
+
+
 def load_claims(path: str | Path | None = None) -> dict:
     file = Path(path) if path else data_path(DEFAULT_CLAIMS)
     if not file.is_file():
         raise UsageError(f"claims file not found: {file}")
     try:
         doc = tomllib.loads(file.read_text())
-    except tomllib.TOMLDecodeError as exc:
-        raise UsageError(f"{file}: not valid TOML ({exc})") from None
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise UsageError(f"{file}: not valid TOML ({' '.join(str(exc).split())})") from None
+    doc["source"] = parse_source(doc.get("source"), file)
     claims = doc.get("claims")
     if not isinstance(claims, list) or not claims:
         raise UsageError(f"{file}: no [[claims]] entries")

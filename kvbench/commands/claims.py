@@ -9,7 +9,9 @@ import typer
 from rich.table import Table
 
 from kvbench.claims import evaluate, load_claims, measured_values
-from kvbench.output import console, print_json
+from rich.markup import escape
+
+from kvbench.output import console, err_console, print_json
 
 NAME = "claims"
 HELP = "Re-derive each claim of an article (default: the NVFP4 KV-cache article) and give claimed / derived / verdict."
@@ -33,7 +35,11 @@ def _runs(results: Path):
     if not results.is_dir():
         return None
     paths = find_records(results)
-    return summary_frame(paths) if paths else None
+    problems: list[str] = []
+    frame = summary_frame(paths, problems) if paths else None
+    for problem in problems:  # one damaged record costs its own numbers, not the claims report
+        err_console.print(f"[yellow]warning[/]: {escape(problem)}")
+    return frame if frame is not None and not frame.empty else None
 
 
 def command(
@@ -46,9 +52,9 @@ def command(
     verdicts = evaluate(doc, measured_values(doc, _runs(results)))
     failed = [v for v in verdicts if v.verdict == "fails"]
     if as_json:
-        print_json({"title": doc.get("title"), "source": doc.get("source"), "claims": verdicts})
+        print_json({"title": doc.get("title"), "source": doc["source"].as_dict(), "claims": verdicts})
     else:
-        console.print(f"[bold]{doc.get('title', 'claims')}[/]  ({doc.get('source', file)})")
+        console.print(f"[bold]{escape(str(doc.get('title', 'claims')))}[/]  (source: {escape(doc['source'].describe())})")
         table = Table(show_lines=True)
         for col in ("claim", "claimed", "derived", "measured", "verdict", "how kvbench derived it"):
             table.add_column(col, overflow="fold")
