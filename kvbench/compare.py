@@ -14,7 +14,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from kvbench.errors import UsageError
-from kvbench.harness.records import find_records, load_record, summary_rows
+from rich.markup import escape
+
+from kvbench.harness.records import find_records, load_record, read_records, summary_rows
+from kvbench.output import err_console
 from kvbench.tracked import metrics
 
 
@@ -38,7 +41,10 @@ def _records(results_dir: Path, machine: str | None) -> list[tuple[Path, dict]]:
         paths = find_records(where)
     except UsageError:
         return []
-    return [(p, load_record(p)) for p in paths]
+    good, problems = read_records(paths)
+    for problem in problems:  # named on stderr, never believed
+        err_console.print(f"[yellow]warning[/]: {escape(problem)}")
+    return [(p, r.as_doc()) for p, r in good]
 
 
 def _version(doc: dict) -> tuple[str | None, str | None]:

@@ -34,17 +34,18 @@ def _load_asv(results_dir: Path, asv_conf: str | Path):
     return Benchmarks.load(conf)
 
 
-def _records(machine_dir: Path) -> dict[tuple[str, str], list[tuple[str, dict, Path]]]:
+def _records(machine_dir: Path, problems: list[str]) -> dict[tuple[str, str], list[tuple[str, dict, Path]]]:
     """(commit, env_name) -> [(created_at, record, path)] for the records that name an asv point."""
     out: dict = {}
-    for created, doc, path in linked_records(machine_dir):
+    for created, doc, path in linked_records(machine_dir, problems):
         out.setdefault((doc["asv"]["commit"], doc["asv"].get("env_name")), []).append((created, doc, path))
     return out
 
 
-def _machine_results(machine_dir: Path, machine: str):
+def _machine_results(machine_dir: Path, machine: str, problems: list[str]):
     """asv Results of one machine folder. Not asv's iter_results: that walks into runs/, kernels/ and
-    accuracy/ and warns about each (they have no machine.json)."""
+    accuracy/ and warns about each (they have no machine.json). A file that is not a readable asv result
+    (truncated, `{}`, values that are not numbers) is named in `problems`, never half-read."""
     from asv.results import Results
     from asv.util import UserError
 
@@ -52,9 +53,26 @@ def _machine_results(machine_dir: Path, machine: str):
         if path.name in ("machine.json", "benchmarks.json") or path.name.startswith("."):
             continue
         try:
-            yield Results.load(str(path), machine_name=machine)
-        except UserError:
-            continue  # not an asv results file
+            res = Results.load(str(path), machine_name=machine)
+            bad = _bad_value(res)
+        except (UserError, ValueError, TypeError, KeyError, AttributeError, UnicodeDecodeError) as exc:
+            problems.append(f"{path}: corrupt asv result ({' '.join(str(exc).split())[:200]})")
+            continue
+        if bad:
+            problems.append(f"{path}: corrupt asv result ({bad})")
+            continue
+        yield res
+
+
+def _bad_value(res) -> str | None:
+    """Why an asv result cannot be believed: a value that is not a number (or null), or no commit."""
+    if not isinstance(res.commit_hash, str) or not res.commit_hash:
+        return "no commit hash"
+    for key in res.get_all_result_keys():
+        for value in res._results.get(key) or []:
+            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
+                return f"{key} holds {value!r}, not a number"
+    return None
 
 
 def _iso_ms(ms) -> str | None:
@@ -90,7 +108,7 @@ def _env_from_record(doc: dict | None) -> dict:
     }
 
 
-def history_frame(results_dir="results", asv_conf="asv.conf.json"):
+def history_frame(results_dir="results", asv_conf="asv.conf.json", problems: list[str] | None = None):
     """pandas DataFrame, one row per (machine, commit, env, metric, kv_dtype), in each machine's run order.
 
     Columns: machine, commit, commit_date (UTC), run_id, run_started (UTC), vllm_package, vllm_version, gpu,
@@ -100,6 +118,7 @@ def history_frame(results_dir="results", asv_conf="asv.conf.json"):
     """
     import pandas as pd
 
+    problems = [] if problems is None else problems
     results_dir = Path(results_dir)
     if not (results_dir / "benchmarks.json").is_file():  # no asv run yet: an empty history, not an error
         return _typed(pd.DataFrame(columns=COLUMNS))
@@ -108,8 +127,8 @@ def history_frame(results_dir="results", asv_conf="asv.conf.json"):
     rows = []
     machines = sorted(p.name for p in results_dir.iterdir() if (p / "machine.json").is_file()) if results_dir.is_dir() else []
     for machine in machines:
-        records = _records(results_dir / machine)
-        for res in _machine_results(results_dir / machine, machine):
+        records = _records(results_dir / machine, problems)
+        for res in _machine_results(results_dir / machine, machine, problems):
             keys = [k for k in res.get_result_keys(benchmarks) if k in tracked]
             serving = [res.started_at[k] for k in keys if tracked[k].source == "run" and res.started_at.get(k)]
             started = min(serving) if serving else min((res.started_at[k] for k in keys if res.started_at.get(k)), default=None)

@@ -13,8 +13,10 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
+from kvbench import cliargs
 from kvbench.errors import KvbenchError, UsageError
-from kvbench.output import console, fmt_value, print_json, vllm_label
+from kvbench.output import console, err_console, fmt_value, print_json, vllm_label
+from rich.markup import escape
 
 NAME = "history"
 HELP = "run: add one asv history point for this machine and the vLLM in --venv (one kvbench run + the asv suite); show: the history table."
@@ -40,8 +42,7 @@ def command(
     project = AsvProject.load(config)
     if action == "show":
         return show(project, machine, as_json)
-    if wait_load is not None and wait_load <= 0:
-        raise UsageError(f"--wait-load must be a positive load average, got {wait_load}")
+    cliargs.positive(wait_load, "--wait-load")
     return run(project, venv, machine, model, bench, commit, dry_run, wait_load)
 
 
@@ -141,7 +142,10 @@ def _table(rows, title: str) -> Table:
 def show(project, machine: str | None, as_json: bool) -> int:
     from kvbench.history import history_frame, points
 
-    frame = history_frame(project.results_dir, project.conf_path)
+    problems: list[str] = []
+    frame = history_frame(project.results_dir, project.conf_path, problems)
+    for problem in problems:
+        err_console.print(f"[yellow]warning[/]: {escape(problem)}")
     if machine:
         known = sorted(set(frame.machine))
         if machine not in known:

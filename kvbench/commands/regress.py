@@ -9,6 +9,7 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
+from kvbench import cliargs
 from kvbench.errors import UsageError
 from kvbench.output import console, fmt_pct, fmt_value, print_json, vllm_label
 from kvbench.regress import DEFAULT_WINDOW, K_SPREAD, MIN_SPREAD_POINTS
@@ -37,8 +38,7 @@ def command(
 ) -> int:
     if window < 1:
         raise UsageError(f"--window must be at least 1, got {window}")
-    if threshold is not None and threshold < 0:
-        raise UsageError(f"--threshold must be a non-negative percentage, got {threshold}")
+    cliargs.number(threshold, "--threshold", low=0, unit="%")
     if not config.is_file():
         raise UsageError(f"asv config not found: {config}; run from the kvbench checkout or pass --config")
     if not (results / "benchmarks.json").is_file():
@@ -46,12 +46,19 @@ def command(
     from kvbench.history import history_frame
     from kvbench.regress import find_regressions
 
-    frame = history_frame(results, config)
+    problems: list[str] = []
+    frame = history_frame(results, config, problems)
     known = sorted(set(frame.machine))
     if machine is not None:
         if machine not in known:
             raise UsageError(f"no history for machine {machine!r}; choose from: {', '.join(known) or '(none yet)'}")
         frame = frame[frame.machine == machine]
+    judged = [p for p in problems if machine is None or f"/{machine}/" in p.replace("\\", "/")]
+    if judged:
+        # A point left out would make the one before it "newest" and move every baseline: refuse instead.
+        more = f" (and {len(judged) - 1} more)" if len(judged) > 1 else ""
+        raise UsageError(f"{judged[0]}{more}; the gate does not judge a history with a damaged point: "
+                         "restore the file (git checkout -- PATH) or remove it")
     found = find_regressions(frame, window=window, threshold_pct=threshold)
     bad = [r for r in found if r.verdict == "regression"]
     if as_json:
