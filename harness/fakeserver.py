@@ -59,6 +59,13 @@ class FakeConfig:
     usage: bool = True  # honour stream_options.include_usage
     continuous_usage: bool = True  # honour stream_options.continuous_usage_stats
     send_done: bool = True  # end with data: [DONE]
+    # What it says it is: a KV dtype in vllm:cache_config_info (None: no such metric, like a non-vLLM server),
+    # a vLLM version on /version (None: no /version), an API key /v1 paths require (None: open), as vLLM does.
+    kv_cache_dtype: str | None = None
+    block_size: int = 16
+    num_gpu_blocks: int = 1024
+    vllm_version: str | None = None
+    api_key: str | None = None
 
     def update(self, changes: dict[str, Any]) -> None:
         names = {f.name: f.type for f in fields(self)}
@@ -242,7 +249,32 @@ async def _metrics(request: web.Request) -> web.Response:
         "# TYPE vllm:request_success_total counter",
         f'vllm:request_success_total{{engine="0",finished_reason="length",model_name="{st.config.model}"}} {float(st.success_total)}',
     ]
+    cfg = st.config
+    if cfg.kv_cache_dtype is not None:
+        tokens = cfg.num_gpu_blocks * cfg.block_size
+        lines += [
+            "# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig",
+            "# TYPE vllm:cache_config_info gauge",
+            f'vllm:cache_config_info{{block_size="{cfg.block_size}",cache_dtype="{cfg.kv_cache_dtype}",engine="0",'
+            f'kv_cache_size_tokens="{tokens}",num_gpu_blocks="{cfg.num_gpu_blocks}"}} 1.0',
+        ]
     return web.Response(text="\n".join(lines) + "\n", content_type="text/plain", charset="utf-8")
+
+
+async def _version(request: web.Request) -> web.Response:
+    cfg: FakeConfig = request.app[STATE].config
+    if cfg.vllm_version is None:
+        raise web.HTTPNotFound()
+    return web.json_response({"version": cfg.vllm_version})
+
+
+@web.middleware
+async def _auth(request: web.Request, handler):
+    """vLLM's --api-key: /v1 paths need `Authorization: Bearer <key>` (vllm/entrypoints/serve/middleware)."""
+    key = request.app[STATE].config.api_key
+    if key is not None and request.path.startswith("/v1") and request.headers.get("Authorization") != f"Bearer {key}":
+        return web.json_response({"error": "Unauthorized"}, status=401)
+    return await handler(request)
 
 
 async def _health(request: web.Request) -> web.Response:
@@ -269,13 +301,14 @@ async def _log(request: web.Request) -> web.Response:
 
 
 def make_app(config: FakeConfig | None = None) -> web.Application:
-    app = web.Application()
+    app = web.Application(middlewares=[_auth])
     app[STATE] = _State(config or FakeConfig())
     app.router.add_post("/v1/completions", _completion)
     app.router.add_post("/v1/chat/completions", _completion)
     app.router.add_get("/v1/models", _models)
     app.router.add_get("/metrics", _metrics)
     app.router.add_get("/health", _health)
+    app.router.add_get("/version", _version)
     app.router.add_route("*", "/fake/config", _config)
     app.router.add_get("/fake/log", _log)
     return app

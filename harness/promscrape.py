@@ -54,8 +54,9 @@ def parse_metrics(text: str, t: float | None = None) -> MetricsSnapshot:
     return snap
 
 
-def fetch_metrics(base_url: str, timeout_s: float = 5.0) -> MetricsSnapshot:
-    with urllib.request.urlopen(f"{base_url}/metrics", timeout=timeout_s) as resp:
+def fetch_metrics(base_url: str, timeout_s: float = 5.0, headers: dict[str, str] | None = None) -> MetricsSnapshot:
+    req = urllib.request.Request(f"{base_url}/metrics", headers=headers or {})
+    with urllib.request.urlopen(req, timeout=timeout_s) as resp:
         return parse_metrics(resp.read().decode("utf-8", "replace"))
 
 
@@ -92,8 +93,9 @@ def capacity_from_metrics(snap: MetricsSnapshot) -> EngineCapacity | None:
 class MetricsSampler:
     """Scrapes /metrics every `interval_s` while load runs, so KV usage and queues line up with requests."""
 
-    def __init__(self, base_url: str, interval_s: float = 1.0):
+    def __init__(self, base_url: str, interval_s: float = 1.0, headers: dict[str, str] | None = None):
         self.base_url = base_url
+        self.headers = headers
         self.interval_s = interval_s
         self.samples: list[MetricsSnapshot] = []
         self.errors = 0
@@ -102,7 +104,7 @@ class MetricsSampler:
     async def _loop(self) -> None:
         while True:
             try:
-                snap = await asyncio.to_thread(fetch_metrics, self.base_url, 2.0)
+                snap = await asyncio.to_thread(fetch_metrics, self.base_url, 2.0, self.headers)
                 self.samples.append(snap)
             except Exception:  # a busy or dying server; counted, never fatal
                 self.errors += 1

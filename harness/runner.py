@@ -1,32 +1,58 @@
-"""One `kvbench run`: for each KV-cache dtype, a vLLM server, its capacity three ways, an SLO search and
-fixed-load phases, with /metrics and NVML alongside; one record, flushed after every dtype.
+"""One `kvbench run`: for each KV-cache dtype, a vLLM server (started here, or an --endpoint checked against
+what it says it runs), its capacity three ways, an SLO search and fixed-load phases, with /metrics and
+NVML alongside; one typed record (harness/records.py), flushed after every dtype, with its samples in Parquet.
 
-A dtype that fails (bad flag, OOM, server killed mid-run) is recorded as that dtype's failure with its log
-tail, and the run goes on with the next one. Nothing measured is dropped: an interrupted run writes what
-it has, marked "interrupted".
+`execute(plan)` is the one entry point (the CLI, the asv suite and the nightly all call it): it owns the
+event loop, SIGTERM, the deadline, and stopping every server; it returns the record, or raises
+`RunInterrupted` (carrying the record it wrote) when a signal or the deadline stopped the run.
+
+A dtype that fails (bad flag, OOM, server killed or hung mid-run) is recorded as that dtype's failure with
+its log tail, and the run goes on with the next one. Nothing measured is dropped.
 """
 
 from __future__ import annotations
 
 import asyncio
 import math
+import signal
+import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import aiohttp
 
 from kvbench.capacity import VLLM_DEFAULT_GPU_MEMORY_UTILIZATION, budget_from_bytes, capacity_row
-from kvbench.errors import UsageError
+from kvbench.errors import KvbenchError, UsageError
 from kvbench.formats import format_ratio, get_format
 from kvbench.harness import records
 from kvbench.harness.agreement import Sample, collect, compare
 from kvbench.harness.backend import OpenAIBackend
+from kvbench.harness.endpoint import Endpoint, ServerFacts, describe, redact_url
 from kvbench.harness.logparse import EngineCapacity, engine_failure
-from kvbench.harness.machine import environment, machine_name
-from kvbench.harness.metrics import SLO, summarize
+from kvbench.harness.machine import environment
+from kvbench.harness.metrics import DEFINITIONS, SLO, summarize
 from kvbench.harness.promscrape import MetricsSampler, capacity_from_metrics, fetch_metrics
+from kvbench.harness.records import (
+    Agreement,
+    Capacity,
+    DtypeResult,
+    DtypeStatus,
+    EngineCapacityRecord,
+    Finding,
+    MeasuredCapacity,
+    ModelCapacity,
+    Phase,
+    PhaseKind,
+    PhaseSummary,
+    RunRecord,
+    SampleStore,
+    ServerInfo,
+    Stop,
+    StopReason,
+)
 from kvbench.harness.scheduler import Concurrency, Rate, run_load
-from kvbench.harness.server import ServerConfig, ServerStartError, VllmServer, healthy
+from kvbench.harness.server import ServerConfig, ServerStartError, VllmServer, healthy, stop_all
 from kvbench.harness.slo import Objective, search
 from kvbench.harness.telemetry import NvmlSampler
 from kvbench.harness.workload import Workload, make_prompts
@@ -44,15 +70,17 @@ MIN_PROBE_REQUESTS = 16
 
 @dataclass
 class RunPlan:
-    model: str  # local path or HF id (the server's --model)
+    model: str | None  # what vLLM loads (managed) / the served model's local copy (endpoint), for its config
     kv_dtypes: list[str]
     workload: Workload
     loads: list[Concurrency | Rate]  # the fixed-load phases, in order
+    machine: str  # the results folder: results/<machine>/runs/
     objective: Objective | None = None  # SLO search when set
     search_cap: int | None = None  # highest concurrency to probe (default: 2x the engine's capacity)
     max_probes: int = 12
     probe_rounds: int = 3  # requests per probe = rounds x concurrency
-    endpoint: str | None = None  # benchmark a running server instead of starting one
+    endpoints: dict[str, Endpoint] | None = None  # dtype -> a running server to measure instead of starting one
+    tokenizer: str | None = None  # local tokenizer folder for the prompts (default: model)
     extra_args: list[str] = field(default_factory=list)
     server_env: dict[str, str] = field(default_factory=dict)
     max_model_len: int | None = None
@@ -61,7 +89,7 @@ class RunPlan:
     stall_timeout_s: float = 60.0
     request_timeout_s: float = 600.0
     warmup_requests: int = 2
-    model_name: str | None = None  # how records name the model (the tiny model's short name, an HF id)
+    model_name: str | None = None  # how records name the model (the tiny model's short name, an HF id, the served id)
     unsupported: dict[str, str] = field(default_factory=dict)  # dtype -> why it is recorded, not run
     client_realtime: bool = False  # SCHED_FIFO for the client (see harness/clientsched.py), where permitted
     agreement_prompts: int = 8  # end-to-end accuracy vs auto (harness/agreement.py); 0 turns it off
@@ -69,6 +97,11 @@ class RunPlan:
     notes: list[str] = field(default_factory=list)
 
     def as_dict(self) -> dict:
+        """The plan as a record stores it: no header, key or credential (URLs redacted)."""
+        endpoints = None
+        if self.endpoints:
+            endpoints = {d: e.redacted for d, e in self.endpoints.items()}
+        headers = sorted({h for e in (self.endpoints or {}).values() for h in e.headers})
         return {
             "model": self.model,
             "model_name": self.model_name or self.model,
@@ -79,7 +112,9 @@ class RunPlan:
             "search_cap": self.search_cap,
             "max_probes": self.max_probes,
             "probe_rounds": self.probe_rounds,
-            "endpoint": self.endpoint,
+            "endpoint": endpoints,
+            "headers_sent": headers,  # names only: values are secrets
+            "tokenizer": self.tokenizer,
             "extra_args": self.extra_args,
             "server_env": self.server_env,
             "max_model_len": self.max_model_len,
@@ -91,10 +126,6 @@ class RunPlan:
         }
 
 
-def _load_name(load) -> str:
-    return f"c{load.concurrency}" if isinstance(load, Concurrency) else f"r{load.rate:g}"
-
-
 class Reporter:
     """What the runner tells its caller (the CLI draws progress bars from it). Silent by default."""
 
@@ -104,115 +135,141 @@ class Reporter:
     def note(self, text: str) -> None: ...
 
 
+class RunInterrupted(KvbenchError):
+    """A signal or the deadline stopped the run; the record of what was measured is written (at `path`)."""
+
+    exit_code = 130
+
+    def __init__(self, record: RunRecord, path: Path):
+        stop = record.stopped
+        super().__init__(f"{stop.detail if stop else 'interrupted'}; partial record written to {path}")
+        self.record, self.path = record, path
+        self.reason = stop.reason if stop else StopReason.SIGNAL
+
+
 class Runner:
-    def __init__(self, plan: RunPlan, reporter: Reporter | None = None):
+    def __init__(self, plan: RunPlan, reporter: Reporter | None = None, extra: dict | None = None):
         self.plan = plan
         self.reporter = reporter or Reporter()
-        self.machine = machine_name()
-        self.run_id = records.new_run_id(self.machine)
-        self.path = records.record_path(plan.results_dir, self.machine, self.run_id)
-        self._current: VllmServer | None = None  # the server of the dtype being measured
+        self.run_id = records.new_run_id(plan.machine)
+        self.path = records.record_path(plan.results_dir, plan.machine, self.run_id)
+        self.samples = SampleStore(self.run_id)
         self._reference: list[dict] | None = None  # auto's greedy samples, for end-to-end agreement
-        self.doc = {
-            "schema": records.SCHEMA,
-            "run_id": self.run_id,
-            "created_at": records.utc_now(),
-            "status": "running",
-            "machine": self.machine,
-            "config": plan.as_dict(),
-            "environment": environment(),
-            "dtypes": [],
-            "findings": [],
-        }
+        self.record = RunRecord(
+            run_id=self.run_id,
+            created_at=records.utc_now(),
+            machine=plan.machine,
+            config=plan.as_dict(),
+            environment=environment(),
+            definitions=dict(DEFINITIONS),
+            **(extra or {}),
+        )
 
     def flush(self) -> Path:
-        return records.write_atomic(self.path, self.doc)
+        return records.write_record(self.path, self.record, self.samples)
 
-    async def run(self) -> dict:
-        # The 16-bit baseline runs first, so every quantized dtype can be compared with its outputs.
-        order = sorted(self.plan.kv_dtypes, key=lambda d: d != "auto")
+    async def run(self, deadline_s: float | None = None, deadline_note: str | None = None) -> RunRecord:
+        stop: Stop | None = None
         try:
-            for i, dtype in enumerate(order):
-                self.reporter.dtype_started(dtype, i, len(self.plan.kv_dtypes))
-                result = {"kv_cache_dtype": dtype, "status": "running", "phases": []}
-                self.doc["dtypes"].append(result)
-                if dtype in self.plan.unsupported:
-                    result.update(status="unsupported", error=self.plan.unsupported[dtype])
-                else:
-                    await self._one_dtype(dtype, result)
-                self.flush()
-            self.doc["findings"] = findings(self.doc, self._model_spec())
-            statuses = {d["status"] for d in self.doc["dtypes"]}
-            if statuses <= {"ok", "unsupported"}:
-                self.doc["status"] = "complete"
-            else:
-                self.doc["status"] = "failed" if statuses <= {"failed", "unsupported"} else "partial"
+            async with asyncio.timeout(deadline_s):
+                await self._all_dtypes()
+        except TimeoutError:
+            stop = Stop(reason=StopReason.DEADLINE, detail=deadline_note or f"stopped: the deadline of {deadline_s:.0f} s passed")
         except (KeyboardInterrupt, asyncio.CancelledError):
-            self.doc["status"] = "interrupted"
-            for d in self.doc["dtypes"]:
-                if d["status"] == "running":
-                    d["status"] = "partial"
-                    d["error"] = "interrupted (Ctrl-C)"
+            stop = Stop(reason=StopReason.SIGNAL, detail="interrupted (Ctrl-C or SIGTERM)")
             raise
         finally:
-            self.doc["finished_at"] = records.utc_now()
+            self._finish(stop)
+        return self.record
+
+    async def _all_dtypes(self) -> None:
+        # The 16-bit baseline runs first, so every quantized dtype can be compared with its outputs.
+        order = sorted(self.plan.kv_dtypes, key=lambda d: d != "auto")
+        for i, dtype in enumerate(order):
+            self.reporter.dtype_started(dtype, i, len(order))
+            result = DtypeResult(kv_cache_dtype=dtype)
+            self.record.dtypes.append(result)
+            if dtype in self.plan.unsupported:
+                result.status, result.error = DtypeStatus.UNSUPPORTED, self.plan.unsupported[dtype]
+            else:
+                await self._one_dtype(dtype, result)
             self.flush()
-        return self.doc
+
+    def _finish(self, stop: Stop | None) -> None:
+        rec = self.record
+        for d in rec.dtypes:
+            if d.status == DtypeStatus.RUNNING:  # the one that was being measured when the run stopped
+                d.status = DtypeStatus.PARTIAL if d.phases else DtypeStatus.FAILED
+                d.error = stop.detail if stop else "stopped"
+        rec.stopped = stop
+        rec.status = records.derive_status([d.status for d in rec.dtypes], stop is not None)
+        rec.findings = findings(rec, self._model_spec())
+        rec.finished_at = records.utc_now()
+        self.flush()
 
     # -- one dtype --------------------------------------------------------------------------------
 
-    async def _one_dtype(self, dtype: str, result: dict) -> None:
+    async def _one_dtype(self, dtype: str, result: DtypeResult) -> None:
         plan = self.plan
         server = None
         sampler = NvmlSampler(interval_s=0.1).start()
         try:
-            if plan.endpoint:
-                base_url = plan.endpoint.rstrip("/")
+            if plan.endpoints:
+                endpoint = plan.endpoints[dtype]
             else:
-                server = self._current = self._server(dtype)
-                result["log_path"] = str(server.log_path)
+                server = self._server(dtype)
+                result.log_path = str(server.log_path)
                 self.reporter.phase(dtype, "starting vLLM")
                 server.start()
                 try:
                     await asyncio.to_thread(server.wait_ready, None, None)
                 except ServerStartError as exc:
-                    result.update(status="failed", error=str(exc), log_tail=exc.log_tail)
+                    result.status, result.error, result.log_tail = DtypeStatus.FAILED, str(exc), exc.log_tail
                     return
-                result["server"] = {"base_url": server.base_url, "ready_after_s": server.ready_after_s}
-                base_url = server.base_url
+                endpoint = Endpoint(server.base_url)
+            headers = endpoint.headers
+            facts = await asyncio.to_thread(describe, endpoint.url, headers)
+            result.server = _server_info(facts, server)
+            served = facts.cache_dtype
+            result.kv_dtype_confirmed = None if served is None else served == dtype
+            if served is not None and served != dtype:
+                if server is None:  # it said otherwise at the start: it was replaced since; do not mislabel
+                    raise RuntimeError(f"the server at {facts.redacted} now runs kv-cache-dtype {served!r}, not {dtype!r}")
+                result.warnings.append(f"server reports cache_dtype {served!r}, asked for {dtype!r}")
 
-            before = await asyncio.to_thread(fetch_metrics, base_url)
-            result["metrics"] = {"before": before.as_dict()}
+            before = await asyncio.to_thread(fetch_metrics, endpoint.url, 5.0, headers)
+            result.metrics.before = before.as_dict()
             engine = (server.capacity() if server else None) or capacity_from_metrics(before)
-            result["capacity"] = self._capacity(dtype, engine, before.cache_config)
-            served = before.cache_config.get("cache_dtype")
-            if served and served != dtype:
-                result.setdefault("warnings", []).append(f"server reports cache_dtype {served!r}, asked for {dtype!r}")
+            result.capacity = self._capacity(dtype, engine, before.cache_config, facts)
 
-            backend = OpenAIBackend(base_url, await self._served_model(base_url), api=plan.workload.api,
-                                    request_timeout_s=plan.request_timeout_s)
-            sampler_http = MetricsSampler(base_url, interval_s=1.0)
+            backend = OpenAIBackend(endpoint.url, facts.served_model, api=plan.workload.api,
+                                    request_timeout_s=plan.request_timeout_s, headers=headers)
+            sampler_http = MetricsSampler(endpoint.url, interval_s=1.0, headers=headers)
             sampler_http.start()
             try:
-                await self._phases(dtype, backend, result, server)
+                await self._phases(dtype, backend, result, server, headers)
             finally:
                 await sampler_http.stop()
-                result["metrics"]["during"] = [s.as_dict() for s in sampler_http.samples]
+                result.metrics.during = self.samples.add_metrics(dtype, sampler_http.samples)
                 await backend.close()
             if server is None or server.alive():
-                result["metrics"]["after"] = (await asyncio.to_thread(fetch_metrics, base_url)).as_dict()
-            if result["status"] == "running":
-                result["status"] = "ok"
+                result.metrics.after = (await asyncio.to_thread(fetch_metrics, endpoint.url, 5.0, headers)).as_dict()
+            if result.status == DtypeStatus.RUNNING:
+                result.status = DtypeStatus.OK
         except Exception as exc:  # one dtype's failure never ends the run
-            result["status"] = "partial" if result.get("phases") else "failed"
-            result["error"] = f"{type(exc).__name__}: {exc}"
+            result.status = DtypeStatus.PARTIAL if result.phases else DtypeStatus.FAILED
+            result.error = _one_line(exc)
             if server is not None:
-                result["log_tail"] = server.log_tail()
+                result.log_tail = server.log_tail()
         finally:
-            result["telemetry"] = sampler.stop().as_dict()
+            telemetry = sampler.stop()
+            result.telemetry = records.TelemetrySummary(
+                available=telemetry.available, reason=telemetry.reason, interval_s=telemetry.interval_s,
+                samples=self.samples.add_telemetry(dtype, telemetry),
+            )
             if server is not None:
-                if result["status"] != "ok" and "log_tail" not in result:
-                    result["log_tail"] = server.log_tail()
+                if result.status != DtypeStatus.OK and not result.log_tail:
+                    result.log_tail = server.log_tail()
                 server.stop()
 
     def _server(self, dtype: str) -> VllmServer:
@@ -225,66 +282,68 @@ class Runner:
             env={"HF_HUB_OFFLINE": "1", **plan.server_env} if Path(plan.model).exists() else plan.server_env,
             startup_timeout_s=plan.startup_timeout_s,
         )
-        log = Path(plan.results_dir) / self.machine / "logs" / self.run_id / f"vllm-{dtype}.log"
+        log = Path(plan.results_dir) / plan.machine / "logs" / self.run_id / f"vllm-{dtype}.log"
         return VllmServer(cfg, log)
 
-    async def _served_model(self, base_url: str) -> str:
-        async with aiohttp.ClientSession() as s, s.get(f"{base_url}/v1/models") as resp:
-            data = await resp.json()
-        return data["data"][0]["id"]
-
     def _model_spec(self):
+        if not self.plan.model:
+            return None
         try:
             return load_model(self.plan.model)
-        except UsageError:
+        except KvbenchError:
             return None  # an HF id whose config is not on disk: no model-side prediction
 
-    def _capacity(self, dtype: str, engine: EngineCapacity | None, cache_config: dict) -> dict:
-        """Engine-reported capacity, and the capacity model's prediction for the same budget and block size."""
-        out: dict = {"engine": vars(engine) if engine else None, "model": None, "measured": None}
+    def _capacity(self, dtype: str, engine: EngineCapacity | None, cache_config: dict, facts: ServerFacts) -> Capacity:
+        """Engine-reported capacity, and the capacity model's prediction for the same budget, block size and
+        context (the server's own max_model_len where it says it)."""
+        out = Capacity(engine=EngineCapacityRecord(**vars(engine)) if engine else None)
         spec = self._model_spec()
         budget_bytes = _kv_budget_bytes(engine, cache_config)
         block = _int(cache_config.get("block_size"))
-        context = self.plan.max_model_len or (engine.tokens_per_request if engine else None)
-        if spec and budget_bytes and block and context:
-            try:
-                fmt = get_format(dtype)
-            except UsageError:
-                fmt = None
-            if fmt is not None:
-                gpu = self._catalog_gpu()
-                row = capacity_row(spec, fmt, context, budget_from_bytes(budget_bytes, "engine's KV memory"), gpu, block_size=block)
-                out["model"] = {
-                    "kv_tokens": row.kv_tokens,
-                    "max_concurrency": row.max_concurrency,
-                    "num_blocks": row.num_blocks,
-                    "budget_bytes": budget_bytes,
-                    "block_size": block,
-                    "context": context,
-                    "format": fmt.key,
-                    "gpu": gpu.key if gpu else None,
-                    "activation_overhead_bytes": self._overhead(spec, budget_bytes, cache_config),
-                }
+        context = facts.max_model_len or self.plan.max_model_len or (engine.tokens_per_request if engine else None)
+        missing = [what for what, have in (("the model's config.json", spec), ("the engine's KV budget", budget_bytes),
+                                           ("its block size", block), ("max_model_len", context)) if not have]
+        if missing:
+            out.model_note = "no capacity-model prediction: unknown " + ", ".join(missing)
+            return out
+        try:
+            fmt = get_format(dtype)
+        except UsageError:
+            out.model_note = f"no capacity-model prediction: kvbench has no format for {dtype!r}"
+            return out
+        gpu = self._catalog_gpu()
+        row = capacity_row(spec, fmt, context, budget_from_bytes(budget_bytes, "engine's KV memory"), gpu, block_size=block)
+        out.model = ModelCapacity(
+            kv_tokens=row.kv_tokens,
+            max_concurrency=row.max_concurrency,
+            num_blocks=row.num_blocks,
+            budget_bytes=budget_bytes,
+            block_size=block,
+            context=context,
+            format=fmt.key,
+            gpu=gpu.key if gpu else None,
+            activation_overhead_bytes=self._overhead(spec, budget_bytes, cache_config) if not self.plan.endpoints else None,
+        )
         return out
 
     def _catalog_gpu(self):
         from kvbench.gpus import match_nvml_name
 
-        gpus = self.doc["environment"].get("gpus") or []
+        gpus = self.record.environment.get("gpus") or []
         return match_nvml_name(gpus[0]["name"]) if gpus else None
 
     def _overhead(self, spec, budget_bytes: int, cache_config: dict) -> int | None:
         """What vLLM kept back besides weights and KV cache (activations, CUDA graphs, non-torch memory), per
         GPU: device memory x utilization - weights / TP - KV budget. The number `kvbench capacity
         --overhead-gb` asks for; only on a GPU whose KV budget vLLM derived itself."""
-        gpus = self.doc["environment"].get("gpus") or []
+        gpus = self.record.environment.get("gpus") or []
         if not gpus or _int(cache_config.get("kv_cache_memory_bytes")):
             return None
         util = float(cache_config.get("gpu_memory_utilization") or VLLM_DEFAULT_GPU_MEMORY_UTILIZATION)
         tp = _tensor_parallel(self.plan.extra_args)
         return int(gpus[0]["memory_bytes"] * util - spec.weight_bytes / tp - budget_bytes)
 
-    async def _phases(self, dtype: str, backend, result: dict, server: VllmServer | None) -> None:
+    async def _phases(self, dtype: str, backend, result: DtypeResult, server: VllmServer | None, headers: dict) -> None:
         plan = self.plan
         slo = SLO(ttft_ms=plan.objective.ttft_p95_ms, tpot_ms=plan.objective.tpot_p95_ms) if plan.objective else None
         stream = 0
@@ -296,7 +355,7 @@ class Runner:
             w = Workload(**{**plan.workload.as_dict(), "num_requests": n})
             return make_prompts(w, self._tokenizer, stream=stream)
 
-        async def phase(name: str, load, n: int):
+        async def phase(name: str, kind: PhaseKind, load, n: int):
             self.reporter.phase(dtype, name, total=n)
             warm = prompts(plan.warmup_requests) if plan.warmup_requests else ()
             load_result = await run_load(
@@ -309,78 +368,112 @@ class Runner:
                 warmup_prompts=warm,
                 realtime=plan.client_realtime,
             )
-            summary = summarize(load_result, slo)
-            result["phases"].append(
-                {"name": name, "mode": load.describe(), "summary": summary.as_dict(), "requests": [r.as_dict() for r in load_result.results]}
-            )
+            run_summary = summarize(load_result, slo)
+            summary = run_summary.as_dict()
+            summary.pop("definitions", None)  # once per record, not per phase
+            index = len(result.phases)
+            self.samples.add_requests(dtype, name, kind, index, load_result.warmup, warmup=True)
+            count = self.samples.add_requests(dtype, name, kind, index, load_result.results)
+            rate = getattr(load, "rate", None)
+            ph = Phase(name=name, kind=kind, concurrency=getattr(load, "concurrency", None),
+                       rate_rps=rate if rate is not None and math.isfinite(rate) else None,
+                       mode=load.describe(), summary=PhaseSummary.model_validate(summary), requests=count)
+            result.phases.append(ph)
             if load_result.interrupted:  # run_load keeps what it measured on Ctrl-C; the run stops here
                 raise asyncio.CancelledError
-            if not (server.alive() if server else True) or not await asyncio.to_thread(healthy, backend.base_url, 10.0):
+            alive = server.alive() if server else True
+            if not alive or not await asyncio.to_thread(healthy, backend.base_url, 10.0, headers):
                 cause = engine_failure(server.log_lines()) if server else None
                 raise RuntimeError(f"vLLM engine died during {name}: {cause or 'server stopped answering /health'}")
             if load_result.stalled:
                 raise RuntimeError(f"no progress for {plan.stall_timeout_s:g} s during {name}: server hung")
-            return summary
+            return run_summary
 
         if plan.agreement_prompts:
             # Light load first: a dtype whose engine later dies under load still gets its accuracy measured.
-            await self._agreement(dtype, backend, result)
+            await self._agreement(dtype, backend, result, headers)
 
         if plan.objective is not None:
-            engine = (result["capacity"] or {}).get("engine") or {}
-            engine_conc = engine.get("max_concurrency")
+            engine_conc = result.capacity.engine.max_concurrency if result.capacity.engine else None
             cap = plan.search_cap or (max(2, math.ceil(2 * engine_conc)) if engine_conc else 64)
 
             async def probe(c: int):
-                return await phase(f"slo-c{c}", Concurrency(c), max(c * plan.probe_rounds, MIN_PROBE_REQUESTS))
+                return await phase(f"slo-c{c}", PhaseKind.SLO_PROBE, Concurrency(c), max(c * plan.probe_rounds, MIN_PROBE_REQUESTS))
 
             found = await search(probe, plan.objective, cap=cap, max_probes=plan.max_probes)
-            result["capacity"]["measured"] = {
-                "max_concurrency": found.max_concurrency,
-                "capped": found.capped,
-                "cap": cap,
-                "slo": vars(plan.objective),
-                "probes": [vars(p) for p in found.probes],
-            }
+            result.capacity.measured = MeasuredCapacity(
+                max_concurrency=found.max_concurrency,
+                capped=found.capped,
+                cap=cap,
+                slo=vars(plan.objective),
+                probes=[vars(p) for p in found.probes],
+            )
 
         for i, load in enumerate(plan.loads):
             name = "fixed" if i == 0 else f"fixed-{_load_name(load)}"
-            summary = await phase(name, load, plan.workload.num_requests)
+            summary = await phase(name, PhaseKind.FIXED, load, plan.workload.num_requests)
             if summary.all_failed:
                 raise RuntimeError(f"every request of phase {name} failed: {summary.failure_reasons}")
 
-    async def _agreement(self, dtype: str, backend, result: dict) -> None:
+    async def _agreement(self, dtype: str, backend, result: DtypeResult, headers: dict) -> None:
         plan = self.plan
         self.reporter.phase(dtype, "agreement (greedy outputs vs auto)")
         tokens, prompt_tokens = plan.agreement_tokens, plan.workload.prompt_tokens
-        if plan.max_model_len:
+        max_len = (result.server.max_model_len if result.server else None) or plan.max_model_len
+        if max_len:
             # Scoring sends prompt + continuation + 1 new token: all of it must fit in max_model_len.
-            tokens = min(tokens, max(1, plan.max_model_len // 4))
-            prompt_tokens = max(1, min(prompt_tokens, plan.max_model_len - tokens - 1))
-        w = Workload(**{**plan.workload.as_dict(), "prompt_tokens": prompt_tokens, "num_requests": plan.agreement_prompts, "api": "completions"})
+            tokens = min(tokens, max(1, max_len // 4))
+            prompt_tokens = max(1, min(prompt_tokens, max_len - tokens - 1))
+        w = Workload(**{**plan.workload.as_dict(), "prompt_tokens": prompt_tokens, "num_requests": plan.agreement_prompts,
+                        "api": "completions"})
         prompts = [p.content for p in make_prompts(w, self._tokenizer, stream=AGREEMENT_STREAM)]
+        agreement = Agreement(prompts=len(prompts), prompt_tokens=prompt_tokens, tokens=tokens)
+        result.agreement = agreement
         try:
             reference = [Sample(**r) for r in self._reference] if self._reference is not None else None
-            data = await collect(backend.base_url, backend.model, prompts, tokens, reference, plan.stall_timeout_s)
+            data = await collect(backend.base_url, backend.model, prompts, tokens, reference, plan.stall_timeout_s, headers)
         except (aiohttp.ClientError, asyncio.TimeoutError, KeyError, ValueError) as exc:
             # This part failed; the load phases still run (and find out for themselves if the server is gone).
-            result["agreement"] = {"error": f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__}
+            agreement.error = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
             return
-        data.update(prompt_tokens=prompt_tokens, tokens=tokens)
+        self.samples.add_agreement(dtype, data["samples"], data["teacher_forced"])
         if dtype == "auto":
             self._reference = data["samples"]
         elif self._reference is not None:
-            data["vs_auto"] = compare(self._reference, data["samples"], data["teacher_forced"])
-        result["agreement"] = data
+            agreement.vs_auto = compare(self._reference, data["samples"], data["teacher_forced"])
 
     @property
     def _tokenizer(self):
         if not hasattr(self, "_tok"):
             from kvbench.harness.workload import load_tokenizer
 
-            self._tok = load_tokenizer(self.plan.model)
+            self._tok = load_tokenizer(self.plan.tokenizer or self.plan.model)
         return self._tok
 
+
+def _server_info(facts: ServerFacts, server: VllmServer | None) -> ServerInfo:
+    cc = facts.cache_config
+    return ServerInfo(
+        managed=server is not None,
+        base_url=redact_url(facts.base_url),
+        ready_after_s=server.ready_after_s if server else None,
+        served_model=facts.served_model,
+        model_root=facts.model_root,
+        max_model_len=facts.max_model_len,
+        vllm_version=facts.vllm_version,
+        cache_dtype=facts.cache_dtype,
+        block_size=_int(cc.get("block_size")),
+        num_gpu_blocks=_int(cc.get("num_gpu_blocks")),
+    )
+
+
+def _one_line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split())
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def _load_name(load) -> str:
+    return f"c{load.concurrency}" if isinstance(load, Concurrency) else f"r{load.rate:g}"
 
 
 def _tensor_parallel(args: list[str]) -> int:
@@ -396,9 +489,10 @@ def _tensor_parallel(args: list[str]) -> int:
 
 def _int(text) -> int | None:
     try:
-        return int(float(text))
+        value = float(text)
     except (TypeError, ValueError):
         return None
+    return int(value) if math.isfinite(value) else None
 
 
 def _kv_budget_bytes(engine: EngineCapacity | None, cache_config: dict) -> int | None:
@@ -411,18 +505,22 @@ def _kv_budget_bytes(engine: EngineCapacity | None, cache_config: dict) -> int |
     return None
 
 
-def findings(doc: dict, spec) -> list[dict]:
-    """Loud, plain-language findings: dtypes the platform probably did not honour, a starved client."""
-    out = _starved_client(doc)
+def findings(record: RunRecord, spec) -> list[Finding]:
+    """Loud, plain-language findings: dtypes the platform probably did not honour, a starved client.
+
+    A dtype whose server did not say what it runs (kv_dtype_confirmed None) gives no "not honoured"
+    finding: its capacity may belong to any dtype."""
+    out = _starved_client(record)
     engine = {
-        d["kv_cache_dtype"]: ((d.get("capacity") or {}).get("engine") or {}).get("kv_tokens")
-        for d in doc["dtypes"]
+        d.kv_cache_dtype: d.capacity.engine.kv_tokens
+        for d in record.dtypes
+        if d.capacity.engine and d.kv_dtype_confirmed is not None
     }
     base = engine.get("auto")
     if spec is None or not base:
         return out
     for dtype, tokens in engine.items():
-        if dtype == "auto" or not tokens:
+        if dtype == "auto":
             continue
         try:
             expected = format_ratio(get_format(dtype), get_format("auto"), spec)
@@ -431,42 +529,80 @@ def findings(doc: dict, spec) -> list[dict]:
         actual = tokens / base
         if abs(actual / expected - 1) > HONOURED_TOLERANCE:
             out.append(
-                {
-                    "level": "warning",
-                    "dtype": dtype,
-                    "engine_ratio": actual,
-                    "format_ratio": expected,
-                    "text": (
+                Finding(
+                    level="warning",
+                    dtype=dtype,
+                    engine_ratio=actual,
+                    format_ratio=expected,
+                    text=(
                         f"{dtype} was probably NOT honoured on this platform: the engine holds {actual:.2f}x the tokens of "
                         f"auto, but the {dtype} format implies {expected:.2f}x ({abs(actual / expected - 1) * 100:.0f}% off; "
                         f"tolerance {HONOURED_TOLERANCE * 100:.0f}%)."
                     ),
-                }
+                )
             )
     return out
 
 
-def run_plan(plan: RunPlan, reporter: Reporter | None = None) -> tuple[dict, Path]:
-    runner = Runner(plan, reporter)
-    doc = asyncio.run(runner.run())
-    return doc, runner.path
-
-
-def _starved_client(doc: dict) -> list[dict]:
+def _starved_client(record: RunRecord) -> list[Finding]:
     worst = (0.0, None, None)
-    for d in doc["dtypes"]:
-        for phase in d.get("phases", []):
-            frac = (phase.get("summary") or {}).get("client_runqueue_wait_fraction") or 0.0
+    for d in record.dtypes:
+        for phase in d.phases:
+            frac = phase.summary.client_runqueue_wait_fraction or 0.0
             if frac > worst[0]:
-                worst = (frac, d["kv_cache_dtype"], phase["name"])
+                worst = (frac, d.kv_cache_dtype, phase.name)
     frac, dtype, name = worst
     if frac <= STARVED_CLIENT_FRACTION:
         return []
-    return [{
-        "level": "warning",
-        "dtype": dtype,
-        "text": (
+    return [Finding(
+        level="warning",
+        dtype=dtype,
+        text=(
             f"the load generator waited for a CPU {frac:.0%} of phase {name} ({dtype}): its latencies include its own "
             "queueing. Run on a quieter machine, or with --realtime (SCHED_FIFO; needs root or CAP_SYS_NICE)."
         ),
-    }]
+    )]
+
+
+# -- the one entry point ------------------------------------------------------------------------------
+
+
+def _sigterm(*_):  # SIGTERM takes the same clean path as Ctrl-C
+    raise KeyboardInterrupt
+
+
+def execute(
+    plan: RunPlan,
+    reporter: Reporter | None = None,
+    *,
+    extra: dict | None = None,
+    deadline_s: float | None = None,
+    deadline_note: str | None = None,
+    on_finish: Callable[[RunRecord], None] | None = None,
+) -> tuple[RunRecord, Path]:
+    """Run a plan to its record: (record, path). Every server is stopped however it ends.
+
+    extra: top-level record fields the caller adds (asv link, nightly entry). deadline_s: stop after this
+    many seconds (the record is kept, status interrupted, reason deadline). on_finish(record): called before
+    the final write (e.g. to note the host load after the run). Raises RunInterrupted after writing the
+    partial record when a signal or the deadline stopped the run."""
+    records.check_writable(plan.results_dir, plan.machine)
+    runner = Runner(plan, reporter, extra)
+    main = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, _sigterm) if main else None
+    try:
+        try:
+            asyncio.run(runner.run(deadline_s, deadline_note))
+        except KeyboardInterrupt:
+            if runner.record.stopped is None:  # before the runner could mark it (e.g. while the loop started)
+                runner._finish(Stop(reason=StopReason.SIGNAL, detail="interrupted (Ctrl-C or SIGTERM)"))
+    finally:
+        if main:
+            signal.signal(signal.SIGTERM, previous)
+        stop_all()
+    if on_finish is not None:
+        on_finish(runner.record)
+        runner.flush()
+    if runner.record.stopped is not None:
+        raise RunInterrupted(runner.record, runner.path)
+    return runner.record, runner.path

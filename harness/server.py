@@ -65,10 +65,11 @@ class ServerConfig:
         return args + list(self.extra_args)
 
 
-def healthy(base_url: str, timeout_s: float = 2.0) -> bool:
+def healthy(base_url: str, timeout_s: float = 2.0, headers: dict[str, str] | None = None) -> bool:
     """vLLM answers /health with 200 only while its engine is alive."""
     try:
-        with urllib.request.urlopen(f"{base_url}/health", timeout=timeout_s) as resp:
+        req = urllib.request.Request(f"{base_url}/health", headers=headers or {})
+        with urllib.request.urlopen(req, timeout=timeout_s) as resp:
             return resp.status == 200
     except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
         return False

@@ -14,7 +14,7 @@ from rich.console import Console
 # Piped output (CI logs, files) gets room for wide tables instead of rich's 80-column default.
 _WIDTH = None if sys.stdout.isatty() or os.environ.get("COLUMNS") else 160
 console = Console(width=_WIDTH)
-err_console = Console(stderr=True)
+err_console = Console(stderr=True, width=None if sys.stderr.isatty() or os.environ.get("COLUMNS") else 160)
 
 
 def jsonable(obj):

@@ -6,10 +6,8 @@ Both return plain dicts ({kv_dtype: {field: number or None}}) so asv can pickle 
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
-import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -94,8 +92,8 @@ def serving_numbers(root: Path, model: str | None = None) -> dict:
     from kvbench.harness.defaults import build_plan
     from kvbench.harness.machine import nvml_gpus
     from kvbench.harness.records import headline
-    from kvbench.harness.runner import Runner
-    from kvbench.harness.server import stop_all
+    from kvbench.harness.runner import execute
+    from kvbench.harness.vllm_info import accepted_kv_dtypes
 
     gpus, _ = nvml_gpus()
     defaults = load_toml("run_defaults.toml")["gpu" if gpus else "cpu"]
@@ -103,34 +101,29 @@ def serving_numbers(root: Path, model: str | None = None) -> dict:
         defaults=defaults,
         on_gpu=bool(gpus),
         model=model or os.environ.get(ENV_MODEL) or None,
-        kv_dtypes=",".join(KV_DTYPES),
+        kv_dtypes=list(KV_DTYPES),
         slo={},  # the SLO search with the machine's default objective: measured capacity
         unknown_dtypes="record",
         results_dir=results_dir(root),
         python=sys.executable,
+        machine=os.environ.get(ENV_MACHINE) or None,  # `kvbench history run` names the asv machine
     )
-    runner = Runner(plan)
-    runner.doc["asv"] = asv_link(root)
-    # which --kv-cache-dtype values this vLLM accepts: releases differ in it, and the tracked three are a subset
-    from kvbench.harness.vllm_info import accepted_kv_dtypes
+    extra = {
+        "asv": asv_link(root),
+        # which --kv-cache-dtype values this vLLM accepts: releases differ in it, and the tracked three are a subset
+        "vllm_kv_dtypes": list(accepted_kv_dtypes(sys.executable)),
+        # other work on the box distorts every latency: the record says how busy it was (1/5/15-min load averages)
+        "host_load": {"cpus": os.cpu_count(), "before": list(os.getloadavg())},
+    }
 
-    runner.doc["vllm_kv_dtypes"] = list(accepted_kv_dtypes(sys.executable))
-    # other work on the box distorts every latency: the record says how busy it was (1/5/15-min load averages)
-    runner.doc["host_load"] = {"cpus": os.cpu_count(), "before": list(os.getloadavg())}
+    def after(record):
+        record.host_load["after"] = list(os.getloadavg())
 
-    def _sigterm(*_):  # asv's timeout terminates us: stop the vLLM servers and keep the partial record
-        raise KeyboardInterrupt
-
-    previous = signal.signal(signal.SIGTERM, _sigterm)
-    try:
-        doc = asyncio.run(runner.run())
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-        stop_all()
-    runner.doc["host_load"]["after"] = list(os.getloadavg())
-    runner.flush()
+    # asv's timeout terminates us: execute() turns SIGTERM into a clean stop and keeps the partial record
+    record, path = execute(plan, extra=extra, on_finish=after)
+    doc = record.as_doc()
     by_dtype = {d["kv_cache_dtype"]: {"status": d["status"], **headline(d)} for d in doc["dtypes"]}
-    return {"run_id": doc["run_id"], "record": str(runner.path), "status": doc["status"], "dtypes": by_dtype}
+    return {"run_id": doc["run_id"], "record": str(path), "status": doc["status"], "dtypes": by_dtype}
 
 
 def accuracy_numbers() -> dict:

@@ -139,8 +139,9 @@ def test_slo_search_edges():
 
 
 def test_records_atomic_write_and_frame(tmp_path):
+    # A kvbench.run/1 document (what earlier kvbench wrote): still read, upgraded to the v2 shape.
     doc = {
-        "schema": records.SCHEMA,
+        "schema": records.SCHEMA_V1,
         "run_id": "r1",
         "created_at": "2026-11-29T16:00:00+00:00",
         "status": "complete",
@@ -198,13 +199,16 @@ def test_capacity_block_on_a_gpu_measures_the_overhead(tmp_path):
     from kvbench.harness.workload import Workload
     from kvbench.models import load_model
 
+    from kvbench.harness.endpoint import ServerFacts
+
     plan = RunPlan(model="llama-3.1-8b", kv_dtypes=["auto"], workload=Workload(1024, 256, 8), loads=[Concurrency(4)],
-                   max_model_len=4096, results_dir=tmp_path, extra_args=["-tp", "1"])
+                   machine="h100-sxm-80gb", max_model_len=4096, results_dir=tmp_path, extra_args=["-tp", "1"])
     runner = Runner(plan)
-    runner.doc["environment"]["gpus"] = [{"index": 0, "name": "NVIDIA H100 80GB HBM3", "memory_bytes": 81559 * 2**20}]
+    runner.record.environment["gpus"] = [{"index": 0, "name": "NVIDIA H100 80GB HBM3", "memory_bytes": 81559 * 2**20}]
     engine = EngineCapacity("GPU", 400_000, 97.66, 4096, "log", kv_cache_gib=50.0)
-    cap = runner._capacity("auto", engine, {"block_size": "16", "gpu_memory_utilization": "0.92"})
-    model = cap["model"]
+    facts = ServerFacts("http://127.0.0.1:1", "llama", None, None, None)
+    cap = runner._capacity("auto", engine, {"block_size": "16", "gpu_memory_utilization": "0.92"}, facts)
+    model = cap.model.model_dump()
     assert model["gpu"] == "h100-sxm" and model["budget_bytes"] == 50 * 2**30
     expected = 81559 * 2**20 * 0.92 - load_model("llama-3.1-8b").weight_bytes - 50 * 2**30
     assert model["activation_overhead_bytes"] == pytest.approx(expected, abs=1)

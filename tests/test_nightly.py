@@ -20,6 +20,8 @@ import pytest
 
 from kvbench.datafiles import data_path
 from kvbench.errors import UsageError
+from kvbench.harness.records import DtypeStatus, RunRecord
+from kvbench.harness.runner import Runner
 from kvbench.nightly import config as nconfig
 from kvbench.nightly import estimate as nestimate
 from kvbench.nightly import matrix as nmatrix
@@ -313,40 +315,24 @@ def test_detect_maps_the_nvml_name_to_a_section(monkeypatch):
 # -- the night, with the harness faked -------------------------------------------------------------------
 
 
-class FakeRunner:
-    """Stands in for kvbench.harness.runner.Runner: records per-dtype outcomes from FakeRunner.outcomes."""
+class FakeRunner(Runner):
+    """The real Runner (record, deadline, flush) with each dtype's measurement faked: per-dtype outcomes from
+    FakeRunner.outcomes, each taking FakeRunner.sleep_s."""
 
     outcomes: dict[str, str] = {}
     sleep_s = 0.0
     made: list = []
 
-    def __init__(self, plan, reporter=None):
-        self.plan = plan
-        self.path = Path(plan.results_dir) / "cpu-test" / "runs" / f"fake-{len(FakeRunner.made)}.json"
-        self.doc = {"status": "running", "dtypes": []}
+    def __init__(self, plan, reporter=None, extra=None):
+        super().__init__(plan, reporter, extra)
         FakeRunner.made.append(self)
 
-    def flush(self):
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.path.write_text(json.dumps(self.doc))
-
-    async def run(self):
-        try:
-            for d in self.plan.kv_dtypes:
-                self.doc["dtypes"].append({"kv_cache_dtype": d, "status": "running"})
-                await asyncio.sleep(self.sleep_s)
-                status = FakeRunner.outcomes.get(d, "ok")
-                self.doc["dtypes"][-1].update(status=status, **({"error": f"{d} broke\nTraceback tail"} if status != "ok" else {}))
-            self.doc["status"] = "complete"
-        except asyncio.CancelledError:
-            self.doc["status"] = "interrupted"
-            for d in self.doc["dtypes"]:
-                if d["status"] == "running":
-                    d.update(status="partial", error="interrupted (Ctrl-C)")
-            raise
-        finally:
-            self.flush()
-        return self.doc
+    async def _one_dtype(self, dtype, result):
+        await asyncio.sleep(self.sleep_s)
+        status = FakeRunner.outcomes.get(dtype, "ok")
+        result.status = DtypeStatus(status)
+        if status != "ok":
+            result.error = f"{dtype} broke\nTraceback tail"
 
 
 def fake_night(tmp_path, monkeypatch, raw: dict, outcomes=None, sleep_s=0.0):
@@ -390,10 +376,10 @@ def test_an_entry_that_cannot_start_fails_and_the_next_one_runs(tmp_path, monkey
     night, progress = fake_night(tmp_path, monkeypatch, two_entries())
     real = nmatrix.run_plan
 
-    def run_plan(entry, on_gpu, results_dir):
+    def run_plan(entry, on_gpu, results_dir, machine=None):
         if entry.workload == "cpu-small":
             raise OSError("tokenizer.json: no such file")
-        return real(entry, on_gpu, results_dir)
+        return real(entry, on_gpu, results_dir, machine)
 
     monkeypatch.setattr(nmatrix, "run_plan", run_plan)
     doc = night.run(progress)
@@ -416,7 +402,7 @@ def test_budget_spent_skips_the_remaining_entries_and_records_them(tmp_path, mon
     first, second = doc["entries"]
     assert first["status"] == "interrupted" and "budget" in first["error"]
     rec = json.loads(Path(first["record"]).read_text())
-    assert rec["status"] == "interrupted" and "budget" in rec["nightly"]["stopped"]
+    assert rec["status"] == "interrupted" and rec["stopped"]["reason"] == "deadline" and "budget" in rec["stopped"]["detail"]
     assert any("budget" in (d.get("error") or "") for d in rec["dtypes"])  # not called a Ctrl-C
     assert second["status"] == "skipped" and "budget" in second["error"] and len(FakeRunner.made) == 1
     assert doc["status"] == "failed" and any("skipped" in r for r in doc["reasons"])
@@ -425,7 +411,7 @@ def test_budget_spent_skips_the_remaining_entries_and_records_them(tmp_path, mon
 def test_records_are_tagged_with_the_night(tmp_path, monkeypatch):
     night, progress = fake_night(tmp_path, monkeypatch, shipped(**OFF))
     night.run(progress)
-    tag = FakeRunner.made[0].doc["nightly"]
+    tag = FakeRunner.made[0].record.nightly
     assert tag["id"] == night.id and tag["entry"] == "tiny/cpu-small/fixed-load" and tag["section"] == "cpu"
 
 
@@ -461,8 +447,10 @@ def test_a_dtype_that_failed_in_the_history_point_fails_the_night_unless_expecte
         runs.mkdir(parents=True, exist_ok=True)
         from kvbench.harness.records import utc_now
 
-        (runs / "point.json").write_text(json.dumps({"created_at": utc_now(), "asv": {"commit": "abc"}, "dtypes": [
-            {"kv_cache_dtype": "auto", "status": "ok"}, {"kv_cache_dtype": "nvfp4", "status": "partial", "error": "engine died"}]}))
+        point = RunRecord(run_id="point", created_at=utc_now(), machine="cpu-test", status="partial", asv={"commit": "abc"},
+                          dtypes=[{"kv_cache_dtype": "auto", "status": "ok"},
+                                  {"kv_cache_dtype": "nvfp4", "status": "partial", "error": "engine died"}])
+        (runs / "point.json").write_text(json.dumps(point.as_doc()))
         log = tmp_path / "history.log"
         log.write_text("$ kvbench history run\n")
         return 0, 1.0, log

@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from kvbench.harness.records import headline, load_record
+from kvbench.harness.records import fixed_phase, headline, load_record
 from kvbench.output import console, num, print_json
 
 NAME = "report"
@@ -28,11 +28,22 @@ def render(doc: dict, path: Path | None = None) -> None:
         f"[bold]run {doc.get('run_id')}[/] on {doc.get('machine')} — status [bold]{doc.get('status')}[/]"
         + (f"  ({path})" if path else "")
     )
+    served = {(d.get("server") or {}).get("vllm_version") for d in doc.get("dtypes", []) if d.get("server")}
+    served = sorted(v for v in served if v)
+    engine = (f"vLLM {', '.join(served) or 'version unknown'} (endpoint)" if cfg.get("endpoint")
+              else f"{vllm.get('package')} {vllm.get('version')}")
     console.print(
-        f"model {cfg.get('model_name')}, {vllm.get('package')} {vllm.get('version')}; "
+        f"model {cfg.get('model_name')}, {engine}; "
         f"{w.get('prompt_tokens')} prompt + {w.get('output_tokens')} output tokens per request; "
         f"max_model_len {cfg.get('max_model_len')}"
     )
+    for d in doc.get("dtypes", []):
+        server = d.get("server") or {}
+        if server and not server.get("managed", True):
+            confirmed = {True: "confirmed by the server", False: "CONTRADICTED by the server",
+                         None: "not stated by the server (unchecked)"}[d.get("kv_dtype_confirmed")]
+            console.print(f"{d['kv_cache_dtype']}: endpoint {server.get('base_url')} serving {server.get('served_model')} "
+                          f"({server.get('model_root')}), vLLM {server.get('vllm_version') or 'unknown'}; KV dtype {confirmed}")
     slo = cfg.get("slo")
     if slo:
         console.print(f"SLO for measured capacity: TTFT P95 <= {slo.get('ttft_p95_ms')} ms, TPOT P95 <= {slo.get('tpot_p95_ms')} ms")
@@ -68,9 +79,9 @@ def render(doc: dict, path: Path | None = None) -> None:
             f"{h['engine_kv_tokens']:,}" if h["engine_kv_tokens"] else "—",
             f"{h['model_kv_tokens']:,}" if h["model_kv_tokens"] else "—",
         )
-        fixed = next((p for p in d.get("phases", []) if p.get("name") == "fixed"), None)
+        fixed = fixed_phase(d)
         mode = (fixed or {}).get("mode") or {}
-        load = f"concurrency {mode['concurrency']}" if "concurrency" in mode else (f"{mode.get('rate')} req/s" if mode else "—")
+        load = f"concurrency {mode['concurrency']}" if "concurrency" in mode else (f"{mode.get('rate_rps')} req/s" if mode else "—")
         lat.add_row(
             d["kv_cache_dtype"],
             load,
@@ -118,7 +129,7 @@ def render(doc: dict, path: Path | None = None) -> None:
                 num(a.get("logprob_delta_max"), 4),
             )
         console.print(acc)
-    fixed_phases = [p for d in doc.get("dtypes", []) for p in d.get("phases", []) if p.get("name") == "fixed"]
+    fixed_phases = [p for p in (fixed_phase(d) for d in doc.get("dtypes", [])) if p]
     policies = sorted({(p.get("summary") or {}).get("client_policy") or "unknown" for p in fixed_phases})
     waits = [(p.get("summary") or {}).get("client_runqueue_wait_fraction") for p in fixed_phases]
     waits = [w for w in waits if w is not None]

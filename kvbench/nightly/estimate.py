@@ -205,11 +205,8 @@ def estimate_entry(entry: Entry, plan: MachinePlan, consts: dict | None = None) 
 def history_entry(plan: MachinePlan) -> Entry:
     """The asv history point's serving run: `kvbench run` with the backend defaults and the SLO search."""
     from kvbench.nightly.matrix import Entry
+    from kvbench.tracked import KV_DTYPES
 
-    try:
-        from kvbench.tracked import KV_DTYPES
-    except ImportError:  # the history suite has not landed in this kvbench
-        KV_DTYPES = ("auto", "fp8", "nvfp4")
     d = backend_defaults(plan.on_gpu)
     return Entry(
         name=f"asv history point ({plan.history_model.label})", model=plan.history_model,
@@ -226,12 +223,9 @@ def history_runs_serving(bench: list[str]) -> bool:
 
     if not bench:
         return True
-    try:
-        from kvbench.tracked import metrics
+    from kvbench.tracked import metrics
 
-        names = [m.benchmark for m in metrics() if m.source == "run"]
-    except ImportError:
-        names = ["bench_serving.Serving.track_output_throughput"]
+    names = [m.benchmark for m in metrics() if m.source == "run"]
     return any(re.search(regex, name) for regex in bench for name in names)
 
 

@@ -140,7 +140,7 @@ def expand(cfg: NightlyConfig, key: str) -> MachinePlan:
     return plan
 
 
-def run_plan(entry: Entry, on_gpu: bool, results_dir: Path):
+def run_plan(entry: Entry, on_gpu: bool, results_dir: Path, machine: str | None = None):
     """The harness RunPlan of one entry: build_plan with the backend's defaults and the entry's values.
     Dtypes the installed vLLM does not accept are recorded as unsupported, not fatal (one bad dtype must not
     cost the night)."""
@@ -153,7 +153,7 @@ def run_plan(entry: Entry, on_gpu: bool, results_dir: Path):
         defaults=defaults,
         on_gpu=on_gpu,
         model=serve,
-        kv_dtypes=",".join(entry.kv_dtypes),
+        kv_dtypes=list(entry.kv_dtypes),
         concurrency=list(entry.concurrency),
         slo=entry.slo,
         search_cap=entry.search_cap,
@@ -165,6 +165,7 @@ def run_plan(entry: Entry, on_gpu: bool, results_dir: Path):
         extra_args=list(entry.extra_args),
         unknown_dtypes="record",
         results_dir=results_dir,
+        machine=machine,
     )
     if entry.model.name != TINY:
         plan.model_name = entry.model.name

@@ -15,7 +15,6 @@ gate and the dashboard still run: they are what tells you what happened.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import signal
@@ -28,7 +27,7 @@ from pathlib import Path
 from rich.markup import escape
 
 from kvbench.errors import KvbenchError, UsageError
-from kvbench.harness.records import linked_records
+from kvbench.harness.records import linked_records, load_record
 from kvbench.nightly.config import CPU, NightlyConfig
 from kvbench.nightly.estimate import MachineEstimate
 from kvbench.nightly.matrix import Entry, MachinePlan, served_model
@@ -174,8 +173,6 @@ class Nightly:
     def history(self) -> StepResult:
         if not self.cfg.history.enabled:
             return StepResult("history", "skipped", "disabled in [history]")
-        if not _has_command("history"):
-            return StepResult("history", "not run", "this kvbench has no `kvbench history` command (the asv history has not landed)")
         if self.remaining_s() <= 0:
             return StepResult("history", "skipped", f"budget of {self.plan.cfg.max_minutes:g} min spent")
         args = ["history", "run", "--venv", sys.prefix, "--machine", self.target.machine, "--config", str(self.asv_conf)]
@@ -197,7 +194,10 @@ class Nightly:
         record = self._history_record(started)
         if record is None:
             return StepResult("history", "ok", "history point added (its run record was not found)", secs, str(log))
-        doc = json.loads(record.read_text())
+        try:
+            doc = load_record(record)
+        except UsageError as exc:
+            return StepResult("history", "failed", f"history point added, but its run record is unreadable: {exc}", secs, str(log))
         dtypes = {d["kv_cache_dtype"]: d["status"] for d in doc.get("dtypes", [])}
         errors = {d["kv_cache_dtype"]: _last_line(str(d.get("error") or d["status"])) for d in doc.get("dtypes", []) if d["status"] != "ok"}
         expected = {d: self.plan.cfg.expected_failures[d] for d in errors if d in self.plan.cfg.expected_failures}
@@ -215,10 +215,10 @@ class Nightly:
         return found[-1] if found else None
 
     def matrix(self, progress_factory) -> None:
-        from kvbench.commands.run import ProgressReporter
-        from kvbench.harness.runner import Runner
-        from kvbench.harness.server import stop_all
+        from kvbench.harness.runner import RunInterrupted, execute
+        from kvbench.harness.records import StopReason
         from kvbench.nightly.matrix import run_plan
+        from kvbench.progress import ProgressReporter
 
         estimates = {e.name: e.total_s for e in self.estimate.entries}
         for i, entry in enumerate(self.plan.entries):
@@ -232,37 +232,34 @@ class Nightly:
                                f"(estimate {result.estimate_s / 60:.1f} min, {self.remaining_s() / 60:.1f} min of budget left)")
             t0 = time.monotonic()
             try:
-                rp = run_plan(entry, self.plan.on_gpu, self.results_dir)
+                rp = run_plan(entry, self.plan.on_gpu, self.results_dir, self.target.machine)
             except KvbenchError as exc:
                 result.status, result.error = "failed", str(exc)
                 continue
             except Exception as exc:  # e.g. a tokenizer that will not load: this entry fails, the night goes on
                 result.status, result.error = "failed", f"{type(exc).__name__}: {exc}"
                 continue
-            progress = progress_factory()
-            runner = Runner(rp, ProgressReporter(progress))
-            runner.doc["nightly"] = {"id": self.id, "entry": entry.name, "section": self.plan.key, "config": str(self.cfg_path),
-                                     "vllm_wanted": self.plan.vllm}
-            result.record = str(runner.path)
-            timed_out = False
+            extra = {"nightly": {"id": self.id, "entry": entry.name, "section": self.plan.key, "config": str(self.cfg_path),
+                                 "vllm_wanted": self.plan.vllm}}
+            budget = f"stopped: the nightly budget of {self.plan.cfg.max_minutes:g} min ran out"
+            record = None
             try:
-                with progress:
-                    asyncio.run(_bounded(runner.run(), self.remaining_s()))
-            except TimeoutError:
-                timed_out = True
-            except KeyboardInterrupt:
-                self.interrupted = True
-                result.status, result.error = "interrupted", "interrupted (Ctrl-C or SIGTERM)"
-                raise
+                with progress_factory() as progress:
+                    record, path = execute(rp, ProgressReporter(progress), extra=extra, deadline_s=max(0.0, self.remaining_s()),
+                                           deadline_note=budget)
+                result.record = str(path)
+            except RunInterrupted as exc:
+                record, result.record = exc.record, str(exc.path)
+                result.status, result.error = "interrupted", exc.record.stopped.detail
+                if exc.reason == StopReason.SIGNAL:
+                    self.interrupted = True
+                    raise KeyboardInterrupt from None
             except Exception as exc:  # a harness bug must not cost the rest of the night
                 result.status, result.error = "failed", f"{type(exc).__name__}: {exc}"
             finally:
-                stop_all()
                 result.seconds = time.monotonic() - t0
-            if timed_out:
-                _mark_budget_stop(runner, self.plan.cfg.max_minutes)
-                result.status, result.error = "interrupted", f"stopped: the budget of {self.plan.cfg.max_minutes:g} min ran out"
-            self._classify(result, runner.doc, entry)
+            if record is not None:
+                self._classify(result, record.as_doc(), entry)
 
     def _classify(self, result: EntryResult, doc: dict, entry: Entry) -> None:
         expected = self.plan.cfg.expected_failures
@@ -284,8 +281,6 @@ class Nightly:
     def gate(self) -> StepResult:
         if not self.cfg.gate.enabled:
             return StepResult("gate", "skipped", "disabled in [gate]")
-        if not _has_command("regress"):
-            return StepResult("gate", "not run", "this kvbench has no `kvbench regress` command (the regression gate has not landed)")
         args = ["regress", "--machine", self.target.machine, "--results", str(self.results_dir), "--config", str(self.asv_conf), "--json"]
         if self.cfg.gate.window is not None:
             args += ["--window", str(self.cfg.gate.window)]
@@ -390,20 +385,6 @@ class Nightly:
 # -- small helpers ------------------------------------------------------------------------------------
 
 
-async def _bounded(coro, seconds: float):
-    return await asyncio.wait_for(coro, timeout=max(0.0, seconds))
-
-
-def _mark_budget_stop(runner, max_minutes: float) -> None:
-    """The harness calls every cancellation Ctrl-C; say what stopped this entry, and keep the record."""
-    why = f"stopped: the nightly budget of {max_minutes:g} min ran out"
-    for d in runner.doc.get("dtypes", []):
-        if d.get("error") == "interrupted (Ctrl-C)":
-            d["error"] = why
-    runner.doc["status"] = "interrupted"
-    runner.doc.setdefault("nightly", {})["stopped"] = why
-    runner.flush()
-
 
 def _stop_group(proc: subprocess.Popen) -> None:
     """SIGTERM the step's process group (kvbench turns it into a clean stop), SIGKILL after a grace period."""
@@ -419,12 +400,6 @@ def _stop_group(proc: subprocess.Popen) -> None:
         except ProcessLookupError:
             pass
         proc.wait()
-
-
-def _has_command(name: str) -> bool:
-    import importlib.util
-
-    return importlib.util.find_spec(f"kvbench.commands.{name}") is not None
 
 
 def _last_line(text: str) -> str:
