@@ -264,11 +264,7 @@ def newest_record_per_machine(records: list[dict]) -> list[dict]:
 
 
 def load_history(results_dir: Path, asv_conf: Path | None, data: SiteData) -> None:
-    try:
-        from kvbench import history
-    except ImportError:
-        data.history_note = "kvbench.history is not available in this kvbench"
-        return
+    from kvbench import history
     if not (Path(results_dir) / "benchmarks.json").is_file():
         data.history_note = "no asv results: benchmarks.json is missing"
         return
@@ -290,11 +286,8 @@ def load_history(results_dir: Path, asv_conf: Path | None, data: SiteData) -> No
     # One vLLM release after another can run on the same kvbench commit: a point's time is when it ran.
     frame["when"] = frame["run_started"].fillna(frame["commit_date"]) if "run_started" in frame else frame["commit_date"]
     data.history = frame.sort_values(["machine", "metric", "kv_dtype", "when"], kind="stable").reset_index(drop=True)
-    try:
-        from kvbench import regress
-    except ImportError:
-        data.history_note = "kvbench.regress is not available: regressions are not marked"
-        return
+    from kvbench import regress
+
     try:
         found = regress.find_regressions(data.history, **regression_settings(regress))
     except Exception as exc:  # a broken rule must not take the other pages down; the overview lists it

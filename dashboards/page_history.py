@@ -195,12 +195,9 @@ def glance_figure(frame: pd.DataFrame, regressions: pd.DataFrame, metrics: list[
 def metric_order(history: pd.DataFrame, regressions: pd.DataFrame) -> list[str]:
     """Metrics with a regression first, then metrics.toml's order (capacity, latency, throughput, accuracy)."""
     present = list(pd.unique(history["metric"]))
-    try:
-        from kvbench.tracked import metrics
+    from kvbench.tracked import metrics
 
-        known = [m.name for m in metrics()]
-    except ImportError:
-        known = []
+    known = [m.name for m in metrics()]
     order = [m for m in known if m in present] + [m for m in present if m not in known]
     flagged = set(_flagged(regressions)["metric"]) if not regressions.empty else set()
     return [m for m in order if m in flagged] + [m for m in order if m not in flagged]

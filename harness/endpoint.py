@@ -71,6 +71,10 @@ def check_url(url: str, flag: str = "--endpoint") -> str:
         parts.port  # noqa: B018 - raises on a bad port
     except ValueError:
         raise UsageError(f"{flag} {redact_url(url)!r} has an invalid port; give e.g. http://127.0.0.1:8000") from None
+    if parts.query or parts.fragment:
+        # kvbench appends vLLM's routes (/v1/completions, /metrics, /health) to the base URL: a query cannot ride along
+        raise UsageError(f"{flag} {redact_url(url)!r} has a query string; give the base URL only and pass a key with "
+                         "--api-key (or OPENAI_API_KEY) or --header 'NAME: VALUE'")
     return url.strip().rstrip("/")
 
 
@@ -79,8 +83,8 @@ def parse_endpoints(text: str) -> dict[str | None, str]:
     text = text.strip()
     if not text:
         raise UsageError("--endpoint is empty; give a URL, or DTYPE=URL pairs: auto=http://h:8000,fp8=http://h:8001")
-    if "=" not in text.split("://", 1)[0] and "://" in text and "," not in text:
-        return {None: check_url(text)}
+    if "=" not in text.split("://", 1)[0] and "," not in text:
+        return {None: check_url(text)}  # one server (its dtype comes from the server)
     out: dict[str | None, str] = {}
     for part in text.split(","):
         dtype, sep, url = part.strip().partition("=")

@@ -154,6 +154,7 @@ class Runner:
         self.run_id = records.new_run_id(plan.machine)
         self.path = records.record_path(plan.results_dir, plan.machine, self.run_id)
         self.samples = SampleStore(self.run_id)
+        self.server: VllmServer | None = None  # the server of the dtype being measured (managed runs)
         self._reference: list[dict] | None = None  # auto's greedy samples, for end-to-end agreement
         self.record = RunRecord(
             run_id=self.run_id,
@@ -217,7 +218,7 @@ class Runner:
             if plan.endpoints:
                 endpoint = plan.endpoints[dtype]
             else:
-                server = self._server(dtype)
+                server = self.server = self._server(dtype)
                 result.log_path = str(server.log_path)
                 self.reporter.phase(dtype, "starting vLLM")
                 server.start()

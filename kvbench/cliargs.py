@@ -14,21 +14,18 @@ from kvbench.errors import UsageError
 
 
 def number(value: float | int | None, flag: str, *, low: float | None = None, high: float | None = None,
-           low_open: bool = False, allow_inf: bool = False, unit: str = "") -> float | int | None:
+           low_open: bool = False, allow_inf: bool = False, unit: str = "", kind: str = "a finite number") -> float | int | None:
     """`value` itself if it is finite (or +inf where allowed) and within [low, high] (low excluded with
     low_open); None passes (the flag was not given)."""
     if value is None:
         return None
     unit = f" {unit}" if unit else ""
-    if isinstance(value, float) and math.isnan(value):
-        raise UsageError(f"{flag} must be a number{unit}, got nan")
-    if isinstance(value, float) and math.isinf(value) and not (allow_inf and value > 0):
-        raise UsageError(f"{flag} must be a finite number{unit}, got {value}")
-    if low is not None and (value <= low if low_open else value < low):
-        bound = f"greater than {low:g}" if low_open else f"at least {low:g}"
-        raise UsageError(f"{flag} must be {bound}{unit}, got {value:g}")
-    if high is not None and value > high:
-        raise UsageError(f"{flag} must be at most {high:g}{unit}, got {value:g}")
+    lo = "" if low is None else (f" > {low:g}" if low_open else f" >= {low:g}")
+    hi = "" if high is None else f" <= {high:g}"
+    valid = f"{kind}{lo}{' and' if lo and hi else ''}{hi}{unit}" + (" (or inf)" if allow_inf else "")
+    bad = (isinstance(value, float) and (math.isnan(value) or (math.isinf(value) and not (allow_inf and value > 0))))
+    if bad or (low is not None and (value <= low if low_open else value < low)) or (high is not None and value > high):
+        raise UsageError(f"{flag} must be {valid}, got {value:g}")
     return value
 
 
@@ -39,7 +36,7 @@ def positive(value, flag: str, unit: str = ""):
 
 def at_least_one(value, flag: str, unit: str = ""):
     """A whole number >= 1."""
-    return number(value, flag, low=1, unit=unit)
+    return number(value, flag, low=1, unit=unit, kind="a whole number")
 
 
 def int_list(text: str, flag: str, example: str = "8,16,32") -> list[int]:

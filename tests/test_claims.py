@@ -80,3 +80,38 @@ def test_measured_values_only_from_matching_runs():
     assert got["4x-users"] == pytest.approx(366 / 104)
     assert "users-fp8-4k" not in got
     assert measured_values(load_claims(), None) == {}
+
+
+CLAIM = '[[claims]]\nid = "x"\ntext = "t"\nquantity = "bytes_per_element"\ndtype = "fp8"\nclaimed = 1\n'
+
+
+@pytest.mark.parametrize("source", [
+    'source = "javascript:alert(1)"',
+    'source = "data:text/html,<script>x</script>"',
+    'source = "../../../etc/passwd"',
+    'source = "/etc/passwd"',
+    '[source]\ntitle = "t"\nurl = "javascript:alert(1)"',
+    '[source]\nfile = "../secret.txt"',
+])
+def test_a_claims_source_is_an_http_url_or_a_file_inside_the_claims_folder(tmp_path, source):
+    (tmp_path / "secret.txt").write_text("not for the site")
+    folder = tmp_path / "claims"
+    folder.mkdir()
+    path = folder / "c.toml"
+    path.write_text(f"{CLAIM}\n{source}\n" if source.startswith("[source]") else f"{source}\n{CLAIM}")
+    with pytest.raises(UsageError) as exc:
+        load_claims(path)
+    assert "\n" not in str(exc.value)
+
+
+def test_safe_sources_are_kept(tmp_path):
+    (tmp_path / "article.txt").write_text("the article")
+    path = tmp_path / "c.toml"
+    path.write_text(f'{CLAIM}\n[source]\ntitle = "T"\npublisher = "P"\ndate = "2026-10-29"\nurl = "https://example.org/a"\nfile = "article.txt"\n')
+    src = load_claims(path)["source"]
+    assert (src.url, src.file.name, src.publisher) == ("https://example.org/a", "article.txt", "P")
+
+
+def test_the_shipped_claims_name_their_article():
+    src = load_claims()["source"]
+    assert src.title and src.publisher.startswith("Spheron") and src.date == "2026-10-29" and src.file is None

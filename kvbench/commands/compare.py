@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from kvbench.errors import UsageError
+from kvbench import cliargs
 from kvbench.output import console, fmt_pct, fmt_value, print_json
 
 NAME = "compare"
@@ -24,8 +24,7 @@ def command(
     config: Annotated[Path, typer.Option("--config", help="asv config (accuracy values come from the asv history).")] = Path("asv.conf.json"),
     as_json: Annotated[bool, typer.Option("--json", help="Print the rows as JSON.")] = False,
 ) -> int:
-    if threshold is not None and threshold < 0:
-        raise UsageError(f"--threshold must be a non-negative percentage, got {threshold}")
+    cliargs.number(threshold, "--threshold", low=0, unit="%")
     from kvbench.compare import accuracy_values, compare, machine_kind_of, resolve, side_values
 
     sa, sb = resolve(a, results, machine), resolve(b, results, machine)

@@ -12,6 +12,7 @@ import typer
 from rich.table import Table
 
 from kvbench.errors import UsageError, unknown_choice
+from kvbench import cliargs
 from kvbench.output import console, err_console, print_json
 
 NAME = "kernels"
@@ -57,6 +58,8 @@ def command(
     ctxs = _ints(contexts or grid["contexts"], "--contexts")
     bats = _ints(batches or grid["batches"], "--batches")
     wtok = _ints(write_tokens, "--write-tokens") if write_tokens else sorted(set(bats) | set(ctxs))
+    cliargs.positive(max_cache_gb, "--max-cache-gb", "GB")
+    cliargs.positive(max_seconds, "--max-seconds", "s")
     if block_size <= 0 or block_size & (block_size - 1):
         raise UsageError(f"--block-size must be a power of two, got {block_size}")
     if gpu is not None:
@@ -71,9 +74,12 @@ def command(
     import torch
 
     if not interpret and not torch.cuda.is_available():
-        console.print("kvbench kernels: no CUDA GPU here, so there is nothing to time (the kernels need SM80+). "
-                      "`kvbench kernels --interpret` runs them on tiny shapes in Triton's CPU interpreter; "
-                      "the tests check them against the torch reference the same way.")
+        why = ("no CUDA GPU here, so there is nothing to time (the kernels need SM80+). `kvbench kernels --interpret` "
+               "runs them on tiny shapes in Triton's CPU interpreter; the tests check them against the torch reference the same way.")
+        if as_json:
+            print_json({"status": "no gpu", "reason": why, "record": None})
+        else:
+            console.print(f"kvbench kernels: {why}")
         return
     if not interpret and torch.cuda.get_device_capability() < (8, 0):
         raise UsageError(f"{torch.cuda.get_device_name()} is below SM80; the kernels need SM80 or newer")

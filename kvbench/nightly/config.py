@@ -41,7 +41,8 @@ PositiveFloat = Annotated[float, Field(gt=0)]
 
 
 class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # allow_inf_nan=False: `max_minutes = inf` would switch the budget guard off, nan would compare false
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class VllmConfig(Strict):
@@ -133,8 +134,10 @@ def load(path: str | Path | None = None) -> tuple[NightlyConfig, Path]:
         raw = tomllib.loads(path.read_text())
     except FileNotFoundError:
         raise UsageError(f"nightly config not found: {path}") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise UsageError(f"{path}: not valid TOML ({exc})") from None
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise UsageError(f"{path}: not valid TOML ({' '.join(str(exc).split())})") from None
+    except IsADirectoryError:
+        raise UsageError(f"nightly config {path} is a folder; give a TOML file") from None
     return parse(raw, path), path
 
 
