@@ -34,6 +34,7 @@ class SiteData:
     records: list[dict] = field(default_factory=list)  # run records as read, each with "_path"
     runs: pd.DataFrame = field(default_factory=pd.DataFrame)  # one row per (run, dtype)
     probes: pd.DataFrame = field(default_factory=pd.DataFrame)  # one row per SLO-search phase
+    fronts: pd.DataFrame = field(default_factory=pd.DataFrame)  # one row per point of a dtype's trade-off curve
     findings: pd.DataFrame = field(default_factory=pd.DataFrame)  # one row per run finding
     history: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=HISTORY_COLUMNS))
     regressions: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=REGRESSION_COLUMNS))
@@ -132,8 +133,46 @@ def run_rows(doc: dict, path: Path | None) -> list[dict]:
                 "honoured": d.get("kv_cache_dtype") not in flagged,
                 "finding": flagged.get(d.get("kv_cache_dtype")),
                 "log_tail": "\n".join((d.get("log_tail") or [])[-8:]),
+                **_ci_columns(d.get("fixed_stats") or {}),
             }
         )
+    return rows
+
+
+CI_METRICS = ("ttft_p95_ms", "tpot_p95_ms", "output_throughput_tps", "goodput_rps", "request_throughput_rps")
+
+
+def _ci_columns(stats: dict) -> dict:
+    """`<metric>_ci_low/_ci_high/_n` for the headline metrics that were repeated (for error bars)."""
+    out = {}
+    for m in CI_METRICS:
+        st = stats.get(m) or {}
+        out.update({f"{m}_ci_low": st.get("ci_low"), f"{m}_ci_high": st.get("ci_high"), f"{m}_n": st.get("n")})
+    return out
+
+
+def front_rows(doc: dict) -> list[dict]:
+    """Every point of every dtype's trade-off curve, with what the pages group and hover by."""
+    env = doc.get("environment") or {}
+    cfg = doc.get("config") or {}
+    workload = cfg.get("workload") or {}
+    rows = []
+    for d in doc.get("dtypes") or []:
+        f = d.get("front") or {}
+        for p in f.get("points") or []:
+            rows.append({
+                **p,
+                "run_id": doc.get("run_id"), "created_at": doc.get("created_at"), "machine": doc.get("machine"),
+                "vllm_version": ((env.get("vllm") or {}).get("version")), "gpu": gpu_of(env), "kv_cache_dtype": d.get("kv_cache_dtype"),
+                "model": cfg.get("model_name") or cfg.get("model"), "prompt_tokens": workload.get("prompt_tokens"),
+                "output_tokens": workload.get("output_tokens"), "gpus": f.get("gpus"), "price_per_gpu_hour": f.get("price_per_gpu_hour"),
+                "price_key": f.get("price_key"), "energy_j_per_output_token": None,
+            })
+        by_phase = {ph.get("name"): (ph.get("energy") or {}) for ph in d.get("phases") or []}
+        for row in rows[len(rows) - len(f.get("points") or []):]:
+            e = by_phase.get(row["phase"]) or {}
+            if e.get("valid"):
+                row["energy_j_per_output_token"] = e.get("j_per_output_token")
     return rows
 
 
@@ -200,7 +239,7 @@ def load_runs(results_dir: Path, data: SiteData) -> None:
     except KvbenchError as exc:
         data.problems.append(str(exc))
         paths = []
-    rows, probes, findings = [], [], []
+    rows, probes, findings, fronts = [], [], [], []
     for path in paths:
         try:
             doc = run_records.load_record(path)
@@ -212,12 +251,14 @@ def load_runs(results_dir: Path, data: SiteData) -> None:
         data.records.append(doc)
         rows += doc_rows
         probes += probe_rows(doc)
+        fronts += front_rows(doc)
         for f in doc.get("findings") or []:
             findings.append({"run_id": doc.get("run_id"), "machine": doc.get("machine"), "created_at": doc.get("created_at"),
                              "kv_cache_dtype": f.get("dtype"), "level": f.get("level"), "text": f.get("text")})
     data.runs = _dated(pd.DataFrame(rows), ["created_at", "kv_cache_dtype"])
     data.probes = _dated(pd.DataFrame(probes), ["created_at", "kv_cache_dtype", "order"])
     data.findings = _dated(pd.DataFrame(findings), ["created_at"])
+    data.fronts = _dated(pd.DataFrame(fronts), ["created_at", "kv_cache_dtype", "concurrency"])
     data.records.sort(key=lambda d: str(d.get("created_at")))
 
 

@@ -43,9 +43,15 @@ def comparison_figure(rows: pd.DataFrame) -> go.Figure:
             missing = pts[col].isna()
             # A dtype that ran but has no number (it failed) gets an empty slot labelled with its status.
             value = [f"not measured ({text(s)})" if m else f"{v:.4g} {unit}" for v, m, s in zip(pts[col], missing, pts["status"])]
+            lo, hi = f"{col}_ci_low", f"{col}_ci_high"
+            error = None
+            if lo in pts and pts[lo].notna().any():  # repeated fixed loads: the 95% interval of the mean
+                error = {"type": "data", "symmetric": False, "array": (pts[hi] - pts[col]).fillna(0).tolist(),
+                         "arrayminus": (pts[col] - pts[lo]).fillna(0).tolist(), "color": "#333", "thickness": 1.2}
             fig.add_trace(
                 go.Bar(
                     x=[labels[m] for m in pts["machine"]], y=pts[col].fillna(0), name=esc(dtype), legendgroup=dtype, showlegend=i == 0,
+                    error_y=error,
                     marker={"color": color(dtype), "line": {"color": "#333", "width": 0.5},
                             "pattern": {"shape": {"fp8": "/", "nvfp4": "x"}.get(dtype, ""), "fgcolor": "#fff"}},
                     text=[f"✕ {esc(text(s))}" if m else "" for m, s in zip(missing, pts["status"])], textposition="outside",

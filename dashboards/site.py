@@ -23,13 +23,14 @@ from kvbench.dashboards import (
     page_kernels,
     page_latency,
     page_overview,
+    page_tradeoff,
 )
 from kvbench.dashboards.components import Page
 from kvbench.dashboards.data import SiteData
 from kvbench.dashboards.theme import esc
 from kvbench.errors import UsageError
 
-PAGES = (page_overview, page_history, page_gpus, page_capacity, page_latency, page_claims, page_kernels)
+PAGES = (page_overview, page_history, page_gpus, page_capacity, page_latency, page_tradeoff, page_claims, page_kernels)
 MARKER = ".kvbench-dashboard"  # only folders carrying it are ever replaced
 PLOTLY_JS = "assets/plotly.min.js"
 STYLE_CSS = "assets/style.css"

@@ -49,6 +49,11 @@ def build_plan(
     realtime: bool | None = None,
     python: str = sys.executable,
     machine: str | None = None,
+    sweep: bool | None = None,
+    sweep_max: int | None = None,
+    repeat: int | None = None,
+    prices: dict[str, float] | None = None,
+    target_user_tps: float | None = None,
 ) -> RunPlan:
     from kvbench.harness.machine import machine_name
 
@@ -61,6 +66,11 @@ def build_plan(
     cliargs.number(stall_timeout_s, "--stall-timeout", low=1, unit="s")  # below 1 s a healthy prefill reads as a hang
     cliargs.positive(startup_timeout_s, "--startup-timeout", unit="s")
     cliargs.positive(burstiness, "--burstiness")
+    cliargs.at_least_one(sweep_max, "--sweep-max")
+    cliargs.at_least_one(repeat, "--repeat")
+    cliargs.positive(target_user_tps, "--target-user-tps", "tokens/s per user")
+    for key, price in (prices or {}).items():
+        cliargs.number(price, f"--price-per-hour {key}", low=0, unit="USD per GPU-hour")
     for c in concurrency or []:
         cliargs.at_least_one(c, "--concurrency")
     for r in rates or []:
@@ -131,6 +141,8 @@ def build_plan(
         args += ["--kv-cache-memory-bytes", str(defaults["kv_cache_memory_bytes"])]
         notes.append(f"CPU default: KV cache fixed at {defaults['kv_cache_memory_bytes']:,} bytes so capacity, not the cores, limits concurrency")
 
+    gpus = _parallel_size(args)
+    price_key, price = _price_for_this_machine(prices or {}, on_gpu)
     check_writable(results_dir, machine)  # before anything is measured: a result that cannot be saved is lost
     return RunPlan(
         model=model,
@@ -151,8 +163,39 @@ def build_plan(
         startup_timeout_s=defaults["startup_timeout_s"] if startup_timeout_s is None else startup_timeout_s,
         unsupported=unsupported,
         client_realtime=defaults.get("client_realtime", False) if realtime is None else realtime,
+        sweep=defaults.get("sweep", False) if sweep is None else sweep,
+        sweep_max=sweep_max,
+        repeat=defaults.get("repeat", 1) if repeat is None else repeat,
+        gpus=gpus,
+        price_per_gpu_hour=price,
+        price_key=price_key,
+        target_user_tps=target_user_tps,
         notes=notes,
     )
+
+
+def _parallel_size(args: list[str]) -> int:
+    """GPUs one server spans: --tensor-parallel-size x --pipeline-parallel-size from the vLLM arguments."""
+    from kvbench.harness.runner import _tensor_parallel
+
+    return _tensor_parallel(args) * _tensor_parallel(args, ("--pipeline-parallel-size", "-pp"))
+
+
+def _price_for_this_machine(prices: dict[str, float], on_gpu: bool) -> tuple[str | None, float | None]:
+    """The --price-per-hour entry for this machine's accelerator: its GPU catalog key, or "cpu" without a GPU."""
+    if not prices:
+        return None, None
+    from kvbench.gpus import match_nvml_name
+    from kvbench.harness.machine import nvml_gpus
+
+    key = "cpu"
+    if on_gpu:
+        gpus, _ = nvml_gpus()
+        spec = match_nvml_name(gpus[0]["name"]) if gpus else None
+        key = spec.key if spec else (gpus[0]["name"] if gpus else "cpu")
+    if key not in prices:
+        raise UsageError(f"--price-per-hour names {', '.join(sorted(prices))}, but this machine is {key}; give {key}=USD")
+    return key, prices[key]
 
 
 def known_dtype(name: str, python: str) -> bool:

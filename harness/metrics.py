@@ -18,6 +18,7 @@ Definitions (milliseconds unless named otherwise; percentiles are numpy's linear
   completed / duration; output_throughput_tps = usage completion tokens of completed requests / duration;
   total_token_throughput_tps adds their usage prompt tokens. Both are None when any completed request lacks
   usage (counts are never guessed).
+- Interactivity (E2E-normalised, `user_tps_e2e_p50`): median over completed requests of output tokens / E2E s.
 - Goodput (DistServe): completed requests meeting every SLO given (value <= SLO), per second and as a
   fraction of all requests sent (failures count against it). A request of one output token has TPOT 0
   for goodput, as in vLLM.
@@ -157,6 +158,9 @@ class RunSummary:
     total_token_throughput_tps: float | None
     goodput_rps: float | None
     goodput_fraction: float | None
+    # Interactivity as a user waiting for the whole answer sees it: the median over completed requests of
+    # output tokens / E2E seconds (tokens/s per user, E2E-normalised; the front's other x axis is 1000 / TPOT).
+    user_tps_e2e_p50: float | None
     good_requests: int | None
     slo: dict | None
     failure_reasons: dict[str, int]
@@ -192,6 +196,10 @@ class RunSummary:
         d = asdict(self)
         d["all_failed"] = self.all_failed
         return d
+
+
+def _median(values: list[float]) -> float | None:
+    return float(np.median(values)) if values else None
 
 
 def _ms(values_s) -> list[float]:
@@ -299,6 +307,7 @@ def summarize(load_result: LoadResult | dict, slo: SLO | None = None) -> RunSumm
         output_throughput_tps=completion_total / dur if dur and counts_known else None,
         total_token_throughput_tps=(prompt_total + completion_total) / dur if dur and counts_known else None,
         goodput_rps=(good / dur if dur else None) if good is not None else None,
+        user_tps_e2e_p50=_median([r.completion_tokens / r.e2e_s for r in done if r.completion_tokens and r.e2e_s]),
         goodput_fraction=(good / len(results) if results else None) if good is not None else None,
         good_requests=good,
         slo=slo.as_dict() if slo is not None else None,

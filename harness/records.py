@@ -65,7 +65,8 @@ class DtypeStatus(StrEnum):
 
 class PhaseKind(StrEnum):
     SLO_PROBE = "slo_probe"  # one probe of the SLO search
-    FIXED = "fixed"  # a fixed-load phase (--concurrency / --rate)
+    SWEEP = "sweep"  # one point of the concurrency ladder (the trade-off curve)
+    FIXED = "fixed"  # a fixed-load phase (--concurrency / --rate), `repeat` times
 
 
 class StopReason(StrEnum):
@@ -89,7 +90,8 @@ def derive_status(statuses: list[DtypeStatus], stopped: bool) -> RunStatus:
 
 class _Model(BaseModel):
     # Unknown keys are kept (a newer kvbench may add some); known ones must have the right type and range.
-    model_config = ConfigDict(extra="allow", populate_by_name=True, allow_inf_nan=False, use_enum_values=False)
+    model_config = ConfigDict(extra="allow", populate_by_name=True, allow_inf_nan=False, use_enum_values=False,
+                              validate_assignment=True)
 
 
 class Distribution(_Model):
@@ -104,6 +106,10 @@ class Distribution(_Model):
     std: float | None = None
     min: float | None = None
     max: float | None = None
+
+    def get(self, key: str, default=None):
+        """Dict-style access, as the SLO objective reads summaries (kvbench.harness.slo.Objective)."""
+        return getattr(self, key, default)
 
 
 class PhaseSummary(_Model):
@@ -143,6 +149,9 @@ class Phase(_Model):
     mode: dict[str, Any] = Field(default_factory=dict)  # the scheduler's own description
     summary: PhaseSummary
     requests: int = Field(0, ge=0)  # rows of this phase in the requests Parquet
+    repeat: int = Field(0, ge=0)  # which repetition of its load (fixed phases with --repeat)
+    started_s: float | None = None  # perf_counter() at the phase's origin (the NVML samples' clock)
+    energy: dict[str, Any] | None = None  # kvbench.harness.energy.Energy over the phase
 
 
 class EngineCapacityRecord(_Model):
@@ -244,10 +253,36 @@ class DtypeResult(_Model):
     metrics: MetricsRecord = Field(default_factory=MetricsRecord)
     telemetry: TelemetrySummary = Field(default_factory=TelemetrySummary)
     agreement: Agreement | None = None
+    fixed_stats: dict[str, Stat] | None = None  # headline metrics over the repeats of the first fixed load
+    front: Front | None = None
 
     def phase(self, kind: PhaseKind) -> Phase | None:
         """The first phase of a kind (for FIXED: the headline load)."""
         return next((p for p in self.phases if p.kind == kind), None)
+
+
+class Stat(_Model):
+    """One headline metric over the repeats of a fixed load: mean and a 95% t interval."""
+
+    n: int = Field(ge=1)
+    mean: float
+    std: float | None = None
+    ci_low: float | None = None
+    ci_high: float | None = None
+    values: list[float] = Field(default_factory=list)
+
+
+class Front(_Model):
+    """The trade-off curve of one dtype (kvbench.harness.front): every closed-loop point, which are on the
+    Pareto front, and the cost where prices were given."""
+
+    gpus: int = Field(ge=1)
+    price_per_gpu_hour: float | None = Field(None, ge=0)
+    price_key: str | None = None  # which --price-per-hour entry priced it (a GPU catalog key, or "cpu")
+    points: list[dict[str, Any]] = Field(default_factory=list)
+    at_slo: dict[str, Any] | None = None  # the best measured point that met the SLO
+    at_target: dict[str, Any] | None = None  # interpolated along the front at target_user_tps
+    target_user_tps: float | None = None
 
 
 class Finding(_Model):
@@ -284,6 +319,7 @@ class RunRecord(_Model):
     stopped: Stop | None = None
     samples: SamplesRef | None = None
     definitions: dict[str, str] = Field(default_factory=dict)  # what each latency metric means
+    comparisons: list[dict[str, Any]] = Field(default_factory=list)  # each dtype vs auto: paired CIs, cost
 
     @field_validator("created_at", "finished_at")
     @classmethod
@@ -636,9 +672,15 @@ def headline(dtype_result: dict) -> dict:
     engine, model, measured = cap.get("engine") or {}, cap.get("model") or {}, cap.get("measured") or {}
     s = (fixed_phase(dtype_result) or {}).get("summary") or {}
     vs_auto = (dtype_result.get("agreement") or {}).get("vs_auto") or {}
+    repeated = dtype_result.get("fixed_stats") or {}
 
     def stat(metric: str, p: str):
+        if f"{metric[:-3]}_{p}_ms" in repeated:  # the mean over the repeats, where there were repeats
+            return repeated[f"{metric[:-3]}_{p}_ms"]["mean"]
         return (s.get(metric) or {}).get(p)
+
+    def value(key: str):
+        return repeated[key]["mean"] if key in repeated else s.get(key)
 
     return {
         "engine_kv_tokens": engine.get("kv_tokens"),
@@ -652,9 +694,9 @@ def headline(dtype_result: dict) -> dict:
         "tpot_p95_ms": stat("tpot_ms", "p95"),
         "itl_p95_ms": stat("itl_ms", "p95"),
         "e2e_p95_ms": stat("e2e_ms", "p95"),
-        "request_throughput_rps": s.get("request_throughput_rps"),
-        "output_throughput_tps": s.get("output_throughput_tps"),
-        "goodput_rps": s.get("goodput_rps"),
+        "request_throughput_rps": value("request_throughput_rps"),
+        "output_throughput_tps": value("output_throughput_tps"),
+        "goodput_rps": value("goodput_rps"),
         "completed": s.get("completed"),
         "failed": s.get("failed"),
         "greedy_agreement": vs_auto.get("token_agreement"),

@@ -25,7 +25,7 @@ import aiohttp
 from kvbench.capacity import VLLM_DEFAULT_GPU_MEMORY_UTILIZATION, budget_from_bytes, capacity_row
 from kvbench.errors import KvbenchError, UsageError
 from kvbench.formats import format_ratio, get_format
-from kvbench.harness import records
+from kvbench.harness import energy, front, records, repeats
 from kvbench.harness.agreement import Sample, collect, compare
 from kvbench.harness.backend import OpenAIBackend
 from kvbench.harness.endpoint import Endpoint, ServerFacts, describe, redact_url
@@ -40,6 +40,7 @@ from kvbench.harness.records import (
     DtypeStatus,
     EngineCapacityRecord,
     Finding,
+    Front,
     MeasuredCapacity,
     ModelCapacity,
     Phase,
@@ -53,7 +54,7 @@ from kvbench.harness.records import (
 )
 from kvbench.harness.scheduler import Concurrency, Rate, run_load
 from kvbench.harness.server import ServerConfig, ServerStartError, VllmServer, healthy, stop_all
-from kvbench.harness.slo import Objective, search
+from kvbench.harness.slo import DEFAULT_MAX_PROBES, Objective, search
 from kvbench.harness.telemetry import NvmlSampler
 from kvbench.harness.workload import Workload, make_prompts
 from kvbench.models import load_model
@@ -66,6 +67,8 @@ STARVED_CLIENT_FRACTION = 0.05
 AGREEMENT_STREAM = 10_000
 # A P95 needs enough samples to mean something; small concurrencies still get this many requests.
 MIN_PROBE_REQUESTS = 16
+# Prompt seed streams by phase kind (see _phases): distinct, and stable across dtypes for pairing.
+PROBE_STREAM, SWEEP_STREAM, FIXED_STREAM, WARMUP_STREAM = 1_000, 20_000, 30_000, 500_000
 
 
 @dataclass
@@ -77,8 +80,15 @@ class RunPlan:
     machine: str  # the results folder: results/<machine>/runs/
     objective: Objective | None = None  # SLO search when set
     search_cap: int | None = None  # highest concurrency to probe (default: 2x the engine's capacity)
-    max_probes: int = 12
-    probe_rounds: int = 3  # requests per probe = rounds x concurrency
+    max_probes: int = DEFAULT_MAX_PROBES
+    probe_rounds: int = 3  # requests per probe (and sweep point) = rounds x concurrency
+    sweep: bool = False  # the concurrency ladder (doubling from 1 past the SLO knee, and the knee): the front
+    sweep_max: int | None = None  # highest ladder point (default: the first power of two past the knee)
+    repeat: int = 1  # every fixed-load phase this many times, each with fresh prompts (CIs from them)
+    gpus: int = 1  # accelerators one server uses (tensor x pipeline parallel); per-GPU throughput divides by it
+    price_per_gpu_hour: float | None = None  # USD, an input (kvbench ships no prices); for the cost of the front
+    price_key: str | None = None  # the --price-per-hour entry it came from
+    target_user_tps: float | None = None  # interactivity to read the front at (default: 1000 / the SLO's TPOT)
     endpoints: dict[str, Endpoint] | None = None  # dtype -> a running server to measure instead of starting one
     tokenizer: str | None = None  # local tokenizer folder for the prompts (default: model)
     extra_args: list[str] = field(default_factory=list)
@@ -112,6 +122,13 @@ class RunPlan:
             "search_cap": self.search_cap,
             "max_probes": self.max_probes,
             "probe_rounds": self.probe_rounds,
+            "sweep": self.sweep,
+            "sweep_max": self.sweep_max,
+            "repeat": self.repeat,
+            "gpus": self.gpus,
+            "price_per_gpu_hour": self.price_per_gpu_hour,
+            "price_key": self.price_key,
+            "target_user_tps": self.target_user_tps,
             "endpoint": endpoints,
             "headers_sent": headers,  # names only: values are secrets
             "tokenizer": self.tokenizer,
@@ -155,6 +172,8 @@ class Runner:
         self.path = records.record_path(plan.results_dir, plan.machine, self.run_id)
         self.samples = SampleStore(self.run_id)
         self.server: VllmServer | None = None  # the server of the dtype being measured (managed runs)
+        self._nvml: NvmlSampler | None = None  # the dtype's NVML sampler (energy per phase)
+        self._rapl = energy.rapl_domains()  # CPU package energy counters, where the kernel exposes them
         self._reference: list[dict] | None = None  # auto's greedy samples, for end-to-end agreement
         self.record = RunRecord(
             run_id=self.run_id,
@@ -204,7 +223,11 @@ class Runner:
                 d.error = stop.detail if stop else "stopped"
         rec.stopped = stop
         rec.status = records.derive_status([d.status for d in rec.dtypes], stop is not None)
-        rec.findings = findings(rec, self._model_spec())
+        try:
+            rec.findings = findings(rec, self._model_spec())
+            rec.comparisons = comparisons(rec)
+        except Exception as exc:  # what is derived must never cost what was measured
+            rec.findings = [*rec.findings, Finding(level="error", text=f"findings not derived: {_one_line(exc)}")]
         rec.finished_at = records.utc_now()
         self.flush()
 
@@ -213,7 +236,7 @@ class Runner:
     async def _one_dtype(self, dtype: str, result: DtypeResult) -> None:
         plan = self.plan
         server = None
-        sampler = NvmlSampler(interval_s=0.1).start()
+        sampler = self._nvml = NvmlSampler(interval_s=0.1).start()
         try:
             if plan.endpoints:
                 endpoint = plan.endpoints[dtype]
@@ -347,21 +370,20 @@ class Runner:
     async def _phases(self, dtype: str, backend, result: DtypeResult, server: VllmServer | None, headers: dict) -> None:
         plan = self.plan
         slo = SLO(ttft_ms=plan.objective.ttft_p95_ms, tpot_ms=plan.objective.tpot_p95_ms) if plan.objective else None
-        stream = 0
 
-        def prompts(n: int):
-            # A fresh prompt stream per phase: vLLM's prefix cache must never see a repeat.
-            nonlocal stream
-            stream += 1
+        def prompts(stream: int, n: int):
+            # Every phase has its own prompt stream (vLLM's prefix cache must never see a repeat), numbered by
+            # what the phase is, so the same fixed phase and repeat gets the same prompts under every dtype.
             w = Workload(**{**plan.workload.as_dict(), "num_requests": n})
             return make_prompts(w, self._tokenizer, stream=stream)
 
-        async def phase(name: str, kind: PhaseKind, load, n: int):
+        async def phase(name: str, kind: PhaseKind, load, n: int, stream: int, repeat: int = 0):
             self.reporter.phase(dtype, name, total=n)
-            warm = prompts(plan.warmup_requests) if plan.warmup_requests else ()
+            warm = prompts(stream + WARMUP_STREAM, plan.warmup_requests) if plan.warmup_requests else ()
+            rapl_before = energy.rapl_read(self._rapl) if self._rapl else None
             load_result = await run_load(
                 backend,
-                prompts(n),
+                prompts(stream, n),
                 plan.workload.output_tokens,
                 load,
                 stall_timeout_s=plan.stall_timeout_s,
@@ -376,9 +398,14 @@ class Runner:
             self.samples.add_requests(dtype, name, kind, index, load_result.warmup, warmup=True)
             count = self.samples.add_requests(dtype, name, kind, index, load_result.results)
             rate = getattr(load, "rate", None)
+            start = load_result.started_at_monotonic
+            spent = self._energy(start, start + load_result.duration_s, rapl_before)
+            spent.per_token(run_summary.total_completion_tokens,
+                            run_summary.total_prompt_tokens + run_summary.total_completion_tokens)
             ph = Phase(name=name, kind=kind, concurrency=getattr(load, "concurrency", None),
                        rate_rps=rate if rate is not None and math.isfinite(rate) else None,
-                       mode=load.describe(), summary=PhaseSummary.model_validate(summary), requests=count)
+                       mode=load.describe(), summary=PhaseSummary.model_validate(summary), requests=count,
+                       repeat=repeat, started_s=start, energy=spent.as_dict())
             result.phases.append(ph)
             if load_result.interrupted:  # run_load keeps what it measured on Ctrl-C; the run stops here
                 raise asyncio.CancelledError
@@ -390,18 +417,25 @@ class Runner:
                 raise RuntimeError(f"no progress for {plan.stall_timeout_s:g} s during {name}: server hung")
             return run_summary
 
+        def ladder_size(c: int) -> int:
+            return max(c * plan.probe_rounds, MIN_PROBE_REQUESTS)
+
         if plan.agreement_prompts:
             # Light load first: a dtype whose engine later dies under load still gets its accuracy measured.
             await self._agreement(dtype, backend, result, headers)
 
+        knee, cap = None, plan.search_cap
         if plan.objective is not None:
             engine_conc = result.capacity.engine.max_concurrency if result.capacity.engine else None
-            cap = plan.search_cap or (max(2, math.ceil(2 * engine_conc)) if engine_conc else 64)
+            model_conc = result.capacity.model.max_concurrency if result.capacity.model else None
+            hint = engine_conc or model_conc
+            cap = plan.search_cap or (max(2, math.ceil(2 * hint)) if hint else 64)
+            probe_streams = iter(range(PROBE_STREAM, PROBE_STREAM + 1000))
 
             async def probe(c: int):
-                return await phase(f"slo-c{c}", PhaseKind.SLO_PROBE, Concurrency(c), max(c * plan.probe_rounds, MIN_PROBE_REQUESTS))
+                return await phase(f"slo-c{c}", PhaseKind.SLO_PROBE, Concurrency(c), ladder_size(c), next(probe_streams))
 
-            found = await search(probe, plan.objective, cap=cap, max_probes=plan.max_probes)
+            found = await search(probe, plan.objective, cap=cap, hints=[engine_conc, model_conc], max_probes=plan.max_probes)
             result.capacity.measured = MeasuredCapacity(
                 max_concurrency=found.max_concurrency,
                 capped=found.capped,
@@ -409,12 +443,67 @@ class Runner:
                 slo=vars(plan.objective),
                 probes=[vars(p) for p in found.probes],
             )
+            knee = found.max_concurrency or None
 
+        if plan.sweep:
+            measured = {p.concurrency for p in result.phases if p.concurrency and p.kind == PhaseKind.SLO_PROBE}
+            engine_conc = result.capacity.engine.max_concurrency if result.capacity.engine else None
+            top = min(x for x in (plan.sweep_max, cap) if x) if (plan.sweep_max or cap) else None
+            for c in sweep_ladder(knee or (int(engine_conc) if engine_conc else None), top):
+                if c not in measured:  # a probe at this concurrency is already a point on the curve
+                    await phase(f"sweep-c{c}", PhaseKind.SWEEP, Concurrency(c), ladder_size(c), SWEEP_STREAM + c)
+
+        headline_runs = []
         for i, load in enumerate(plan.loads):
-            name = "fixed" if i == 0 else f"fixed-{_load_name(load)}"
-            summary = await phase(name, PhaseKind.FIXED, load, plan.workload.num_requests)
-            if summary.all_failed:
-                raise RuntimeError(f"every request of phase {name} failed: {summary.failure_reasons}")
+            for r in range(plan.repeat):
+                name = ("fixed" if i == 0 else f"fixed-{_load_name(load)}") + (f"-r{r + 1}" if plan.repeat > 1 else "")
+                stream = FIXED_STREAM + i * 100 + r
+                summary = await phase(name, PhaseKind.FIXED, load, plan.workload.num_requests, stream, repeat=r)
+                if i == 0:
+                    headline_runs.append(result.phases[-1].summary)
+                if summary.all_failed:
+                    raise RuntimeError(f"every request of phase {name} failed: {summary.failure_reasons}")
+        if len(headline_runs) > 1:
+            result.fixed_stats = repeats.stats(headline_runs)
+        result.front = self._front(result)
+
+    def _energy(self, start: float, end: float, rapl_before) -> energy.Energy:
+        """Energy of the phase just measured: NVML on a GPU, RAPL on a CPU that exposes it, else unavailable."""
+        nvml = self._nvml
+        if nvml is not None and nvml.result.available:
+            return energy.nvml_energy(list(nvml.result.samples), list(nvml.result.fields), start, end)
+        if self._rapl:
+            return energy.rapl_energy(rapl_before, energy.rapl_read(self._rapl), end - start)
+        return energy.unavailable()
+
+    def _front(self, result: DtypeResult) -> Front | None:
+        """Every closed-loop phase as a point (one per concurrency: a sweep point, else a probe, else the first
+        fixed run), the Pareto front, and the cost where a price was given."""
+        plan = self.plan
+        by_c: dict[int, Phase] = {}
+        rank = {PhaseKind.SWEEP: 0, PhaseKind.SLO_PROBE: 1, PhaseKind.FIXED: 2}
+        for ph in result.phases:
+            if ph.concurrency and (ph.concurrency not in by_c or rank[ph.kind] < rank[by_c[ph.concurrency].kind]):
+                by_c[ph.concurrency] = ph
+        if not by_c:
+            return None
+        pts = []
+        for c in sorted(by_c):
+            ph = by_c[c]
+            summary = ph.summary.model_dump()
+            met = plan.objective.check(ph.summary)[0] if plan.objective else None
+            pts.append(front.point(c, ph.name, summary, plan.gpus, met))
+        front.mark_front(pts)
+        front.price(pts, plan.price_per_gpu_hour)
+        target = plan.target_user_tps or (1000.0 / plan.objective.tpot_p95_ms if plan.objective and plan.objective.tpot_p95_ms
+                                          else None)
+        best = front.best_under_slo(pts)
+        at_target = front.at_interactivity(pts, target) if target else None
+        if at_target is not None and plan.price_per_gpu_hour is not None:
+            at_target["usd_per_m_output"] = front.usd_per_million(at_target["output_tps_per_gpu"], plan.price_per_gpu_hour)
+        return Front(gpus=plan.gpus, price_per_gpu_hour=plan.price_per_gpu_hour, price_key=plan.price_key,
+                     points=[p.as_dict() for p in pts], at_slo=best.as_dict() if best else None, at_target=at_target,
+                     target_user_tps=target)
 
     async def _agreement(self, dtype: str, backend, result: DtypeResult, headers: dict) -> None:
         plan = self.plan
@@ -452,6 +541,20 @@ class Runner:
         return self._tok
 
 
+def sweep_ladder(knee: int | None, top: int | None = None) -> list[int]:
+    """Concurrencies of the trade-off curve: 1, 2, 4, ... up to the first power of two past the knee (1..16
+    when no knee is known), and the knee itself; none above `top` (the search's cap, --sweep-max)."""
+    out, c = [], 1
+    while c <= (top or math.inf):
+        out.append(c)
+        if c > (knee or 8):
+            break
+        c *= 2
+    if knee and (not top or knee <= top):
+        out.append(knee)
+    return sorted(set(out))
+
+
 def _server_info(facts: ServerFacts, server: VllmServer | None) -> ServerInfo:
     cc = facts.cache_config
     return ServerInfo(
@@ -477,10 +580,10 @@ def _load_name(load) -> str:
     return f"c{load.concurrency}" if isinstance(load, Concurrency) else f"r{load.rate:g}"
 
 
-def _tensor_parallel(args: list[str]) -> int:
-    """--tensor-parallel-size / -tp from the vLLM arguments (1 when absent)."""
+def _tensor_parallel(args: list[str], flags: tuple[str, ...] = ("--tensor-parallel-size", "-tp")) -> int:
+    """--tensor-parallel-size / -tp (or the given flags) from the vLLM arguments (1 when absent)."""
     for i, arg in enumerate(args):
-        for flag in ("--tensor-parallel-size", "-tp"):
+        for flag in flags:
             if arg == flag and i + 1 < len(args):
                 return max(1, _int(args[i + 1]) or 1)
             if arg.startswith(flag + "="):
@@ -542,6 +645,38 @@ def findings(record: RunRecord, spec) -> list[Finding]:
                     ),
                 )
             )
+    return out
+
+
+def comparisons(record: RunRecord) -> list[dict]:
+    """Each dtype against auto: the paired difference of every repeated headline metric (95% t interval;
+    beyond noise when it excludes 0), and what the front says about cost at the SLO and at the target."""
+    auto = record.dtype("auto")
+    if auto is None:
+        return []
+    out = []
+    for d in record.dtypes:
+        if d.kv_cache_dtype == "auto" or d.status != DtypeStatus.OK:
+            continue
+        row: dict = {"kv_cache_dtype": d.kv_cache_dtype, "metrics": {}, "cost": {}}
+        for metric, st in (d.fixed_stats or {}).items():
+            base = (auto.fixed_stats or {}).get(metric)
+            if base is not None:
+                diff = repeats.paired(st.values, base.values)
+                if diff is not None:
+                    row["metrics"][metric] = diff
+        if d.front and auto.front:
+            for where in ("at_slo", "at_target"):
+                mine, theirs = getattr(d.front, where), getattr(auto.front, where)
+                if mine and theirs:
+                    saving = front.saving_pct(mine.get("usd_per_m_output"), theirs.get("usd_per_m_output"))
+                    a, b = mine.get("output_tps_per_gpu"), theirs.get("output_tps_per_gpu")
+                    gain = (a / b - 1) * 100 if a and b else None
+                    row["cost"][where] = {"usd_per_m_output": mine.get("usd_per_m_output"),
+                                          "auto_usd_per_m_output": theirs.get("usd_per_m_output"),
+                                          "saving_pct": saving, "throughput_gain_pct": gain,
+                                          "user_tps": mine.get("user_tps"), "concurrency": mine.get("concurrency")}
+        out.append(row)
     return out
 
 

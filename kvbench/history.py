@@ -22,6 +22,8 @@ COLUMNS = [
     "driver", "cuda", "metric", "label", "kv_dtype", "value", "unit", "direction",
     # beyond the agreed shape:
     "state", "dtype_status", "run_status", "env_name", "python", "benchmark", "record",
+    # the point's own spread where the run repeated its fixed load (std of the repeats, in `unit`; their count)
+    "repeat_std", "repeat_n",
 ]
 
 
@@ -153,6 +155,7 @@ def history_frame(results_dir="results", asv_conf="asv.conf.json", problems: lis
                 "record": str(path) if path else None,
             }
             statuses = {d.get("kv_cache_dtype"): d.get("status") for d in (doc or {}).get("dtypes", [])}
+            repeated = {d.get("kv_cache_dtype"): d.get("fixed_stats") or {} for d in (doc or {}).get("dtypes", [])}
             for key in keys:
                 metric = tracked[key]
                 bparams = benchmarks[key]["params"]
@@ -160,6 +163,7 @@ def history_frame(results_dir="results", asv_conf="asv.conf.json", problems: lis
                 for combo, value in zip(itertools.product(*bparams), values):
                     dtype = ast.literal_eval(combo[0])
                     state = "failed" if value is None else ("skipped" if math.isnan(value) else "ok")
+                    rep = (repeated.get(dtype) or {}).get(metric.field) or {} if metric.source == "run" else {}
                     rows.append({
                         **point,
                         "metric": metric.name,
@@ -171,6 +175,8 @@ def history_frame(results_dir="results", asv_conf="asv.conf.json", problems: lis
                         "state": state,
                         "dtype_status": statuses.get(dtype) if metric.source == "run" else None,
                         "benchmark": key,
+                        "repeat_std": rep["std"] * metric.scale if rep.get("std") is not None else math.nan,
+                        "repeat_n": rep.get("n") or 1,
                     })
     frame = _typed(pd.DataFrame(rows, columns=COLUMNS))
     return frame.sort_values(["machine", "run_started", "commit_date", "metric", "kv_dtype"], kind="stable").reset_index(drop=True)

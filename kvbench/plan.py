@@ -96,3 +96,43 @@ def plan_row(
             f"the weights ({model.weight_bytes / 1e9:.1f} GB) leave no KV room even at TP={tensor_parallel_sizes[-1]}")
         return PlanRow(gpu.key, fmt.key, False, why, None, 0, 0, "", None, None, None, None)
     return best
+
+
+def plan_from_front(record, users: int, user_tps: float | None, prices: dict[str, float]) -> list[dict]:
+    """Per dtype of a run record: users per replica read off its measured front (at `user_tps` tokens/s per
+    user by PCHIP interpolation, else its best point under the SLO), replicas and GPUs for `users`, and USD per
+    hour with the machine's price (from `prices`, else the price the run was given)."""
+    import math
+
+    from kvbench.harness import front as fr
+
+    rows = []
+    for d in record.dtypes:
+        row = {"kv_cache_dtype": d.kv_cache_dtype, "users_per_replica": None, "user_tps": None, "output_tps_per_gpu": None,
+               "gpus_per_replica": None, "replicas": None, "gpus": None, "usd_per_hour": None, "why": ""}
+        rows.append(row)
+        if d.front is None:
+            row["why"] = f"no front in the record ({d.status})"
+            continue
+        points = [fr.Point(**{k: v for k, v in p.items() if k in fr.Point.__dataclass_fields__}) for p in d.front.points]
+        if user_tps is not None:
+            at = fr.at_interactivity(points, user_tps)
+            if at is None:
+                row["why"] = f"the front does not reach {user_tps:g} tok/s per user"
+                continue
+            conc, tps, row["why"] = at["concurrency"], at["output_tps_per_gpu"], "front, PCHIP"
+        else:
+            best = fr.best_under_slo(points)
+            if best is None:
+                row["why"] = "no measured point met the SLO"
+                continue
+            conc, tps, user_tps_here = best.concurrency, best.output_tps_per_gpu, best.user_tps
+            row["why"] = f"best point under the SLO (concurrency {best.concurrency})"
+        per_replica = max(1, math.floor(conc))
+        replicas = math.ceil(users / per_replica)
+        price = prices.get(d.front.price_key or "", d.front.price_per_gpu_hour) if d.front.price_key else (
+            next(iter(prices.values())) if len(prices) == 1 else None)
+        row.update(users_per_replica=per_replica, user_tps=user_tps if user_tps is not None else user_tps_here,
+                   output_tps_per_gpu=tps, gpus_per_replica=d.front.gpus, replicas=replicas, gpus=replicas * d.front.gpus,
+                   usd_per_hour=replicas * d.front.gpus * price if price is not None else None)
+    return rows

@@ -8,6 +8,8 @@ baseline of the `window` measured points before it:
                only from MIN_SPREAD_POINTS or more points: the MAD of two points is half their range
     allowed  = max(floor % of |baseline|, noise_abs, K_SPREAD x spread)
 
+and, where the newest point repeated its fixed load (`kvbench run --repeat`), noise_abs is at least the 95%
+half-width of the difference of two means of that many repeats with its spread (kvbench.regress.repeat_noise).
 floor = the metric's `noise_pct` for the machine's kind in metrics.toml (cpu: a shared 2-core box, whose tail
 latencies move by tens of % between identical runs; gpu: a dedicated accelerator), or `threshold_pct` for
 every metric when given. A move bigger than `allowed` in the metric's bad direction (lower throughput or
@@ -84,6 +86,16 @@ class Judgement:
     allowed_pct: float
 
 
+def repeat_noise(std: float, n: int) -> float:
+    """How far a mean of n repeats with spread `std` can move by noise alone: the 95% t half-width of the
+    difference of two such means (sqrt(2) x t(0.975, n-1) x std / sqrt(n)); 0 without repeats."""
+    if n is None or n < 2 or not math.isfinite(std):
+        return 0.0
+    from scipy.stats import t
+
+    return math.sqrt(2) * float(t.ppf(0.975, n - 1)) * std / math.sqrt(n)
+
+
 def judge(newest: float, previous: list[float], direction: str, floor_pct: float, noise_abs: float = 0.0) -> Judgement:
     baseline, spread = robust_baseline(previous)
     if not math.isfinite(newest):
@@ -125,6 +137,8 @@ def find_regressions(frame, window: int = DEFAULT_WINDOW, threshold_pct: float |
         kind = machine_kind(last.get("gpu"))
         floor = threshold_pct if threshold_pct is not None else (spec.floor_pct(kind) if spec else 0.0)
         noise_abs = spec.noise_abs if spec and threshold_pct is None else 0.0
+        if "repeat_std" in series:  # the newest point repeated its load: its own spread widens the allowance
+            noise_abs = max(noise_abs, repeat_noise(float(last["repeat_std"]), int(last.get("repeat_n") or 1)))
         j = judge(float(last["value"]), [float(v) for v in prev["value"]], last["direction"], floor, noise_abs)
         versions = sorted({v for v in prev["vllm_version"] if isinstance(v, str)}) if "vllm_version" in prev else []
         out.append(

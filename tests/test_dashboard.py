@@ -21,7 +21,7 @@ _spec = importlib.util.spec_from_file_location("dashboard_sample", Path(__file__
 sample = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(sample)
 
-PAGE_SLUGS = ["index", "history", "gpus", "capacity", "latency", "claims", "kernels"]
+PAGE_SLUGS = ["index", "history", "gpus", "capacity", "latency", "tradeoff", "claims", "kernels"]
 CATEGORICAL_AXES = {"KV-cache dtype", "machine", "claim"}
 
 
@@ -104,6 +104,7 @@ def test_every_page_has_its_plots(sample_pages):
     assert counts["latency"] == 5  # the same, plus latency vs request rate for h200's open-loop loads
     assert counts["gpus"] >= 2  # llama-3.1-8b on two GPUs; the tiny model on the CPU
     assert counts["kernels"] == 2  # one kernel record, one accuracy record
+    assert counts["tradeoff"] == 2  # llama-3.1-8b's front on two GPUs (one setup), its cost (h100 was priced)
 
 
 def test_cli_writes_site(tmp_path):
@@ -111,7 +112,7 @@ def test_cli_writes_site(tmp_path):
     out = subprocess.run([sys.executable, "-m", "kvbench", "dashboard", "--results", str(tmp_path / "results"), "--out",
                           str(tmp_path / "site")], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
-    assert "wrote 7 pages" in out.stdout and (tmp_path / "site" / "index.html").is_file()
+    assert "wrote 8 pages" in out.stdout and (tmp_path / "site" / "index.html").is_file()
 
 
 # --- made for people -----------------------------------------------------------------------------------------
@@ -369,3 +370,22 @@ def test_overview_keeps_each_workload_of_a_machine():
     assert len(titles) == 2 and all(t.startswith("h100-sxm-80gb — llama, ") for t in titles)
     single = site_data.setups(site_data.latest_runs(runs[runs["run_id"] != "b"]))
     assert [t for _, _, t in single] == ["h100-sxm-80gb"]
+
+
+def test_tradeoff_page_draws_fronts_per_dtype_and_machine_with_cost(sample_pages):
+    figs = dict(sample_pages["tradeoff"].figures)
+    front = next(f for k, f in figs.items() if k.startswith("front-"))
+    names = {t.name for t in front.data if t.mode == "lines"}
+    assert {"auto · h100-sxm-80gb", "fp8 · h200-141gb"} <= names  # one front line per dtype and machine
+    assert front.layout.xaxis.title.text.endswith("(tokens/s per user)")
+    cost = next(f for k, f in figs.items() if k.startswith("cost-"))
+    ys = [y for t in cost.data for y in t.y]
+    assert ys and all(y > 0 for y in ys)  # USD per million output tokens, only where a price was given
+    assert "Energy per token: not measured" in sample_pages["tradeoff"].body
+
+
+def test_repeated_headlines_get_error_bars(sample_pages):
+    figs = dict(sample_pages["gpus"].figures)
+    fig = next(f for k, f in figs.items() if "llama-3-1-8b" in k)
+    bars = [t for t in fig.data if t.error_y and t.error_y.array is not None and any(v > 0 for v in t.error_y.array)]
+    assert bars  # output throughput was repeated 3 times: its 95% interval is drawn

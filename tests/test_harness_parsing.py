@@ -96,29 +96,50 @@ def summary(p95_ttft, p95_tpot, failed=0):
     return SimpleNamespace(completed=10, failed=failed, ttft_ms={"p95": p95_ttft}, tpot_ms={"p95": p95_tpot})
 
 
-def test_slo_search_brackets_then_bisects():
+def test_slo_search_starts_at_the_engines_capacity_and_decides_in_two_probes():
     calls = []
 
-    async def probe(c):  # latency grows past the SLO above 23
+    async def probe(c):  # the KV cache holds 23: one more request queues for a whole request
         calls.append(c)
         return summary(100 if c <= 23 else 900, 10)
 
-    found = asyncio.run(search(probe, Objective(ttft_p95_ms=250, tpot_p95_ms=25), cap=100))
-    assert found.max_concurrency == 23 and not found.capped
-    assert calls[:7] == [1, 2, 4, 8, 16, 32, 32]  # a miss is confirmed once
-    assert len(calls) <= 12
+    found = asyncio.run(search(probe, Objective(ttft_p95_ms=250, tpot_p95_ms=25), cap=100, hints=[23.0]))
+    assert (found.max_concurrency, found.capped, calls) == (23, False, [23, 24])
 
 
-def test_slo_search_survives_one_noisy_probe():
+def test_slo_search_interpolates_a_latency_limited_curve():
+    calls = []
+
+    async def probe(c):  # P95 TTFT grows linearly: 250 ms is reached at 30
+        calls.append(c)
+        return summary(250 * c / 30, 10)
+
+    found = asyncio.run(search(probe, Objective(ttft_p95_ms=250), cap=200, hints=[64.0]))
+    assert found.max_concurrency == 30 and len(calls) <= 5
+
+
+def test_slo_search_without_a_hint_brackets_then_narrows():
+    calls = []
+
+    async def probe(c):
+        calls.append(c)
+        return summary(100 if c <= 23 else 900, 10)
+
+    found = asyncio.run(search(probe, Objective(ttft_p95_ms=250, tpot_p95_ms=25), cap=100, max_probes=12))
+    assert found.max_concurrency == 23 and not found.capped and calls[0] == 1 and len(calls) <= 12
+
+
+def test_slo_search_reprobes_only_near_the_slo():
     seen = set()
 
-    async def probe(c):  # the first probe at 4 is an outlier; the true limit is 8
+    async def probe(c):  # the first probe at 9 reads just over the SLO; it is noise, the limit is 9
         first = c not in seen
         seen.add(c)
-        return summary(900 if (c == 4 and first) or c > 8 else 100, 10)
+        return summary((260 if first else 200) if c == 9 else (100 if c < 9 else 900), 10)
 
-    found = asyncio.run(search(probe, Objective(ttft_p95_ms=250), cap=64))
-    assert found.max_concurrency == 8
+    found = asyncio.run(search(probe, Objective(ttft_p95_ms=250), cap=64, hints=[9.0]))
+    assert found.max_concurrency == 9
+    assert [(p.concurrency, p.repeat) for p in found.probes] == [(9, False), (9, True), (10, False)]
 
 
 def test_slo_search_edges():

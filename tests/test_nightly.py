@@ -207,10 +207,16 @@ def test_estimate_is_derived_from_the_stated_inputs():
     w = SHIPPED["workloads"]["cpu-small"]
     cpu = nestimate.backend_defaults(False)
     req = (cpu["ttft_p95_ms"] + w["output_tokens"] * cpu["tpot_p95_ms"]) / 1000
+    from kvbench.harness.runner import MIN_PROBE_REQUESTS, sweep_ladder
+
+    def phase(n, c, capacity):  # ceil(n / min(c, capacity)) rounds + the warm-up round, each `req` long
+        parallel = min(c, capacity)
+        return (math.ceil(n / parallel) + math.ceil(2 / parallel)) * req
+
     expect = 0.0
-    for d in est.entries[0].dtypes:  # fixed load only: start + (ceil(n / min(c, capacity)) + warm-up round) requests
-        parallel = min(w["concurrency"][0], d.capacity)
-        expect += 10 + (math.ceil(w["num_requests"] / parallel) + math.ceil(2 / parallel)) * req
+    for d in est.entries[0].dtypes:  # no SLO: start + the sweep's ladder + the fixed load, `repeat` times
+        expect += 10 + sum(phase(max(3 * c, MIN_PROBE_REQUESTS), c, d.capacity) for c in sweep_ladder(d.capacity))
+        expect += cpu["repeat"] * phase(w["num_requests"], w["concurrency"][0], d.capacity)
     assert est.total_s == pytest.approx(expect)
     # the tiny model's 4 MiB CPU budget: 256-token requests in 128-token pages, 512 B per token in bf16
     assert est.entries[0].dtypes[0].capacity == 4 * 2**20 // (256 * 512)
@@ -218,10 +224,10 @@ def test_estimate_is_derived_from_the_stated_inputs():
 
 
 def test_search_estimate_replays_the_harness_search():
-    assert nestimate.replay_search(cap=64, knee=None, max_probes=12) == [1, 2, 4, 8, 16, 32, 64]
-    probes = nestimate.replay_search(cap=64, knee=20, max_probes=12)
-    assert probes[:6] == [1, 2, 4, 8, 16, 32] and probes[6] == 32  # a miss is confirmed once
-    assert len(probes) <= 12 and max(p for p in probes if p <= 20) == 20
+    # the harness starts at the capacity the engine reports: the SLO holds there and breaks one above it
+    assert nestimate.replay_search(cap=64, knee=20, max_probes=5) == [20, 21]
+    assert nestimate.replay_search(cap=16, knee=20, max_probes=5) == [16]  # the cap reached while meeting the SLO
+    assert nestimate.replay_search(cap=64, knee=None, max_probes=5)[0] == 1  # no capacity known: from 1 upwards
 
 
 def test_dry_run_prints_a_plan_for_a100_h100_h200_with_gpu_hours_and_cost():

@@ -144,3 +144,15 @@ def test_two_points_give_no_spread_estimate():
     # with two earlier points the MAD is half their range, not an estimate of noise: the floor only
     j = judge(80.0, [100.0, 130.0], "higher", 12)
     assert math.isnan(j.spread) and j.allowed_pct == pytest.approx(12) and j.verdict == "regression"
+
+
+def test_a_repeated_newest_point_brings_its_own_spread():
+    # output throughput: 1000 tok/s nightly, then 850 (-15%: beyond the 12% CPU floor) ...
+    f = frame({("output_throughput", "fp8"): [1000.0] * 5 + [850.0]})
+    assert verdicts(find_regressions(f))[("output_throughput", "fp8")] == "regression"
+    # ... unless that point repeated its load 3 times with a spread that makes -15% noise:
+    # sqrt(2) x t(0.975, 2) x 100 / sqrt(3) = 351 tok/s allowed
+    f["repeat_std"], f["repeat_n"] = math.nan, 1
+    f.loc[f.index[-1], ["repeat_std", "repeat_n"]] = [100.0, 3]
+    r = find_regressions(f)[0]
+    assert r.verdict == "unchanged" and r.allowed_pct == pytest.approx(35.1, abs=0.1)

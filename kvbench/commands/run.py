@@ -28,6 +28,13 @@ def parse_slo(text: str) -> dict[str, float]:
     return cliargs.key_numbers(text, "--search-slo", SLO_KEYS, unit="ms", example="ttft_p95_ms=250,tpot_p95_ms=25")
 
 
+def parse_prices(text: str) -> dict[str, float]:
+    """'h100-sxm=2.65,cpu=0.10' -> {key: USD per GPU-hour}; keys are GPU catalog names or cpu."""
+    from kvbench.gpus import catalog
+
+    return cliargs.key_numbers(text, "--price-per-hour", [*catalog(), "cpu"], unit="USD per hour", example="cpu=0.10")
+
+
 def json_summary(record, path) -> dict:
     """What `--json` prints: the record's path and status, each dtype's headline numbers, the findings."""
     from kvbench.harness.records import headline
@@ -36,7 +43,8 @@ def json_summary(record, path) -> dict:
     return {"record": str(path), "status": doc["status"], "stopped": doc.get("stopped"),
             "dtypes": {d["kv_cache_dtype"]: {"status": d["status"], "kv_dtype_confirmed": d.get("kv_dtype_confirmed"),
                                               **headline(d)} for d in doc["dtypes"]},
-            "findings": doc["findings"]}
+            "findings": doc["findings"], "comparisons": doc["comparisons"],
+            "fronts": {d["kv_cache_dtype"]: d.get("front") for d in doc["dtypes"] if d.get("front")}}
 
 
 def command(
@@ -62,6 +70,11 @@ def command(
     stall_timeout: Annotated[float, typer.Option("--stall-timeout", help="Seconds without any response progress before a phase is declared hung (at least 1).")] = 60.0,
     startup_timeout: Annotated[float | None, typer.Option("--startup-timeout", help="Seconds to wait for each server to become ready.")] = None,
     realtime: Annotated[bool | None, typer.Option("--realtime/--no-realtime", help="Run the client under SCHED_FIFO where permitted (CPU default: on).")] = None,
+    sweep: Annotated[bool | None, typer.Option("--sweep/--no-sweep", help="Run the concurrency ladder 1, 2, 4, ... past the SLO knee (and the knee): the throughput vs interactivity front (default: on).")] = None,
+    sweep_max: Annotated[int | None, typer.Option("--sweep-max", help="Highest concurrency of the ladder (default: the first power of two past the knee).")] = None,
+    repeat: Annotated[int | None, typer.Option("--repeat", help="Run every fixed-load phase N times with fresh prompts: means, 95% CIs, paired differences to auto (CPU default 3, GPU 1).")] = None,
+    price_per_hour: Annotated[str | None, typer.Option("--price-per-hour", help="USD per GPU-hour (or per CPU machine-hour), e.g. h100-sxm=2.65 or cpu=0.10: USD per million tokens on the front (kvbench ships no prices).")] = None,
+    target_user_tps: Annotated[float | None, typer.Option("--target-user-tps", help="Interactivity (tokens/s per user) to read throughput and cost off the front at (default: 1000 / the SLO's TPOT P95 bound).")] = None,
     strict: Annotated[bool, typer.Option("--strict", help="Exit 1 if any dtype failed (default: only if none succeeded).")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print the record's headline numbers as one JSON document on stdout (progress goes to stderr).")] = False,
 ) -> int:
@@ -103,6 +116,11 @@ def command(
         stall_timeout_s=stall_timeout,
         startup_timeout_s=startup_timeout,
         realtime=realtime,
+        sweep=sweep,
+        sweep_max=sweep_max,
+        repeat=repeat,
+        prices=parse_prices(price_per_hour) if price_per_hour else None,
+        target_user_tps=target_user_tps,
     )
 
     from kvbench.commands.report import render

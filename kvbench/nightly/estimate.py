@@ -154,7 +154,8 @@ def predicted_capacity(spec, dtype: str, context: int, plan: MachinePlan) -> tup
 
 
 def replay_search(cap: int, knee: int | None, max_probes: int) -> list[int]:
-    """The concurrencies the harness's SLO search probes when the SLO holds up to `knee` (None: always)."""
+    """The concurrencies the harness's SLO search probes when the SLO holds up to `knee` (None: always),
+    started, as the harness starts it, from the capacity the engine will report (the knee here)."""
     from kvbench.harness.slo import Objective, search
 
     probes: list[int] = []
@@ -162,9 +163,9 @@ def replay_search(cap: int, knee: int | None, max_probes: int) -> list[int]:
     async def probe(c: int):
         probes.append(c)
         met = knee is None or c <= knee
-        return SimpleNamespace(completed=1, failed=0, ttft_ms={"p95": 0.0 if met else math.inf}, tpot_ms={"p95": 0.0})
+        return SimpleNamespace(completed=1, failed=0, ttft_ms={"p95": 0.5 if met else math.inf}, tpot_ms={"p95": 0.0})
 
-    asyncio.run(search(probe, Objective(ttft_p95_ms=1.0), cap=cap, max_probes=max_probes))
+    asyncio.run(search(probe, Objective(ttft_p95_ms=1.0), cap=cap, hints=[knee], max_probes=max_probes))
     return probes
 
 
@@ -190,14 +191,24 @@ def estimate_entry(entry: Entry, plan: MachinePlan, consts: dict | None = None) 
         out.notes.append(f"{entry.model.name}: no local config.json, so no capacity prediction: phases run at full concurrency, the search up to its cap")
     for dtype in entry.kv_dtypes:
         capacity, why = predicted_capacity(spec, dtype, entry.context, plan)
-        search_s, probes = 0.0, []
+        search_s, probes, cap = 0.0, [], entry.search_cap
         if entry.slo is not None:
             cap = entry.search_cap or (max(2, math.ceil(2 * capacity)) if capacity else 64)
             probes = replay_search(cap, capacity if capacity is not None else None, consts["max_probes"])
             for c in probes:
                 n = max(c * consts["probe_rounds"], consts["min_probe_requests"])
                 search_s += phase_s(n, c, capacity, req, consts["warmup_requests"])
-        fixed_s = sum(phase_s(entry.num_requests, c, capacity, req, consts["warmup_requests"]) for c in entry.concurrency)
+        sweep_s = 0.0
+        if defaults.get("sweep"):  # the harness's ladder, less the concurrencies the search already measured
+            from kvbench.harness.runner import sweep_ladder
+
+            for c in sweep_ladder(capacity, cap):
+                if c not in probes:
+                    n = max(c * consts["probe_rounds"], consts["min_probe_requests"])
+                    sweep_s += phase_s(n, c, capacity, req, consts["warmup_requests"])
+        search_s += sweep_s
+        repeat = defaults.get("repeat", 1)
+        fixed_s = repeat * sum(phase_s(entry.num_requests, c, capacity, req, consts["warmup_requests"]) for c in entry.concurrency)
         out.dtypes.append(DtypeEstimate(dtype, plan.cfg.server_start_s, search_s, fixed_s, probes, capacity, why))
     return out
 
