@@ -21,6 +21,7 @@ from kvbench.errors import UsageError
 CPU = load_toml("run_defaults.toml")["cpu"]
 KEY = "sk-kvbench-test-0123456789"
 SMALL = ["--num-requests", "8", "--concurrency", "4", "--search-cap", "4"]
+LEAN = ["--no-sweep", "--repeat", "1"]  # these tests are about what a server is, not about the front
 
 
 def kvbench(*args, env=None, timeout=900):
@@ -60,7 +61,7 @@ def test_urls_are_redacted_and_credentials_become_headers():
 
 def test_a_server_that_does_not_say_its_dtype_is_recorded_unknown_without_findings(tmp_path, tiny_model):
     with FakeServer(FakeConfig(ttft_s=0.002, itl_s=0.001, max_model_len=512)) as srv:
-        out = kvbench("run", "--endpoint", srv.base_url, "--model", str(tiny_model), "--no-search", *SMALL[:4],
+        out = kvbench("run", "--endpoint", srv.base_url, "--model", str(tiny_model), "--no-search", *LEAN, *SMALL[:4],
                       "--results", str(tmp_path), "--json")
     assert out.returncode == 0, out.stderr[-2000:]
     summary = json.loads(out.stdout)  # exactly one JSON document on stdout
@@ -92,7 +93,7 @@ def test_api_key_and_headers_reach_the_server_and_never_the_record(tmp_path, tin
     with FakeServer(FakeConfig(kv_cache_dtype="auto", max_model_len=512, api_key=KEY)) as srv:
         refused = kvbench("run", "--endpoint", srv.base_url, "--model", str(tiny_model), "--results", str(tmp_path))
         assert "HTTP 401" in one_line_error(refused) and "--api-key" in refused.stderr
-        out = kvbench("run", "--endpoint", srv.base_url, "--model", str(tiny_model), "--no-search", *SMALL[:4],
+        out = kvbench("run", "--endpoint", srv.base_url, "--model", str(tiny_model), "--no-search", *LEAN, *SMALL[:4],
                       "--header", "X-Secret-Team: hush-hush-42", "--results", str(tmp_path), "--json",
                       env={"OPENAI_API_KEY": KEY})
     assert out.returncode == 0, out.stderr[-2000:]
@@ -147,7 +148,7 @@ def test_real_endpoint_records_exactly_its_dtype_with_engine_equal_model(fp8_ser
         kvbench("run", "--endpoint", url, "--kv-dtypes", "fp9", "--results", str(tmp_path), env={"OPENAI_API_KEY": KEY}))
     assert not tmp_path.exists() or not any(tmp_path.rglob("*.json"))
 
-    out = kvbench("run", "--endpoint", url, *SMALL, "--results", str(tmp_path), "--json", env={"OPENAI_API_KEY": KEY})
+    out = kvbench("run", "--endpoint", url, *SMALL, *LEAN, "--results", str(tmp_path), "--json", env={"OPENAI_API_KEY": KEY})
     assert out.returncode == 0, out.stderr[-3000:]
     summary = json.loads(out.stdout)  # `| python -m json.tool` works
     assert list(summary["dtypes"]) == ["fp8"]

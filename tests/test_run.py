@@ -24,6 +24,7 @@ from kvbench.harness.runner import Reporter, Runner
 CPU = load_toml("run_defaults.toml")["cpu"]
 KVBENCH = [sys.executable, "-m", "kvbench"]
 SMALL = ["--num-requests", "16", "--concurrency", "4", "--search-cap", "8"]
+LEAN = ["--no-sweep", "--repeat", "1"]  # for tests about something else than the front and the repeats
 
 
 def kvbench(*args, timeout=900):
@@ -53,7 +54,7 @@ def test_hung_server_ends_by_no_progress_timeout(tmp_path, tiny_model):
     with FakeServer(FakeConfig(ttft_s=0.01, itl_s=0.01, hang_every=1, hang_after_chunks=2)) as srv:
         t0 = time.monotonic()
         out = kvbench("run", "--endpoint", srv.base_url, "--model", str(tiny_model), "--kv-dtypes", "auto",
-                      "--no-search", "--num-requests", "4", "--concurrency", "2", "--stall-timeout", "2",
+                      "--no-search", "--no-sweep", "--repeat", "1", "--num-requests", "4", "--concurrency", "2", "--stall-timeout", "2",
                       "--results", str(tmp_path))
         elapsed = time.monotonic() - t0
     assert elapsed < 60, out.stdout[-2000:]
@@ -81,7 +82,12 @@ def test_cli_end_to_end_with_not_honoured_nvfp4(tmp_path):
     assert cap["engine"]["kv_tokens"] == cap["model"]["kv_tokens"] == 8192  # 4 MiB / 512 B per token
     # how far the SLO search gets depends on how busy the machine is; that it probed and decided does not
     probes = cap["measured"]["probes"]
-    assert probes and probes[0]["concurrency"] == 1 and cap["measured"]["max_concurrency"] >= 0
+    # the search starts at the engine's capacity (16), held to --search-cap 8, and takes at most 5 probes
+    assert probes and probes[0]["concurrency"] == 8 and len(probes) <= 5 and cap["measured"]["max_concurrency"] >= 0
+    assert len([p for p in auto["phases"] if p["kind"] == "fixed"]) == 3  # the CPU default repeats its fixed load 3 times
+    points = auto["front"]["points"]
+    assert [p["concurrency"] for p in points] == sorted({1, 2, 4, 8, *(p["concurrency"] for p in probes)})
+    assert any(p["on_front"] for p in points) and all(p["output_tps_per_gpu"] > 0 for p in points)
     fixed = records.headline(auto)
     assert fixed["completed"] == 16 and fixed["ttft_p50_ms"] > 0 and fixed["output_throughput_tps"] > 0
     # end-to-end accuracy: nvfp4 answered the light agreement prompts before any heavy load
@@ -113,7 +119,7 @@ def test_cli_end_to_end_with_not_honoured_nvfp4(tmp_path):
 @pytest.mark.vllm
 def test_endpoint_mode_reads_capacity_from_metrics(vllm_servers, tiny_model, tmp_path):
     server = vllm_servers.get("fp8")
-    out = kvbench("run", "--endpoint", server.base_url, "--model", str(tiny_model), "--kv-dtypes", "fp8",
+    out = kvbench("run", "--endpoint", server.base_url, "--model", str(tiny_model), "--kv-dtypes", "fp8", *LEAN,
                   "--no-search", "--num-requests", "8", "--concurrency", "2", "--results", str(tmp_path))
     assert out.returncode == 0, out.stdout[-2000:]
     d = only_record(tmp_path)["dtypes"][0]
@@ -125,7 +131,7 @@ def test_endpoint_mode_reads_capacity_from_metrics(vllm_servers, tiny_model, tmp
 
 
 def plan_for(tmp_path, dtypes, **kw):
-    return build_plan(CPU, on_gpu=False, kv_dtypes=dtypes.split(","), slo=None, results_dir=tmp_path, **kw)
+    return build_plan(CPU, on_gpu=False, kv_dtypes=dtypes.split(","), slo=None, results_dir=tmp_path, sweep=False, repeat=1, **kw)
 
 
 @pytest.mark.vllm
@@ -185,7 +191,7 @@ def test_server_killed_mid_run_keeps_partial_results(tmp_path):
 
 @pytest.mark.vllm
 def test_ctrl_c_leaves_no_orphans_and_flushes_a_partial_record(tmp_path):
-    proc = subprocess.Popen([*KVBENCH, "run", "--kv-dtypes", "auto,fp8", "--no-search", "--num-requests", "400",
+    proc = subprocess.Popen([*KVBENCH, "run", "--kv-dtypes", "auto,fp8", "--no-search", *LEAN, "--num-requests", "400",
                              "--concurrency", "2", "--results", str(tmp_path)],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     log_dir = tmp_path
