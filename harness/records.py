@@ -344,8 +344,14 @@ def new_run_id(machine: str, now: datetime | None = None) -> str:
     return f"{now:%Y%m%dT%H%M%SZ}-{machine}-{secrets.token_hex(3)}"
 
 
-def utc_now() -> str:
-    return datetime.now(UTC).isoformat(timespec="seconds")
+def utc_now() -> datetime:
+    """Now, in UTC (every record's clock for dates; durations use time.perf_counter)."""
+    return datetime.now(UTC)
+
+
+def utc_iso(when: datetime | None = None) -> str:
+    """ISO 8601 to the second, as records store dates."""
+    return (when or utc_now()).isoformat(timespec="seconds")
 
 
 def record_path(results_dir: Path, machine: str, run_id: str) -> Path:

@@ -177,7 +177,7 @@ class Runner:
         self._reference: list[dict] | None = None  # auto's greedy samples, for end-to-end agreement
         self.record = RunRecord(
             run_id=self.run_id,
-            created_at=records.utc_now(),
+            created_at=records.utc_iso(),
             machine=plan.machine,
             config=plan.as_dict(),
             environment=environment(),
@@ -228,7 +228,7 @@ class Runner:
             rec.comparisons = comparisons(rec)
         except Exception as exc:  # what is derived must never cost what was measured
             rec.findings = [*rec.findings, Finding(level="error", text=f"findings not derived: {_one_line(exc)}")]
-        rec.finished_at = records.utc_now()
+        rec.finished_at = records.utc_iso()
         self.flush()
 
     # -- one dtype --------------------------------------------------------------------------------

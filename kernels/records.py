@@ -7,26 +7,12 @@
 from __future__ import annotations
 
 import os
-from datetime import UTC, datetime
+from datetime import datetime
 from pathlib import Path
 
 from kvbench.harness import machine as harness
-from kvbench.harness.records import write_atomic  # noqa: F401  (one atomic writer for every record)
-
-
-def machine_name() -> str:
-    """The harness's machine name (h200-141gb, h100-sxm-80gb, cpu-<model>).
-
-    Where nvidia-ml-py is missing but torch sees a GPU, the name comes from torch's device name and
-    memory instead, through the harness's own naming rule."""
-    name = harness.machine_name()
-    if name.startswith("cpu-") and not os.environ.get("KVBENCH_MACHINE"):
-        import torch
-
-        if torch.cuda.is_available():
-            props = torch.cuda.get_device_properties(0)
-            return harness.gpu_machine_name(props.name, props.total_memory)
-    return name
+from kvbench.harness.machine import machine_name  # noqa: F401  (one machine identity for every record)
+from kvbench.harness.records import utc_now, write_atomic  # noqa: F401  (one clock, one atomic writer)
 
 
 def environment() -> dict:
@@ -43,10 +29,6 @@ def environment() -> dict:
     else:
         env["device"] = {"name": "cpu"}
     return env
-
-
-def utc_now() -> datetime:
-    return datetime.now(UTC)
 
 
 def record_path(results_dir: str | Path, kind: str, machine: str, when: datetime) -> Path:

@@ -451,9 +451,9 @@ def test_a_dtype_that_failed_in_the_history_point_fails_the_night_unless_expecte
         calls.append(argv)
         runs = tmp_path / "results" / "cpu-test" / "runs"
         runs.mkdir(parents=True, exist_ok=True)
-        from kvbench.harness.records import utc_now
+        from kvbench.harness.records import utc_iso
 
-        point = RunRecord(run_id="point", created_at=utc_now(), machine="cpu-test", status="partial", asv={"commit": "abc"},
+        point = RunRecord(run_id="point", created_at=utc_iso(), machine="cpu-test", status="partial", asv={"commit": "abc"},
                           dtypes=[{"kv_cache_dtype": "auto", "status": "ok"},
                                   {"kv_cache_dtype": "nvfp4", "status": "partial", "error": "engine died"}])
         (runs / "point.json").write_text(json.dumps(point.as_doc()))

@@ -107,7 +107,7 @@ class EntryResult:
 class Nightly:
     def __init__(self, cfg: NightlyConfig, cfg_path: Path, plan: MachinePlan, target: Target, estimate: MachineEstimate,
                  asv_conf: Path, site_out: Path, console, vllm_installed: tuple[str | None, str | None]):
-        from kvbench.harness.records import utc_now
+        from kvbench.harness.records import utc_iso
 
         self.cfg, self.cfg_path, self.plan, self.target, self.estimate = cfg, cfg_path, plan, target, estimate
         self.asv_conf = Path(asv_conf).absolute()
@@ -116,7 +116,7 @@ class Nightly:
         self.results_dir = results_dir_of(self.asv_conf) if needs_asv or self.asv_conf.exists() else Path("results").absolute()
         self.site_out = Path(site_out)
         self.console = console
-        self.started_at = utc_now()
+        self.started_at = utc_iso()
         self.id = f"{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}-{target.machine}"
         self.logs = self.results_dir / target.machine / "logs" / f"nightly-{self.id}"
         self.t0 = time.monotonic()
@@ -181,9 +181,9 @@ class Nightly:
             args += ["--model", model]
         for regex in self.cfg.history.bench:
             args += ["--bench", regex]
-        from kvbench.harness.records import utc_now
+        from kvbench.harness.records import utc_iso
 
-        started = utc_now()
+        started = utc_iso()
         rc, secs, log = self._subprocess("history", self._kvbench(*args), "asv history point (kvbench history run)", self.deadline)
         if rc is None:
             return StepResult("history", "failed", f"stopped: the budget of {self.plan.cfg.max_minutes:g} min ran out", secs, str(log))
@@ -353,7 +353,7 @@ class Nightly:
         return out
 
     def write_summary(self) -> dict:
-        from kvbench.harness.records import utc_now, write_atomic
+        from kvbench.harness.records import utc_iso, write_atomic
 
         reasons = self.reasons()
         regressed = any(s.status == "regression" for s in self.steps.values())
@@ -368,7 +368,7 @@ class Nightly:
             "config": str(self.cfg_path),
             "vllm": {"wanted": self.plan.vllm, "package": self.vllm_installed[0], "version": self.vllm_installed[1]},
             "started_at": self.started_at,
-            "finished_at": utc_now(),
+            "finished_at": utc_iso(),
             "minutes": (time.monotonic() - self.t0) / 60,
             "budget_minutes": self.plan.cfg.max_minutes,
             "estimate_minutes": self.estimate.minutes,
