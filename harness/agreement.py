@@ -12,6 +12,7 @@ token's logprob. Against the `auto` (16-bit) server:
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import asdict, dataclass
 
 import aiohttp
@@ -107,3 +108,35 @@ def compare(reference: list[dict], samples: list[dict], teacher_forced: list[lis
             out["logprob_delta_mean"] = sum(deltas) / len(deltas)
             out["logprob_delta_max"] = max(deltas)
     return out
+
+
+class Canaries:
+    """Requests with known greedy outputs, recorded at rest, that ride inside every load phase: a dtype that
+    corrupts outputs only under batching (correct alone, wrong at 32 concurrent requests) is caught even when
+    no evaluation was asked for. Each load phase sends every canary once, after the load has ramped up, and
+    compares the greedy tokens with the at-rest ones (the same dtype's server, so any difference is load)."""
+
+    def __init__(self, base_url: str, model: str, samples: list[dict], headers: dict[str, str] | None = None,
+                 timeout_s: float = 60.0):
+        self.base_url, self.model, self.samples, self.headers, self.timeout_s = base_url, model, samples, headers, timeout_s
+
+    async def ride(self, delay_s: float = 0.5) -> dict:
+        """Send every canary once (after `delay_s`, so they meet the load) and say which came back different."""
+        await asyncio.sleep(delay_s)
+        timeout = aiohttp.ClientTimeout(total=None, sock_connect=self.timeout_s, sock_read=self.timeout_s)
+        out = {"sent": 0, "same": 0, "differ": 0, "failed": 0, "first_difference": []}
+        async with aiohttp.ClientSession(timeout=timeout, headers=self.headers) as session:
+            got = await asyncio.gather(*(greedy(session, self.base_url, self.model, s["prompt"], len(s["tokens"]))
+                                         for s in self.samples), return_exceptions=True)
+        for ref, sample in zip(self.samples, got):
+            out["sent"] += 1
+            if isinstance(sample, BaseException):
+                out["failed"] += 1
+                continue
+            pairs = list(zip(ref["tokens"], sample.tokens))
+            if all(a == b for a, b in pairs) and len(sample.tokens) == len(ref["tokens"]):
+                out["same"] += 1
+            else:
+                out["differ"] += 1
+                out["first_difference"].append(next((i for i, (a, b) in enumerate(pairs) if a != b), len(pairs)))
+        return out

@@ -152,6 +152,7 @@ class Phase(_Model):
     repeat: int = Field(0, ge=0)  # which repetition of its load (fixed phases with --repeat)
     started_s: float | None = None  # perf_counter() at the phase's origin (the NVML samples' clock)
     energy: dict[str, Any] | None = None  # kvbench.harness.energy.Energy over the phase
+    canaries: dict[str, Any] | None = None  # at-rest greedy outputs re-sent during the phase (harness/agreement)
 
 
 class EngineCapacityRecord(_Model):

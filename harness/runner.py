@@ -26,7 +26,7 @@ from kvbench.capacity import VLLM_DEFAULT_GPU_MEMORY_UTILIZATION, budget_from_by
 from kvbench.errors import KvbenchError, UsageError
 from kvbench.formats import format_ratio, get_format
 from kvbench.harness import energy, front, records, repeats
-from kvbench.harness.agreement import Sample, collect, compare
+from kvbench.harness.agreement import Canaries, Sample, collect, compare
 from kvbench.harness.backend import OpenAIBackend
 from kvbench.harness.endpoint import Endpoint, ServerFacts, describe, redact_url
 from kvbench.harness.logparse import EngineCapacity, engine_failure
@@ -104,6 +104,7 @@ class RunPlan:
     client_realtime: bool = False  # SCHED_FIFO for the client (see harness/clientsched.py), where permitted
     agreement_prompts: int = 8  # end-to-end accuracy vs auto (harness/agreement.py); 0 turns it off
     agreement_tokens: int = 32
+    canaries: int = 2  # of the agreement prompts, re-sent inside every load phase (harness/agreement.Canaries)
     notes: list[str] = field(default_factory=list)
 
     def as_dict(self) -> dict:
@@ -138,7 +139,7 @@ class RunPlan:
             "stall_timeout_s": self.stall_timeout_s,
             "unsupported": self.unsupported,
             "client_realtime": self.client_realtime,
-            "agreement": {"prompts": self.agreement_prompts, "tokens": self.agreement_tokens},
+            "agreement": {"prompts": self.agreement_prompts, "tokens": self.agreement_tokens, "canaries": self.canaries},
             "notes": self.notes,
         }
 
@@ -381,6 +382,7 @@ class Runner:
             self.reporter.phase(dtype, name, total=n)
             warm = prompts(stream + WARMUP_STREAM, plan.warmup_requests) if plan.warmup_requests else ()
             rapl_before = energy.rapl_read(self._rapl) if self._rapl else None
+            riding = asyncio.ensure_future(canaries.ride()) if canaries else None
             load_result = await run_load(
                 backend,
                 prompts(stream, n),
@@ -391,6 +393,12 @@ class Runner:
                 warmup_prompts=warm,
                 realtime=plan.client_realtime,
             )
+            canary = None
+            if riding is not None:
+                try:
+                    canary = await asyncio.wait_for(riding, timeout=plan.stall_timeout_s)
+                except (TimeoutError, aiohttp.ClientError) as exc:
+                    canary = {"error": _one_line(exc)}
             run_summary = summarize(load_result, slo)
             summary = run_summary.as_dict()
             summary.pop("definitions", None)  # once per record, not per phase
@@ -405,7 +413,7 @@ class Runner:
             ph = Phase(name=name, kind=kind, concurrency=getattr(load, "concurrency", None),
                        rate_rps=rate if rate is not None and math.isfinite(rate) else None,
                        mode=load.describe(), summary=PhaseSummary.model_validate(summary), requests=count,
-                       repeat=repeat, started_s=start, energy=spent.as_dict())
+                       repeat=repeat, started_s=start, energy=spent.as_dict(), canaries=canary)
             result.phases.append(ph)
             if load_result.interrupted:  # run_load keeps what it measured on Ctrl-C; the run stops here
                 raise asyncio.CancelledError
@@ -420,9 +428,12 @@ class Runner:
         def ladder_size(c: int) -> int:
             return max(c * plan.probe_rounds, MIN_PROBE_REQUESTS)
 
+        canaries = None
         if plan.agreement_prompts:
             # Light load first: a dtype whose engine later dies under load still gets its accuracy measured.
-            await self._agreement(dtype, backend, result, headers)
+            at_rest = await self._agreement(dtype, backend, result, headers)
+            if at_rest and plan.canaries:
+                canaries = Canaries(backend.base_url, backend.model, at_rest[: plan.canaries], headers, plan.stall_timeout_s)
 
         knee, cap = None, plan.search_cap
         if plan.objective is not None:
@@ -505,7 +516,7 @@ class Runner:
                      points=[p.as_dict() for p in pts], at_slo=best.as_dict() if best else None, at_target=at_target,
                      target_user_tps=target)
 
-    async def _agreement(self, dtype: str, backend, result: DtypeResult, headers: dict) -> None:
+    async def _agreement(self, dtype: str, backend, result: DtypeResult, headers: dict) -> list[dict] | None:
         plan = self.plan
         self.reporter.phase(dtype, "agreement (greedy outputs vs auto)")
         tokens, prompt_tokens = plan.agreement_tokens, plan.workload.prompt_tokens
@@ -525,12 +536,13 @@ class Runner:
         except (aiohttp.ClientError, asyncio.TimeoutError, KeyError, ValueError) as exc:
             # This part failed; the load phases still run (and find out for themselves if the server is gone).
             agreement.error = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
-            return
+            return None
         self.samples.add_agreement(dtype, data["samples"], data["teacher_forced"])
         if dtype == "auto":
             self._reference = data["samples"]
         elif self._reference is not None:
             agreement.vs_auto = compare(self._reference, data["samples"], data["teacher_forced"])
+        return data["samples"]
 
     @property
     def _tokenizer(self):
