@@ -226,7 +226,7 @@ class OpenAIBackend:
         else:
             if not isinstance(prompt.content, str):
                 raise ValueError("chat requests need text prompts (token ids cannot be sent to /v1/chat/completions)")
-            body["messages"] = [{"role": "user", "content": prompt.content}]
+            body["messages"] = list(prompt.messages) if prompt.messages else [{"role": "user", "content": prompt.content}]
         body.update(self.extra_body)
         return body
 
