@@ -91,8 +91,8 @@ class _Context:
         self.spec, self.seed, self.stream, self.mml, self.api = spec, seed, stream, max_model_len, api
         self.notes: list[str] = []
         if self.tok is None and (api == "chat" or spec.kind in ("sharegpt", "jsonl")):
-            raise UsageError(f"{spec.kind} workloads{' over chat' if api == 'chat' else ''} need the model's tokenizer, "
-                             "not a vocabulary size")
+            over = " over chat" if api == "chat" else ""
+            raise UsageError(f"{spec.kind} workloads{over} need the model's tokenizer, not a vocabulary size")
 
     @cached_property
     def allowed(self) -> np.ndarray:
@@ -155,6 +155,11 @@ class _Context:
         return max(1, self.mml - output), output, True
 
     def plan(self, requests: list[PlannedRequest], **kw) -> RequestPlan:
+        off = sum(1 for r in requests if not r.prompt.exact)
+        if off and self.spec.kind != "fixed":  # fixed: make_prompts' own note says it
+            self.notes.append(f"chat prompt lengths are approximate: {off} of {len(requests)} could not be made "
+                              f"exactly their length after the chat template (template alone: {self.overhead} "
+                              "tokens); num_tokens holds the local count")
         return RequestPlan(self.spec, self.api, self.seed, self.stream, self.mml, tuple(requests),
                            notes=tuple(self.notes), **kw)
 
@@ -175,7 +180,10 @@ def _fixed(ctx: _Context, num_requests):
     prompts = make_prompts(s.to_workload(num_requests=n, api=ctx.api, seed=ctx.seed), ctx.source, stream=ctx.stream)
     reqs = []
     for i, p in enumerate(prompts):
-        ids = tuple(p.content) if ctx.api == "completions" else tuple(ctx.chat_ids([{"role": "user", "content": p.content}]))
+        if ctx.api == "completions":
+            ids = tuple(p.content)
+        else:
+            ids = tuple(ctx.chat_ids([{"role": "user", "content": p.content}]))
         reqs.append(PlannedRequest(i, p, s.output_tokens, token_ids=ids))
     if not prompts.exact:
         ctx.notes.append(prompts.note)
@@ -315,6 +323,8 @@ def _sharegpt(ctx: _Context, num_requests):
     order = _order_random(ctx)
     if s.shuffle:
         order.shuffle(rows)
+    # No count asked for: every conversation that passes the filter, none repeated.
+    everything = num_requests is None and s.num_requests is None
     n = ctx.n(num_requests, natural=len(rows))
     fixed_output = s.output_tokens is not None
     picked, too_long = [], 0
@@ -339,7 +349,7 @@ def _sharegpt(ctx: _Context, num_requests):
     if too_long:
         ctx.notes.append(f"{too_long} conversations skipped: prompt + output exceeds max_model_len {ctx.mml}")
     extra = []
-    if len(picked) < n:
+    if len(picked) < n and not everything:
         if s.oversample:
             # vLLM's maybe_oversample_requests: random.seed(seed), then random.choice per missing request.
             again = _order_random(ctx)
@@ -348,7 +358,8 @@ def _sharegpt(ctx: _Context, num_requests):
                              f"only {len(picked)} pass the filter)")
         else:
             ctx.notes.append(f"only {len(picked)} of {n} requested conversations pass the filter (oversample = false)")
-    reqs = [PlannedRequest(k, prompt, out, source=i, token_ids=ids) for k, (i, prompt, out, ids) in enumerate(picked + extra)]
+    reqs = [PlannedRequest(k, prompt, out, source=i, token_ids=ids)
+            for k, (i, prompt, out, ids) in enumerate(picked + extra)]
     return ctx.plan(reqs)
 
 
@@ -374,7 +385,8 @@ def _jsonl(ctx: _Context, num_requests):
         except ValidationError as exc:
             raise UsageError(explain(exc, where, _JsonlLine)) from None
         if (row.prompt is None) == (row.prompt_tokens is None):
-            raise UsageError(f"{where}: give either \"prompt\" (text) or \"prompt_tokens\" (a count), not both or neither")
+            raise UsageError(f"{where}: give either \"prompt\" (text) or \"prompt_tokens\" (a count), "
+                             "not both or neither")
         if row.output_tokens is None and s.output_tokens is None:
             raise UsageError(f"{where}: no \"output_tokens\" (give it per line, or output_tokens in the workload)")
         lines.append((lineno - 1, row))
@@ -442,7 +454,8 @@ def read_trace(path: str) -> list[tuple[int, _TraceLine]]:
         last = rec.timestamp
         out.append((lineno, rec))
     if not out:
-        raise UsageError(f"{path}: no records (one JSON object per line: timestamp, input_length, output_length, hash_ids)")
+        raise UsageError(f"{path}: no records (one JSON object per line: timestamp, input_length, output_length, "
+                         "hash_ids)")
     return out
 
 
@@ -459,7 +472,8 @@ def _trace(ctx: _Context, num_requests):
     records = read_trace(s.path)
     n = ctx.n(num_requests, natural=len(records))
     if n > len(records):
-        raise UsageError(f"{s.path} holds {len(records)} requests; {n} were asked for (a trace is replayed, not resampled)")
+        raise UsageError(f"{s.path} holds {len(records)} requests; {n} were asked for (a trace is replayed, "
+                         "not resampled)")
     t0 = records[0][1].timestamp
     blocks: dict[int, list[int]] = {}
     reqs, clipped, mismatched, ignored = [], 0, 0, 0
@@ -484,8 +498,8 @@ def _trace(ctx: _Context, num_requests):
     if clipped:
         ctx.notes.append(f"{clipped} of {n} trace requests clipped to max_model_len {ctx.mml} (prompt tail cut)")
     if mismatched:
-        ctx.notes.append(f"{mismatched} of {n} trace records have len(hash_ids) != ceil(input_length / {s.block_tokens}): "
-                         "is block_tokens the trace's block size?")
+        ctx.notes.append(f"{mismatched} of {n} trace records have len(hash_ids) != "
+                         f"ceil(input_length / {s.block_tokens}): is block_tokens the trace's block size?")
     return ctx.plan(reqs)
 
 

@@ -97,7 +97,9 @@ class LogNormal(_Clip):
     def _one_pair(self):
         pct = self.median is not None or self.p90 is not None
         mom = self.mean is not None or self.sigma is not None
-        if pct == mom or (pct and (self.median is None or self.p90 is None)) or (mom and (self.mean is None or self.sigma is None)):
+        half_pct = pct and (self.median is None or self.p90 is None)
+        half_mom = mom and (self.mean is None or self.sigma is None)
+        if pct == mom or half_pct or half_mom:
             raise ValueError("lognormal takes either median and p90, or mean and sigma (exactly one pair)")
         if pct and self.p90 <= self.median:
             raise ValueError(f"lognormal p90 ({self.p90:g}) must be > median ({self.median:g})")
@@ -117,14 +119,16 @@ class LogNormal(_Clip):
 
 class Histogram(_Clip):
     dist: Literal["histogram"]
-    edges: list[Annotated[int, Field(ge=1)]] = Field(min_length=2, description="ascending whole numbers >= 1, one more than weights")
-    weights: list[Annotated[float, Field(ge=0)]] = Field(min_length=1, description="numbers >= 0, not all zero, one per bin")
+    edges: list[Annotated[int, Field(ge=1)]] = Field(
+        min_length=2, description="ascending whole numbers >= 1, one more than weights")
+    weights: list[Annotated[float, Field(ge=0)]] = Field(
+        min_length=1, description="numbers >= 0, not all zero, one per bin")
 
     @model_validator(mode="after")
     def _shape(self):
         if len(self.weights) != len(self.edges) - 1:
-            raise ValueError(f"histogram needs one weight per bin: {len(self.edges)} edges make {len(self.edges) - 1} bins, "
-                             f"got {len(self.weights)} weights")
+            raise ValueError(f"histogram needs one weight per bin: {len(self.edges)} edges make "
+                             f"{len(self.edges) - 1} bins, got {len(self.weights)} weights")
         if any(b <= a for a, b in zip(self.edges, self.edges[1:])):
             raise ValueError(f"histogram edges must be strictly ascending, got {self.edges}")
         if sum(self.weights) <= 0:

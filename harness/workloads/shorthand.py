@@ -37,11 +37,12 @@ FORMS = {
 # shorthand key -> spec key, per kind (random's lengths are assembled below).
 _KEYS = {
     "fixed": {"prompt": "prompt_tokens", "output": "output_tokens", "requests": "num_requests"},
-    "random": {"input": None, "output": None, "range": None, "dist": None, "cv": None, "sigma": None, "requests": "num_requests"},
+    "random": {"input": None, "output": None, "range": None, "dist": None, "cv": None, "sigma": None,
+               "requests": "num_requests"},
     "sharegpt": {"requests": "num_requests", "output": "output_tokens"},
     "jsonl": {"requests": "num_requests", "output": "output_tokens"},
-    "shared-prefix": {"groups": "groups", "prefix": "prefix_tokens", "suffix": "suffix_tokens", "output": "output_tokens",
-                      "requests": "num_requests"},
+    "shared-prefix": {"groups": "groups", "prefix": "prefix_tokens", "suffix": "suffix_tokens",
+                      "output": "output_tokens", "requests": "num_requests"},
     "multi-turn": {"sessions": "sessions", "turns": "turns", "user": "user_tokens", "reply": "reply_tokens",
                    "think": "think_time_s", "concurrent": "max_concurrent_sessions"},
     "trace": {"time_scale": "time_scale", "block": "block_tokens", "requests": "num_requests"},
@@ -133,7 +134,8 @@ def _random_lengths(values: dict[str, Any], where: str) -> dict[str, Any]:
                          "(a histogram: write the workload in a TOML file)")
     extra = {"range", "cv", "sigma"} & set(values) - allowed[dist]
     if extra:
-        raise UsageError(f"{where}: {', '.join(sorted(extra))} does not apply to dist={dist}; the form is {FORMS['random']}")
+        raise UsageError(f"{where}: {', '.join(sorted(extra))} does not apply to dist={dist}; "
+                         f"the form is {FORMS['random']}")
     missing = needs[dist] - set(values)
     if missing:
         raise UsageError(f"{where}: dist={dist} needs {', '.join(sorted(missing))}; the form is {FORMS['random']}")
@@ -194,13 +196,15 @@ def to_shorthand(spec) -> str:
     """The shorthand that makes `spec`, or `kind(key=value, ...)` where the shorthand cannot say it."""
     k = spec.kind
     if k == "fixed":
-        return _join(k, [("prompt", spec.prompt_tokens), ("output", spec.output_tokens), ("requests", spec.num_requests)])
+        return _join(k, [("prompt", spec.prompt_tokens), ("output", spec.output_tokens),
+                         ("requests", spec.num_requests)])
     if k in ("sharegpt", "jsonl"):
         return _join(k, [("", Path(spec.path).name), ("requests", spec.num_requests), ("output", spec.output_tokens)])
     if k == "trace":
         # Labels name the file, not where it lives (describe() keeps the full path).
         return _join(k, [("", Path(spec.path).name), ("time_scale", spec.time_scale if spec.time_scale != 1 else None),
-                         ("block", spec.block_tokens if spec.block_tokens != 512 else None), ("requests", spec.num_requests)])
+                         ("block", spec.block_tokens if spec.block_tokens != 512 else None),
+                         ("requests", spec.num_requests)])
     if k == "shared-prefix":
         return _join(k, [("groups", spec.groups), ("prefix", spec.prefix_tokens), ("suffix", spec.suffix_tokens),
                          ("output", spec.output_tokens), ("requests", spec.num_requests)])
@@ -215,7 +219,8 @@ def to_shorthand(spec) -> str:
         return _join(k, simple)
     p, o = spec.prompt, spec.output
     if p.dist == o.dist == "uniform" and p.range_ratio == o.range_ratio:
-        return _join(k, [("input", p.mean), ("output", o.mean), ("range", f"{p.range_ratio:g}"), ("requests", spec.num_requests)])
+        return _join(k, [("input", p.mean), ("output", o.mean), ("range", f"{p.range_ratio:g}"),
+                         ("requests", spec.num_requests)])
     return _join(k, [("input", _len(p)), ("output", _len(o)), ("requests", spec.num_requests)])
 
 

@@ -113,7 +113,8 @@ class SharedPrefixSpec(_Spec):
     @model_validator(mode="after")
     def _enough(self):
         if self.num_requests is not None and self.num_requests < self.groups:
-            raise ValueError(f"num_requests ({self.num_requests}) must be >= groups ({self.groups}): every group needs a request")
+            raise ValueError(f"num_requests ({self.num_requests}) must be >= groups ({self.groups}): "
+                             "every group needs a request")
         return self
 
 
@@ -143,7 +144,7 @@ class MultiTurnSpec(_Spec):
     turns: Turns = Field(description="a whole number >= 1, or a table {min, max} (drawn uniformly per session)")
     user_tokens: Length = Field(description=LENGTH_FORM)
     reply_tokens: Length = Field(description=LENGTH_FORM)
-    think_time_s: ThinkTime = Field(0.0, description=THINK_FORM)
+    think_time_s: ThinkTime = Field(0.0, validate_default=True, description=THINK_FORM)
     max_concurrent_sessions: int | None = _count(default=None)
 
     @property
@@ -223,7 +224,8 @@ def explain(exc: ValidationError, where: str, model: type | None = None) -> str:
 def _nested() -> dict[str, dict[str, type]]:
     from kvbench.harness.workloads import lengths as L
 
-    length = {"fixed": L.Fixed, "uniform": L.Uniform, "normal": L.Normal, "lognormal": L.LogNormal, "histogram": L.Histogram}
+    length = {"fixed": L.Fixed, "uniform": L.Uniform, "normal": L.Normal, "lognormal": L.LogNormal,
+              "histogram": L.Histogram}
     think = {"constant": L.ConstantThink, "exponential": L.ExponentialThink, "uniform": L.UniformThink}
     return {"prompt": length, "output": length, "user_tokens": length, "reply_tokens": length,
             "think_time_s": think, "turns": {"": TurnRange}}
