@@ -520,3 +520,22 @@ def test_bundled_files_regenerate_to_the_same_bytes_and_match_bundle_toml(tok):
     assert measured["sharegpt"]["entries"] == entries
     assert measured["sharegpt"]["input_max"] + measured["sharegpt"]["output_max"] <= 2 * sg["max_total_tokens"]
     assert measured["trace"]["requests"] == recipe["trace"]["requests"]
+
+
+def test_the_readme_examples_are_valid_specs(tmp_path):
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    section = readme.split("## Traffic like production: workloads", 1)[1].split("\n## ", 1)[0]
+    toml = section.split("```toml\n", 1)[1].split("```", 1)[0]
+    bundled = {"sharegpt": "sharegpt-small.json", "jsonl": "requests-small.jsonl", "trace": "trace-small.jsonl"}
+    lines = []
+    for line in toml.splitlines():  # the example's files live elsewhere: point at the bundled ones
+        if line.startswith("path = "):
+            kind = lines[-1].split('"')[1]
+            line = f'path = "{data_path("workloads/" + bundled[kind])}"'
+        lines.append(line)
+    (tmp_path / "w.toml").write_text("\n".join(lines))
+    specs = load_workloads(tmp_path / "w.toml")
+    assert {s.kind for s in specs.values()} == set(KINDS) - {"fixed"}
+    for text in [ln.split("#")[0].split()[1] for ln in section.splitlines() if ln.startswith("--workload ")]:
+        if text.startswith(("random:", "shared-prefix:", "multi-turn:")):
+            assert parse_workload(text.replace("[", "").split("]")[0])
