@@ -539,3 +539,14 @@ def test_the_readme_examples_are_valid_specs(tmp_path):
     for text in [ln.split("#")[0].split()[1] for ln in section.splitlines() if ln.startswith("--workload ")]:
         if text.startswith(("random:", "shared-prefix:", "multi-turn:")):
             assert parse_workload(text.replace("[", "").split("]")[0])
+
+
+def test_a_multi_turn_chat_prompt_is_sent_as_its_whole_conversation():
+    from kvbench.harness.backend import OpenAIBackend
+
+    messages = ({"role": "user", "content": "a b"}, {"role": "assistant", "content": "c"},
+                {"role": "user", "content": "d"})
+    chat = OpenAIBackend("http://127.0.0.1:9", "m", api="chat")
+    assert chat.payload(Prompt("d", 9, True, messages=messages), 4)["messages"] == list(messages)
+    assert chat.payload(Prompt("d", 3, True), 4)["messages"] == [{"role": "user", "content": "d"}]
+    assert OpenAIBackend("http://127.0.0.1:9", "m").payload(Prompt([5, 6], 2, True), 4)["prompt"] == [5, 6]
