@@ -23,7 +23,7 @@ import json
 import math
 import random
 from collections.abc import Sequence
-from functools import cached_property
+from functools import cached_property, lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -64,7 +64,9 @@ def build(spec, tokenizer: Any, *, seed: int = 0, stream: int = 0, max_model_len
         numpy's default_rng(seed) exactly as `vllm bench serve --dataset-name random --seed` does, and
         `sharegpt` shuffles with Python's random.seed(seed) exactly as vLLM does.
     max_model_len: the server's context length (None: no limit).
-    num_requests: overrides the spec's (a warm-up or probe phase asks for its own count).
+    num_requests: overrides the spec's (a warm-up or probe phase asks for its own count). Multi-turn counts
+        turns: sessions are made in order (past `sessions` if need be) until that many, the last one cut.
+        Traces replay their first num_requests records and refuse more than they hold.
     """
     if api not in ("completions", "chat"):
         raise UsageError(f"api must be completions or chat, got {api!r}")
@@ -305,21 +307,8 @@ def _sharegpt(ctx: _Context, num_requests):
     walk them: first turn = prompt, second = completion, skip pairs failing is_valid_sequence (and, here,
     pairs that do not fit max_model_len), stop at num_requests, then oversample with random.choice."""
     s = ctx.spec
-    data = _read_json(s.path)
-    if not isinstance(data, list):
-        raise UsageError(f"{s.path}: a ShareGPT file is a JSON list of {{\"conversations\": [...]}} entries, "
-                         f"got {type(data).__name__}")
-    rows = []
-    for i, entry in enumerate(data):
-        if not isinstance(entry, dict):
-            raise UsageError(f"{s.path}: entry {i} is {type(entry).__name__}, not an object with \"conversations\"")
-        conv = entry.get("conversations")
-        if isinstance(conv, list) and len(conv) >= 2:
-            for turn in conv[:2]:
-                if not isinstance(turn, dict) or not isinstance(turn.get("value"), str):
-                    raise UsageError(f"{s.path}: entry {i} (id {entry.get('id')!r}): conversation turns need a "
-                                     "text \"value\"")
-            rows.append(i)
+    pairs = _sharegpt_pairs(s.path)
+    rows = list(range(len(pairs)))
     order = _order_random(ctx)
     if s.shuffle:
         order.shuffle(rows)
@@ -331,8 +320,7 @@ def _sharegpt(ctx: _Context, num_requests):
     for i in rows:
         if len(picked) >= n:
             break
-        conv = data[i]["conversations"]
-        prompt_text, completion = conv[0]["value"], conv[1]["value"]
+        source, prompt_text, completion = pairs[i]
         prompt_len = len(ctx.tok(prompt_text).input_ids)
         out = s.output_tokens if fixed_output else len(ctx.tok(completion).input_ids)
         if not _vllm_valid(prompt_len, out, s, fixed_output):
@@ -341,7 +329,7 @@ def _sharegpt(ctx: _Context, num_requests):
             too_long += 1
             continue
         prompt, ids = ctx.text(prompt_text)
-        picked.append((i, prompt, out, ids))
+        picked.append((source, prompt, out, ids))
     if not picked:
         raise UsageError(f"{s.path}: no conversation passes the length filter (prompt and output >= {s.min_tokens}, "
                          f"prompt <= {s.max_prompt_tokens}, total <= {s.max_total_tokens}"
@@ -361,6 +349,34 @@ def _sharegpt(ctx: _Context, num_requests):
     reqs = [PlannedRequest(k, prompt, out, source=i, token_ids=ids)
             for k, (i, prompt, out, ids) in enumerate(picked + extra)]
     return ctx.plan(reqs)
+
+
+def _sharegpt_pairs(path: str) -> tuple[tuple[int, str, str], ...]:
+    """(entry index, first turn, second turn) of every entry with 2+ turns, in file order (vLLM's filter)."""
+    st = Path(path).stat()
+    return _sharegpt_pairs_cached(path, st.st_mtime_ns, st.st_size)
+
+
+@lru_cache(maxsize=4)
+def _sharegpt_pairs_cached(path: str, mtime_ns: int, size: int) -> tuple[tuple[int, str, str], ...]:
+    # Every phase builds its own plan; the real ShareGPT file is hundreds of MB of JSON, so it is parsed once and
+    # only the two turns vLLM reads are kept.
+    data = _read_json(path)
+    if not isinstance(data, list):
+        raise UsageError(f"{path}: a ShareGPT file is a JSON list of {{\"conversations\": [...]}} entries, "
+                         f"got {type(data).__name__}")
+    pairs = []
+    for i, entry in enumerate(data):
+        if not isinstance(entry, dict):
+            raise UsageError(f"{path}: entry {i} is {type(entry).__name__}, not an object with \"conversations\"")
+        conv = entry.get("conversations")
+        if isinstance(conv, list) and len(conv) >= 2:
+            for turn in conv[:2]:
+                if not isinstance(turn, dict) or not isinstance(turn.get("value"), str):
+                    raise UsageError(f"{path}: entry {i} (id {entry.get('id')!r}): conversation turns need a "
+                                     "text \"value\"")
+            pairs.append((i, conv[0]["value"], conv[1]["value"]))
+    return tuple(pairs)
 
 
 class _JsonlLine(BaseModel):
