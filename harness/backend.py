@@ -226,7 +226,9 @@ class OpenAIBackend:
         else:
             if not isinstance(prompt.content, str):
                 raise ValueError("chat requests need text prompts (token ids cannot be sent to /v1/chat/completions)")
-            body["messages"] = [{"role": "user", "content": prompt.content}]
+            # A multi-turn prompt carries the whole conversation; otherwise the text is one user message.
+            messages = prompt.messages or ({"role": "user", "content": prompt.content},)
+            body["messages"] = list(messages)
         body.update(self.extra_body)
         return body
 

@@ -55,7 +55,7 @@ class Workload:
 class Prompt:
     """One request's prompt.
 
-    content: token ids (completions) or the user message text (chat).
+    content: token ids (completions) or the user message text (chat; with `messages`, the last user message).
     num_tokens: prompt tokens the server is expected to count (for chat: after its chat template),
         as counted with the local tokenizer; None when unknown.
     exact: True when the server sees exactly `num_tokens` (token ids always; chat text only when the
@@ -65,6 +65,8 @@ class Prompt:
     content: list[int] | str
     num_tokens: int | None
     exact: bool
+    # Chat only: the whole conversation to send (multi-turn workloads); None sends `content` as one user message.
+    messages: tuple[dict[str, str], ...] | None = None
 
     @classmethod
     def of(cls, value: Prompt | Sequence[int] | str) -> Prompt:
