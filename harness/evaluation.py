@@ -92,11 +92,9 @@ def check_offline(tasks: list[str], task_manager) -> None:
     for task in tasks:
         if task.startswith(evaltasks.PREFIX):
             continue
-        try:
-            config = task_manager._get_config(task)  # noqa: SLF001 - the only way to read a task's YAML unloaded
-        except Exception:  # a group or an unusual entry: loading it will tell
-            continue
-        path = str((config or {}).get("dataset_path", "")) if isinstance(config, dict) else ""
+        entry = task_manager.task_index.get(task)
+        cfg = getattr(entry, "cfg", None) or {}  # a group or tag has none: loading it will tell
+        path = str(cfg.get("dataset_path") or "")
         if path and path not in LOCAL_BUILDERS and not Path(path).expanduser().exists():
             raise UsageError(_hub_message(task))
 
@@ -110,7 +108,7 @@ def task_manager(tasks: list[str], tokenizer: str | Path, n_items: int = evaltas
     for t in ours:
         evaltasks.parse_task(t)  # one line naming the bundled tasks if misspelt
     include = [str(evaltasks.write_tasks(tokenizer, ours, seed=seed, n=n_items))] if ours else None
-    return TaskManager(verbosity="WARNING", include_path=include)
+    return TaskManager(include_path=include)
 
 
 def evaluate(

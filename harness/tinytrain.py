@@ -94,7 +94,7 @@ def _copy_example(tok, budget: int, rng: random.Random) -> tuple[list[int], list
     marks = [0]
     while len(ids) < budget:
         if len(ids) > 24 and rng.random() < 0.4:
-            m = rng.randint(6, 24)
+            m = rng.randint(6, min(24, len(ids) - 2))
             start = rng.randrange(1, len(ids) - m)
             ids += ids[start : start + m]
             marks += [0] + [1] * (m - 1)
