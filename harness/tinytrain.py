@@ -37,10 +37,10 @@ RECIPE = {
     "weight_decay": 0.01,
     "betas": [0.9, 0.98],
     "grad_clip": 1.0,
-    "answer_weight": 1.0,  # loss weight of answer tokens (and of copied spans in copy examples)
-    "text_weight": 0.1,  # loss weight of the rest: the haystack is random words, mostly unpredictable
-    "multikey_fraction": 0.25,
-    "copy_fraction": 0.3,  # examples that teach copying (induction): spans of earlier text repeated
+    "answer_weight": 1.0,  # loss weight of answer tokens and of a needle's second writing of its key
+    "text_weight": 0.2,  # loss weight of the rest: the haystack is random words, mostly unpredictable
+    "multikey_fraction": 0.1,
+    "numbers_fraction": 0.4,  # examples that practise copying numbers in order (Assembler.numbers)
     # (fraction of training done, largest prompt budget in tokens) : budgets grow along this schedule
     "curriculum": [[0.0, 128], [0.3, 224], [0.55, 448], [1.0, 448]],
     "long_fraction": 0.0,  # share of steps at a longer budget (up to long_budget)
@@ -73,39 +73,90 @@ def _budget(step: int, steps: int, rng: random.Random, recipe: dict) -> int:
             top = budget
     if recipe["long_fraction"] and frac >= 0.55 and rng.random() < recipe["long_fraction"]:
         return rng.randint(top, recipe["long_budget"])
-    return rng.randint(min(top, 96), top)
+    return rng.randint(top // 2, top)
 
 
-def _example(tok, kind: str, budget: int, rng: random.Random) -> tuple[list[int], int]:
-    """(token ids with BOS and the answer " 12345." + EOS, index of the first answer token)."""
-    if kind == "multikey":
-        budget = max(budget, MULTIKEY_MIN_BUDGET)  # four needles and the question alone take ~100 tokens
-    item = evaltasks.make_item(kind, budget, rng.random(), rng, tok)
-    prompt = tok.encode(item.prompt)  # with BOS, as the server tokenizes it
-    full = tok.encode(item.prompt + " " + item.answer + ".") + [tok.eos_token_id]
-    assert full[: len(prompt)] == prompt  # the answer starts on a token boundary (digits are split apart)
-    return full, len(prompt)
+class Assembler:
+    """Builds training examples at the token level from pre-encoded sentences (encoding whole prompts per example
+    would cost more than the training step). Token for token these are what evaltasks.make_item produces:
+    every piece starts on a pre-token boundary (a space before a word, or a newline), so concatenated
+    encodings equal the encoding of the concatenated text, up to where a prompt is cut to its budget."""
 
+    def __init__(self, tok, rng: random.Random, pool: int = 4000):
+        self.tok = tok
+        self.enc = lambda text: tok.encode(text, add_special_tokens=False)
+        sents = evaltasks.sentences(rng, pool)
+        self.bare = [self.enc(x) for x in sents]  # the first sentence after the intro's newline
+        self.spaced = [self.enc(" " + x) for x in sents]
+        self.digits = {tok.convert_tokens_to_ids(str(d)) for d in range(10)}
 
-def _copy_example(tok, budget: int, rng: random.Random) -> tuple[list[int], list[int]]:
-    """(token ids, 0/1 marks of copied tokens): pseudo-English with numbers, and spans of it repeated later,
-    so every copied token after a span's first is predictable only by looking back (an induction target)."""
-    ids = [tok.bos_token_id]
-    marks = [0]
-    while len(ids) < budget:
-        if len(ids) > 24 and rng.random() < 0.4:
-            m = rng.randint(6, min(24, len(ids) - 2))
-            start = rng.randrange(1, len(ids) - m)
-            ids += ids[start : start + m]
-            marks += [0] + [1] * (m - 1)
+    def numbers(self, budget: int, rng: random.Random) -> tuple[list[int], list[int]]:
+        """Haystack with a few pass keys written bare, each written again later at a random distance: every digit
+        of a second writing after its first is predictable only by finding the first writing and copying in
+        order (what an induction head does). Dense practice of exactly the step retrieval needs."""
+        ids, marks = [self.tok.bos_token_id], [0]
+        pending: list[list[int]] = []
+        while len(ids) < budget:
+            draw = rng.random()
+            if draw < 0.2:
+                piece = self.enc(" " + evaltasks.key(rng))
+                pending.append(piece)
+                ids += piece
+                marks += [0] * len(piece)
+            elif draw < 0.4 and pending:
+                piece = pending.pop(rng.randrange(len(pending)))
+                ids += piece
+                marks += [0, 0] + [1] * (len(piece) - 2)  # the space and the first digit are not predictable
+            else:
+                piece = self.spaced[rng.randrange(len(self.spaced))]
+                ids += piece
+                marks += [0] * len(piece)
+        return ids[:budget], marks[:budget]
+
+    def example(self, kind: str, budget: int, rng: random.Random) -> tuple[list[int], list[int]]:
+        """(BOS + prompt + " 12345." + EOS, 0/1 marks of the tokens to learn with answer weight: the answer,
+        and in a pass-key needle the key's second writing, which only copying can predict)."""
+        if kind == "passkey":
+            key = evaltasks.key(rng)
+            needles = [evaltasks.PASSKEY_NEEDLE.format(key=key)]
+            intro, question, answer, depths = evaltasks.PASSKEY_INTRO, evaltasks.PASSKEY_QUESTION, key, [rng.random()]
         else:
-            text = " " + evaltasks.sentences(rng, 1)[0]
-            if rng.random() < 0.5:
-                text += f" {rng.randrange(10**4, 10**5)}."
-            piece = tok.encode(text, add_special_tokens=False)
+            budget = max(budget, MULTIKEY_MIN_BUDGET)  # four needles and the question alone take ~100 tokens
+            names = rng.sample(evaltasks.words(), evaltasks.MULTIKEY_KEYS)
+            keys = [evaltasks.key(rng) for _ in names]
+            needles = [evaltasks.MULTIKEY_NEEDLE.format(name=n, key=k) for n, k in zip(names, keys, strict=True)]
+            asked = rng.randrange(len(names))
+            intro, answer = evaltasks.MULTIKEY_INTRO, keys[asked]
+            question = evaltasks.MULTIKEY_QUESTION.format(name=names[asked])
+            depths = [rng.random() for _ in names]
+        head, tail = self.enc(intro), self.enc(question)
+        spaced_needles = [self.enc(" " + n) for n in needles]
+        room = budget - len(head) - len(tail) - sum(map(len, spaced_needles))
+        chosen: list[int] = []
+        while room > 0:
+            i = rng.randrange(len(self.spaced))
+            if len(self.spaced[i]) > room:
+                break
+            chosen.append(i)
+            room -= len(self.spaced[i])
+        units: list[tuple[str, int]] = [("s", i) for i in chosen]
+        for depth, j in sorted(zip(depths, range(len(needles)), strict=True), key=lambda p: -p[0]):
+            units.insert(round(depth * len(chosen)), ("n", j))
+        ids, marks = [self.tok.bos_token_id, *head], [0] * (1 + len(head))
+        for pos, (what, j) in enumerate(units):
+            if what == "s":
+                piece, piece_marks = (self.bare if pos == 0 else self.spaced)[j], None
+            else:
+                piece = self.enc(needles[j]) if pos == 0 else spaced_needles[j]
+                digit_at = [k for k, t in enumerate(piece) if t in self.digits]
+                second = set(digit_at[evaltasks.KEY_DIGITS:]) if kind == "passkey" else set()
+                piece_marks = [int(k in second) for k in range(len(piece))]
             ids += piece
-            marks += [0] * len(piece)
-    return ids[:budget], marks[:budget]
+            marks += piece_marks or [0] * len(piece)
+        ids += tail
+        marks += [0] * len(tail)
+        ans = self.enc(" " + answer + ".") + [self.tok.eos_token_id]
+        return ids + ans, marks + [1] * len(ans)
 
 
 def batches(tok, recipe: dict):
@@ -113,18 +164,17 @@ def batches(tok, recipe: dict):
     import torch
 
     rng = random.Random(TRAIN_SEED_BASE + recipe["seed"])
+    assembler = Assembler(tok, rng)
     for step in range(recipe["steps"]):
         budget = _budget(step, recipe["steps"], rng, recipe)
         rows = []
         for _ in range(recipe["batch"]):
             draw = rng.random()
-            if draw < recipe["copy_fraction"]:
-                row, marks = _copy_example(tok, budget, rng)
+            if draw < recipe["numbers_fraction"]:
+                rows.append(assembler.numbers(budget, rng))
             else:
-                kind = "multikey" if draw < recipe["copy_fraction"] + recipe["multikey_fraction"] else "passkey"
-                row, start = _example(tok, kind, budget, rng)
-                marks = [0] * start + [1] * (len(row) - start)
-            rows.append((row, marks))
+                kind = "multikey" if draw < recipe["numbers_fraction"] + recipe["multikey_fraction"] else "passkey"
+                rows.append(assembler.example(kind, budget, rng))
         width = max(len(row) for row, _ in rows)
         ids = torch.full((len(rows), width), tok.eos_token_id, dtype=torch.long)
         weights = torch.zeros((len(rows), width))
@@ -136,8 +186,9 @@ def batches(tok, recipe: dict):
         yield ids, weights
 
 
-def train(model, tok, recipe: dict = RECIPE, log=None) -> list[dict]:
-    """Train in place; the loss curve, one point per 10 steps: step, loss (weighted), answer loss."""
+def train(model, tok, recipe: dict = RECIPE, log=None, stop_after: int | None = None) -> list[dict]:
+    """Train in place; the loss curve, one point per 10 steps: step, loss (weighted), answer loss.
+    `stop_after`: end after that many steps (the schedule is still the full recipe's: a rerun's prefix)."""
     import torch
 
     torch.manual_seed(recipe["seed"])
@@ -156,6 +207,8 @@ def train(model, tok, recipe: dict = RECIPE, log=None) -> list[dict]:
     model.train()
     acc_loss = acc_ans = 0.0
     for step, (ids, weights) in enumerate(batches(tok, recipe)):
+        if stop_after is not None and step >= stop_after:
+            break
         logits = model(input_ids=ids).logits[:, :-1].float()
         target, w = ids[:, 1:], weights[:, 1:]
         nll = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), target.reshape(-1),

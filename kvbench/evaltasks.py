@@ -99,8 +99,11 @@ def sentences(rng: random.Random, n: int) -> list[str]:
     return [sentence(rng, vocab) for _ in range(n)]
 
 
-def _key(rng: random.Random) -> str:
-    return str(rng.randrange(10 ** (KEY_DIGITS - 1), 10**KEY_DIGITS))
+def key(rng: random.Random) -> str:
+    """A pass key: KEY_DIGITS distinct digits, the first not 0. Distinct digits make each digit's successor
+    unique, so a model that copies in order (an induction head) can answer; the tiny model has 2 layers."""
+    first = rng.choice("123456789")
+    return first + "".join(rng.sample([d for d in "0123456789" if d != first], KEY_DIGITS - 1))
 
 
 def _fit(tok: Tokenizer, build, n_max: int, budget: int) -> tuple[str, int]:
@@ -127,13 +130,13 @@ def make_item(kind: str, budget: int, depth: float, rng: random.Random, tok: Tok
     # Sentences are ~12 tokens; draw enough for the budget with margin, then keep as many as fit.
     pool = sentences(rng, budget // 6 + 4)
     if kind == "passkey":
-        key = _key(rng)
-        needles = [PASSKEY_NEEDLE.format(key=key)]
-        intro, question, answer = PASSKEY_INTRO, PASSKEY_QUESTION, key
+        key_ = key(rng)
+        needles = [PASSKEY_NEEDLE.format(key=key_)]
+        intro, question, answer = PASSKEY_INTRO, PASSKEY_QUESTION, key_
         positions = [depth]
     else:
         names = rng.sample(words(), MULTIKEY_KEYS)
-        keys = [_key(rng) for _ in names]
+        keys = [key(rng) for _ in names]
         needles = [MULTIKEY_NEEDLE.format(name=n, key=k) for n, k in zip(names, keys, strict=True)]
         # The asked-for needle sits at `depth`; the distractors at random places.
         asked = rng.randrange(MULTIKEY_KEYS)
