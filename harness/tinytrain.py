@@ -46,6 +46,11 @@ RECIPE = {
     "long_fraction": 0.0,  # share of steps at a longer budget (up to long_budget)
     "long_budget": 960,
     "threads": 2,
+    "previous_token_prior": True,  # see previous_token_prior
+    "prior_dim": 0,
+    "prior_constant": 0.5,
+    "prior_amplitude": 64.0,
+    "prior_frequencies": 4,
     "seed": 7,
 }
 # Held-out items per context length for the report (fp32, torch, greedy).
@@ -186,12 +191,50 @@ def batches(tok, recipe: dict):
         yield ids, weights
 
 
+def previous_token_prior(model, recipe: dict = RECIPE) -> None:
+    """Start layer 0's first KV head group as previous-token heads (query head 0 attends 1 token back, query
+    head 1 two back), the half of an induction circuit that plain training on this budget does not find.
+
+    One embedding dimension is made constant (and kept so), so after RMSNorm the input carries a
+    token-independent component; those heads' query and key read only it, so their scores depend on
+    position alone. With RoPE (neox layout: dims i and i + d/2 rotate together at theta_i), a query
+    sqrt(A)·e^(-j·lag·theta_i) against a key sqrt(A) gives A·cos((distance - lag)·theta_i) per frequency:
+    summed over the 4 fastest frequencies, a kernel peaked at `lag` at every context length up to 4096. Everything else, including what these heads copy, is learned."""
+    import torch
+
+    cfg = model.config
+    d, dim = cfg.head_dim, recipe["prior_dim"]
+    theta = tinymodel.CONFIG["rope_theta"] ** (-torch.arange(d // 2, dtype=torch.float64) * 2 / d)
+    amp = recipe["prior_amplitude"] ** 0.5
+    emb = model.model.embed_tokens.weight
+    attn = model.model.layers[0].self_attn
+    with torch.no_grad():
+        emb[:, dim] = recipe["prior_constant"]
+        emb.register_hook(lambda g: g.index_fill(1, torch.tensor([dim]), 0.0))  # the constant stays constant
+        # What the normalized constant dimension reads, on average over the vocabulary (RMSNorm weight is 1).
+        level = float((emb[:, dim] / emb.pow(2).mean(1).sqrt()).mean())
+        # Only the fastest rotating pairs: slow ones add the same to every nearby score and would let the
+        # token-to-token spread of the normalized constant swamp the difference between lags.
+        used = torch.zeros(d // 2, dtype=torch.float64)
+        used[: recipe["prior_frequencies"]] = 1.0
+        k = torch.cat([amp * used, torch.zeros(d // 2, dtype=torch.float64)])
+        attn.k_proj.weight[:d].zero_()
+        attn.k_proj.weight[:d, dim] = (k / level).float()  # KV head 0
+        for head, lag in ((0, 1), (1, 2)):  # the query heads that share KV head 0
+            q = torch.cat([amp * used * torch.cos(lag * theta), -amp * used * torch.sin(lag * theta)])
+            rows = slice(head * d, (head + 1) * d)
+            attn.q_proj.weight[rows].zero_()
+            attn.q_proj.weight[rows, dim] = (q / level).float()
+
+
 def train(model, tok, recipe: dict = RECIPE, log=None, stop_after: int | None = None) -> list[dict]:
     """Train in place; the loss curve, one point per 10 steps: step, loss (weighted), answer loss.
     `stop_after`: end after that many steps (the schedule is still the full recipe's: a rerun's prefix)."""
     import torch
 
     torch.manual_seed(recipe["seed"])
+    if recipe["previous_token_prior"]:
+        previous_token_prior(model, recipe)
     opt = torch.optim.AdamW(model.parameters(), lr=recipe["lr"], betas=tuple(recipe["betas"]),
                             weight_decay=recipe["weight_decay"])
     steps, warm = recipe["steps"], recipe["warmup"]

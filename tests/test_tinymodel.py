@@ -48,3 +48,22 @@ def test_random_build_is_atomic_and_cached(tmp_path):
     stamp = (path / "model.safetensors").stat().st_mtime_ns
     assert tinymodel.ensure_tiny_model(tmp_path) == path and (path / "model.safetensors").stat().st_mtime_ns == stamp
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temp folder left behind
+
+
+def test_previous_token_prior_attends_one_and_two_back(tmp_path):
+    import torch
+    from transformers import LlamaForCausalLM
+
+    from kvbench.harness import tinymodel, tinytrain
+
+    tok = tinymodel.build_tokenizer(tmp_path)
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(tinymodel.llama_config(len(tok))).float()
+    model.config._attn_implementation = "eager"  # attention weights are returned only by the eager path
+    tinytrain.previous_token_prior(model)
+    ids = torch.randint(3, len(tok), (1, 1500))
+    with torch.no_grad():
+        att = model(input_ids=ids, output_attentions=True).attentions[0][0]
+    rows = torch.arange(2, ids.shape[1])
+    assert att[0, rows, rows - 1].mean() > 0.9 and att[1, rows, rows - 2].mean() > 0.9
+    assert att[2, rows, rows - 1].mean() < 0.5  # the other KV head's query heads are left to training
