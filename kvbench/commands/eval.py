@@ -160,6 +160,7 @@ def _run(plan: _Plan, endpoint_runs: dict | None, as_json: bool) -> int:
 
     for note in plan.notes:
         err_console.print(f"[dim]{note}[/]")
+    eval_id = new_eval_id(plan.machine)
     results = {}
     servers: dict[str, dict] = {}
     failures: dict[str, str] = {}
@@ -181,7 +182,7 @@ def _run(plan: _Plan, endpoint_runs: dict | None, as_json: bool) -> int:
         from kvbench.harness.server import ServerConfig, ServerStartError, VllmServer
 
         s = plan.server
-        log_dir = Path(plan.results) / plan.machine / "evals" / "logs"
+        log_dir = Path(plan.results) / plan.machine / "logs" / eval_id  # beside run logs (not committed)
         for dtype in s["dtypes"]:
             cfg = ServerConfig(model=s["model"], kv_cache_dtype=dtype, max_model_len=s["max_model_len"],
                                extra_args=s["extra_args"], startup_timeout_s=s["startup_timeout_s"],
@@ -205,7 +206,6 @@ def _run(plan: _Plan, endpoint_runs: dict | None, as_json: bool) -> int:
                 tail = " | ".join(server.log_tail(3))
                 failures[dtype] = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:300]
                 err_console.print(f"[red]{dtype} failed: {failures[dtype]}[/] [dim]{tail[-300:]}[/]")
-    eval_id = new_eval_id(plan.machine)
     doc = new_doc(eval_id, plan.machine, plan.model_name, plan.tasks, plan.limit, plan.levels, servers, results, plan.notes)
     doc["failures"] = failures
     path = write_eval_record(eval_path(plan.results, plan.machine, eval_id), doc, results)
