@@ -136,7 +136,8 @@ def evaluate(
     from lm_eval.models.openai_completions import LocalCompletionsAPI
 
     if not tasks:
-        raise UsageError(f"no tasks given; choose from the bundled tasks ({', '.join(evaltasks.task_names())}) or lm-eval's")
+        raise UsageError(f"no tasks given; choose from the bundled tasks ({', '.join(evaltasks.task_names())}) "
+                         "or lm-eval's")
     if num_concurrent < 1:
         raise UsageError(f"num_concurrent must be at least 1, got {num_concurrent}")
     if limit is not None and limit < 1:

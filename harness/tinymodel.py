@@ -116,7 +116,8 @@ COMMON = ["the", "a", "of", "and", "to", "in", "is", "that", "for", "on", "with"
 def corpus_words(seed: int = SEED) -> list[str]:
     """The generated pseudo-English vocabulary (sorted, deterministic from `seed`)."""
     rng = random.Random(seed)
-    return sorted({"".join(rng.choice(x) for x in (ONSETS, VOWELS, CODAS)) * rng.choice([1, 1, 2]) for _ in range(3000)})
+    return sorted({"".join(rng.choice(x) for x in (ONSETS, VOWELS, CODAS)) * rng.choice([1, 1, 2])
+                   for _ in range(3000)})
 
 
 def sentence(rng: random.Random, vocab: list[str]) -> str:

@@ -72,7 +72,8 @@ def fingerprint() -> str:
 def _task_text() -> list[str]:
     # The task wording is what the model learns: changing it must retrain.
     return [evaltasks.PASSKEY_INTRO, evaltasks.PASSKEY_NEEDLE, evaltasks.PASSKEY_QUESTION, evaltasks.MULTIKEY_INTRO,
-            evaltasks.MULTIKEY_NEEDLE, evaltasks.MULTIKEY_QUESTION, str(evaltasks.KEY_DIGITS), str(evaltasks.MULTIKEY_KEYS)]
+            evaltasks.MULTIKEY_NEEDLE, evaltasks.MULTIKEY_QUESTION, str(evaltasks.KEY_DIGITS),
+            str(evaltasks.MULTIKEY_KEYS)]
 
 
 def _budget(step: int, steps: int, rng: random.Random, recipe: dict) -> int:
@@ -204,7 +205,8 @@ def previous_token_prior(model, recipe: dict = RECIPE) -> None:
     token-independent component; those heads' query and key read only it, so their scores depend on
     position alone. With RoPE (neox layout: dims i and i + d/2 rotate together at theta_i), a query
     sqrt(A)·e^(-j·lag·theta_i) against a key sqrt(A) gives A·cos((distance - lag)·theta_i) per frequency:
-    summed over the 4 fastest frequencies, a kernel peaked at `lag` at every context length up to 4096. Everything else, including what these heads copy, is learned."""
+    summed over the 4 fastest frequencies, a kernel peaked at `lag` at every context length up to 4096.
+    Everything else, including what these heads copy, is learned."""
     import torch
 
     cfg = model.config

@@ -99,8 +99,10 @@ def paired_difference_ci(table: PairedTable, confidence: float = 0.95) -> tuple[
     phi = (a * d - b * c) / math.sqrt(denom) if denom > 0 else 0.0
     diff = p_cand - p_ref
     # Newcombe's formula for theta = p1 - p2 with p1 = candidate, p2 = reference.
-    dl = math.sqrt(max(0.0, (p_cand - l_cand) ** 2 - 2 * phi * (p_cand - l_cand) * (u_ref - p_ref) + (u_ref - p_ref) ** 2))
-    du = math.sqrt(max(0.0, (u_cand - p_cand) ** 2 - 2 * phi * (u_cand - p_cand) * (p_ref - l_ref) + (p_ref - l_ref) ** 2))
+    below_c, above_r = p_cand - l_cand, u_ref - p_ref
+    above_c, below_r = u_cand - p_cand, p_ref - l_ref
+    dl = math.sqrt(max(0.0, below_c**2 - 2 * phi * below_c * above_r + above_r**2))
+    du = math.sqrt(max(0.0, above_c**2 - 2 * phi * above_c * below_r + below_r**2))
     return diff, max(-1.0, diff - dl), min(1.0, diff + du)
 
 

@@ -44,7 +44,8 @@ def test_fake_server_answers_pass_keys():
     from kvbench.harness.fakeserver import passkey_answer
 
     assert passkey_answer("x The pass key is 12345. Remember it. y\nWhat is the pass key? The pass key is") == "12345"
-    prompt = "The pass key of bo is 11111. The pass key of ka is 22222.\nWhat is the pass key of ka? The pass key of ka is"
+    prompt = ("The pass key of bo is 11111. The pass key of ka is 22222.\n"
+              "What is the pass key of ka? The pass key of ka is")
     assert passkey_answer(prompt) == "22222"
     assert passkey_answer("hello") is None
 
@@ -60,7 +61,8 @@ def test_evaluate_keeps_every_item(tok_dir):
                      headers={"Authorization": "Bearer wrong"})
     task = res.tasks["kvbench_passkey_512"]
     assert task.metric == "exact_match,exact" and task.value == 1.0 and task.n == 8
-    docs = [json.loads(line) for line in (evaltasks.tasks_dir(tok_dir) / "kvbench_passkey_512.jsonl").read_text().splitlines()]
+    jsonl = evaltasks.tasks_dir(tok_dir) / "kvbench_passkey_512.jsonl"
+    docs = [json.loads(line) for line in jsonl.read_text().splitlines()]
     for item, doc in zip(task.items, docs, strict=False):
         assert item.doc_id == doc["doc_id"] and item.target == doc["answer"]
         assert item.prompt_sha256 == hashlib.sha256(doc["prompt"].encode()).hexdigest()

@@ -39,18 +39,48 @@ def _needed_len(tasks: list[str]) -> int | None:
 
 def command(
     ctx: typer.Context,
-    model: Annotated[str | None, typer.Option("--model", "-m", help="HF id or local path (required with a GPU; CPU default: the trained tiny model). With --endpoint: a local copy of the served model's tokenizer.")] = None,
-    kv_dtypes: Annotated[str | None, typer.Option("--kv-dtypes", help="Comma-separated --kv-cache-dtype values (default auto,fp8,nvfp4; with --endpoint: what the servers run).")] = None,
-    tasks: Annotated[str | None, typer.Option("--tasks", help=f"Comma-separated lm-eval tasks (default {evaltasks.DEFAULT_TASK}; bundled: kvbench_passkey_/kvbench_multikey_ + 512/1024/2048/4096; any lm-eval task whose data can be had, e.g. gsm8k).")] = None,
-    limit: Annotated[int | None, typer.Option("--limit", help=f"First N items of each task (default: all; bundled tasks have {evaltasks.DEFAULT_ITEMS}).")] = None,
-    concurrency: Annotated[int | None, typer.Option("--concurrency", help="Requests in flight for the at-load pass (default: the backend's serving concurrency). The at-rest pass is 1.")] = None,
-    max_model_len: Annotated[int | None, typer.Option("--max-model-len", help="vLLM --max-model-len (default: the backend default, or what the bundled tasks need).")] = None,
-    endpoint: Annotated[str | None, typer.Option("--endpoint", help="Evaluate running servers instead: URL (one server, its dtype read from /metrics) or auto=URL1,fp8=URL2,...")] = None,
-    api_key: Annotated[str | None, typer.Option("--api-key", envvar="OPENAI_API_KEY", show_envvar=True, help="Bearer key for --endpoint servers (never recorded).")] = None,
-    header: Annotated[list[str] | None, typer.Option("--header", help="Extra header for --endpoint servers, 'NAME: VALUE' (repeatable; never recorded).")] = None,
-    results: Annotated[Path, typer.Option("--results", help="Where records go: <dir>/<machine>/evals/<id>.json (+ .items.parquet).")] = Path("results"),
-    startup_timeout: Annotated[float | None, typer.Option("--startup-timeout", help="Seconds to wait for each server to become ready.")] = None,
-    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON document on stdout (progress goes to stderr).")] = False,
+    model: Annotated[str | None, typer.Option("--model", "-m", help=(
+        "HF id or local path (required with a GPU; CPU default: the trained tiny model). With --endpoint: a "
+        "local copy of the served model's tokenizer.")
+    )] = None,
+    kv_dtypes: Annotated[str | None, typer.Option("--kv-dtypes", help=(
+        "Comma-separated --kv-cache-dtype values (default auto,fp8,nvfp4; with --endpoint: what the servers "
+        "run).")
+    )] = None,
+    tasks: Annotated[str | None, typer.Option("--tasks", help=(
+        f"Comma-separated lm-eval tasks (default {evaltasks.DEFAULT_TASK}; bundled: "
+        f"kvbench_passkey_/kvbench_multikey_ + 512/1024/2048/4096; any lm-eval task whose data can be had, "
+        f"e.g. gsm8k).")
+    )] = None,
+    limit: Annotated[int | None, typer.Option("--limit", help=(
+        f"First N items of each task (default: all; bundled tasks have {evaltasks.DEFAULT_ITEMS}).")
+    )] = None,
+    concurrency: Annotated[int | None, typer.Option("--concurrency", help=(
+        "Requests in flight for the at-load pass (default: the backend's serving concurrency). The at-rest "
+        "pass is 1.")
+    )] = None,
+    max_model_len: Annotated[int | None, typer.Option("--max-model-len", help=(
+        "vLLM --max-model-len (default: the backend default, or what the bundled tasks need).")
+    )] = None,
+    endpoint: Annotated[str | None, typer.Option("--endpoint", help=(
+        "Evaluate running servers instead: URL (one server, its dtype read from /metrics) or "
+        "auto=URL1,fp8=URL2,...")
+    )] = None,
+    api_key: Annotated[str | None, typer.Option("--api-key", envvar="OPENAI_API_KEY", show_envvar=True, help=(
+        "Bearer key for --endpoint servers (never recorded).")
+    )] = None,
+    header: Annotated[list[str] | None, typer.Option("--header", help=(
+        "Extra header for --endpoint servers, 'NAME: VALUE' (repeatable; never recorded).")
+    )] = None,
+    results: Annotated[Path, typer.Option("--results", help=(
+        "Where records go: <dir>/<machine>/evals/<id>.json (+ .items.parquet).")
+    )] = Path("results"),
+    startup_timeout: Annotated[float | None, typer.Option("--startup-timeout", help=(
+        "Seconds to wait for each server to become ready.")
+    )] = None,
+    as_json: Annotated[bool, typer.Option("--json", help=(
+        "Print one JSON document on stdout (progress goes to stderr).")
+    )] = False,
 ) -> int:
     from kvbench.harness.machine import machine_name, nvml_gpus
     from kvbench.harness.records import check_writable
@@ -86,7 +116,8 @@ def command(
 
     from kvbench.harness.defaults import known_dtype, _dtype_choices  # noqa: PLC2701 - shared validation
 
-    dtypes = cliargs.names(kv_dtypes, "--kv-dtypes", "auto,fp8,nvfp4") if kv_dtypes is not None else list(defaults["kv_dtypes"])
+    dtypes = (cliargs.names(kv_dtypes, "--kv-dtypes", "auto,fp8,nvfp4") if kv_dtypes is not None
+              else list(defaults["kv_dtypes"]))
     for d in dtypes:
         if not known_dtype(d, sys.executable):
             raise UsageError(f"unknown KV-cache dtype {d!r}; choose from: {_dtype_choices(sys.executable)}")
@@ -103,7 +134,8 @@ def command(
     needed = _needed_len(task_list)
     mml = max_model_len or max(defaults["max_model_len"], needed or 0)
     if needed and mml < needed:
-        raise UsageError(f"--max-model-len {mml} is below what the tasks need ({needed}); raise it or pick shorter tasks")
+        raise UsageError(f"--max-model-len {mml} is below what the tasks need ({needed}); "
+                         "raise it or pick shorter tasks")
     args = list(defaults.get("extra_args", [])) + extra
     if not gpus and "kv_cache_memory_bytes" in defaults and not any(a.startswith("--kv-cache-memory") for a in args):
         args += ["--kv-cache-memory-bytes", str(defaults["kv_cache_memory_bytes"])]
@@ -205,7 +237,8 @@ def _run(plan: _Plan, endpoint_runs: dict | None, as_json: bool) -> int:
                     raise
                 failures[dtype] = _failure(exc, server)
                 err_console.print(f"[red]{dtype} failed: {failures[dtype]}[/]")
-    doc = new_doc(eval_id, plan.machine, plan.model_name, plan.tasks, plan.limit, plan.levels, servers, results, plan.notes)
+    doc = new_doc(eval_id, plan.machine, plan.model_name, plan.tasks, plan.limit, plan.levels, servers, results,
+                  plan.notes)
     doc["failures"] = failures
     path = write_eval_record(eval_path(plan.results, plan.machine, eval_id), doc, results)
     if as_json:
