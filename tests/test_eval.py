@@ -133,7 +133,7 @@ def test_eval_cli_text_output(tok_dir, tmp_path):
     (["--limit", "0"], "--limit must be at least 1"),
     (["--concurrency", "0"], "--concurrency must be at least 1"),
     (["--kv-dtypes", "fp3"], "unknown KV-cache dtype 'fp3'"),
-    (["--endpoint", "nota url"], "is not an http(s) URL"),
+    (["--endpoint", "ftp://host:21"], "is not an http(s) URL"),
     (["--header", "X: y"], "--api-key/--header are for --endpoint servers"),
 ])
 def test_bad_input_is_one_line(args, message, tmp_path):
