@@ -166,12 +166,14 @@ def generate(task: str, tok: Tokenizer, n: int = DEFAULT_ITEMS, seed: int = SEED
 
 
 def tokenizer_fingerprint(tokenizer_dir: str | Path) -> str:
-    """Hash of the tokenizer's files: items (token budgets) depend on it."""
+    """Hash of the tokenizer's files (items' token budgets depend on it); of its name for a hub id."""
     h = hashlib.sha256()
-    for name in ("tokenizer.json", "tokenizer_config.json"):
-        path = Path(tokenizer_dir) / name
+    files = [Path(tokenizer_dir) / name for name in ("tokenizer.json", "tokenizer_config.json")]
+    if not any(f.exists() for f in files):
+        h.update(b"name\0" + str(tokenizer_dir).encode())
+    for path in files:
         if path.exists():
-            h.update(name.encode() + b"\0" + path.read_bytes())
+            h.update(path.name.encode() + b"\0" + path.read_bytes())
     return h.hexdigest()[:12]
 
 

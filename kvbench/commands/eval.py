@@ -15,7 +15,7 @@ from typing import Annotated
 
 import typer
 
-from kvbench import cliargs, evaltasks, stats
+from kvbench import cliargs, evaltasks
 from kvbench.datafiles import load_toml
 from kvbench.errors import UsageError
 from kvbench.output import console, err_console, print_json
@@ -142,8 +142,7 @@ def command(
     server = {"model": model_path, "max_model_len": mml, "extra_args": args,
               "startup_timeout_s": startup_timeout or defaults["startup_timeout_s"], "dtypes": dtypes,
               "offline": not gpus}
-    tokenizer = model_path if Path(model_path).is_dir() else model_path
-    plan = _Plan(task_list, limit, conc, results, machine, model_name, tokenizer, server, notes, {})
+    plan = _Plan(task_list, limit, conc, results, machine, model_name, model_path, server, notes, {})
     return _run(plan, endpoint_runs=None, as_json=as_json)
 
 
@@ -283,6 +282,3 @@ def render(doc: dict, path: Path | None = None) -> None:
         console.print(f"[red]{dtype}: {why}[/]")
     if path is not None:
         console.print(f"record: {path}")
-
-
-__all__ = ["command", "render", "stats"]
