@@ -138,6 +138,7 @@ def mcnemar_power(n: int, drop: float, gain_rate: float = 0.0, alpha: float = 0.
     return float(power)
 
 
+@cache  # a report asks for the same n once per dtype and concurrency
 def detectable_drop(n: int, gain_rate: float = 0.0, alpha: float = 0.05, power: float = 0.8) -> float | None:
     """The smallest drop (fraction) that n paired items detect with `power` (see the module doc); None when
     even losing every item would not be detected (n too small)."""
