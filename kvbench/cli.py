@@ -7,6 +7,7 @@ import sys
 import typer
 
 from kvbench.commands import accuracy, capacity, claims, compare, dashboard, history, kernels, nightly, plan, regress, report, run
+from kvbench.commands import eval as eval_cmd
 from kvbench.errors import KvbenchError
 
 app = typer.Typer(
@@ -16,7 +17,7 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
-for module in (capacity, claims, plan, run, report, accuracy, kernels, dashboard, history, regress, compare, nightly):
+for module in (capacity, claims, plan, run, eval_cmd, report, accuracy, kernels, dashboard, history, regress, compare, nightly):
     app.command(module.NAME, help=module.HELP, context_settings=getattr(module, "CONTEXT_SETTINGS", None))(module.command)
 
 

@@ -26,27 +26,39 @@ def tiny_model() -> Path:
     return ensure_tiny_model()
 
 
+@pytest.fixture(scope="session")
+def trained_model() -> Path:
+    """The CPU default's trained tiny model (trained once, a few minutes, then cached)."""
+    from kvbench.harness.tinymodel import ensure_trained_model
+
+    return ensure_trained_model()
+
+
 class ServerPool:
     def __init__(self, model: Path, log_dir: Path):
         self.model, self.log_dir = model, log_dir
         self.servers = {}
 
-    def get(self, dtype: str):
+    def get(self, dtype: str, model: Path | None = None):
+        """The pool's server for `dtype`; `model` (default: the random tiny model) gets servers of its own."""
         from kvbench.harness.server import ServerConfig, VllmServer
 
-        if dtype not in self.servers:
+        model = Path(model or self.model)
+        key = dtype if model == self.model else (dtype, str(model))
+        if key not in self.servers:
             cfg = ServerConfig(
-                model=str(self.model),
+                model=str(model),
                 kv_cache_dtype=dtype,
                 max_model_len=CPU["max_model_len"],
                 extra_args=CPU_ARGS,
                 env={"HF_HUB_OFFLINE": "1"},
                 startup_timeout_s=CPU["startup_timeout_s"],
             )
-            server = VllmServer(cfg, self.log_dir / f"vllm-{dtype}.log").start()
-            self.servers[dtype] = server
+            name = f"vllm-{dtype}.log" if model == self.model else f"vllm-{dtype}-{model.name}.log"
+            server = VllmServer(cfg, self.log_dir / name).start()
+            self.servers[key] = server
             server.wait_ready()
-        return self.servers[dtype]
+        return self.servers[key]
 
     def close(self):
         for server in self.servers.values():

@@ -15,7 +15,7 @@ def run(*args, check=False):
     return subprocess.run([*KVBENCH, *args], capture_output=True, text=True, env=env, check=check, timeout=120)
 
 
-SUBCOMMANDS = ["capacity", "claims", "plan"]
+SUBCOMMANDS = ["capacity", "claims", "plan", "eval"]
 
 
 @pytest.mark.parametrize("sub", SUBCOMMANDS)

