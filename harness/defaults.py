@@ -54,6 +54,9 @@ def build_plan(
     repeat: int | None = None,
     prices: dict[str, float] | None = None,
     target_user_tps: float | None = None,
+    eval_tasks: list[str] | None = None,
+    eval_limit: int | None = None,
+    accuracy_budget_points: float | None = None,
 ) -> RunPlan:
     from kvbench.harness.machine import machine_name
 
@@ -69,6 +72,8 @@ def build_plan(
     cliargs.at_least_one(sweep_max, "--sweep-max")
     cliargs.at_least_one(repeat, "--repeat")
     cliargs.positive(target_user_tps, "--target-user-tps", "tokens/s per user")
+    cliargs.at_least_one(eval_limit, "--eval-limit")
+    cliargs.number(accuracy_budget_points, "--accuracy-budget", low=0, high=100, unit="points")
     for key, price in (prices or {}).items():
         cliargs.number(price, f"--price-per-hour {key}", low=0, unit="USD per GPU-hour")
     for c in concurrency or []:
@@ -144,6 +149,8 @@ def build_plan(
 
     gpus = _parallel_size(args)
     price_key, price = _price_for_this_machine(prices or {}, on_gpu)
+    tasks = list(defaults.get("eval_tasks", [])) if eval_tasks is None else eval_tasks
+    _check_eval_tasks(tasks, max_model_len)
     check_writable(results_dir, machine)  # before anything is measured: a result that cannot be saved is lost
     return RunPlan(
         model=model,
@@ -171,8 +178,25 @@ def build_plan(
         price_per_gpu_hour=price,
         price_key=price_key,
         target_user_tps=target_user_tps,
+        eval_tasks=tasks,
+        eval_limit=eval_limit,
+        accuracy_budget_points=(defaults.get("accuracy_budget_points", 1.0) if accuracy_budget_points is None
+                                else accuracy_budget_points),
         notes=notes,
     )
+
+
+def _check_eval_tasks(tasks: list[str], max_model_len: int | None) -> None:
+    """kvbench's own tasks by name and context (they must fit the server); other names go to lm-eval, which
+    says in one line when it does not know them."""
+    from kvbench import evaltasks
+
+    for task in tasks:
+        if task.startswith(evaltasks.PREFIX):
+            _, context = evaltasks.parse_task(task)
+            if max_model_len is not None and context > max_model_len:
+                raise UsageError(f"--eval-tasks {task} needs max_model_len {context}, the run has {max_model_len}; "
+                                 f"choose a shorter bundled task ({', '.join(evaltasks.task_names()[:4])}, ...)")
 
 
 def _parallel_size(args: list[str]) -> int:

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from kvbench import stats
 from kvbench.harness.evaluation import EvalResult
-from kvbench.harness.records import _replace_atomic, new_run_id, utc_now, write_atomic
+from kvbench.harness.records import _replace_atomic, new_run_id, utc_iso, write_atomic
 
 SCHEMA = "kvbench.eval/1"
 EVALS_DIR = "evals"
@@ -125,7 +125,7 @@ def new_doc(eval_id: str, machine: str, model: str, tasks: list[str], limit: int
     """The summary document (schema kvbench.eval/1)."""
     any_result = next(iter(results.values()), None)
     return {
-        "schema": SCHEMA, "eval_id": eval_id, "created": utc_now(), "machine": machine, "model": model,
+        "schema": SCHEMA, "eval_id": eval_id, "created": utc_iso(), "machine": machine, "model": model,
         "tasks": tasks, "limit": limit, "concurrency": concurrency, "reference": REFERENCE,
         "lm_eval_version": any_result.lm_eval_version if any_result else None,
         "servers": servers,

@@ -257,6 +257,22 @@ def _answer(cfg: FakeConfig, prompt: str, max_tokens: int, corrupt: bool) -> tup
     return " tok" * max_tokens, "length"
 
 
+def _token_completion(body: dict[str, Any], max_tokens: int, corrupt: bool, n: int) -> dict[str, Any]:
+    """A token-id prompt (kvbench's agreement and canary requests) answered greedily and deterministically: the
+    continuation's ids follow from the prompt's (shifted when `corrupt`), with vLLM's `logprobs` shape
+    (`token_id:<n>` with return_tokens_as_token_ids) and, when asked, `prompt_logprobs`."""
+    prompt = [int(t) for t in body["prompt"]]
+    base = sum(prompt) % 997 + (1 if corrupt else 0)
+    ids = [(base + 7 * i) % 1000 for i in range(max_tokens)]
+    choice: dict[str, Any] = {"index": 0, "text": " tok" * len(ids), "finish_reason": "length", "logprobs": None}
+    if body.get("logprobs") is not None:
+        choice["logprobs"] = {"tokens": [f"token_id:{t}" for t in ids], "token_logprobs": [-0.5] * len(ids)}
+    if body.get("prompt_logprobs") is not None:
+        choice["prompt_logprobs"] = [None] + [{str(t): {"logprob": -0.5, "rank": 1}} for t in prompt[1:]]
+    return {"id": f"cmpl-fake-{n}", "object": "text_completion", "model": body.get("model"), "choices": [choice],
+            "usage": {"prompt_tokens": len(prompt), "completion_tokens": len(ids), "total_tokens": len(prompt) + len(ids)}}
+
+
 async def _complete_whole(request: web.Request, st: _State, cfg: FakeConfig, body: dict[str, Any], chat: bool, n: int,
                           entry: dict[str, Any], t_recv: float) -> web.Response:
     """A non-streamed response after ttft_s + itl_s per further token; a list of prompts gets one choice each.
@@ -280,6 +296,8 @@ async def _complete_whole(request: web.Request, st: _State, cfg: FakeConfig, bod
             await asyncio.sleep(delay)
     finally:
         st.running -= 1
+    if not chat and isinstance(body.get("prompt"), list) and all(isinstance(t, int) for t in body["prompt"]):
+        return web.json_response(_token_completion(body, max_tokens, corrupt, n))
     if chat:
         prompts = [" ".join(str(m.get("content", "")) for m in body.get("messages", []))]
     else:

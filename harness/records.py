@@ -5,6 +5,7 @@ Layout, beside that machine's asv results (copying a machine's folder carries ev
     results/<machine>/runs/<run_id>.requests.parquet   one row per request: every timing, chunk arrivals, errors;
                                                        agreement requests too (prompt and output token ids)
     results/<machine>/runs/<run_id>.series.parquet     time series in long form: /metrics at 1 Hz, NVML at 10 Hz
+    results/<machine>/runs/<run_id>.evals.parquet      every lm-eval item per dtype and condition (rest, load, ...)
 Both Parquet files are zstd-compressed and named in the summary's `samples` block. DuckDB reads the whole
 folder as one table: `SELECT * FROM 'results/*/runs/*.requests.parquet'`.
 
@@ -42,6 +43,7 @@ SCHEMAS = (SCHEMA_V1, SCHEMA)
 RUNS_DIR = "runs"
 REQUESTS_SUFFIX = ".requests.parquet"
 SERIES_SUFFIX = ".series.parquet"
+EVALS_SUFFIX = ".evals.parquet"
 
 
 # -- statuses and phase kinds: one vocabulary each -------------------------------------------------------
@@ -255,6 +257,8 @@ class DtypeResult(_Model):
     telemetry: TelemetrySummary = Field(default_factory=TelemetrySummary)
     agreement: Agreement | None = None
     fixed_stats: dict[str, Stat] | None = None  # headline metrics over the repeats of the first fixed load
+    # task accuracy by condition (rest / load / during_load): harness/quality.py; items in the evals Parquet
+    eval: dict[str, Any] | None = None
     front: Front | None = None
 
     def phase(self, kind: PhaseKind) -> Phase | None:
@@ -302,8 +306,10 @@ class SamplesRef(_Model):
 
     requests: str | None = None
     series: str | None = None
+    evals: str | None = None
     request_rows: int = Field(0, ge=0)
     series_rows: int = Field(0, ge=0)
+    eval_rows: int = Field(0, ge=0)
 
 
 class RunRecord(_Model):
@@ -321,6 +327,7 @@ class RunRecord(_Model):
     samples: SamplesRef | None = None
     definitions: dict[str, str] = Field(default_factory=dict)  # what each latency metric means
     comparisons: list[dict[str, Any]] = Field(default_factory=list)  # each dtype vs auto: paired CIs, cost
+    quality: dict[str, Any] | None = None  # the quality gate per dtype and the recommendation it allows
 
     @field_validator("created_at", "finished_at")
     @classmethod
@@ -359,10 +366,10 @@ def record_path(results_dir: Path, machine: str, run_id: str) -> Path:
     return Path(results_dir) / machine / RUNS_DIR / f"{run_id}.json"
 
 
-def samples_paths(path: Path) -> tuple[Path, Path]:
-    """(requests, series) Parquet paths beside a record."""
+def samples_paths(path: Path) -> tuple[Path, Path, Path]:
+    """(requests, series, evals) Parquet paths beside a record."""
     stem = Path(path).name.removesuffix(".json")
-    return path.with_name(stem + REQUESTS_SUFFIX), path.with_name(stem + SERIES_SUFFIX)
+    return path.with_name(stem + REQUESTS_SUFFIX), path.with_name(stem + SERIES_SUFFIX), path.with_name(stem + EVALS_SUFFIX)
 
 
 def check_writable(results_dir: Path, machine: str) -> Path:
@@ -468,6 +475,16 @@ def _series_schema():
     ])
 
 
+def _eval_schema():
+    import pyarrow as pa
+
+    return pa.schema([
+        ("run_id", pa.string()), ("kv_cache_dtype", pa.string()), ("condition", pa.string()), ("concurrency", pa.int64()),
+        ("task", pa.string()), ("doc_id", pa.int64()), ("prompt_sha256", pa.string()), ("target", pa.string()),
+        ("response", pa.string()), ("filtered", pa.string()), ("score", pa.float64()),
+    ])
+
+
 def _finite(v):
     return v if not (isinstance(v, float) and not math.isfinite(v)) else None
 
@@ -479,6 +496,16 @@ class SampleStore:
         self.run_id = run_id
         self.requests: list[dict] = []
         self.series: list[dict] = []
+        self.evals: list[dict] = []
+
+    def add_eval(self, dtype: str, condition: str, concurrency: int, result) -> None:
+        """Every item of an lm-eval run (kvbench.harness.evaluation.EvalResult)."""
+        for task, tr in result.tasks.items():
+            for it in tr.items:
+                self.evals.append({"run_id": self.run_id, "kv_cache_dtype": dtype, "condition": condition,
+                                   "concurrency": concurrency, "task": task, "doc_id": it.doc_id,
+                                   "prompt_sha256": it.prompt_sha256, "target": it.target, "response": it.response,
+                                   "filtered": it.filtered, "score": it.score})
 
     def add_requests(self, dtype: str, phase: str, kind: str, phase_index: int, results, warmup: bool = False) -> int:
         names = _request_schema().names
@@ -518,10 +545,11 @@ class SampleStore:
         import pyarrow as pa
         import pyarrow.parquet as pq
 
-        requests_path, series_path = samples_paths(Path(record_file))
-        ref = SamplesRef(request_rows=len(self.requests), series_rows=len(self.series))
+        requests_path, series_path, evals_path = samples_paths(Path(record_file))
+        ref = SamplesRef(request_rows=len(self.requests), series_rows=len(self.series), eval_rows=len(self.evals))
         for rows, schema, path, attr in ((self.requests, _request_schema(), requests_path, "requests"),
-                                         (self.series, _series_schema(), series_path, "series")):
+                                         (self.series, _series_schema(), series_path, "series"),
+                                         (self.evals, _eval_schema(), evals_path, "evals")):
             if not rows:
                 continue
             table = pa.Table.from_pylist([{k: _finite(row.get(k)) for k in schema.names} for row in rows], schema=schema)
@@ -772,15 +800,16 @@ def samples_frame(where: str | Path | list[Path], table: str = "requests"):
     import pandas as pd
     import pyarrow.parquet as pq
 
-    if table not in ("requests", "series"):
-        raise UsageError(f"unknown samples table {table!r}; choose from: requests, series")
+    if table not in ("requests", "series", "evals"):
+        raise UsageError(f"unknown samples table {table!r}; choose from: requests, series, evals")
     paths = where if isinstance(where, list) else find_records(where)
     frames = []
     for p in paths:
         doc = read_json(p, missing=f"run record not found: {p}", bad="not a JSON run record")
         record = parse_record(doc, p)
         if record.schema_ == SCHEMA_V1:
-            frames.append(_v1_samples(doc, table))
+            if table != "evals":  # v1 records had no evaluations
+                frames.append(_v1_samples(doc, table))
             continue
         name = getattr(record.samples, table, None) if record.samples else None
         file = Path(p).with_name(name) if name else None
@@ -788,7 +817,7 @@ def samples_frame(where: str | Path | list[Path], table: str = "requests"):
             frames.append(pq.read_table(file).to_pandas())
     frames = [f for f in frames if not f.empty]
     if not frames:
-        schema = _request_schema() if table == "requests" else _series_schema()
+        schema = {"requests": _request_schema(), "series": _series_schema(), "evals": _eval_schema()}[table]
         return schema.empty_table().to_pandas()
     return pd.concat(frames, ignore_index=True)
 

@@ -25,7 +25,7 @@ import aiohttp
 from kvbench.capacity import VLLM_DEFAULT_GPU_MEMORY_UTILIZATION, budget_from_bytes, capacity_row
 from kvbench.errors import KvbenchError, UsageError
 from kvbench.formats import format_ratio, get_format
-from kvbench.harness import energy, front, records, repeats
+from kvbench.harness import energy, front, quality, records, repeats
 from kvbench.harness.agreement import Canaries, Sample, collect, compare
 from kvbench.harness.backend import OpenAIBackend
 from kvbench.harness.endpoint import Endpoint, ServerFacts, describe, redact_url
@@ -68,7 +68,7 @@ AGREEMENT_STREAM = 10_000
 # A P95 needs enough samples to mean something; small concurrencies still get this many requests.
 MIN_PROBE_REQUESTS = 16
 # Prompt seed streams by phase kind (see _phases): distinct, and stable across dtypes for pairing.
-PROBE_STREAM, SWEEP_STREAM, FIXED_STREAM, WARMUP_STREAM = 1_000, 20_000, 30_000, 500_000
+PROBE_STREAM, SWEEP_STREAM, FIXED_STREAM, EVAL_LOAD_STREAM, WARMUP_STREAM = 1_000, 20_000, 30_000, 40_000, 500_000
 
 
 @dataclass
@@ -105,6 +105,9 @@ class RunPlan:
     agreement_prompts: int = 8  # end-to-end accuracy vs auto (harness/agreement.py); 0 turns it off
     agreement_tokens: int = 32
     canaries: int = 2  # of the agreement prompts, re-sent inside every load phase (harness/agreement.Canaries)
+    eval_tasks: list[str] = field(default_factory=list)  # lm-eval tasks at rest / at load / during load (harness/quality)
+    eval_limit: int | None = None  # first N items of each task (None: all)
+    accuracy_budget_points: float = 1.0  # the most accuracy a dtype may lose vs auto and still be recommended
     notes: list[str] = field(default_factory=list)
 
     def as_dict(self) -> dict:
@@ -140,6 +143,7 @@ class RunPlan:
             "unsupported": self.unsupported,
             "client_realtime": self.client_realtime,
             "agreement": {"prompts": self.agreement_prompts, "tokens": self.agreement_tokens, "canaries": self.canaries},
+            "eval": {"tasks": self.eval_tasks, "limit": self.eval_limit, "budget_points": self.accuracy_budget_points},
             "notes": self.notes,
         }
 
@@ -175,6 +179,8 @@ class Runner:
         self.server: VllmServer | None = None  # the server of the dtype being measured (managed runs)
         self._nvml: NvmlSampler | None = None  # the dtype's NVML sampler (energy per phase)
         self._rapl = energy.rapl_domains()  # CPU package energy counters, where the kernel exposes them
+        self._evaluator = quality.Evaluator() if plan.eval_tasks else None
+        self._eval_items: dict[tuple[str, str], dict] = {}  # (dtype, condition) -> {task: {doc id: score}}
         self._reference: list[dict] | None = None  # auto's greedy samples, for end-to-end agreement
         self.record = RunRecord(
             run_id=self.run_id,
@@ -224,9 +230,26 @@ class Runner:
                 d.error = stop.detail if stop else "stopped"
         rec.stopped = stop
         rec.status = records.derive_status([d.status for d in rec.dtypes], stop is not None)
+        if self._evaluator is not None:
+            self._evaluator.close()
         try:
             rec.findings = findings(rec, self._model_spec())
             rec.comparisons = comparisons(rec)
+            evals = {d.kv_cache_dtype: d.eval for d in rec.dtypes if d.eval}
+            quality.compare_conditions(evals, self._eval_items)
+            for d in rec.dtypes:
+                if d.kv_cache_dtype in evals:
+                    d.eval = evals[d.kv_cache_dtype]
+            gates = quality.gate(rec, self.plan.accuracy_budget_points)
+            for f in rec.findings:  # a dtype the engine did not honour has another dtype's numbers
+                if f.dtype in gates and "NOT honoured" in f.text:
+                    g = gates[f.dtype]
+                    kept = g["reason"] if not g["eligible"] else ""
+                    gates[f.dtype] = {"eligible": False,
+                                      "reason": "; ".join(x for x in ("probably not honoured by the engine", kept) if x)}
+            rec.quality = {"budget_points": self.plan.accuracy_budget_points, "gate": gates,
+                           "recommendation": quality.recommend(rec, gates)}
+            rec.findings = [*rec.findings, *_quality_findings(gates)]
         except Exception as exc:  # what is derived must never cost what was measured
             rec.findings = [*rec.findings, Finding(level="error", text=f"findings not derived: {_one_line(exc)}")]
         rec.finished_at = records.utc_iso()
@@ -464,6 +487,11 @@ class Runner:
                 if c not in measured:  # a probe at this concurrency is already a point on the curve
                     await phase(f"sweep-c{c}", PhaseKind.SWEEP, Concurrency(c), ladder_size(c), SWEEP_STREAM + c)
 
+        if plan.eval_tasks:
+            first = plan.loads[0] if plan.loads else None
+            at_load = knee or getattr(first, "concurrency", None) or 1
+            await self._evaluate(dtype, backend, result, headers, at_load, first, prompts)
+
         headline_runs = []
         for i, load in enumerate(plan.loads):
             for r in range(plan.repeat):
@@ -477,6 +505,46 @@ class Runner:
         if len(headline_runs) > 1:
             result.fixed_stats = repeats.stats(headline_runs)
         result.front = self._front(result)
+
+    async def _evaluate(self, dtype: str, backend, result: DtypeResult, headers: dict, at_load: int, load, prompts) -> None:
+        """lm-eval at rest (1 request at a time), at load (`at_load` in flight) and during load (1 at a time while
+        the first fixed load's traffic runs). A failure (an engine that dies mid-eval) is recorded, not raised:
+        the load phases that follow find out for themselves."""
+        plan = self.plan
+        tokenizer = str(plan.tokenizer or plan.model)
+        max_len = (result.server.max_model_len if result.server else None) or plan.max_model_len
+        evals: dict[str, dict] = {}
+        result.eval = evals
+
+        def job(concurrency: int) -> quality.EvalJob:
+            return quality.EvalJob(backend.base_url, backend.model, tokenizer, tuple(plan.eval_tasks), concurrency,
+                                   plan.eval_limit, headers or None, max_len)
+
+        async def one(condition: str, concurrency: int) -> None:
+            self.reporter.phase(dtype, f"eval {condition.replace('_', ' ')} ({', '.join(plan.eval_tasks)}, concurrency {concurrency})")
+            res = await self._evaluator.run(job(concurrency))
+            evals[condition] = quality.condition_summary(res, concurrency)
+            self._eval_items[(dtype, condition)] = quality.items_by_task(res)
+            self.samples.add_eval(dtype, condition, concurrency, res)
+
+        try:
+            await one("rest", 1)
+            await one("load", max(1, at_load))
+            if load is not None:
+                background = asyncio.ensure_future(run_load(
+                    backend, prompts(EVAL_LOAD_STREAM, 100_000), plan.workload.output_tokens, load,
+                    stall_timeout_s=plan.stall_timeout_s, realtime=plan.client_realtime))
+                try:
+                    await one("during_load", 1)
+                finally:
+                    background.cancel()
+                    traffic = await background
+                s = summarize(traffic, None)
+                evals["during_load"]["traffic"] = {"mode": load.describe(), "completed": s.completed, "failed": s.failed,
+                                                   "ttft_p95_ms": s.ttft_ms.get("p95"), "tpot_p95_ms": s.tpot_ms.get("p95")}
+        except Exception as exc:  # lm-eval's own errors, a server gone mid-eval
+            evals["error"] = _one_line(exc)
+        result.eval = dict(evals)
 
     def _energy(self, start: float, end: float, rapl_before) -> energy.Energy:
         """Energy of the phase just measured: NVML on a GPU, RAPL on a CPU that exposes it, else unavailable."""
@@ -658,6 +726,11 @@ def findings(record: RunRecord, spec) -> list[Finding]:
                 )
             )
     return out
+
+
+def _quality_findings(gates: dict[str, dict]) -> list[Finding]:
+    return [Finding(level="warning", dtype=dtype, text=f"{dtype} excluded from the recommendation: {g['reason']}")
+            for dtype, g in gates.items() if not g["eligible"] and g["reason"].startswith("accuracy")]
 
 
 def comparisons(record: RunRecord) -> list[dict]:

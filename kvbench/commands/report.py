@@ -125,6 +125,7 @@ def render(doc: dict, path: Path | None = None) -> None:
         console.print("xN: the fixed load ran N times with fresh prompts; mean ±half-width of its 95% t interval.")
     render_comparisons(doc)
     render_fronts(doc)
+    render_quality(doc)
     agree = [(d["kv_cache_dtype"], (d.get("agreement") or {}).get("vs_auto")) for d in doc.get("dtypes", [])]
     agree = [(dtype, a) for dtype, a in agree if a]
     if agree:
@@ -184,6 +185,55 @@ def render_comparisons(doc: dict) -> None:
                       f"{v['relative_pct']:+.1f}%" if v.get("relative_pct") is not None else "—",
                       "yes" if v.get("beyond_noise") else "no (within noise)")
     console.print(table)
+
+
+def render_quality(doc: dict) -> None:
+    """Task accuracy per dtype at rest / at load / during load with 95% CIs, the paired test against auto and
+    against itself at rest, and the recommendation the quality gate allows."""
+    rows = [(d["kv_cache_dtype"], cond, task, e) for d in doc.get("dtypes", []) for cond, summary in (d.get("eval") or {}).items()
+            if cond != "error" for task, e in (summary.get("tasks") or {}).items()]
+    if rows:
+        table = Table(title="Task accuracy through lm-evaluation-harness (temperature 0; Wilson 95% CI; paired McNemar test)",
+                      title_justify="left")
+        for col in ("KV dtype", "task", "condition", "accuracy", "95% CI", "items", "vs auto (same items)", "vs itself at rest"):
+            table.add_column(col, justify="left" if col in ("KV dtype", "task", "condition", "vs auto (same items)", "vs itself at rest") else "right")
+        for dtype, cond, task, e in rows:
+            conc = next((summary.get("concurrency") for d in doc["dtypes"] if d["kv_cache_dtype"] == dtype
+                         for c, summary in (d.get("eval") or {}).items() if c == cond), None)
+            label = {"rest": "at rest (1 at a time)", "load": f"at load ({conc} in flight)",
+                     "during_load": "during the fixed load"}.get(cond, cond)
+            ci = e.get("ci95")
+            table.add_row(dtype, task, label, f"{e['accuracy'] * 100:.1f}%" if e.get("accuracy") is not None else "—",
+                          f"{ci[0] * 100:.1f}..{ci[1] * 100:.1f}%" if ci else "—", str(e.get("n")),
+                          _verdict(e.get("vs_auto")), _verdict(e.get("vs_rest")))
+        console.print(table)
+        drops = [e["vs_auto"]["detectable_drop"] for *_, e in rows if e.get("vs_auto") and e["vs_auto"].get("detectable_drop")]
+        if drops:
+            console.print(f"with these items a drop of {min(drops) * 100:.1f} points or more would have been detected "
+                          "(80% power, alpha 0.05)")
+    for d in doc.get("dtypes", []):
+        if (d.get("eval") or {}).get("error"):
+            console.print(f"[red]{d['kv_cache_dtype']}: evaluation failed[/] — {d['eval']['error']}")
+    canaries = [(d["kv_cache_dtype"], sum((p.get("canaries") or {}).get("sent", 0) for p in d.get("phases", [])),
+                 sum((p.get("canaries") or {}).get("differ", 0) for p in d.get("phases", []))) for d in doc.get("dtypes", [])]
+    canaries = [c for c in canaries if c[1]]
+    if canaries:
+        console.print("canaries (at-rest greedy outputs re-sent inside every load phase): "
+                      + ", ".join(f"{k} {differ} of {sent} differed" for k, sent, differ in canaries))
+    q = doc.get("quality") or {}
+    rec = q.get("recommendation")
+    if rec:
+        pick = rec.get("dtype")
+        console.print(f"[bold]recommended: {pick}[/] — {rec.get('why')}" if pick else f"[bold red]no dtype recommended[/] — {rec.get('why')}")
+        for dtype, g in (q.get("gate") or {}).items():
+            state = "eligible" if g.get("eligible") else "[yellow]excluded[/]"
+            console.print(f"  {dtype}: {state} — {g.get('reason')}")
+
+
+def _verdict(v: dict | None) -> str:
+    if not v:
+        return "—"
+    return v.get("verdict") or f"{v['difference'] * 100:+.1f} points"
 
 
 def render_fronts(doc: dict) -> None:

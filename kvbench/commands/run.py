@@ -44,7 +44,9 @@ def json_summary(record, path) -> dict:
             "dtypes": {d["kv_cache_dtype"]: {"status": d["status"], "kv_dtype_confirmed": d.get("kv_dtype_confirmed"),
                                               **headline(d)} for d in doc["dtypes"]},
             "findings": doc["findings"], "comparisons": doc["comparisons"],
-            "fronts": {d["kv_cache_dtype"]: d.get("front") for d in doc["dtypes"] if d.get("front")}}
+            "fronts": {d["kv_cache_dtype"]: d.get("front") for d in doc["dtypes"] if d.get("front")},
+            "eval": {d["kv_cache_dtype"]: d.get("eval") for d in doc["dtypes"] if d.get("eval")},
+            "quality": doc.get("quality")}
 
 
 def command(
@@ -75,6 +77,10 @@ def command(
     repeat: Annotated[int | None, typer.Option("--repeat", help="Run every fixed-load phase N times with fresh prompts: means, 95% CIs, paired differences to auto (CPU default 3, GPU 1).")] = None,
     price_per_hour: Annotated[str | None, typer.Option("--price-per-hour", help="USD per GPU-hour (or per CPU machine-hour), e.g. h100-sxm=2.65 or cpu=0.10: USD per million tokens on the front (kvbench ships no prices).")] = None,
     target_user_tps: Annotated[float | None, typer.Option("--target-user-tps", help="Interactivity (tokens/s per user) to read throughput and cost off the front at (default: 1000 / the SLO's TPOT P95 bound).")] = None,
+    eval_tasks: Annotated[str | None, typer.Option("--eval-tasks", help="lm-eval tasks each dtype is evaluated on at rest, at load and during load (CPU default: kvbench_passkey_512; GPU: none, e.g. gsm8k with hub access).")] = None,
+    no_eval: Annotated[bool, typer.Option("--no-eval", help="Skip the evaluation (the canaries still ride in every load phase).")] = False,
+    eval_limit: Annotated[int | None, typer.Option("--eval-limit", help="First N items of each eval task (default: all; the bundled tasks have 500).")] = None,
+    accuracy_budget: Annotated[float | None, typer.Option("--accuracy-budget", help="Most accuracy points a dtype may lose vs auto and still be recommended (default 1).")] = None,
     strict: Annotated[bool, typer.Option("--strict", help="Exit 1 if any dtype failed (default: only if none succeeded).")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print the record's headline numbers as one JSON document on stdout (progress goes to stderr).")] = False,
 ) -> int:
@@ -121,6 +127,9 @@ def command(
         repeat=repeat,
         prices=parse_prices(price_per_hour) if price_per_hour else None,
         target_user_tps=target_user_tps,
+        eval_tasks=[] if no_eval else (cliargs.names(eval_tasks, "--eval-tasks", "kvbench_passkey_512") if eval_tasks else None),
+        eval_limit=eval_limit,
+        accuracy_budget_points=accuracy_budget,
     )
 
     from kvbench.commands.report import render
