@@ -35,6 +35,8 @@ class SiteData:
     runs: pd.DataFrame = field(default_factory=pd.DataFrame)  # one row per (run, dtype)
     probes: pd.DataFrame = field(default_factory=pd.DataFrame)  # one row per SLO-search phase
     fronts: pd.DataFrame = field(default_factory=pd.DataFrame)  # one row per point of a dtype's trade-off curve
+    quality: pd.DataFrame = field(default_factory=pd.DataFrame)  # one row per (run, dtype, condition, task) accuracy
+    canaries: pd.DataFrame = field(default_factory=pd.DataFrame)  # one row per (run, dtype): canaries sent / differed
     findings: pd.DataFrame = field(default_factory=pd.DataFrame)  # one row per run finding
     history: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=HISTORY_COLUMNS))
     regressions: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=REGRESSION_COLUMNS))
@@ -134,9 +136,16 @@ def run_rows(doc: dict, path: Path | None) -> list[dict]:
                 "finding": flagged.get(d.get("kv_cache_dtype")),
                 "log_tail": "\n".join((d.get("log_tail") or [])[-8:]),
                 **_ci_columns(d.get("fixed_stats") or {}),
+                **_quality_columns(doc, d),
             }
         )
     return rows
+
+
+def _quality_columns(doc: dict, d: dict) -> dict:
+    """The run's quality gate for this dtype (harness/quality.py): eligible or not, and why."""
+    g = ((doc.get("quality") or {}).get("gate") or {}).get(d.get("kv_cache_dtype")) or {}
+    return {"quality_eligible": g.get("eligible"), "quality_reason": g.get("reason")}
 
 
 CI_METRICS = ("ttft_p95_ms", "tpot_p95_ms", "output_throughput_tps", "goodput_rps", "request_throughput_rps")
@@ -149,6 +158,58 @@ def _ci_columns(stats: dict) -> dict:
         st = stats.get(m) or {}
         out.update({f"{m}_ci_low": st.get("ci_low"), f"{m}_ci_high": st.get("ci_high"), f"{m}_n": st.get("n")})
     return out
+
+
+def quality_rows(doc: dict, path: Path | None) -> list[dict]:
+    """Task accuracy per dtype, condition (rest / load / during_load) and task, from a run's evaluation."""
+    env = doc.get("environment") or {}
+    rows = []
+    for d in doc.get("dtypes") or []:
+        for cond, summary in (d.get("eval") or {}).items():
+            if cond == "error" or not isinstance(summary, dict):
+                continue
+            for task, e in (summary.get("tasks") or {}).items():
+                ci = e.get("ci95") or [None, None]
+                vs = e.get("vs_auto") or {}
+                rows.append({"run_id": doc.get("run_id"), "created_at": doc.get("created_at"), "machine": doc.get("machine"),
+                             "gpu": gpu_of(env), "vllm_version": (env.get("vllm") or {}).get("version"),
+                             "model": (doc.get("config") or {}).get("model_name"), "kv_cache_dtype": d.get("kv_cache_dtype"),
+                             "condition": cond, "concurrency": summary.get("concurrency"), "task": task,
+                             "accuracy": e.get("accuracy"), "ci_low": ci[0], "ci_high": ci[1], "n": e.get("n"),
+                             "vs_auto": vs.get("verdict"), "vs_rest": (e.get("vs_rest") or {}).get("verdict"),
+                             "path": str(path) if path else None})
+    return rows
+
+
+def canary_rows(doc: dict) -> list[dict]:
+    rows = []
+    for d in doc.get("dtypes") or []:
+        sent = sum((p.get("canaries") or {}).get("sent", 0) for p in d.get("phases") or [])
+        if sent:
+            rows.append({"run_id": doc.get("run_id"), "created_at": doc.get("created_at"), "machine": doc.get("machine"),
+                         "kv_cache_dtype": d.get("kv_cache_dtype"), "sent": sent,
+                         "differ": sum((p.get("canaries") or {}).get("differ", 0) for p in d.get("phases") or []),
+                         "phases": sum(1 for p in d.get("phases") or [] if p.get("canaries"))})
+    return rows
+
+
+def differing_items(path: str | None, dtype: str, task: str, condition: str, limit: int = 5) -> pd.DataFrame:
+    """Items auto answered right and `dtype` wrong in the same condition, side by side (from the run's evals
+    Parquet; empty when the samples are not on this disk)."""
+    if not path:
+        return pd.DataFrame()
+    try:
+        items = run_records.samples_frame([Path(path)], "evals")
+    except Exception:
+        return pd.DataFrame()
+    if items.empty:
+        return items
+    sel = items[(items["task"] == task) & (items["condition"] == condition)]
+    ref = sel[sel["kv_cache_dtype"] == "auto"].set_index("doc_id")
+    mine = sel[sel["kv_cache_dtype"] == dtype].set_index("doc_id")
+    shared = ref.index.intersection(mine.index)
+    both = ref.loc[shared].join(mine.loc[shared], lsuffix="_auto", rsuffix="_dtype")
+    return both[(both["score_auto"] >= 1) & (both["score_dtype"] < 1)].head(limit).reset_index()
 
 
 def front_rows(doc: dict) -> list[dict]:
@@ -239,7 +300,7 @@ def load_runs(results_dir: Path, data: SiteData) -> None:
     except KvbenchError as exc:
         data.problems.append(str(exc))
         paths = []
-    rows, probes, findings, fronts = [], [], [], []
+    rows, probes, findings, fronts, quality, canaries = [], [], [], [], [], []
     for path in paths:
         try:
             doc = run_records.load_record(path)
@@ -252,6 +313,8 @@ def load_runs(results_dir: Path, data: SiteData) -> None:
         rows += doc_rows
         probes += probe_rows(doc)
         fronts += front_rows(doc)
+        quality += quality_rows(doc, path)
+        canaries += canary_rows(doc)
         for f in doc.get("findings") or []:
             findings.append({"run_id": doc.get("run_id"), "machine": doc.get("machine"), "created_at": doc.get("created_at"),
                              "kv_cache_dtype": f.get("dtype"), "level": f.get("level"), "text": f.get("text")})
@@ -259,6 +322,8 @@ def load_runs(results_dir: Path, data: SiteData) -> None:
     data.probes = _dated(pd.DataFrame(probes), ["created_at", "kv_cache_dtype", "order"])
     data.findings = _dated(pd.DataFrame(findings), ["created_at"])
     data.fronts = _dated(pd.DataFrame(fronts), ["created_at", "kv_cache_dtype", "concurrency"])
+    data.quality = _dated(pd.DataFrame(quality), ["created_at", "kv_cache_dtype"])
+    data.canaries = _dated(pd.DataFrame(canaries), ["created_at", "kv_cache_dtype"])
     data.records.sort(key=lambda d: str(d.get("created_at")))
 
 

@@ -26,7 +26,8 @@ class Recommendation:
 
 
 def recommend(rows: pd.DataFrame, machine: str) -> Recommendation:
-    """The dtype with the highest SLO-measured concurrency among those that ran ok and were honoured.
+    """The dtype with the highest SLO-measured concurrency among those that ran ok, were honoured and passed
+    the run's quality gate (not significantly less accurate than auto, within the budget, also under load).
 
     Ties go to the more precise dtype (auto before fp8 before nvfp4): equal capacity buys nothing for the
     accuracy given up. A dtype the engine probably did not honour is excluded: its numbers are another
@@ -38,6 +39,8 @@ def recommend(rows: pd.DataFrame, machine: str) -> Recommendation:
             excluded.append(f"{d}: run {r.get('status')} (see failures)")
         elif not r.get("honoured", True):
             excluded.append(f"{d}: probably not honoured by the engine")
+        elif r.get("quality_eligible") is False:  # the run's quality gate (accuracy vs auto, at load, canaries)
+            excluded.append(f"{d}: excluded: {r.get('quality_reason')}")
         elif is_missing(r.get("measured_max_concurrency")):
             excluded.append(f"{d}: no SLO search in this run")
         elif r["measured_max_concurrency"] <= 0:

@@ -108,8 +108,9 @@ def machine_table(rows: pd.DataFrame, accuracy: pd.DataFrame) -> str:
 
 
 def recommendation_html(rec: derive.Recommendation, rows: pd.DataFrame, accuracy: pd.DataFrame) -> str:
-    how = ("Chosen in code: among the dtypes that ran <i>ok</i> and that the engine honoured, the one with the highest "
-           "concurrency meeting the SLO (the knee of the SLO search); ties go to the more precise dtype.")
+    how = ("Chosen in code: among the dtypes that ran <i>ok</i>, that the engine honoured and that passed the run's quality "
+           "gate (task accuracy not significantly below auto and within the budget, at rest and under load; canaries clean), "
+           "the one with the highest concurrency meeting the SLO (the knee of the SLO search); ties go to the more precise dtype.")
     slo = esc(_slo_text(rows.iloc[0])) if len(rows) else "no SLO"
     excluded = f"<br>Not eligible: {esc('; '.join(rec.excluded))}." if rec.excluded else ""
     if rec.dtype is None:

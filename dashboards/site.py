@@ -23,6 +23,7 @@ from kvbench.dashboards import (
     page_kernels,
     page_latency,
     page_overview,
+    page_quality,
     page_tradeoff,
 )
 from kvbench.dashboards.components import Page
@@ -30,7 +31,8 @@ from kvbench.dashboards.data import SiteData
 from kvbench.dashboards.theme import esc
 from kvbench.errors import UsageError
 
-PAGES = (page_overview, page_history, page_gpus, page_capacity, page_latency, page_tradeoff, page_claims, page_kernels)
+PAGES = (page_overview, page_history, page_gpus, page_capacity, page_latency, page_tradeoff, page_quality, page_claims,
+         page_kernels)
 MARKER = ".kvbench-dashboard"  # only folders carrying it are ever replaced
 PLOTLY_JS = "assets/plotly.min.js"
 STYLE_CSS = "assets/style.css"

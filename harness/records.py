@@ -736,7 +736,16 @@ def headline(dtype_result: dict) -> dict:
         "failed": s.get("failed"),
         "greedy_agreement": vs_auto.get("token_agreement"),
         "logprob_delta_mean": vs_auto.get("logprob_delta_mean"),
+        "task_accuracy_rest": _first_task_accuracy(dtype_result, "rest"),
+        "task_accuracy_load": _first_task_accuracy(dtype_result, "load"),
     }
+
+
+def _first_task_accuracy(dtype_result: dict, condition: str) -> float | None:
+    """Accuracy of the first eval task in a condition (the tracked number; every task is in the record)."""
+    tasks = ((dtype_result.get("eval") or {}).get(condition) or {}).get("tasks") or {}
+    first = next(iter(tasks.values()), None)
+    return first.get("accuracy") if first else None
 
 
 def summary_rows(doc: dict, path: Path | None = None) -> list[dict]:

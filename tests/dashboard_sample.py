@@ -76,6 +76,22 @@ def run_record(machine: str, created_at: str, *, vllm: tuple[str, str] = ("vllm"
     }
 
 
+def _sample_eval(dtype: str, machine_scale: float) -> dict:
+    """An eval block of kvbench.harness.quality's shape: auto right on 500 items, fp8 a point lower at load."""
+    from kvbench import stats
+
+    out = {}
+    for cond, conc in (("rest", 1), ("load", 16), ("during_load", 1)):
+        k = 500 if dtype == "auto" else (495 if cond == "rest" else 490)
+        lo, hi = stats.wilson(k, 500)
+        entry = {"metric": "exact_match,exact", "n": 500, "correct": k, "accuracy": k / 500, "ci95": [lo, hi]}
+        if dtype != "auto":
+            entry["vs_auto"] = {"difference": (k - 500) / 500, "ci95": [-0.03, 0.0], "p_value": 0.01, "significant": True,
+                                "verdict": f"drop of {(500 - k) / 5:.1f} points", "detectable_drop": 0.016, "losses": 500 - k, "gains": 0}
+        out[cond] = {"concurrency": conc, "wall_s": 10.0 * machine_scale, "tasks": {"kvbench_passkey_512": entry}}
+    return out
+
+
 def add_front(doc: dict, price: float | None) -> dict:
     """The trade-off curve and repeat stats the runner adds, computed by the harness's own functions from the
     sample's closed-loop phases (kvbench.harness.front, kvbench.harness.repeats)."""
@@ -91,6 +107,7 @@ def add_front(doc: dict, price: float | None) -> dict:
         best = front.best_under_slo(pts)
         d["front"] = {"gpus": 1, "price_per_gpu_hour": price, "price_key": "h100-sxm" if price else None,
                       "points": [p.as_dict() for p in pts], "at_slo": best.as_dict() if best else None}
+        d["eval"] = _sample_eval(d["kv_cache_dtype"], machine_scale=1.0 if price else 0.9)
         fixed = next(p for p in d["phases"] if p["name"] == "fixed")["summary"]
         d["fixed_stats"] = repeats.stats([fixed, {**fixed, "output_throughput_tps": fixed["output_throughput_tps"] * 1.1},
                                           {**fixed, "output_throughput_tps": fixed["output_throughput_tps"] * 0.9}])

@@ -21,7 +21,7 @@ _spec = importlib.util.spec_from_file_location("dashboard_sample", Path(__file__
 sample = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(sample)
 
-PAGE_SLUGS = ["index", "history", "gpus", "capacity", "latency", "tradeoff", "claims", "kernels"]
+PAGE_SLUGS = ["index", "history", "gpus", "capacity", "latency", "tradeoff", "quality", "claims", "kernels"]
 CATEGORICAL_AXES = {"KV-cache dtype", "machine", "claim"}
 
 
@@ -105,6 +105,7 @@ def test_every_page_has_its_plots(sample_pages):
     assert counts["gpus"] >= 2  # llama-3.1-8b on two GPUs; the tiny model on the CPU
     assert counts["kernels"] == 2  # one kernel record, one accuracy record
     assert counts["tradeoff"] == 2  # llama-3.1-8b's front on two GPUs (one setup), its cost (h100 was priced)
+    assert counts["quality"] == 1  # llama-3.1-8b's pass-key accuracy on two GPUs
 
 
 def test_cli_writes_site(tmp_path):
@@ -112,7 +113,7 @@ def test_cli_writes_site(tmp_path):
     out = subprocess.run([sys.executable, "-m", "kvbench", "dashboard", "--results", str(tmp_path / "results"), "--out",
                           str(tmp_path / "site")], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
-    assert "wrote 8 pages" in out.stdout and (tmp_path / "site" / "index.html").is_file()
+    assert "wrote 9 pages" in out.stdout and (tmp_path / "site" / "index.html").is_file()
 
 
 # --- made for people -----------------------------------------------------------------------------------------
@@ -389,3 +390,12 @@ def test_repeated_headlines_get_error_bars(sample_pages):
     fig = next(f for k, f in figs.items() if "llama-3-1-8b" in k)
     bars = [t for t in fig.data if t.error_y and t.error_y.array is not None and any(v > 0 for v in t.error_y.array)]
     assert bars  # output throughput was repeated 3 times: its 95% interval is drawn
+
+
+def test_quality_page_shows_accuracy_with_intervals_per_condition(sample_pages):
+    page = sample_pages["quality"]
+    fig = dict(page.figures)[next(iter(dict(page.figures)))]
+    fp8 = [t for t in fig.data if t.name.startswith("fp8")]
+    assert fp8 and list(fp8[0].x) == ["at rest", "at load", "during load"]
+    assert all(v > 0 for v in fp8[0].error_y.array)  # the Wilson interval is drawn
+    assert "drop of 1.0 points" in page.body and "99.0%" in page.body

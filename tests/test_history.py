@@ -115,7 +115,8 @@ def test_asv_step_detection_off_for_other_higher_is_better_tracks():
 MACHINE = "cpu-test"
 LEVELS = {"output_throughput": 2500.0, "request_throughput": 20.0, "goodput": 18.0, "ttft_p50": 0.08, "ttft_p95": 0.2,
           "tpot_p95": 0.005, "e2e_p95": 0.8, "engine_max_concurrency": 16.0, "model_max_concurrency": 16.0,
-          "measured_max_concurrency": 8.0, "attention_rel_l2": 0.04}
+          "measured_max_concurrency": 8.0, "attention_rel_l2": 0.04, "task_accuracy_rest": 0.99,
+          "task_accuracy_load": 0.98}
 
 
 def _benchmarks_json() -> dict:
