@@ -25,7 +25,8 @@ FLAGS = (
 
 # Every plotly div with its trace count and how many traces carry data points.
 PLOTS_JS = """
-return Array.from(document.querySelectorAll('.js-plotly-plot')).map(el => ({
+// .plotly-graph-div: every figure div the page holds (plotly adds .js-plotly-plot only once it starts drawing)
+return Array.from(document.querySelectorAll('.plotly-graph-div')).map(el => ({
   id: el.id,
   traces: (el.data || []).length,
   // _fullData: plotly's decoded view (el.data may hold base64 typed-array specs instead of arrays)
@@ -74,8 +75,9 @@ def wait_for_plots(driver, timeout_s: float = 20.0) -> list[dict]:
     """Wait until every plot div has drawn its SVG (plotly draws after the page's load event)."""
     deadline = time.monotonic() + timeout_s
     while True:
+        ready = driver.execute_script("return document.readyState") == "complete"
         plots = driver.execute_script(PLOTS_JS)
-        if all(p["drawn"] for p in plots) or time.monotonic() > deadline:
+        if (ready and all(p["drawn"] for p in plots)) or time.monotonic() > deadline:
             return plots
         time.sleep(0.1)
 
