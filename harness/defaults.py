@@ -149,7 +149,12 @@ def build_plan(
 
     gpus = _parallel_size(args)
     price_key, price = _price_for_this_machine(prices or {}, on_gpu)
-    tasks = list(defaults.get("eval_tasks", [])) if eval_tasks is None else eval_tasks
+    if eval_tasks is None:  # the backend default: only the tasks this run's context can hold
+        tasks = [t for t in defaults.get("eval_tasks", []) if _fits(t, max_model_len)]
+        for t in set(defaults.get("eval_tasks", [])) - set(tasks):
+            notes.append(f"no eval of {t}: it needs a longer max_model_len than this run's {max_model_len}")
+    else:
+        tasks = eval_tasks
     _check_eval_tasks(tasks, max_model_len)
     check_writable(results_dir, machine)  # before anything is measured: a result that cannot be saved is lost
     return RunPlan(
@@ -186,6 +191,12 @@ def build_plan(
     )
 
 
+def _fits(task: str, max_model_len: int | None) -> bool:
+    from kvbench import evaltasks
+
+    return not task.startswith(evaltasks.PREFIX) or max_model_len is None or evaltasks.parse_task(task)[1] <= max_model_len
+
+
 def _check_eval_tasks(tasks: list[str], max_model_len: int | None) -> None:
     """kvbench's own tasks by name and context (they must fit the server); other names go to lm-eval, which
     says in one line when it does not know them."""
@@ -195,8 +206,9 @@ def _check_eval_tasks(tasks: list[str], max_model_len: int | None) -> None:
         if task.startswith(evaltasks.PREFIX):
             _, context = evaltasks.parse_task(task)
             if max_model_len is not None and context > max_model_len:
+                fitting = [t for t in evaltasks.task_names() if _fits(t, max_model_len)]
                 raise UsageError(f"--eval-tasks {task} needs max_model_len {context}, the run has {max_model_len}; "
-                                 f"choose a shorter bundled task ({', '.join(evaltasks.task_names()[:4])}, ...)")
+                                 + (f"choose from: {', '.join(fitting)}" if fitting else "raise --max-model-len or use --no-eval"))
 
 
 def _parallel_size(args: list[str]) -> int:

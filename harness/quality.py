@@ -94,8 +94,9 @@ def compare_conditions(evals: dict[str, dict[str, dict]], items: dict[tuple[str,
                     entry["vs_rest"] = _paired(items[(dtype, "rest")].get(task, {}), mine)
 
 
-def gate(record, budget_points: float = DEFAULT_BUDGET_POINTS) -> dict[str, dict]:
-    """{dtype: {"eligible": bool, "reason": str}} from a run record's evaluations and canaries (typed record)."""
+def gate(record, budget_points: float = DEFAULT_BUDGET_POINTS, budgets: dict[str, float] | None = None) -> dict[str, dict]:
+    """{dtype: {"eligible": bool, "reason": str}} from a run record's evaluations and canaries (typed record).
+    `budgets`: points per task, overriding `budget_points` for that task."""
     out: dict[str, dict] = {}
     auto_canary = _canary_rate(record.dtype(REFERENCE)) if record.dtype(REFERENCE) else 0.0
     for d in record.dtypes:
@@ -108,9 +109,10 @@ def gate(record, budget_points: float = DEFAULT_BUDGET_POINTS) -> dict[str, dict
                 continue
             for task, e in (summary.get("tasks") or {}).items():
                 vs = e.get("vs_auto")
+                budget = (budgets or {}).get(task, budget_points)
                 # 1e-9: a drop of exactly the budget (1 item in 100 against a 1-point budget) is within it
-                if vs and (vs["significant"] and vs["difference"] < 0 or -vs["difference"] * 100 > budget_points + 1e-9):
-                    why = "significantly below auto" if vs["significant"] else f"more than the {budget_points:g}-point budget"
+                if vs and (vs["significant"] and vs["difference"] < 0 or -vs["difference"] * 100 > budget + 1e-9):
+                    why = "significantly below auto" if vs["significant"] else f"more than the {budget:g}-point budget"
                     reasons.append(f"accuracy{' at load' if cond != 'rest' else ''}: {task} {cond.replace('_', ' ')} "
                                    f"{vs['difference'] * 100:+.1f} points vs auto, {why} (95% CI {vs['ci95'][0] * 100:+.1f}.."
                                    f"{vs['ci95'][1] * 100:+.1f}, p = {vs['p_value']:.3g})")

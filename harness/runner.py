@@ -108,6 +108,7 @@ class RunPlan:
     eval_tasks: list[str] = field(default_factory=list)  # lm-eval tasks at rest / at load / during load (harness/quality)
     eval_limit: int | None = None  # first N items of each task (None: all)
     accuracy_budget_points: float = 1.0  # the most accuracy a dtype may lose vs auto and still be recommended
+    accuracy_budgets: dict[str, float] = field(default_factory=dict)  # per task, overriding it (nightly [quality])
     notes: list[str] = field(default_factory=list)
 
     def as_dict(self) -> dict:
@@ -143,7 +144,8 @@ class RunPlan:
             "unsupported": self.unsupported,
             "client_realtime": self.client_realtime,
             "agreement": {"prompts": self.agreement_prompts, "tokens": self.agreement_tokens, "canaries": self.canaries},
-            "eval": {"tasks": self.eval_tasks, "limit": self.eval_limit, "budget_points": self.accuracy_budget_points},
+            "eval": {"tasks": self.eval_tasks, "limit": self.eval_limit, "budget_points": self.accuracy_budget_points,
+                     "budgets": self.accuracy_budgets},
             "notes": self.notes,
         }
 
@@ -240,7 +242,7 @@ class Runner:
             for d in rec.dtypes:
                 if d.kv_cache_dtype in evals:
                     d.eval = evals[d.kv_cache_dtype]
-            gates = quality.gate(rec, self.plan.accuracy_budget_points)
+            gates = quality.gate(rec, self.plan.accuracy_budget_points, self.plan.accuracy_budgets)
             for f in rec.findings:  # a dtype the engine did not honour has another dtype's numbers
                 if f.dtype in gates and "NOT honoured" in f.text:
                     g = gates[f.dtype]

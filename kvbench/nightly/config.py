@@ -66,6 +66,14 @@ class DashboardConfig(Strict):
     out: str = "site"
 
 
+class QualityConfig(Strict):
+    """The quality gate every entry's run applies (kvbench.harness.quality): its eval tasks and accuracy budgets."""
+
+    eval_tasks: list[str] | None = None  # None: the backend default (CPU: the bundled pass-key task; GPU: none)
+    budget_points: Annotated[float, Field(ge=0, le=100)] = 1.0  # the most a dtype may lose vs auto
+    budgets: dict[str, Annotated[float, Field(ge=0, le=100)]] = {}  # "<model>/<task>" -> points, per model and task
+
+
 class SloConfig(Strict):
     ttft_p95_ms: PositiveFloat | None = None
     tpot_p95_ms: PositiveFloat | None = None
@@ -113,6 +121,7 @@ class NightlyConfig(Strict):
     history: HistoryConfig = HistoryConfig()
     gate: GateConfig = GateConfig()
     dashboard: DashboardConfig = DashboardConfig()
+    quality: QualityConfig = QualityConfig()
     slos: dict[str, SloConfig] = {}
     workloads: Annotated[dict[str, WorkloadConfig], Field(min_length=1)]
     machines: Annotated[dict[str, MachineConfig], Field(min_length=1)]

@@ -53,6 +53,9 @@ class Entry:
     search_cap: int | None
     extra_args: tuple[str, ...]
     notes: tuple[str, ...] = ()
+    eval_tasks: tuple[str, ...] | None = None  # None: the backend default
+    budget_points: float = 1.0
+    budgets: tuple[tuple[str, float], ...] = ()  # (task, points) for this entry's model
 
     @property
     def context(self) -> int:
@@ -135,6 +138,10 @@ def expand(cfg: NightlyConfig, key: str) -> MachinePlan:
                         api=w["api"], slo_name=slo_name, slo=slo, kv_dtypes=tuple(m.kv_dtypes),
                         max_model_len=m.max_model_len, search_cap=m.max_concurrency if slo is not None else None,
                         extra_args=tuple(extra), notes=tuple(notes),
+                        eval_tasks=tuple(cfg.quality.eval_tasks) if cfg.quality.eval_tasks is not None else None,
+                        budget_points=cfg.quality.budget_points,
+                        budgets=tuple((k.split("/", 1)[1], v) for k, v in cfg.quality.budgets.items()
+                                      if k.split("/", 1)[0] == model.name and "/" in k),
                     )
                 )
     return plan
@@ -166,7 +173,10 @@ def run_plan(entry: Entry, on_gpu: bool, results_dir: Path, machine: str | None 
         unknown_dtypes="record",
         results_dir=results_dir,
         machine=machine,
+        eval_tasks=list(entry.eval_tasks) if entry.eval_tasks is not None else None,
+        accuracy_budget_points=entry.budget_points,
     )
+    plan.accuracy_budgets = dict(entry.budgets)
     if entry.model.name != TINY:
         plan.model_name = entry.model.name
     plan.notes.extend([*entry.notes, *([note] if note else [])])

@@ -99,6 +99,7 @@ class EntryResult:
     errors: dict[str, str] = field(default_factory=dict)  # dtype -> first line of its error
     expected: dict[str, str] = field(default_factory=dict)  # dtype -> why its failure is known (config)
     error: str | None = None
+    quality_breach: bool = False  # a dtype failed the run's quality gate (accuracy vs auto, at load, canaries)
 
 
 # -- the night ----------------------------------------------------------------------------------------
@@ -270,9 +271,14 @@ class Nightly:
                 result.errors[dtype] = _last_line(str(d.get("error") or status))
                 if dtype in expected:
                     result.expected[dtype] = expected[dtype]
+        for dtype, g in ((doc.get("quality") or {}).get("gate") or {}).items():
+            # a dtype that ran but failed the quality gate fails the night, as a regression does
+            if not g.get("eligible") and str(g.get("reason", "")).startswith("accuracy") and dtype not in expected:
+                result.errors[dtype] = f"quality gate: {g['reason']}"
+                result.quality_breach = True
         if result.status != "running":
             return
-        unexpected = [d for d, s in result.dtypes.items() if s != "ok" and d not in result.expected]
+        unexpected = [d for d, s in result.dtypes.items() if (s != "ok" or d in result.errors) and d not in result.expected]
         missing = [d for d in entry.kv_dtypes if d not in result.dtypes]
         result.status = "failed" if unexpected or missing else "ok"
         if missing:
