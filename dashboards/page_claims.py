@@ -96,7 +96,8 @@ def build(data: SiteData) -> Page:
                  f"context and KV budget exists. {esc(summary)}.</p>")
     parts.append(page.plot(verdict_figure(frame, title), "claims-verdicts"))
     view = frame.copy()
-    view["claim"] = [f"{esc(r['text'])}<br><small><code>{esc(r['id'])}</code> · {esc(r['where'])}</small>"
+    view["claim"] = [f"{esc(r['text'])}<br><small><code>{esc(r['id'])}</code> · {esc(r['where'])}"
+                     + (f" · source: {esc(r['source'])}" if isinstance(r.get("source"), str) else "") + "</small>"
                      for _, r in view.iterrows()]
     view["claimed_t"] = [_value(v, u) for v, u in zip(view["claimed"], view["unit"])]
     view["derived_t"] = [_value(None if pd.isna(v) else v, u) for v, u in zip(view["derived"], view["unit"])]

@@ -35,6 +35,7 @@ QUANTITIES = (
     "users",
     "users_ratio",
     "gpus_needed",
+    "accuracy_loss_points",
     "external",
 )
 UNITS = {
@@ -45,6 +46,7 @@ UNITS = {
     "users": "users",
     "users_ratio": "x",
     "gpus_needed": "GPUs",
+    "accuracy_loss_points": "points",
     "external": "",
 }
 
@@ -63,6 +65,7 @@ class Verdict:
     delta_pct: float | None
     measured: float | None = None
     measure: str | None = None
+    source: str | None = None  # where this claim comes from, when not the file's own source
 
     @property
     def label(self) -> str:
@@ -156,6 +159,8 @@ def load_claims(path: str | Path | None = None) -> dict:
             raise unknown_choice(f"quantity in claim {claim['id']!r}:", claim["quantity"], QUANTITIES)
         for key, value in defaults.items():
             claim.setdefault(key, value)
+        if "source" in claim:  # a claim quoted from another publication than the file's
+            claim["source"] = parse_source(claim["source"], file)
     return doc
 
 
@@ -183,7 +188,7 @@ def _budget(claim: dict, model):
 def derive(claim: dict) -> tuple[float | None, str]:
     """(derived value, how it was derived) for one claim."""
     quantity = claim["quantity"]
-    if quantity == "external":
+    if quantity in ("external", "accuracy_loss_points"):
         return None, claim.get("reason", "not derivable from specs")
     model = load_model(claim["model"])
     if quantity == "bytes_per_element":
@@ -229,7 +234,14 @@ def evaluate(doc: dict, measured: Mapping[str, float] | None = None) -> list[Ver
     for claim in doc["claims"]:
         derived, how = derive(claim)
         quantity = claim["quantity"]
-        if derived is None:
+        value = measured.get(claim["id"])
+        if quantity == "accuracy_loss_points":  # "less than N points lost": judged on what a run measured
+            if value is None:
+                verdict, delta = "not checkable", None
+            else:
+                verdict, delta = ("holds" if value < float(claim["claimed"]) else "fails"), None
+                how = f"{how}; measured {value:.2f} points lost vs auto on the same items"
+        elif derived is None:
             verdict, delta = "not checkable", None
         else:
             verdict, delta = _verdict(float(claim["claimed"]), derived, claim["tolerance_pct"], claim.get("exact", False))
@@ -245,8 +257,9 @@ def evaluate(doc: dict, measured: Mapping[str, float] | None = None) -> list[Ver
                 derivation=how,
                 verdict=verdict,
                 delta_pct=delta,
-                measured=measured.get(claim["id"]),
+                measured=value,
                 measure=claim.get("measure"),
+                source=claim["source"].describe() if isinstance(claim.get("source"), Source) else None,
             )
         )
     return out
@@ -268,6 +281,11 @@ def measured_values(doc: dict, runs) -> dict[str, float]:
     models = model_catalog()
     for claim in doc.get("claims", []):
         measure, budget_gb = claim.get("measure"), claim.get("kv_budget_gb")
+        if measure == "accuracy_drop_points":
+            drop = _accuracy_drop(ok, claim, models)
+            if drop is not None:
+                out[claim["id"]] = drop
+            continue
         if not measure or not claim.get("context"):
             continue
         names = {claim.get("model"), (models.get(claim.get("model")) or {}).get("hf_id")} - {None}
@@ -288,3 +306,17 @@ def measured_values(doc: dict, runs) -> dict[str, float]:
             engine = by_dtype["engine_max_concurrency"]
             out[claim["id"]] = float(engine[dtype] / engine[claim["baseline"]])
     return {k: v for k, v in out.items() if v == v}  # drop NaN
+
+
+def _accuracy_drop(runs, claim: dict, models: dict) -> float | None:
+    """Points of task accuracy the claim's dtype lost against auto at rest, in the newest run of the claim's
+    model that evaluated both (on the same items: kvbench.harness.quality)."""
+    if "task_accuracy_rest" not in runs:
+        return None
+    names = {claim.get("model"), (models.get(claim.get("model")) or {}).get("hf_id")} - {None}
+    match = runs[runs["model"].isin(names) & runs["task_accuracy_rest"].notna()]
+    for run_id in reversed(list(dict.fromkeys(match.sort_values("created_at")["run_id"]))):
+        by = match[match["run_id"] == run_id].set_index("kv_cache_dtype")["task_accuracy_rest"]
+        if {claim.get("dtype"), "auto"} <= set(by.index):
+            return float((by["auto"] - by[claim["dtype"]]) * 100)
+    return None

@@ -61,7 +61,7 @@ def command(
         for v in verdicts:
             measured = _fmt(v.measured, v.unit) if v.measured is not None else ("not measured yet" if v.measure else "—")
             table.add_row(
-                f"{v.text}\n[dim]{v.id}; {v.where}[/]",
+                f"{escape(v.text)}\n[dim]{v.id}; {escape(v.where)}" + (f"; source: {escape(v.source)}" if v.source else "") + "[/]",
                 _fmt(v.claimed, v.unit),
                 _fmt(v.derived, v.unit),
                 measured,
