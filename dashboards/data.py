@@ -56,22 +56,11 @@ ACCURACY_FORMAT = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}
 
 @lru_cache(maxsize=64)
 def model_spec(name: str | None, path: str | None):
-    """The ModelSpec a run served, for the capacity model: the embedded tiny model by name, the run's own
-    config.json when it is on this disk, else a shipped short name; None when none of these is at hand."""
-    from kvbench import models
-    from kvbench.harness import tinymodel
+    """The ModelSpec a run served (kvbench.models.spec_for: the run's own config first, then its name)."""
+    from kvbench.harness.tinymodel import NAME
+    from kvbench.models import spec_for
 
-    if name == tinymodel.NAME:
-        return models.from_config(dict(tinymodel.CONFIG), name=tinymodel.NAME, source="kvbench.harness.tinymodel")
-    for candidate in (path, name):
-        if not candidate:
-            continue
-        if candidate in models.catalog() or (Path(candidate).expanduser() / "config.json").is_file() or Path(candidate).is_file():
-            try:
-                return models.load_model(candidate)
-            except KvbenchError:
-                continue
-    return None
+    return spec_for(name) if name == NAME else spec_for(path, name)  # the tiny model's shape is kvbench's own
 
 
 def gpu_of(env: dict) -> str:

@@ -57,7 +57,7 @@ from kvbench.harness.server import ServerConfig, ServerStartError, VllmServer, h
 from kvbench.harness.slo import DEFAULT_MAX_PROBES, Objective, search
 from kvbench.harness.telemetry import NvmlSampler
 from kvbench.harness.workload import Workload, make_prompts
-from kvbench.models import load_model
+from kvbench.models import spec_for
 
 # Two capacity ratios (engine vs format) further apart than this mean the dtype was probably not honoured.
 HONOURED_TOLERANCE = 0.05
@@ -336,12 +336,7 @@ class Runner:
         return VllmServer(cfg, log)
 
     def _model_spec(self):
-        if not self.plan.model:
-            return None
-        try:
-            return load_model(self.plan.model)
-        except KvbenchError:
-            return None  # an HF id whose config is not on disk: no model-side prediction
+        return spec_for(self.plan.model)  # None for a hub id whose config is not on disk: no model-side prediction
 
     def _capacity(self, dtype: str, engine: EngineCapacity | None, cache_config: dict, facts: ServerFacts) -> Capacity:
         """Engine-reported capacity, and the capacity model's prediction for the same budget, block size and

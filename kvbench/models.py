@@ -503,3 +503,24 @@ def describe_layers(model: ModelSpec) -> str:
             parts.append(f"{count} full")
     return ", ".join(parts)
 
+
+
+def spec_for(*candidates: str | None) -> ModelSpec | None:
+    """The capacity model's view of a model named any way kvbench meets one: the embedded tiny model by its
+    name, a shipped short name, a local folder or config.json; the first candidate that resolves wins, None
+    when none does (a hub id whose config is not on this disk has no model-side prediction). The one lookup
+    the runner, the dashboards and the nightly estimate share."""
+    from kvbench.harness import tinymodel
+
+    for candidate in candidates:
+        if not candidate:
+            continue
+        if candidate == tinymodel.NAME:
+            return from_config(dict(tinymodel.CONFIG), name=tinymodel.NAME, source="kvbench.harness.tinymodel.CONFIG")
+        path = Path(candidate).expanduser()
+        if candidate in catalog() or (path / "config.json").is_file() or path.is_file():
+            try:
+                return load_model(candidate)
+            except UsageError:
+                continue
+    return None

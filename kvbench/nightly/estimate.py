@@ -111,15 +111,12 @@ def backend_defaults(on_gpu: bool) -> dict:
 
 def model_spec(model: ModelRef):
     """The capacity model's view of a model, or None (an HF id without a local config.json)."""
-    from kvbench.models import from_config, load_model
+    from kvbench.harness.tinymodel import NAME
+    from kvbench.models import load_model, spec_for
 
     if model.serve is None:
-        from kvbench.harness.tinymodel import CONFIG, NAME
-
-        return from_config(dict(CONFIG), name=NAME, source="kvbench.harness.tinymodel.CONFIG")
-    if model.spec is None:
-        return None
-    return load_model(model.spec)
+        return spec_for(NAME)
+    return load_model(model.spec) if model.spec is not None else None
 
 
 def predicted_capacity(spec, dtype: str, context: int, plan: MachinePlan) -> tuple[int | None, str | None]:
