@@ -10,7 +10,6 @@ import json
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
-from types import SimpleNamespace
 
 import pandas as pd
 
@@ -74,18 +73,12 @@ def gpu_of(env: dict) -> str:
 
 
 def _slo_met(slo: dict | None, summary: dict) -> tuple[bool | None, str]:
-    """The SLO verdict for a phase summary, by the harness's own rule (kvbench.harness.slo.Objective)."""
+    """The SLO verdict for a phase summary, by the harness's own rule (kvbench.harness.slo.SLO)."""
     if not slo:
         return None, "no SLO in the run's config"
-    from kvbench.harness.slo import Objective
+    from kvbench.harness.slo import SLO
 
-    s = SimpleNamespace(
-        completed=summary.get("completed") or 0,
-        failed=summary.get("failed") or 0,
-        ttft_ms=summary.get("ttft_ms") or {},
-        tpot_ms=summary.get("tpot_ms") or {},
-    )
-    return Objective(slo.get("ttft_p95_ms"), slo.get("tpot_p95_ms")).check(s)
+    return SLO.from_dict(slo).check(summary)
 
 
 def run_rows(doc: dict, path: Path | None) -> list[dict]:

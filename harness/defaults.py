@@ -15,7 +15,7 @@ from kvbench.harness.endpoint import Endpoint, ServerFacts, describe, with_crede
 from kvbench.harness.records import check_writable
 from kvbench.harness.runner import RunPlan
 from kvbench.harness.scheduler import Concurrency, Rate
-from kvbench.harness.slo import Objective
+from kvbench.harness.slo import SLO
 from kvbench.harness.vllm_info import accepted_kv_dtypes
 from kvbench.harness.workload import Workload
 
@@ -137,9 +137,8 @@ def build_plan(
         Concurrency(c) for c in (concurrency or defaults["concurrency"])]
 
     objective = None
-    if slo is not None:
-        merged = {"ttft_p95_ms": defaults["ttft_p95_ms"], "tpot_p95_ms": defaults["tpot_p95_ms"], **slo}
-        objective = Objective(**merged)
+    if slo is not None:  # the backend's default SLO, with what the flags (or the nightly entry) change
+        objective = SLO.from_dict({"ttft_p95_ms": defaults["ttft_p95_ms"], "tpot_p95_ms": defaults["tpot_p95_ms"], **slo})
 
     args = [] if endpoints is not None else list(defaults.get("extra_args", [])) + list(extra_args or [])
     if (endpoints is None and not on_gpu and "kv_cache_memory_bytes" in defaults
@@ -165,7 +164,7 @@ def build_plan(
                           num_requests=defaults["num_requests"] if num_requests is None else num_requests, api=api),
         loads=loads,
         machine=machine,
-        objective=objective,
+        slo=objective,
         search_cap=search_cap,
         endpoints=plan_endpoints,
         tokenizer=tokenizer,

@@ -35,8 +35,8 @@ import numpy as np
 
 from kvbench.harness.backend import RequestResult
 from kvbench.harness.scheduler import LoadResult
+from kvbench.harness.slo import PERCENTILES, SLO
 
-PERCENTILES = (50, 90, 95, 99)
 
 DEFINITIONS = {
     "ttft_ms": "send to first chunk carrying output tokens",
@@ -49,28 +49,6 @@ DEFINITIONS = {
     "goodput": "completed requests meeting every SLO (<=), per second and as a fraction of requests sent (DistServe)",
     "percentiles": "numpy percentile, linear interpolation",
 }
-
-
-@dataclass(frozen=True)
-class SLO:
-    """Per-request service-level objectives in milliseconds; None = not constrained."""
-
-    ttft_ms: float | None = None
-    tpot_ms: float | None = None
-    e2e_ms: float | None = None
-
-    def __post_init__(self):
-        for name in ("ttft_ms", "tpot_ms", "e2e_ms"):
-            v = getattr(self, name)
-            if v is not None and not v > 0:
-                raise ValueError(f"SLO {name} must be > 0, got {v}")
-
-    @property
-    def empty(self) -> bool:
-        return self.ttft_ms is None and self.tpot_ms is None and self.e2e_ms is None
-
-    def as_dict(self) -> dict[str, float | None]:
-        return asdict(self)
 
 
 def distribution(values_ms) -> dict[str, float | int | None]:
@@ -116,23 +94,6 @@ def itl_token_s(r: RequestResult) -> list[float] | None:
         if n > 0:
             out.extend([(t[k] - t[k - 1]) / n] * n)
     return out
-
-
-def meets(r: RequestResult, slo: SLO) -> bool:
-    """DistServe: a completed request is good only if it meets every SLO given."""
-    if not r.ok:
-        return False
-    if slo.ttft_ms is not None and not (r.ttft_s is not None and r.ttft_s * 1e3 <= slo.ttft_ms):
-        return False
-    if slo.e2e_ms is not None and not (r.e2e_s is not None and r.e2e_s * 1e3 <= slo.e2e_ms):
-        return False
-    if slo.tpot_ms is not None:
-        if r.completion_tokens is None:
-            return False  # cannot be verified without the server's count
-        t = tpot_s(r) if r.completion_tokens > 1 else 0.0
-        if t is None or t * 1e3 > slo.tpot_ms:
-            return False
-    return True
 
 
 # --- per run --------------------------------------------------------------------------------------
@@ -285,7 +246,7 @@ def summarize(load_result: LoadResult | dict, slo: SLO | None = None) -> RunSumm
 
     good = None
     if slo is not None and not slo.empty:
-        good = sum(1 for r in done if meets(r, slo))
+        good = sum(1 for r in done if slo.meets(r))
     sent = [r.sent_s for r in results if r.sent_s is not None]
     send_span = (max(sent) - min(sent)) if len(sent) > 1 else 0.0
 

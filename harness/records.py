@@ -110,7 +110,7 @@ class Distribution(_Model):
     max: float | None = None
 
     def get(self, key: str, default=None):
-        """Dict-style access, as the SLO objective reads summaries (kvbench.harness.slo.Objective)."""
+        """Dict-style access, as the SLO reads summaries (kvbench.harness.slo.SLO.check)."""
         return getattr(self, key, default)
 
 

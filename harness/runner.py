@@ -31,7 +31,7 @@ from kvbench.harness.backend import OpenAIBackend
 from kvbench.harness.endpoint import Endpoint, ServerFacts, describe, redact_url
 from kvbench.harness.logparse import EngineCapacity, engine_failure
 from kvbench.harness.machine import environment
-from kvbench.harness.metrics import DEFINITIONS, SLO, summarize
+from kvbench.harness.metrics import DEFINITIONS, summarize
 from kvbench.harness.promscrape import MetricsSampler, capacity_from_metrics, fetch_metrics
 from kvbench.harness.records import (
     Agreement,
@@ -54,7 +54,7 @@ from kvbench.harness.records import (
 )
 from kvbench.harness.scheduler import Concurrency, Rate, run_load
 from kvbench.harness.server import ServerConfig, ServerStartError, VllmServer, healthy, stop_all
-from kvbench.harness.slo import DEFAULT_MAX_PROBES, Objective, search
+from kvbench.harness.slo import DEFAULT_MAX_PROBES, SLO, search
 from kvbench.harness.telemetry import NvmlSampler
 from kvbench.harness.workload import Workload, make_prompts
 from kvbench.models import spec_for
@@ -78,7 +78,7 @@ class RunPlan:
     workload: Workload
     loads: list[Concurrency | Rate]  # the fixed-load phases, in order
     machine: str  # the results folder: results/<machine>/runs/
-    objective: Objective | None = None  # SLO search when set
+    slo: SLO | None = None  # the SLO: the search runs when set, and goodput counts requests within it
     search_cap: int | None = None  # highest concurrency to probe (default: 2x the engine's capacity)
     max_probes: int = DEFAULT_MAX_PROBES
     probe_rounds: int = 3  # requests per probe (and sweep point) = rounds x concurrency
@@ -123,7 +123,7 @@ class RunPlan:
             "kv_dtypes": self.kv_dtypes,
             "workload": self.workload.as_dict(),
             "loads": [load.describe() for load in self.loads],
-            "slo": vars(self.objective) if self.objective else None,
+            "slo": self.slo.as_dict() if self.slo else None,
             "search_cap": self.search_cap,
             "max_probes": self.max_probes,
             "probe_rounds": self.probe_rounds,
@@ -390,7 +390,7 @@ class Runner:
 
     async def _phases(self, dtype: str, backend, result: DtypeResult, server: VllmServer | None, headers: dict) -> None:
         plan = self.plan
-        slo = SLO(ttft_ms=plan.objective.ttft_p95_ms, tpot_ms=plan.objective.tpot_p95_ms) if plan.objective else None
+        slo = plan.slo
 
         def prompts(stream: int, n: int):
             # Every phase has its own prompt stream (vLLM's prefix cache must never see a repeat), numbered by
@@ -456,7 +456,7 @@ class Runner:
                 canaries = Canaries(backend.base_url, backend.model, at_rest[: plan.canaries], headers, plan.stall_timeout_s)
 
         knee, cap = None, plan.search_cap
-        if plan.objective is not None:
+        if plan.slo is not None:
             engine_conc = result.capacity.engine.max_concurrency if result.capacity.engine else None
             model_conc = result.capacity.model.max_concurrency if result.capacity.model else None
             hint = engine_conc or model_conc
@@ -466,12 +466,12 @@ class Runner:
             async def probe(c: int):
                 return await phase(f"slo-c{c}", PhaseKind.SLO_PROBE, Concurrency(c), ladder_size(c), next(probe_streams))
 
-            found = await search(probe, plan.objective, cap=cap, hints=[engine_conc, model_conc], max_probes=plan.max_probes)
+            found = await search(probe, plan.slo, cap=cap, hints=[engine_conc, model_conc], max_probes=plan.max_probes)
             result.capacity.measured = MeasuredCapacity(
                 max_concurrency=found.max_concurrency,
                 capped=found.capped,
                 cap=cap,
-                slo=vars(plan.objective),
+                slo=plan.slo.as_dict(),
                 probes=[vars(p) for p in found.probes],
             )
             knee = found.max_concurrency or None
@@ -567,12 +567,11 @@ class Runner:
         for c in sorted(by_c):
             ph = by_c[c]
             summary = ph.summary.model_dump()
-            met = plan.objective.check(ph.summary)[0] if plan.objective else None
+            met = plan.slo.check(ph.summary)[0] if plan.slo else None
             pts.append(front.point(c, ph.name, summary, plan.gpus, met))
         front.mark_front(pts)
         front.price(pts, plan.price_per_gpu_hour)
-        target = plan.target_user_tps or (1000.0 / plan.objective.tpot_p95_ms if plan.objective and plan.objective.tpot_p95_ms
-                                          else None)
+        target = plan.target_user_tps or (1000.0 / plan.slo.tpot_ms if plan.slo and plan.slo.tpot_ms else None)
         best = front.best_under_slo(pts)
         at_target = front.at_interactivity(pts, target) if target else None
         if at_target is not None and plan.price_per_gpu_hour is not None:

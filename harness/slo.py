@@ -22,42 +22,108 @@ import math
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 
+PERCENTILES = (50, 90, 95, 99)  # the percentiles every latency distribution carries (kvbench.harness.metrics)
 DEFAULT_MAX_PROBES = 5
 NEAR = 0.15  # a ratio within 15% of 1 is re-probed: on a shared 2-core box P95s move by tens of percent
 
 
-@dataclass(frozen=True)
-class Objective:
-    """SLO on P95s, in ms; None means no bound on that metric."""
+def _get(obj, key: str):
+    return obj.get(key) if isinstance(obj, dict) else getattr(obj, key, None)
 
-    ttft_p95_ms: float | None = None
-    tpot_p95_ms: float | None = None
+
+@dataclass(frozen=True)
+class SLO:
+    """A service-level objective: bounds in ms that a request must meet (TTFT, TPOT as vLLM defines it, E2E;
+    None = not constrained) and the percentile of a run's requests that must meet them (P95).
+
+    Per request (`meets`): goodput counts the completed requests within every bound (DistServe). Per run
+    (`check`, `ratio`): the run's P<percentile> of each bounded metric is within its bound; this is what the
+    SLO search decides on. Records store it as {"ttft_p95_ms", "tpot_p95_ms", "e2e_p95_ms", "percentile"}."""
+
+    ttft_ms: float | None = None
+    tpot_ms: float | None = None
+    e2e_ms: float | None = None
+    percentile: int = 95
+
+    def __post_init__(self):
+        for name in ("ttft_ms", "tpot_ms", "e2e_ms"):
+            v = getattr(self, name)
+            if v is not None and not (isinstance(v, (int, float)) and math.isfinite(v) and v > 0):
+                raise ValueError(f"SLO {name} must be a finite number > 0, got {v}")
+        if self.percentile not in PERCENTILES:
+            raise ValueError(f"SLO percentile must be one of {', '.join(map(str, PERCENTILES))}, got {self.percentile}")
+
+    @property
+    def empty(self) -> bool:
+        return self.ttft_ms is None and self.tpot_ms is None and self.e2e_ms is None
+
+    def _bounds(self):
+        return (("ttft_ms", self.ttft_ms, "TTFT", 1), ("tpot_ms", self.tpot_ms, "TPOT", 2), ("e2e_ms", self.e2e_ms, "E2E", 0))
+
+    # -- one request ---------------------------------------------------------------------------------------
+
+    def meets(self, r) -> bool:
+        """A completed request within every bound (a request of one output token has TPOT 0, as in vLLM;
+        without the server's token count its TPOT cannot be verified, so it does not count)."""
+        from kvbench.harness.metrics import tpot_s
+
+        if not r.ok:
+            return False
+        if self.ttft_ms is not None and not (r.ttft_s is not None and r.ttft_s * 1e3 <= self.ttft_ms):
+            return False
+        if self.e2e_ms is not None and not (r.e2e_s is not None and r.e2e_s * 1e3 <= self.e2e_ms):
+            return False
+        if self.tpot_ms is not None:
+            if r.completion_tokens is None:
+                return False
+            t = tpot_s(r) if r.completion_tokens > 1 else 0.0
+            if t is None or t * 1e3 > self.tpot_ms:
+                return False
+        return True
+
+    # -- one run -------------------------------------------------------------------------------------------
 
     def ratio(self, summary) -> float:
-        """Worst P95 / its bound over the bounded metrics (<= 1 meets); inf when a request failed or a P95 is
-        missing; 0 with no bound at all."""
-        if summary.completed == 0 or summary.failed:
+        """Worst P<percentile> / its bound over the bounded metrics (<= 1 meets); inf when a request failed or
+        a percentile is missing; 0 with no bound at all. `summary`: a RunSummary, a stored one, or a dict."""
+        if not _get(summary, "completed") or _get(summary, "failed"):
             return math.inf
         worst = 0.0
-        for value, bound in ((summary.ttft_ms.get("p95"), self.ttft_p95_ms), (summary.tpot_ms.get("p95"), self.tpot_p95_ms)):
+        for key, bound, _, _ in self._bounds():
             if bound is None:
                 continue
+            value = (_get(summary, key) or {}).get(f"p{self.percentile}")
             if value is None:
                 return math.inf
             worst = max(worst, value / bound)
         return worst
 
     def check(self, summary) -> tuple[bool, str]:
-        """(met, why) for a run summary (kvbench.harness.metrics.RunSummary)."""
-        if summary.completed == 0 or summary.failed:
-            return False, f"{summary.failed} of {summary.completed + summary.failed} requests failed"
+        """(met, why) for a run's summary."""
+        completed, failed = _get(summary, "completed") or 0, _get(summary, "failed") or 0
+        if completed == 0 or failed:
+            return False, f"{failed} of {completed + failed} requests failed"
         reasons = []
-        ttft, tpot = summary.ttft_ms.get("p95"), summary.tpot_ms.get("p95")
-        if self.ttft_p95_ms is not None and (ttft is None or ttft > self.ttft_p95_ms):
-            reasons.append(f"TTFT P95 {ttft:.1f} ms > {self.ttft_p95_ms:g} ms" if ttft is not None else "no TTFT P95")
-        if self.tpot_p95_ms is not None and (tpot is None or tpot > self.tpot_p95_ms):
-            reasons.append(f"TPOT P95 {tpot:.2f} ms > {self.tpot_p95_ms:g} ms" if tpot is not None else "no TPOT P95")
+        for key, bound, label, digits in self._bounds():
+            value = (_get(summary, key) or {}).get(f"p{self.percentile}")
+            if bound is not None and (value is None or value > bound):
+                reasons.append(f"{label} P{self.percentile} {value:.{digits}f} ms > {bound:g} ms" if value is not None
+                               else f"no {label} P{self.percentile}")
         return (not reasons), "; ".join(reasons) or "met"
+
+    # -- records -------------------------------------------------------------------------------------------
+
+    def as_dict(self) -> dict:
+        p = self.percentile
+        return {f"ttft_p{p}_ms": self.ttft_ms, f"tpot_p{p}_ms": self.tpot_ms, f"e2e_p{p}_ms": self.e2e_ms, "percentile": p}
+
+    @classmethod
+    def from_dict(cls, d: dict | None) -> SLO | None:
+        """From a record, a config or flags: {"ttft_p95_ms": .., "tpot_p95_ms": ..} (and e2e, percentile)."""
+        if not d:
+            return None
+        p = int(d.get("percentile") or 95)
+        return cls(d.get(f"ttft_p{p}_ms"), d.get(f"tpot_p{p}_ms"), d.get(f"e2e_p{p}_ms"), p)
 
 
 @dataclass
@@ -81,7 +147,7 @@ class SearchResult:
 
 async def search(
     probe: Callable[[int], Awaitable[object]],
-    objective: Objective,
+    slo: SLO,
     cap: int,
     hints: Sequence[float | None] = (),
     max_probes: int = DEFAULT_MAX_PROBES,
@@ -95,10 +161,11 @@ async def search(
 
     async def once(c: int, repeat: bool) -> float:
         summary = await probe(c)
-        met, why = objective.check(summary)
-        r = objective.ratio(summary)
+        met, why = slo.check(summary)
+        r = slo.ratio(summary)
         ratios.setdefault(c, []).append(r)
-        probes.append(Probe(c, met, why, summary.ttft_ms.get("p95"), summary.tpot_ms.get("p95"),
+        pct = f"p{slo.percentile}"
+        probes.append(Probe(c, met, why, (_get(summary, "ttft_ms") or {}).get(pct), (_get(summary, "tpot_ms") or {}).get(pct),
                             r if math.isfinite(r) else None, repeat))
         return r
 

@@ -11,7 +11,7 @@ from kvbench.harness import records
 from kvbench.harness.logparse import parse_capacity, startup_error
 from kvbench.harness.machine import gpu_machine_name, machine_name, slug
 from kvbench.harness.promscrape import capacity_from_metrics, parse_metrics
-from kvbench.harness.slo import Objective, search
+from kvbench.harness.slo import SLO, search
 from kvbench.harness.telemetry import NvmlSampler
 
 ONE_LINE = "(EngineCore pid=1) INFO 11-29 16:37:03 [kv_cache_utils.py:2327] CPU KV cache size: 4,194,304 tokens, Maximum concurrency for 1,024 tokens per request: 4096.00x"
@@ -103,7 +103,7 @@ def test_slo_search_starts_at_the_engines_capacity_and_decides_in_two_probes():
         calls.append(c)
         return summary(100 if c <= 23 else 900, 10)
 
-    found = asyncio.run(search(probe, Objective(ttft_p95_ms=250, tpot_p95_ms=25), cap=100, hints=[23.0]))
+    found = asyncio.run(search(probe, SLO(ttft_ms=250, tpot_ms=25), cap=100, hints=[23.0]))
     assert (found.max_concurrency, found.capped, calls) == (23, False, [23, 24])
 
 
@@ -114,7 +114,7 @@ def test_slo_search_interpolates_a_latency_limited_curve():
         calls.append(c)
         return summary(250 * c / 30, 10)
 
-    found = asyncio.run(search(probe, Objective(ttft_p95_ms=250), cap=200, hints=[64.0]))
+    found = asyncio.run(search(probe, SLO(ttft_ms=250), cap=200, hints=[64.0]))
     assert found.max_concurrency == 30 and len(calls) <= 5
 
 
@@ -125,7 +125,7 @@ def test_slo_search_without_a_hint_brackets_then_narrows():
         calls.append(c)
         return summary(100 if c <= 23 else 900, 10)
 
-    found = asyncio.run(search(probe, Objective(ttft_p95_ms=250, tpot_p95_ms=25), cap=100, max_probes=12))
+    found = asyncio.run(search(probe, SLO(ttft_ms=250, tpot_ms=25), cap=100, max_probes=12))
     assert found.max_concurrency == 23 and not found.capped and calls[0] == 1 and len(calls) <= 12
 
 
@@ -137,7 +137,7 @@ def test_slo_search_reprobes_only_near_the_slo():
         seen.add(c)
         return summary((260 if first else 200) if c == 9 else (100 if c < 9 else 900), 10)
 
-    found = asyncio.run(search(probe, Objective(ttft_p95_ms=250), cap=64, hints=[9.0]))
+    found = asyncio.run(search(probe, SLO(ttft_ms=250), cap=64, hints=[9.0]))
     assert found.max_concurrency == 9
     assert [(p.concurrency, p.repeat) for p in found.probes] == [(9, False), (9, True), (10, False)]
 
@@ -152,7 +152,7 @@ def test_slo_search_edges():
     async def failures(c):
         return summary(1, 1, failed=1)
 
-    obj = Objective(ttft_p95_ms=250, tpot_p95_ms=25)
+    obj = SLO(ttft_ms=250, tpot_ms=25)
     assert asyncio.run(search(always_bad, obj, cap=64)).max_concurrency == 0
     capped = asyncio.run(search(always_good, obj, cap=40))
     assert (capped.max_concurrency, capped.capped) == (40, True)

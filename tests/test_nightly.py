@@ -191,7 +191,7 @@ def test_run_plan_is_the_harness_plan(tmp_path, monkeypatch):
     rp = nmatrix.run_plan(entry, True, tmp_path)
     assert rp.model == "meta-llama/Llama-3.1-8B" and rp.model_name == "llama-3.1-8b"
     assert rp.workload.prompt_tokens == 32768 and rp.max_model_len == 32768 + 256
-    assert rp.objective.ttft_p95_ms == 2000 and rp.search_cap == 512
+    assert rp.slo.ttft_ms == 2000 and rp.search_cap == 512
     assert rp.unsupported == {"nvfp4": rp.unsupported["nvfp4"]}  # recorded, not fatal
     assert any("not in the local Hugging Face cache" in n for n in rp.notes)
 

@@ -22,7 +22,6 @@ from __future__ import annotations
 import asyncio
 import math
 from dataclasses import dataclass, field
-from types import SimpleNamespace
 
 from kvbench.errors import UsageError
 from kvbench.nightly.config import NightlyConfig
@@ -153,16 +152,16 @@ def predicted_capacity(spec, dtype: str, context: int, plan: MachinePlan) -> tup
 def replay_search(cap: int, knee: int | None, max_probes: int) -> list[int]:
     """The concurrencies the harness's SLO search probes when the SLO holds up to `knee` (None: always),
     started, as the harness starts it, from the capacity the engine will report (the knee here)."""
-    from kvbench.harness.slo import Objective, search
+    from kvbench.harness.slo import SLO, search
 
     probes: list[int] = []
 
     async def probe(c: int):
         probes.append(c)
         met = knee is None or c <= knee
-        return SimpleNamespace(completed=1, failed=0, ttft_ms={"p95": 0.5 if met else math.inf}, tpot_ms={"p95": 0.0})
+        return {"completed": 1, "failed": 0, "ttft_ms": {"p95": 0.5 if met else math.inf}, "tpot_ms": {"p95": 0.0}}
 
-    asyncio.run(search(probe, Objective(ttft_p95_ms=1.0), cap=cap, hints=[knee], max_probes=max_probes))
+    asyncio.run(search(probe, SLO(ttft_ms=1.0), cap=cap, hints=[knee], max_probes=max_probes))
     return probes
 
 
