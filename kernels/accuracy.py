@@ -32,7 +32,7 @@ import torch
 from kvbench.kernels import fp8, mxfp4, nvfp4
 
 SCHEMA = "kvbench.accuracy/1"
-FORMATS = ("fp16", "bf16", "fp8", "fp8_e5m2", "nvfp4", "nvfp4_4over6", "mxfp4")
+from kvbench.kernels.names import ACCURACY_FORMATS as FORMATS  # noqa: E402
 SCALES = ("amax", "1")
 DISTRIBUTIONS = ("gaussian", "student_t3", "outlier_channels")
 _SCALED = {"fp8", "fp8_e5m2", "nvfp4", "nvfp4_4over6"}

@@ -30,7 +30,7 @@ from kvbench.kernels import fp8 as fp8_ref
 from kvbench.kernels import nvfp4 as nvfp4_ref
 
 # Formats the kernels handle, and what the cache stores for each.
-KERNEL_FORMATS = ("fp16", "bf16", "fp8", "fp8_e5m2", "nvfp4")
+from kvbench.kernels.names import KERNEL_FORMATS  # noqa: E402
 _FP8_NAME = {"fp8": "e4m3", "fp8_e5m2": "e5m2"}
 # constexpr codes the Triton kernels branch on
 _FMT_CODE = {"fp16": 0, "bf16": 0, "fp8": 1, "fp8_e5m2": 2, "nvfp4": 3}

@@ -73,6 +73,18 @@ def names(text: str, flag: str, example: str) -> list[str]:
     return out
 
 
+def choices(text: str, flag: str, valid: Iterable[str], what: str) -> list[str]:
+    """Comma-separated names, each one of `valid` (one line naming the valid ones otherwise), at least one."""
+    from kvbench.errors import unknown_choice
+
+    valid = list(valid)
+    out = names(text, flag, ",".join(valid[:3]))
+    for name in out:
+        if name not in valid:
+            raise unknown_choice(what, name, valid)
+    return out
+
+
 def choice(value: str, flag: str, choices: Iterable[str]) -> str:
     choices = list(choices)
     if value not in choices:

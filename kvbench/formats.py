@@ -95,13 +95,13 @@ def get_format(name: str) -> CacheFormat:
     raise unknown_choice("KV-cache dtype", name, names)
 
 
-def parse_format_list(text: str) -> list[CacheFormat]:
+def parse_format_list(text: str, flag: str = "--kv-dtype") -> list[CacheFormat]:
+    from kvbench import cliargs
+
     out: list[CacheFormat] = []
-    for part in text.split(","):
-        if part.strip():
-            fmt = get_format(part.strip())
-            if fmt not in out:
-                out.append(fmt)
+    for fmt in (get_format(name) for name in cliargs.names(text, flag, "auto,fp8,nvfp4")):
+        if fmt not in out:  # aliases of one format count once (CacheFormat is not hashable)
+            out.append(fmt)
     return out
 
 

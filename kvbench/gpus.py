@@ -84,8 +84,10 @@ def get_gpu(key: str) -> GpuSpec:
         raise unknown_choice("GPU", key, gpus) from None
 
 
-def parse_gpu_list(text: str) -> list[GpuSpec]:
-    return [get_gpu(part.strip()) for part in text.split(",") if part.strip()]
+def parse_gpu_list(text: str, flag: str = "--gpus") -> list[GpuSpec]:
+    from kvbench import cliargs
+
+    return [get_gpu(name) for name in cliargs.names(text, flag, "h100-sxm,h200")]
 
 
 def server_defaults(gpu: GpuSpec) -> ServerDefaults:

@@ -56,7 +56,7 @@ def test_kernels_interpreter_dry_run_writes_a_record(tmp_path):
     "args, needle",
     [
         (["kernels", "--formats", "fp4"], "choose from: bf16, fp16, fp8, fp8_e5m2, nvfp4"),
-        (["kernels", "--contexts", "1k"], "comma-separated integers"),
+        (["kernels", "--contexts", "1k"], "comma-separated whole numbers"),
         (["kernels", "--gpu", "h900"], "choose from: a10, a100-40gb"),
         (["accuracy", "--formats", "int4"], "choose from: bf16, fp16, fp8, fp8_e5m2, mxfp4, nvfp4, nvfp4_4over6"),
         (["accuracy", "--scales", "2"], "choose from: 1, amax"),

@@ -9,23 +9,14 @@ import typer
 from rich.table import Table
 
 from kvbench.errors import UsageError, unknown_choice
+from kvbench import cliargs
+from kvbench.kernels.names import ACCURACY_FORMATS as FORMATS
 from kvbench.output import console, err_console, print_json
 
 NAME = "accuracy"
 HELP = ("Attention-output error (relative L2, cosine, max abs) vs fp32 per KV format (fp16, bf16, fp8, nvfp4, "
         "mxfp4), on synthetic K/V and on real MiniLM activations; writes a record under results/<machine>/accuracy/.")
 
-FORMATS = ("fp16", "bf16", "fp8", "fp8_e5m2", "nvfp4", "nvfp4_4over6", "mxfp4")  # = kvbench.kernels.accuracy.FORMATS
-
-
-def _split(text: str, choices: tuple[str, ...], what: str) -> list[str]:
-    parts = [p.strip() for p in text.split(",") if p.strip()]
-    for p in parts:
-        if p not in choices:
-            raise unknown_choice(what, p, choices)
-    if not parts:
-        raise UsageError(f"no {what} given; choose from: {', '.join(choices)}")
-    return parts
 
 
 def command(
@@ -41,8 +32,8 @@ def command(
     record: Annotated[bool, typer.Option("--record/--no-record", help="Write the record.")] = True,
     as_json: Annotated[bool, typer.Option("--json", help="Print the record as JSON instead of tables.")] = False,
 ) -> None:
-    fmts = _split(formats, FORMATS, "KV format")
-    scs = _split(scales, ("amax", "1"), "scale convention")
+    fmts = cliargs.choices(formats, "--formats", FORMATS, "KV format")
+    scs = cliargs.choices(scales, "--scales", ("amax", "1"), "scale convention")
     if context < 16:
         raise UsageError(f"--context must be at least 16 tokens, got {context}")
     if not 8 <= window <= 512:

@@ -41,15 +41,12 @@ BatchedOpt = Annotated[int | None, typer.Option("--max-num-batched-tokens", help
 
 def check_number(flag: str, value: float | None, low: float = 0.0, high: float = math.inf, *, low_open: bool = True,
                  high_open: bool = False) -> None:
-    """One-line error unless `value` is a finite number in range (None means: not given)."""
-    if value is None:
-        return
-    left, right = "(" if low_open else "[", ")" if high_open or high == math.inf else "]"
-    bounds = f"{left}{low:g}, {'inf' if high == math.inf else f'{high:g}'}{right}"
-    ok = math.isfinite(value) and (value > low if low_open else value >= low) and (
-        value < high if high_open else value <= high)
-    if not ok:
-        raise UsageError(f"{flag} must be a finite number in {bounds}, got {value}")
+    """One-line error unless `value` is a finite number in range (None means: not given); kvbench.cliargs's rule."""
+    from kvbench import cliargs
+
+    if high_open and value is not None and value >= high:
+        raise UsageError(f"{flag} must be a finite number < {high:g}, got {value:g}")
+    cliargs.number(value, flag, low=low, low_open=low_open, high=None if math.isinf(high) else high)
 
 
 def check_parallel_flags(tp: int, pp: int, max_num_seqs: int | None, max_num_batched_tokens: int | None,

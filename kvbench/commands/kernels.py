@@ -13,6 +13,7 @@ from rich.table import Table
 
 from kvbench.errors import UsageError, unknown_choice
 from kvbench import cliargs
+from kvbench.kernels.names import KERNEL_FORMATS
 from kvbench.output import console, err_console, print_json
 
 NAME = "kernels"
@@ -20,19 +21,8 @@ HELP = ("Microbenchmark the Triton KV kernels (quantize+write, paged decode atte
         "context and batch: time, GB/s, % of peak and of measured copy bandwidth, fp16:fp8:nvfp4 speed ratio. "
         "Needs a CUDA GPU (SM80+); --interpret runs tiny shapes in Triton's CPU interpreter.")
 
-KERNEL_FORMATS = ("fp16", "bf16", "fp8", "fp8_e5m2", "nvfp4")  # = kvbench.kernels.paged_cache.KERNEL_FORMATS
 GPU_GRID = {"contexts": "1024,4096,16384,32768,131072", "batches": "1,8,32"}
 INTERPRET_GRID = {"contexts": "32,64", "batches": "1,2"}
-
-
-def _ints(text: str, what: str) -> list[int]:
-    try:
-        vals = [int(p) for p in text.split(",") if p.strip()]
-    except ValueError:
-        raise UsageError(f"{what} must be comma-separated integers, got {text!r}") from None
-    if not vals or any(v <= 0 for v in vals):
-        raise UsageError(f"{what} must be positive integers, got {text!r}")
-    return vals
 
 
 def command(
@@ -50,14 +40,11 @@ def command(
     record: Annotated[bool, typer.Option("--record/--no-record", help="Write the record.")] = True,
     as_json: Annotated[bool, typer.Option("--json", help="Print the record as JSON instead of tables.")] = False,
 ) -> None:
-    fmts = [f.strip() for f in formats.split(",") if f.strip()]
-    for f in fmts:
-        if f not in KERNEL_FORMATS:
-            raise unknown_choice("KV format", f, KERNEL_FORMATS)
+    fmts = cliargs.choices(formats, "--formats", KERNEL_FORMATS, "KV format")
     grid = INTERPRET_GRID if interpret else GPU_GRID
-    ctxs = _ints(contexts or grid["contexts"], "--contexts")
-    bats = _ints(batches or grid["batches"], "--batches")
-    wtok = _ints(write_tokens, "--write-tokens") if write_tokens else sorted(set(bats) | set(ctxs))
+    ctxs = cliargs.int_list(contexts or grid["contexts"], "--contexts", GPU_GRID["contexts"])
+    bats = cliargs.int_list(batches or grid["batches"], "--batches", GPU_GRID["batches"])
+    wtok = cliargs.int_list(write_tokens, "--write-tokens", "16,4096") if write_tokens else sorted(set(bats) | set(ctxs))
     cliargs.positive(max_cache_gb, "--max-cache-gb", "GB")
     cliargs.positive(max_seconds, "--max-seconds", "s")
     if block_size <= 0 or block_size & (block_size - 1):

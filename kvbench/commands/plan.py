@@ -27,23 +27,10 @@ HELP = "GPUs needed and cost per hour to serve N concurrent users at a context l
 
 
 def parse_prices(text: str | None, known: set[str]) -> dict[str, float]:
-    """'h100-sxm=2.65,h200=3.5' -> {gpu: USD per GPU-hour}."""
-    prices: dict[str, float] = {}
-    for part in (text or "").split(","):
-        if not part.strip():
-            continue
-        key, sep, value = part.partition("=")
-        key = key.strip()
-        if not sep:
-            raise UsageError(f"--price-per-hour entry {part!r} must look like GPU=USD, e.g. h100-sxm=2.65")
-        if key not in known:
-            raise UsageError(f"--price-per-hour names GPU {key!r}, which is not in --gpus; choose from: {', '.join(sorted(known))}")
-        try:
-            prices[key] = float(value)
-        except ValueError:
-            raise UsageError(f"--price-per-hour for {key} must be a number of USD, got {value!r}") from None
-        check_number(f"--price-per-hour for {key}", prices[key], 0.0, low_open=False)
-    return prices
+    """'h100-sxm=2.65,h200=3.5' -> {gpu: USD per GPU-hour}, each GPU among `known`."""
+    from kvbench import cliargs
+
+    return cliargs.key_numbers(text or "", "--price-per-hour", sorted(known), unit="USD per GPU-hour", example="h100-sxm=2.65")
 
 
 def command(
