@@ -377,27 +377,12 @@ def load_history(results_dir: Path, asv_conf: Path | None, data: SiteData) -> No
     from kvbench import regress
 
     try:
-        found = regress.find_regressions(data.history, **regression_settings(regress))
+        found = regress.find_regressions(data.history)  # `kvbench regress`'s own defaults
     except Exception as exc:  # a broken rule must not take the other pages down; the overview lists it
         data.problems.append(f"regressions not computed: {exc}")
         return
     rows = [r if isinstance(r, dict) else _as_dict(r) for r in found]
     data.regressions = pd.DataFrame(rows).reindex(columns=list(dict.fromkeys([*REGRESSION_COLUMNS, *(rows[0] if rows else [])])))
-
-
-def regression_settings(regress) -> dict:
-    """`kvbench regress`'s own defaults (window, threshold), so the pages mark what the command reports."""
-    import inspect
-
-    params = inspect.signature(regress.find_regressions).parameters
-    out = {}
-    for name in ("window", "threshold_pct"):
-        default = params[name].default if name in params else inspect.Parameter.empty
-        if default is inspect.Parameter.empty:
-            const = getattr(regress, f"DEFAULT_{name.upper()}", None)
-            if const is not None:
-                out[name] = const
-    return out
 
 
 def _as_dict(obj) -> dict:

@@ -44,7 +44,7 @@ def build_plan(
     extra_args: list[str] | None = None,
     unknown_dtypes: str = "error",
     results_dir: Path = Path("results"),
-    stall_timeout_s: float = 60.0,
+    stall_timeout_s: float | None = None,
     startup_timeout_s: float | None = None,
     realtime: bool | None = None,
     python: str = sys.executable,
@@ -66,7 +66,10 @@ def build_plan(
     for flag, value in (("--prompt-tokens", prompt_tokens), ("--output-tokens", output_tokens),
                         ("--num-requests", num_requests), ("--max-model-len", max_model_len), ("--search-cap", search_cap)):
         cliargs.at_least_one(value, flag)
-    cliargs.number(stall_timeout_s, "--stall-timeout", low=1, unit="s")  # below 1 s a healthy prefill reads as a hang
+    cliargs.number(stall_timeout_s, "--stall-timeout", low=1, unit="s")
+    from kvbench.harness.runner import RUN
+
+    stall_timeout_s = RUN["stall_timeout_s"] if stall_timeout_s is None else stall_timeout_s  # below 1 s a healthy prefill reads as a hang
     cliargs.positive(startup_timeout_s, "--startup-timeout", unit="s")
     cliargs.positive(burstiness, "--burstiness")
     cliargs.at_least_one(sweep_max, "--sweep-max")

@@ -23,6 +23,7 @@ from pathlib import Path
 import aiohttp
 
 from kvbench.capacity import VLLM_DEFAULT_GPU_MEMORY_UTILIZATION, budget_from_bytes, capacity_row
+from kvbench.datafiles import load_toml
 from kvbench.errors import KvbenchError, UsageError
 from kvbench.formats import format_ratio, get_format
 from kvbench.harness import energy, front, quality, records, repeats
@@ -54,7 +55,7 @@ from kvbench.harness.records import (
 )
 from kvbench.harness.scheduler import Concurrency, Rate, run_load
 from kvbench.harness.server import ServerConfig, ServerStartError, VllmServer, healthy, stop_all
-from kvbench.harness.slo import DEFAULT_MAX_PROBES, SLO, search
+from kvbench.harness.slo import SLO, search
 from kvbench.harness.telemetry import NvmlSampler
 from kvbench.harness.workload import Workload, make_prompts
 from kvbench.models import spec_for
@@ -65,8 +66,8 @@ HONOURED_TOLERANCE = 0.05
 STARVED_CLIENT_FRACTION = 0.05
 # The agreement prompts' seed stream: the same prompts for every dtype, never reused by a load phase.
 AGREEMENT_STREAM = 10_000
-# A P95 needs enough samples to mean something; small concurrencies still get this many requests.
-MIN_PROBE_REQUESTS = 16
+# How every run measures (probe sizes, warm-up, agreement, timeouts): kvbench/data/run_defaults.toml [run].
+RUN = load_toml("run_defaults.toml")["run"]
 # Prompt seed streams by phase kind (see _phases): distinct, and stable across dtypes for pairing.
 PROBE_STREAM, SWEEP_STREAM, FIXED_STREAM, EVAL_LOAD_STREAM, WARMUP_STREAM = 1_000, 20_000, 30_000, 40_000, 500_000
 
@@ -80,8 +81,9 @@ class RunPlan:
     machine: str  # the results folder: results/<machine>/runs/
     slo: SLO | None = None  # the SLO: the search runs when set, and goodput counts requests within it
     search_cap: int | None = None  # highest concurrency to probe (default: 2x the engine's capacity)
-    max_probes: int = DEFAULT_MAX_PROBES
-    probe_rounds: int = 3  # requests per probe (and sweep point) = rounds x concurrency
+    max_probes: int = RUN["max_probes"]
+    probe_rounds: int = RUN["probe_rounds"]  # requests per probe (and sweep point) = rounds x concurrency
+    min_probe_requests: int = RUN["min_probe_requests"]
     sweep: bool = False  # the concurrency ladder (doubling from 1 past the SLO knee, and the knee): the front
     sweep_max: int | None = None  # highest ladder point (default: the first power of two past the knee)
     repeat: int = 1  # every fixed-load phase this many times, each with fresh prompts (CIs from them)
@@ -96,15 +98,15 @@ class RunPlan:
     max_model_len: int | None = None
     results_dir: Path = Path("results")
     startup_timeout_s: float = 600.0
-    stall_timeout_s: float = 60.0
-    request_timeout_s: float = 600.0
-    warmup_requests: int = 2
+    stall_timeout_s: float = RUN["stall_timeout_s"]
+    request_timeout_s: float = RUN["request_timeout_s"]
+    warmup_requests: int = RUN["warmup_requests"]
     model_name: str | None = None  # how records name the model (the tiny model's short name, an HF id, the served id)
     unsupported: dict[str, str] = field(default_factory=dict)  # dtype -> why it is recorded, not run
     client_realtime: bool = False  # SCHED_FIFO for the client (see harness/clientsched.py), where permitted
-    agreement_prompts: int = 8  # end-to-end accuracy vs auto (harness/agreement.py); 0 turns it off
-    agreement_tokens: int = 32
-    canaries: int = 2  # of the agreement prompts, re-sent inside every load phase (harness/agreement.Canaries)
+    agreement_prompts: int = RUN["agreement_prompts"]  # end-to-end accuracy vs auto (harness/agreement.py); 0: off
+    agreement_tokens: int = RUN["agreement_tokens"]
+    canaries: int = RUN["canaries"]  # of the agreement prompts, re-sent inside every load phase (harness/agreement.Canaries)
     eval_tasks: list[str] = field(default_factory=list)  # lm-eval tasks at rest / at load / during load (harness/quality)
     eval_limit: int | None = None  # first N items of each task (None: all)
     accuracy_budget_points: float = 1.0  # the most accuracy a dtype may lose vs auto and still be recommended
@@ -446,7 +448,7 @@ class Runner:
             return run_summary
 
         def ladder_size(c: int) -> int:
-            return max(c * plan.probe_rounds, MIN_PROBE_REQUESTS)
+            return max(c * plan.probe_rounds, plan.min_probe_requests)
 
         canaries = None
         if plan.agreement_prompts:

@@ -22,8 +22,10 @@ import math
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 
+from kvbench.datafiles import load_toml
+
 PERCENTILES = (50, 90, 95, 99)  # the percentiles every latency distribution carries (kvbench.harness.metrics)
-DEFAULT_MAX_PROBES = 5
+DEFAULT_MAX_PROBES = load_toml("run_defaults.toml")["run"]["max_probes"]
 NEAR = 0.15  # a ratio within 15% of 1 is re-probed: on a shared 2-core box P95s move by tens of percent
 
 

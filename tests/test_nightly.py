@@ -207,7 +207,9 @@ def test_estimate_is_derived_from_the_stated_inputs():
     w = SHIPPED["workloads"]["cpu-small"]
     cpu = nestimate.backend_defaults(False)
     req = (cpu["ttft_p95_ms"] + w["output_tokens"] * cpu["tpot_p95_ms"]) / 1000
-    from kvbench.harness.runner import MIN_PROBE_REQUESTS, sweep_ladder
+    from kvbench.harness.runner import RUN, sweep_ladder
+
+    MIN_PROBE_REQUESTS = RUN["min_probe_requests"]
 
     def phase(n, c, capacity):  # ceil(n / min(c, capacity)) rounds + the warm-up round, each `req` long
         parallel = min(c, capacity)

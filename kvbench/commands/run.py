@@ -69,7 +69,7 @@ def command(
     header: Annotated[list[str] | None, typer.Option("--header", help="Extra header for --endpoint servers, 'NAME: VALUE' (repeatable; never recorded).")] = None,
     unknown_dtypes: Annotated[str, typer.Option("--unknown-dtypes", help="'error' (exit 2) or 'record' (record them as unsupported and go on).")] = "error",
     results: Annotated[Path, typer.Option("--results", help="Where records go: <dir>/<machine>/runs/<run id>.json (+ .parquet samples).")] = Path("results"),
-    stall_timeout: Annotated[float, typer.Option("--stall-timeout", help="Seconds without any response progress before a phase is declared hung (at least 1).")] = 60.0,
+    stall_timeout: Annotated[float | None, typer.Option("--stall-timeout", help="Seconds without any response progress before a phase is declared hung (at least 1; default 60, run_defaults.toml [run]).")] = None,
     startup_timeout: Annotated[float | None, typer.Option("--startup-timeout", help="Seconds to wait for each server to become ready.")] = None,
     realtime: Annotated[bool | None, typer.Option("--realtime/--no-realtime", help="Run the client under SCHED_FIFO where permitted (CPU default: on).")] = None,
     sweep: Annotated[bool | None, typer.Option("--sweep/--no-sweep", help="Run the concurrency ladder 1, 2, 4, ... past the SLO knee (and the knee): the throughput vs interactivity front (default: on).")] = None,

@@ -91,15 +91,10 @@ class MachineEstimate:
 
 
 def harness_constants() -> dict:
-    from kvbench.harness.runner import MIN_PROBE_REQUESTS, RunPlan
+    """How the harness measures (probe sizes, probe budget, warm-up): the same data file its RunPlan reads."""
+    from kvbench.datafiles import load_toml
 
-    fields = RunPlan.__dataclass_fields__
-    return {
-        "max_probes": fields["max_probes"].default,
-        "probe_rounds": fields["probe_rounds"].default,
-        "warmup_requests": fields["warmup_requests"].default,
-        "min_probe_requests": MIN_PROBE_REQUESTS,
-    }
+    return dict(load_toml("run_defaults.toml")["run"])
 
 
 def backend_defaults(on_gpu: bool) -> dict:
