@@ -57,6 +57,8 @@ def build_plan(
     eval_tasks: list[str] | None = None,
     eval_limit: int | None = None,
     accuracy_budget_points: float | None = None,
+    workload: str | None = None,
+    workloads_file: Path | None = None,
 ) -> RunPlan:
     from kvbench.harness.machine import machine_name
 
@@ -97,6 +99,19 @@ def build_plan(
     if dtypes is not None and not dtypes:
         raise UsageError("--kv-dtypes is empty; give e.g. auto,fp8,nvfp4")
 
+    spec = None
+    if workload is not None:
+        from kvbench.harness.workloads import FixedSpec, parse_workload
+
+        spec = parse_workload(workload, workloads_file=workloads_file)
+        if isinstance(spec, FixedSpec):  # today's exact lengths: the plain path, with the spec's numbers
+            if prompt_tokens is not None or output_tokens is not None:
+                raise UsageError("give the lengths either in --workload fixed:... or with --prompt-tokens/--output-tokens")
+            prompt_tokens, output_tokens = spec.prompt_tokens, spec.output_tokens
+            num_requests = spec.num_requests if num_requests is None else num_requests
+            spec = None
+        elif prompt_tokens is not None or output_tokens is not None:
+            raise UsageError(f"--prompt-tokens/--output-tokens describe fixed lengths; the {spec.kind} workload has its own")
     prompt = defaults["prompt_tokens"] if prompt_tokens is None else prompt_tokens
     output = defaults["output_tokens"] if output_tokens is None else output_tokens
 
@@ -158,6 +173,14 @@ def build_plan(
     else:
         tasks = eval_tasks
     _check_eval_tasks(tasks, max_model_len)
+    if spec is not None:  # built once now: a workload that cannot be built is refused before anything runs
+        from kvbench.harness.workloads import build
+
+        tok = tokenizer or model
+        if tok and Path(tok).expanduser().is_dir():
+            trial = build(spec, tok, seed=0, stream=0, max_model_len=max_model_len, api=api)
+            notes.extend(trial.notes)
+        notes.append(f"workload {spec.kind}: {spec.label}")
     check_writable(results_dir, machine)  # before anything is measured: a result that cannot be saved is lost
     return RunPlan(
         model=model,
@@ -185,6 +208,7 @@ def build_plan(
         price_per_gpu_hour=price,
         price_key=price_key,
         target_user_tps=target_user_tps,
+        workload_spec=spec,
         eval_tasks=tasks,
         eval_limit=eval_limit,
         accuracy_budget_points=(defaults.get("accuracy_budget_points", 1.0) if accuracy_budget_points is None

@@ -24,6 +24,9 @@ GAUGES = {
     "vllm:num_preemptions": "preemptions",  # counter family name; sample is *_total
     "vllm:prompt_tokens": "prompt_tokens",
     "vllm:generation_tokens": "generation_tokens",
+    # the prefix cache, in tokens (counters): queried and found computed already
+    "vllm:prefix_cache_queries": "prefix_cache_queries",
+    "vllm:prefix_cache_hits": "prefix_cache_hits",
 }
 
 

@@ -76,7 +76,7 @@ PROBE_STREAM, SWEEP_STREAM, FIXED_STREAM, EVAL_LOAD_STREAM, WARMUP_STREAM = 1_00
 class RunPlan:
     model: str | None  # what vLLM loads (managed) / the served model's local copy (endpoint), for its config
     kv_dtypes: list[str]
-    workload: Workload
+    workload: Workload  # fixed lengths (and the agreement prompts' shape)
     loads: list[Concurrency | Rate]  # the fixed-load phases, in order
     machine: str  # the results folder: results/<machine>/runs/
     slo: SLO | None = None  # the SLO: the search runs when set, and goodput counts requests within it
@@ -91,6 +91,7 @@ class RunPlan:
     price_per_gpu_hour: float | None = None  # USD, an input (kvbench ships no prices); for the cost of the front
     price_key: str | None = None  # the --price-per-hour entry it came from
     target_user_tps: float | None = None  # interactivity to read the front at (default: 1000 / the SLO's TPOT)
+    workload_spec: object | None = None  # a kvbench.harness.workloads spec (None: `workload`'s fixed lengths)
     endpoints: dict[str, Endpoint] | None = None  # dtype -> a running server to measure instead of starting one
     tokenizer: str | None = None  # local tokenizer folder for the prompts (default: model)
     extra_args: list[str] = field(default_factory=list)
@@ -124,6 +125,7 @@ class RunPlan:
             "model_name": self.model_name or self.model,
             "kv_dtypes": self.kv_dtypes,
             "workload": self.workload.as_dict(),
+            "workload_spec": self.workload_spec.describe() if self.workload_spec is not None else None,
             "loads": [load.describe() for load in self.loads],
             "slo": self.slo.as_dict() if self.slo else None,
             "search_cap": self.search_cap,

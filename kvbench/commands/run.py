@@ -59,6 +59,8 @@ def command(
     search_slo: Annotated[str | None, typer.Option("--search-slo", help="SLO for measured capacity, e.g. ttft_p95_ms=250,tpot_p95_ms=25.")] = None,
     no_search: Annotated[bool, typer.Option("--no-search", help="Skip the SLO search.")] = False,
     search_cap: Annotated[int | None, typer.Option("--search-cap", help="Highest concurrency the SLO search probes (default: 2x the engine's capacity).")] = None,
+    workload: Annotated[str | None, typer.Option("--workload", help="Traffic instead of fixed lengths: KIND:ARGS (random:, sharegpt:FILE, jsonl:FILE, shared-prefix:, multi-turn:, trace:FILE) or a NAME from --workloads / kvbench/data/workloads.toml.")] = None,
+    workloads_file: Annotated[Path | None, typer.Option("--workloads", help="A TOML file of named [workloads.NAME] tables for --workload NAME.")] = None,
     prompt_tokens: Annotated[int | None, typer.Option("--prompt-tokens", help="Prompt length in tokens (exact).")] = None,
     output_tokens: Annotated[int | None, typer.Option("--output-tokens", help="Output length in tokens (exact, ignore_eos).")] = None,
     num_requests: Annotated[int | None, typer.Option("--num-requests", help="Requests per fixed-load phase.")] = None,
@@ -130,6 +132,8 @@ def command(
         eval_tasks=[] if no_eval else (cliargs.names(eval_tasks, "--eval-tasks", "kvbench_passkey_512") if eval_tasks else None),
         eval_limit=eval_limit,
         accuracy_budget_points=accuracy_budget,
+        workload=workload,
+        workloads_file=workloads_file,
     )
 
     from kvbench.commands.report import render
