@@ -27,6 +27,7 @@ import numpy as np
 
 from kvbench.harness.backend import OpenAIBackend, RequestResult
 from kvbench.harness.clientsched import Realtime, policy_name, thread_cpu_and_wait_s
+from kvbench.harness.waketimer import WakeTimer
 from kvbench.harness.workload import Prompt
 
 
@@ -235,24 +236,30 @@ class _Run:
             async def worker():
                 intended = 0.0  # the first wave is due at the origin
                 for i in next_index:  # a shared iterator: each index is taken once
-                    await self.spawn(i, intended)
+                    # In the worker itself, not a task of its own: one task and one loop pass fewer per
+                    # request. Cancelling the driver still cancels every request in flight (gather).
+                    await self.request(i, intended)
                     intended = clock() - self.origin  # the slot is free now; the next send is due now
 
             await asyncio.gather(*(worker() for _ in range(min(self.mode.concurrency, n))))
         else:
-            schedule = arrival_schedule(n, self.mode)
+            schedule = arrival_schedule(n, self.mode).tolist()
             slots = asyncio.Semaphore(self.mode.max_concurrency) if self.mode.max_concurrency else None
             pending = []
-            for i in range(n):
-                delay = self.origin + schedule[i] - clock()
-                if delay > 0:
-                    await asyncio.sleep(delay)
-                if slots is not None:
-                    await slots.acquire()
-                task = self.spawn(i, float(schedule[i]))
-                if slots is not None:
-                    task.add_done_callback(lambda _t: slots.release())
-                pending.append(task)
+            timer = WakeTimer()  # asyncio.sleep wakes up to 1 ms late: that would be most of the lag
+            try:
+                for i in range(n):
+                    due = self.origin + schedule[i]
+                    if due > clock():
+                        await timer.sleep_until(due)
+                    if slots is not None:
+                        await slots.acquire()
+                    task = self.spawn(i, schedule[i])
+                    if slots is not None:
+                        task.add_done_callback(lambda _t: slots.release())
+                    pending.append(task)
+            finally:
+                timer.close()
             await asyncio.gather(*pending)  # a request task only raises on a client bug: surface it
         self.end = clock()
 
