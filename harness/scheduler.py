@@ -31,6 +31,11 @@ from kvbench.harness.waketimer import WakeTimer
 from kvbench.harness.workload import Prompt
 
 
+# With automatic collection suspended for a run (run_load's freeze_gc), the young generation is collected
+# once it holds this many objects, when a request fails (only failures leave cycles): a bound on memory.
+GC_YOUNG_BOUND = 1_000_000
+
+
 @dataclass(frozen=True)
 class Concurrency:
     """Closed loop: keep `concurrency` requests in flight; a new one is sent as soon as one finishes."""
@@ -217,6 +222,8 @@ class _Run:
                 self.completed += 1
             else:
                 self.failed += 1
+                if not gc.isenabled() and gc.get_count()[0] > GC_YOUNG_BOUND:
+                    gc.collect(0)  # see run_load's freeze_gc
         self.report()
         return r
 
@@ -295,8 +302,11 @@ async def run_load(
     The backend's session is opened with a connector limit of at least the run's concurrency; if this call
     opened it, it closes it at the end.
     freeze_gc: move everything alive at the start (prompts included) out of the garbage collector's reach
-        for the run, so collections stay short and do not land in latencies (a full collection of a heap
-        holding torch and vLLM takes a third of a second on 2 cores).
+        for the run (a full collection of a heap holding torch and vLLM takes a third of a second on 2
+        cores), and suspend automatic collection while it runs, so no collector pause lands in a latency
+        or a send. A healthy run leaves no reference cycles (measured: none in 4,000 requests), so nothing
+        accumulates; failed requests do leave some (aiohttp's exceptions, ~65 objects each), so the
+        young generation is collected once it passes GC_YOUNG_BOUND objects, which bounds the memory.
     realtime: run the event-loop thread under SCHED_FIFO for the run (see clientsched: on a small box a
         busy-waiting server can keep a normal client off the CPU for whole requests). If the OS refuses,
         the run goes on and `LoadResult.client_policy` says what it ran under.
@@ -305,9 +315,11 @@ async def run_load(
     warm = [Prompt.of(p) for p in warmup_prompts]
     owns = not backend.is_open
     await backend.open(mode.max_in_flight or 0)
+    gc_was_enabled = gc.isenabled()
     if freeze_gc:
         gc.collect()
         gc.freeze()
+        gc.disable()
     rt = Realtime() if realtime else None
     if rt is not None:
         rt.__enter__()
@@ -330,6 +342,8 @@ async def run_load(
             rt.__exit__(None, None, None)
         if freeze_gc:
             gc.unfreeze()
+            if gc_was_enabled:
+                gc.enable()
         if owns:
             await asyncio.shield(backend.close())
 

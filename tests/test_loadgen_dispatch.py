@@ -1,4 +1,4 @@
-"""Open-loop wake-ups (kvbench.harness.waketimer): correctness, not speed
+"""Open-loop wake-ups (kvbench.harness.waketimer) and the collector during a run: correctness, not speed
 (the schedule lag they buy is tracked by benchmarks/bench_client.py and scripts/client_vs_vllm.py)."""
 
 from __future__ import annotations
@@ -60,3 +60,49 @@ def test_wake_timer_survives_a_cancelled_sleep():
             timer.close()
 
     assert asyncio.run(main()) >= 0
+
+
+@pytest.mark.parametrize("mode", [Concurrency(4), Rate(500, burstiness=1.0)])
+def test_collector_is_suspended_during_a_run_and_restored(fake, mode):
+    seen = []
+    prompts = [[1, 2, 3]] * 20
+    lr = asyncio.run(
+        run_load(
+            OpenAIBackend(fake.base_url, "kvbench-fake"),
+            prompts,
+            4,
+            mode,
+            on_progress=lambda d, t: seen.append(gc.isenabled()),
+        )
+    )
+    assert lr.results and all(r.ok for r in lr.results)
+    assert seen and not any(seen)  # no automatic collection could pause the run
+    assert gc.isenabled()
+    gc.disable()
+    try:  # a caller that had it off gets it back off
+        asyncio.run(run_load(OpenAIBackend(fake.base_url, "kvbench-fake"), prompts[:4], 4, mode))
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
+    asyncio.run(
+        run_load(
+            OpenAIBackend(fake.base_url, "kvbench-fake"),
+            prompts[:4],
+            4,
+            mode,
+            freeze_gc=False,
+            on_progress=lambda d, t: seen.append(gc.isenabled()),
+        )
+    )
+    assert seen[-1]  # freeze_gc=False leaves the collector alone
+
+
+def test_failures_collect_the_young_generation_past_the_bound(monkeypatch):
+    collected = []
+    monkeypatch.setattr(scheduler, "GC_YOUNG_BOUND", -1)  # every failure is past it
+    real = gc.collect
+    monkeypatch.setattr(gc, "collect", lambda *a: collected.append(a) or real(*a))
+    with FakeServer(FakeConfig(fail_every=2)) as srv:
+        lr = asyncio.run(run_load(OpenAIBackend(srv.base_url, "kvbench-fake"), [[1, 2]] * 8, 2, Concurrency(2)))
+    assert sum(not r.ok for r in lr.results) == 4
+    assert collected == [(), (0,), (0,), (0,), (0,)]  # the full one before the run, then once per failure only
