@@ -182,14 +182,17 @@ async def open_loop_lag(
     prompt_tokens: int = 16,
     seed: int = 0,
     warmup: int = 64,
+    realtime: bool = False,
 ) -> dict[str, Any]:
     """Schedule lag (actual minus intended send time) of kvbench's client at `rate_rps` open loop, gamma
-    arrivals of shape `burstiness` (1: Poisson, inf: constant gaps), no concurrency cap."""
+    arrivals of shape `burstiness` (1: Poisson, inf: constant gaps), no concurrency cap; realtime: the
+    client under SCHED_FIFO, as `kvbench run` runs it on CPU machines by default."""
     prompts = list(prompts) if prompts is not None else _token_prompts(requests, prompt_tokens, 0)
     warm = _token_prompts(warmup, prompt_tokens, 500)
     backend = OpenAIBackend(url, model, request_timeout_s=60)
     mode = Rate(rate_rps, burstiness=burstiness, seed=seed)
-    lr = await run_load(backend, prompts, output_tokens, mode, stall_timeout_s=10, warmup_prompts=warm)
+    kw = dict(stall_timeout_s=10, warmup_prompts=warm, realtime=realtime)
+    lr = await run_load(backend, prompts, output_tokens, mode, **kw)
     s = summarize(lr)
     lag = s.schedule_lag_ms
     return {
@@ -203,6 +206,7 @@ async def open_loop_lag(
         "schedule_lag_p99_ms": lag["p99"],
         "schedule_lag_max_ms": lag["max"],
         "client_cpu_s": lr.client_cpu_s,
+        "client_policy": lr.client_policy,
     }
 
 
@@ -214,15 +218,18 @@ def measure_client_speed(
     rate_rps: float = 1000.0,
     rate_requests: int = 3000,
 ) -> dict[str, Any]:
-    """Closed-loop requests/s and open-loop (Poisson) schedule lag of kvbench's client against the
-    zero-compute fake in its own process (on uvloop, so the client is the bottleneck). Synchronous."""
+    """Closed-loop requests/s and open-loop (Poisson) schedule lag, at normal priority and under SCHED_FIFO
+    (where permitted), of kvbench's client against the zero-compute fake in its own process (on uvloop, so
+    the client is the bottleneck). Synchronous."""
 
     async def main():
         with FakeServer(FakeConfig(), mode="process", uvloop=True) as fake:
             url, out = fake.base_url, output_tokens
             closed = await closed_loop_rate(url, requests=requests, concurrency=concurrency, output_tokens=out)
-            lag = await open_loop_lag(url, rate_rps=rate_rps, requests=rate_requests, output_tokens=out)
-        return {"closed_loop": closed, "open_loop": lag}
+            kw = dict(rate_rps=rate_rps, requests=rate_requests, output_tokens=out)
+            lag = await open_loop_lag(url, **kw)
+            lag_rt = await open_loop_lag(url, **kw, realtime=True)
+        return {"closed_loop": closed, "open_loop": lag, "open_loop_realtime": lag_rt}
 
     return asyncio.run(main())
 
