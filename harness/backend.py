@@ -23,7 +23,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
@@ -317,6 +317,7 @@ class OpenAIBackend:
         origin_s: float | None = None,
         on_progress: Callable[[], None] | None = None,
         request_id: str | None = None,
+        before_send: Callable[[], Awaitable[Any]] | None = None,
     ) -> RequestResult:
         """Send one request and stream it to the end. Never raises for server or network failures: they
         are recorded in the result. A cancellation is recorded (error_kind 'cancelled', unless the caller
@@ -324,7 +325,9 @@ class OpenAIBackend:
 
         result: a RequestResult to fill in place (the scheduler pre-creates it to keep partial data when it
             cancels the request); origin_s: perf_counter() of the run start, for `sent_s`;
-        on_progress: called whenever bytes arrive (the scheduler's no-progress watchdog).
+        on_progress: called whenever bytes arrive (the scheduler's no-progress watchdog);
+        before_send: awaited once the request is built, right before it is stamped and sent (the scheduler
+            waits there for an open-loop request's send time, so the building is not in its lag).
         """
         if not self.is_open:
             await self.open()
@@ -337,6 +340,12 @@ class OpenAIBackend:
         request_id = request_id or r.request_id
         r.request_id = request_id
         headers = {"Content-Type": "application/json", "X-Request-Id": request_id} if request_id else _JSON_HEADERS
+        if before_send is not None:
+            try:
+                await before_send()
+            except asyncio.CancelledError:
+                r.fail("cancelled", "cancelled before it was sent")
+                raise
         clock = time.perf_counter
         st = clock()
         r.sent_s = st - (origin_s if origin_s is not None else st)

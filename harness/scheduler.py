@@ -34,6 +34,8 @@ from kvbench.harness.workload import Prompt
 # With automatic collection suspended for a run (run_load's freeze_gc), the young generation is collected
 # once it holds this many objects, when a request fails (only failures leave cycles): a bound on memory.
 GC_YOUNG_BOUND = 1_000_000
+# Open loop: how long before its send time a request is started (to build its body and wait on the timer).
+SEND_AHEAD_S = 0.002
 
 
 @dataclass(frozen=True)
@@ -186,6 +188,7 @@ class _Run:
         self.last_progress = time.perf_counter()
         self.stop_reason: tuple[str, str] | None = None  # (error_kind, message) for cancelled requests
         self.end: float | None = None
+        self.timer: WakeTimer | None = None  # open loop: wakes requests when they are due
         self.run_id = uuid.uuid4().hex[:12]  # request ids must be unique on the server across runs
 
     def touch(self) -> None:
@@ -195,7 +198,8 @@ class _Run:
         if self.on_progress is not None:
             self.on_progress(self.completed + self.failed, len(self.prompts))
 
-    async def request(self, i: int, intended_s: float) -> RequestResult:
+    async def request(self, i: int, intended_s: float, not_before: float | None = None) -> RequestResult:
+        """Send request i. not_before: perf_counter() time it is due; it is prepared now and sent then."""
         prompt = self.prompts[i]
         r = RequestResult(
             index=i,
@@ -204,31 +208,42 @@ class _Run:
             expected_prompt_tokens=prompt.num_tokens,
             intended_send_s=intended_s,
         )
-        self.results[i] = r
-        if self.in_flight == 0:
-            self.touch()  # the watchdog measures silence only while something is outstanding
-        self.in_flight += 1
+        sent = False
+
+        async def due() -> None:  # the backend awaits this right before it stamps and sends
+            nonlocal sent
+            if not_before is not None:
+                await self.timer.sleep_until(not_before)
+            self.results[i] = r  # only what is sent is a result; a request cancelled before is `not_sent`
+            if self.in_flight == 0:
+                self.touch()  # the watchdog measures silence only while something is outstanding
+            self.in_flight += 1
+            sent = True
+
         try:
-            await self.backend.send(prompt, self.output_tokens, result=r, origin_s=self.origin, on_progress=self.touch)
+            await self.backend.send(
+                prompt, self.output_tokens, result=r, origin_s=self.origin, on_progress=self.touch, before_send=due
+            )
         except asyncio.CancelledError:
-            if self.stop_reason is not None:
+            if sent and self.stop_reason is not None:
                 r.error_kind, r.error = self.stop_reason  # the scheduler's reason beats the generic "cancelled"
                 r.ok = False
             raise
         finally:
-            self.in_flight -= 1
-            self.touch()
-            if r.ok:
-                self.completed += 1
-            else:
-                self.failed += 1
-                if not gc.isenabled() and gc.get_count()[0] > GC_YOUNG_BOUND:
-                    gc.collect(0)  # see run_load's freeze_gc
+            if sent:
+                self.in_flight -= 1
+                self.touch()
+                if r.ok:
+                    self.completed += 1
+                else:
+                    self.failed += 1
+                    if not gc.isenabled() and gc.get_count()[0] > GC_YOUNG_BOUND:
+                        gc.collect(0)  # see run_load's freeze_gc
         self.report()
         return r
 
-    def spawn(self, i: int, intended_s: float) -> asyncio.Task:
-        task = asyncio.ensure_future(self.request(i, intended_s))
+    def spawn(self, i: int, intended_s: float, not_before: float | None = None) -> asyncio.Task:
+        task = asyncio.ensure_future(self.request(i, intended_s, not_before))
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
         return task
@@ -253,21 +268,26 @@ class _Run:
             schedule = arrival_schedule(n, self.mode).tolist()
             slots = asyncio.Semaphore(self.mode.max_concurrency) if self.mode.max_concurrency else None
             pending = []
-            timer = WakeTimer()  # asyncio.sleep wakes up to 1 ms late: that would be most of the lag
+            self.timer = WakeTimer()  # asyncio.sleep wakes up to 1 ms late: that would be most of the lag
             try:
                 for i in range(n):
                     due = self.origin + schedule[i]
-                    if due > clock():
-                        await timer.sleep_until(due)
-                    if slots is not None:
-                        await slots.acquire()
+                    if slots is None:
+                        # Started SEND_AHEAD_S early, the request builds its body, then waits on the timer
+                        # itself: when it is due, one loop pass separates the wake-up from the send.
+                        if due - SEND_AHEAD_S > clock():
+                            await self.timer.sleep_until(due - SEND_AHEAD_S)
+                        pending.append(self.spawn(i, schedule[i], not_before=due))
+                        continue
+                    if due > clock():  # capped: a slot is taken when due, so waiting for one shows as lag
+                        await self.timer.sleep_until(due)
+                    await slots.acquire()
                     task = self.spawn(i, schedule[i])
-                    if slots is not None:
-                        task.add_done_callback(lambda _t: slots.release())
+                    task.add_done_callback(lambda _t: slots.release())
                     pending.append(task)
+                await asyncio.gather(*pending)  # a request task only raises on a client bug: surface it
             finally:
-                timer.close()
-            await asyncio.gather(*pending)  # a request task only raises on a client bug: surface it
+                self.timer.close()
         self.end = clock()
 
     async def watchdog(self) -> None:

@@ -16,6 +16,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ctypes
+import heapq
+import itertools
 import os
 import sys
 import time
@@ -52,12 +54,15 @@ def _libc():
 
 class WakeTimer:
     """`await timer.sleep_until(deadline)` with deadline in `time.perf_counter()` seconds; returns at or
-    after it. One timer serves one waiter at a time (the open-loop dispatcher). Close it when done."""
+    after it. Any number of tasks may wait at once: one timerfd, armed for the earliest deadline, wakes
+    every waiter that is due when it fires. Close it when done."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop | None = None):
         self.loop = loop or asyncio.get_running_loop()
         self.fd: int | None = None
-        self._waiter: asyncio.Future | None = None
+        self._heap: list[tuple[float, int, asyncio.Future]] = []  # (deadline, order, waiter)
+        self._order = itertools.count()
+        self._armed: float | None = None  # the deadline the timerfd is set to, until it fires
         self._spec = _Itimerspec()
         libc = _libc()
         if libc is None:
@@ -82,28 +87,44 @@ class WakeTimer:
             os.read(self.fd, 8)  # the expiration count; reading it re-arms readiness
         except BlockingIOError:
             return  # a stale readiness from before the last re-arm
-        if self._waiter is not None and not self._waiter.done():
-            self._waiter.set_result(None)
+        self._armed = None
+        self._wake_due()
 
-    def _arm(self, deadline: float) -> bool:
+    def _wake_due(self) -> None:
+        heap, now = self._heap, time.perf_counter()
+        while heap and (heap[0][0] <= now or heap[0][2].done()):  # due, or its waiter was cancelled
+            waiter = heapq.heappop(heap)[2]
+            if not waiter.done():
+                waiter.set_result(None)
+        if heap and (self._armed is None or heap[0][0] < self._armed):
+            self._arm(heap[0][0])
+
+    def _arm(self, deadline: float) -> None:
         sec = int(deadline)
         self._spec.it_value.tv_sec = sec
         self._spec.it_value.tv_nsec = min(999_999_999, int((deadline - sec) * 1e9) + 1)  # round up: never early
-        return self._libc.timerfd_settime(self.fd, _TFD_TIMER_ABSTIME, ctypes.byref(self._spec), None) == 0
+        if self._libc.timerfd_settime(self.fd, _TFD_TIMER_ABSTIME, ctypes.byref(self._spec), None) == 0:
+            self._armed = deadline
+        else:  # not expected with valid arguments; asyncio's timer then, late but never lost
+            self.loop.call_at(self.loop.time() + max(0.0, deadline - time.perf_counter()), self._wake_due)
 
     async def sleep_until(self, deadline: float) -> None:
-        clock = time.perf_counter
-        while (delay := deadline - clock()) > 0:
-            if self.fd is None or not self._arm(deadline):
+        if deadline <= time.perf_counter():
+            return
+        if self.fd is None:
+            while (delay := deadline - time.perf_counter()) > 0:
                 await asyncio.sleep(delay)
-                continue
-            self._waiter = self.loop.create_future()
-            try:
-                await self._waiter
-            finally:
-                self._waiter = None
+            return
+        waiter = self.loop.create_future()
+        heapq.heappush(self._heap, (deadline, next(self._order), waiter))
+        if self._armed is None or deadline < self._armed:
+            self._arm(deadline)
+        await waiter  # resolved by _wake_due once perf_counter() >= deadline
 
     def close(self) -> None:
+        for _, _, waiter in self._heap:
+            waiter.cancel()  # a waiter left when the timer closes is cancelled, never woken early
+        self._heap = []
         if self.fd is not None:
             with contextlib.suppress(Exception):
                 self.loop.remove_reader(self.fd)

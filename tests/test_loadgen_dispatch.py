@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import math
 import time
 
 import pytest
@@ -106,3 +107,50 @@ def test_failures_collect_the_young_generation_past_the_bound(monkeypatch):
         lr = asyncio.run(run_load(OpenAIBackend(srv.base_url, "kvbench-fake"), [[1, 2]] * 8, 2, Concurrency(2)))
     assert sum(not r.ok for r in lr.results) == 4
     assert collected == [(), (0,), (0,), (0,), (0,)]  # the full one before the run, then once per failure only
+
+
+def test_wake_timer_wakes_many_waiters_in_deadline_order_never_early():
+    async def main():
+        timer = WakeTimer()
+        woke = []
+
+        async def wait(deadline, k):
+            await timer.sleep_until(deadline)
+            woke.append((k, time.perf_counter() - deadline))
+
+        try:
+            t0 = time.perf_counter() + 0.005
+            deadlines = [t0 + (k * 7 % 10) * 0.0004 for k in range(30)]  # out of order, some equal
+            await asyncio.gather(*(wait(d, k) for k, d in enumerate(deadlines)))
+            return deadlines, woke
+        finally:
+            timer.close()
+
+    deadlines, woke = asyncio.run(main())
+    assert min(late for _, late in woke) >= 0
+    order = [k for k, _ in woke]
+    assert [deadlines[k] for k in order] == sorted(deadlines)
+
+
+def test_open_loop_requests_started_ahead_are_sent_on_time_or_not_at_all(fake, monkeypatch):
+    """Open loop starts each request SEND_AHEAD_S early and holds it until due: none leaves early, and one
+    cancelled while still held is `not_sent`, not a failure."""
+    monkeypatch.setattr(scheduler, "SEND_AHEAD_S", 0.02)  # wide, so the cancel below lands inside it
+    prompts = [[1, 2, 3]] * 40
+    mode = Rate(40.0, burstiness=math.inf)  # due at 25, 50, ..., 250 ms: the 10th is held from 230 ms
+
+    async def main():
+        started = asyncio.Event()
+        progress = lambda done, total: started.set()  # noqa: E731 (called first at the run's origin)
+        backend = OpenAIBackend(fake.base_url, "kvbench-fake")
+        task = asyncio.ensure_future(run_load(backend, prompts, 2, mode, on_progress=progress))
+        await started.wait()
+        await asyncio.sleep(0.24)
+        task.cancel()
+        return await task
+
+    lr = asyncio.run(main())
+    assert lr.interrupted
+    assert all(r.sent_s is not None and r.schedule_lag_s >= 0 for r in lr.results)
+    assert len(lr.results) == 9 and lr.not_sent == 31  # the held 10th was never sent
+    assert all(r.ok for r in lr.results)
