@@ -210,19 +210,28 @@ class _Run:
         )
         sent = False
 
-        async def due() -> None:  # the backend awaits this right before it stamps and sends
+        def start() -> None:
             nonlocal sent
-            if not_before is not None:
-                await self.timer.sleep_until(not_before)
             self.results[i] = r  # only what is sent is a result; a request cancelled before is `not_sent`
             if self.in_flight == 0:
                 self.touch()  # the watchdog measures silence only while something is outstanding
             self.in_flight += 1
             sent = True
 
+        async def when_due() -> None:  # the backend awaits this right before it stamps and sends
+            await self.timer.sleep_until(not_before)
+            start()
+
+        if not_before is None:
+            start()
         try:
             await self.backend.send(
-                prompt, self.output_tokens, result=r, origin_s=self.origin, on_progress=self.touch, before_send=due
+                prompt,
+                self.output_tokens,
+                result=r,
+                origin_s=self.origin,
+                on_progress=self.touch,
+                before_send=None if not_before is None else when_due,
             )
         except asyncio.CancelledError:
             if sent and self.stop_reason is not None:
