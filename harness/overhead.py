@@ -4,6 +4,8 @@
   zero-compute fake, doubling the rate until the client falls behind, then bisecting. A rate is
   sustained when every request completes, the achieved send rate is within `min_rate_fraction` of the
   target, completions keep pace, and the schedule lag P99 stays under `lag_p99_bound_ms`.
+- Closed-loop throughput and open-loop schedule lag at fixed settings (concurrency 64 and 16 output tokens;
+  1,000 requests/s): the figures `scripts/client_vs_vllm.py` compares with `vllm bench serve`'s client.
 - Timing overhead: against a fake with known delays, what the client adds to TTFT, both against the
   configured delay and against the server's own stamps of when it received the request and wrote the
   first chunk (one CLOCK_MONOTONIC for both processes), and how long each chunk takes from the server's
@@ -21,6 +23,7 @@ import inspect
 import math
 import os
 import platform
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -128,6 +131,107 @@ async def max_sustained_rate(
             else:
                 bad = mid
     return good, points
+
+
+def _token_prompts(n: int, tokens: int, salt: int) -> list[list[int]]:
+    return [[(i * 7 + k * 13 + salt) % 1000 + 3 for k in range(tokens)] for i in range(n)]
+
+
+async def closed_loop_rate(
+    url: str,
+    prompts: Sequence | None = None,
+    *,
+    model: str = "kvbench-fake",
+    requests: int = 4000,
+    concurrency: int = 64,
+    output_tokens: int = 16,
+    prompt_tokens: int = 16,
+    warmup: int | None = None,
+) -> dict[str, Any]:
+    """Requests/s that kvbench's client completes at a fixed concurrency (closed loop), as
+    completed / run duration (origin to the end of the last request: vLLM's definition too).
+
+    prompts: what to send (default: `requests` token-id prompts of `prompt_tokens`); warmup: that many
+    requests first, outside the figure (default: one per connection), so connections are open."""
+    prompts = list(prompts) if prompts is not None else _token_prompts(requests, prompt_tokens, 0)
+    warm = _token_prompts(concurrency if warmup is None else warmup, prompt_tokens, 500)
+    backend = OpenAIBackend(url, model, request_timeout_s=60)
+    mode = Concurrency(concurrency)
+    lr = await run_load(backend, prompts, output_tokens, mode, stall_timeout_s=10, warmup_prompts=warm)
+    s = summarize(lr)
+    return {
+        "requests_per_s": s.request_throughput_rps,
+        "requests": len(prompts),
+        "completed": s.completed,
+        "failed": s.failed + s.not_sent,
+        "output_tokens": s.total_completion_tokens,
+        "duration_s": lr.duration_s,
+        "client_cpu_s": lr.client_cpu_s,
+    }
+
+
+async def open_loop_lag(
+    url: str,
+    prompts: Sequence | None = None,
+    *,
+    model: str = "kvbench-fake",
+    rate_rps: float = 1000.0,
+    burstiness: float = 1.0,
+    requests: int = 3000,
+    output_tokens: int = 16,
+    prompt_tokens: int = 16,
+    seed: int = 0,
+    warmup: int = 64,
+    realtime: bool = False,
+) -> dict[str, Any]:
+    """Schedule lag (actual minus intended send time) of kvbench's client at `rate_rps` open loop, gamma
+    arrivals of shape `burstiness` (1: Poisson, inf: constant gaps), no concurrency cap; realtime: the
+    client under SCHED_FIFO, as `kvbench run` runs it on CPU machines by default."""
+    prompts = list(prompts) if prompts is not None else _token_prompts(requests, prompt_tokens, 0)
+    warm = _token_prompts(warmup, prompt_tokens, 500)
+    backend = OpenAIBackend(url, model, request_timeout_s=60)
+    mode = Rate(rate_rps, burstiness=burstiness, seed=seed)
+    kw = dict(stall_timeout_s=10, warmup_prompts=warm, realtime=realtime)
+    lr = await run_load(backend, prompts, output_tokens, mode, **kw)
+    s = summarize(lr)
+    lag = s.schedule_lag_ms
+    return {
+        "rate_rps": rate_rps,
+        "burstiness": "inf" if math.isinf(burstiness) else burstiness,  # JSON has no infinity
+        "requests": len(prompts),
+        "completed": s.completed,
+        "failed": s.failed + s.not_sent,
+        "achieved_send_rate_rps": s.achieved_send_rate_rps,
+        "schedule_lag_p50_ms": lag["p50"],
+        "schedule_lag_p99_ms": lag["p99"],
+        "schedule_lag_max_ms": lag["max"],
+        "client_cpu_s": lr.client_cpu_s,
+        "client_policy": lr.client_policy,
+    }
+
+
+def measure_client_speed(
+    *,
+    requests: int = 4000,
+    concurrency: int = 64,
+    output_tokens: int = 16,
+    rate_rps: float = 1000.0,
+    rate_requests: int = 3000,
+) -> dict[str, Any]:
+    """Closed-loop requests/s and open-loop (Poisson) schedule lag, at normal priority and under SCHED_FIFO
+    (where permitted), of kvbench's client against the zero-compute fake in its own process (on uvloop, so
+    the client is the bottleneck). Synchronous."""
+
+    async def main():
+        with FakeServer(FakeConfig(), mode="process", uvloop=True) as fake:
+            url, out = fake.base_url, output_tokens
+            closed = await closed_loop_rate(url, requests=requests, concurrency=concurrency, output_tokens=out)
+            kw = dict(rate_rps=rate_rps, requests=rate_requests, output_tokens=out)
+            lag = await open_loop_lag(url, **kw)
+            lag_rt = await open_loop_lag(url, **kw, realtime=True)
+        return {"closed_loop": closed, "open_loop": lag, "open_loop_realtime": lag_rt}
+
+    return asyncio.run(main())
 
 
 async def timing_overhead(

@@ -107,6 +107,8 @@ def test_asv_step_detection_off_for_other_higher_is_better_tracks():
     assert _step_detection_off("bench_kernels.ReshapeAndCache.track_write_gbs('fp8', 8)")
     assert _step_detection_off("bench_client.ClientRoofline.track_max_sustained_rate@main")
     assert not _step_detection_off("bench_client.ClientRoofline.track_seconds_per_request_at_max_rate@main")
+    assert _step_detection_off("bench_client.ClientSpeed.track_closed_loop_requests_per_s@main")
+    assert not _step_detection_off("bench_client.ClientSpeed.track_open_loop_schedule_lag_p99")
     assert not _step_detection_off("bench_kernels.DecodeAttention.time_decode('fp16', 4096)")
 
 
