@@ -41,6 +41,7 @@ from kvbench.harness.workload import (
     load_tokenizer,
     make_prompts,
 )
+from kvbench.harness.workloads.lengths import Uniform
 from kvbench.harness.workloads.plan import PlannedRequest, RequestPlan, Session
 from kvbench.harness.workloads.spec import explain
 
@@ -198,7 +199,14 @@ def _random(ctx: _Context, num_requests):
     # With stream 0 this generator is numpy's default_rng(seed), and uniform lengths are drawn with the same
     # two calls as vLLM's get_sampling_params: the same lengths as `vllm bench serve --dataset-name random`.
     lengths = np.random.default_rng([int(ctx.seed), int(ctx.stream)])
-    prompt_lens, output_lens = s.prompt.draw(lengths, n), s.output.draw(lengths, n)
+    prompt_dist, special = s.prompt, 0
+    if isinstance(s.prompt, Uniform) and ctx.api == "completions" and ctx.tok is not None:
+        # vLLM draws the text's length without the tokens the tokenizer adds (a BOS) and the server adds them
+        # back: the same draw, plus those tokens, is what its engine sees.
+        special = int(ctx.tok.num_special_tokens_to_add())
+        prompt_dist = s.prompt.model_copy(update={"mean": max(1, s.prompt.mean - special)})
+    prompt_lens = prompt_dist.draw(lengths, n) + special
+    output_lens = s.output.draw(lengths, n)
     reqs, clipped = [], 0
     for i in range(n):
         p, o, cut = ctx.fit(int(prompt_lens[i]), int(output_lens[i]))
