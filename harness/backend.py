@@ -72,6 +72,9 @@ class RequestResult:
     chunk_tokens: list[int | None] = field(default_factory=list)  # tokens in each such chunk (None: unknown)
     prompt_tokens: int | None = None  # server usage.prompt_tokens
     completion_tokens: int | None = None  # server usage.completion_tokens
+    # prompt tokens the server found in its prefix cache (usage.prompt_tokens_details.cached_tokens; vLLM
+    # reports it with --enable-prompt-tokens-details; None: not reported)
+    cached_tokens: int | None = None
     finish_reason: str | None = None
     ok: bool = False
     error_kind: str | None = None
@@ -450,6 +453,9 @@ class OpenAIBackend:
         if usage:
             r.prompt_tokens = usage.get("prompt_tokens")
             r.completion_tokens = usage.get("completion_tokens")
+            details = usage.get("prompt_tokens_details")
+            if isinstance(details, dict) and isinstance(details.get("cached_tokens"), int):
+                r.cached_tokens = details["cached_tokens"]
         if self.require_done and not done:
             r.fail("truncated", f"stream ended without [DONE] after {len(r.chunk_arrivals_s)} chunks")
         elif r.ttft_s is None:

@@ -159,6 +159,8 @@ def build_plan(
         objective = SLO.from_dict({"ttft_p95_ms": defaults["ttft_p95_ms"], "tpot_p95_ms": defaults["tpot_p95_ms"], **slo})
 
     args = [] if endpoints is not None else list(defaults.get("extra_args", [])) + list(extra_args or [])
+    if spec is not None and endpoints is None and "--enable-prompt-tokens-details" not in args:
+        args.append("--enable-prompt-tokens-details")  # each response says how many prompt tokens hit the cache
     if (endpoints is None and not on_gpu and "kv_cache_memory_bytes" in defaults
             and not any(a.startswith("--kv-cache-memory") for a in args)):
         args += ["--kv-cache-memory-bytes", str(defaults["kv_cache_memory_bytes"])]
@@ -173,12 +175,18 @@ def build_plan(
     else:
         tasks = eval_tasks
     _check_eval_tasks(tasks, max_model_len)
+    spec_requests = None
+    if spec is not None:
+        # --num-requests, else the spec's own count; conversations, traces and data files hold their own
+        spec_requests = num_requests if num_requests is not None else getattr(spec, "num_requests", None)
+        if spec_requests is None and spec.kind in ("random", "shared-prefix"):
+            spec_requests = defaults["num_requests"]
     if spec is not None:  # built once now: a workload that cannot be built is refused before anything runs
         from kvbench.harness.workloads import build
 
         tok = tokenizer or model
         if tok and Path(tok).expanduser().is_dir():
-            trial = build(spec, tok, seed=0, stream=0, max_model_len=max_model_len, api=api)
+            trial = build(spec, tok, seed=0, stream=0, max_model_len=max_model_len, api=api, num_requests=spec_requests)
             notes.extend(trial.notes)
         notes.append(f"workload {spec.kind}: {spec.label}")
     check_writable(results_dir, machine)  # before anything is measured: a result that cannot be saved is lost
@@ -209,6 +217,7 @@ def build_plan(
         price_key=price_key,
         target_user_tps=target_user_tps,
         workload_spec=spec,
+        workload_requests=spec_requests,
         eval_tasks=tasks,
         eval_limit=eval_limit,
         accuracy_budget_points=(defaults.get("accuracy_budget_points", 1.0) if accuracy_budget_points is None

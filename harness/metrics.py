@@ -144,7 +144,7 @@ class RunSummary:
     interrupted: bool
     stalled: bool
     mode: dict
-    output_tokens: int
+    output_tokens: int | None  # None: one per request
     prompt_lengths_exact: bool | None
     definitions: dict = field(default_factory=lambda: dict(DEFINITIONS))
 

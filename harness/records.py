@@ -155,6 +155,7 @@ class Phase(_Model):
     started_s: float | None = None  # perf_counter() at the phase's origin (the NVML samples' clock)
     energy: dict[str, Any] | None = None  # kvbench.harness.energy.Energy over the phase
     canaries: dict[str, Any] | None = None  # at-rest greedy outputs re-sent during the phase (harness/agreement)
+    prefix_cache: dict[str, Any] | None = None  # fixed phases: vLLM's prefix-cache hits, preemptions, TTFT hit/miss
 
 
 class EngineCapacityRecord(_Model):
@@ -200,6 +201,8 @@ class Capacity(_Model):
     model: ModelCapacity | None = None
     measured: MeasuredCapacity | None = None
     model_note: str | None = None  # why there is no model prediction, when there is none
+    # variable-length workloads: the capacity model at the workload's mean / P90 / P99 sequence length
+    distribution: dict[str, Any] | None = None
 
 
 class ServerInfo(_Model):
@@ -736,9 +739,21 @@ def headline(dtype_result: dict) -> dict:
         "failed": s.get("failed"),
         "greedy_agreement": vs_auto.get("token_agreement"),
         "logprob_delta_mean": vs_auto.get("logprob_delta_mean"),
+        "prefix_hit_rate": _prefix_hit_rate(dtype_result),
         "task_accuracy_rest": _first_task_accuracy(dtype_result, "rest"),
         "task_accuracy_load": _first_task_accuracy(dtype_result, "load"),
     }
+
+
+def _prefix_hit_rate(dtype_result: dict) -> float | None:
+    """vLLM's prefix-cache hit rate (tokens) over the fixed phases, where the server reported it."""
+    q = h = 0.0
+    for p in dtype_result.get("phases") or []:
+        pc = p.get("prefix_cache") or {}
+        if p.get("kind") == PhaseKind.FIXED and pc.get("queries_tokens"):
+            q += pc["queries_tokens"]
+            h += pc.get("hits_tokens") or 0.0
+    return h / q if q else None
 
 
 def _first_task_accuracy(dtype_result: dict, condition: str) -> float | None:

@@ -32,7 +32,7 @@ from kvbench.harness.backend import OpenAIBackend
 from kvbench.harness.endpoint import Endpoint, ServerFacts, describe, redact_url
 from kvbench.harness.logparse import EngineCapacity, engine_failure
 from kvbench.harness.machine import environment
-from kvbench.harness.metrics import DEFINITIONS, summarize
+from kvbench.harness.metrics import DEFINITIONS, distribution, summarize
 from kvbench.harness.promscrape import MetricsSampler, capacity_from_metrics, fetch_metrics
 from kvbench.harness.records import (
     Agreement,
@@ -53,7 +53,7 @@ from kvbench.harness.records import (
     Stop,
     StopReason,
 )
-from kvbench.harness.scheduler import Concurrency, Rate, run_load
+from kvbench.harness.scheduler import Concurrency, Rate, Sessions, Timed, run_load
 from kvbench.harness.server import ServerConfig, ServerStartError, VllmServer, healthy, stop_all
 from kvbench.harness.slo import SLO, search
 from kvbench.harness.telemetry import NvmlSampler
@@ -92,6 +92,7 @@ class RunPlan:
     price_key: str | None = None  # the --price-per-hour entry it came from
     target_user_tps: float | None = None  # interactivity to read the front at (default: 1000 / the SLO's TPOT)
     workload_spec: object | None = None  # a kvbench.harness.workloads spec (None: `workload`'s fixed lengths)
+    workload_requests: int | None = None  # requests of the spec's fixed phase (None: as many as it holds)
     endpoints: dict[str, Endpoint] | None = None  # dtype -> a running server to measure instead of starting one
     tokenizer: str | None = None  # local tokenizer folder for the prompts (default: model)
     extra_args: list[str] = field(default_factory=list)
@@ -343,9 +344,17 @@ class Runner:
         return spec_for(self.plan.model)  # None for a hub id whose config is not on disk: no model-side prediction
 
     def _capacity(self, dtype: str, engine: EngineCapacity | None, cache_config: dict, facts: ServerFacts) -> Capacity:
-        """Engine-reported capacity, and the capacity model's prediction for the same budget, block size and
-        context (the server's own max_model_len where it says it)."""
+        """Engine-reported capacity, the capacity model's prediction for the same budget, block size and
+        context (the server's own max_model_len where it says it), and for a workload its own lengths'."""
         out = Capacity(engine=EngineCapacityRecord(**vars(engine)) if engine else None)
+        context = self._model_capacity(out, dtype, engine, cache_config, facts)
+        if self.plan.workload_spec is not None and context:
+            out.distribution = self._capacity_under_distribution(engine, out.model, _int(cache_config.get("block_size")),
+                                                                 context)
+        return out
+
+    def _model_capacity(self, out: Capacity, dtype: str, engine, cache_config: dict, facts: ServerFacts) -> int | None:
+        """Fill out.model (or out.model_note); return the context it used."""
         spec = self._model_spec()
         budget_bytes = _kv_budget_bytes(engine, cache_config)
         block = _int(cache_config.get("block_size"))
@@ -354,12 +363,12 @@ class Runner:
                                            ("its block size", block), ("max_model_len", context)) if not have]
         if missing:
             out.model_note = "no capacity-model prediction: unknown " + ", ".join(missing)
-            return out
+            return context
         try:
             fmt = get_format(dtype)
         except UsageError:
             out.model_note = f"no capacity-model prediction: kvbench has no format for {dtype!r}"
-            return out
+            return context
         gpu = self._catalog_gpu()
         row = capacity_row(spec, fmt, context, budget_from_bytes(budget_bytes, "engine's KV memory"), gpu, block_size=block)
         out.model = ModelCapacity(
@@ -373,6 +382,32 @@ class Runner:
             gpu=gpu.key if gpu else None,
             activation_overhead_bytes=self._overhead(spec, budget_bytes, cache_config) if not self.plan.endpoints else None,
         )
+        return context
+
+    def _capacity_under_distribution(self, engine: EngineCapacity | None, model: ModelCapacity | None,
+                                     block: int | None, context: int) -> dict | None:
+        """How many requests of the workload's own sequence lengths (prompt + output, what a request holds
+        when it finishes) fit at their mean, P90 and P99, beside the max_model_len figure the engine reports:
+        the engine's token pool where it said it, else the capacity model's; whole blocks per request."""
+        from kvbench.harness.workloads import build
+
+        pool = engine.kv_tokens if engine and engine.kv_tokens else (model.kv_tokens if model else None)
+        block = (engine.block_size if engine and engine.block_size else None) or block or 1
+        if not pool:
+            return None
+        stats = build(self.plan.workload_spec, self._tokenizer, seed=self.plan.workload.seed, stream=0,
+                      max_model_len=context, api=self.plan.workload.api).stats["sequence_tokens"]
+
+        def fits(tokens: int) -> int:
+            return (pool // block) // max(1, math.ceil(tokens / block))
+
+        worst = fits(context)
+        out = {"source": "engine" if engine and engine.kv_tokens else "model", "pool_tokens": pool, "block_size": block,
+               "max_model_len": {"tokens": context, "max_concurrency": worst}}
+        for key in ("mean", "p90", "p99"):
+            tokens = max(1, int(round(stats[key])))
+            out[key] = {"tokens": tokens, "max_concurrency": fits(tokens),
+                        "vs_max_model_len": fits(tokens) / worst if worst else None}
         return out
 
     def _catalog_gpu(self):
@@ -402,15 +437,39 @@ class Runner:
             w = Workload(**{**plan.workload.as_dict(), "num_requests": n})
             return make_prompts(w, self._tokenizer, stream=stream)
 
-        async def phase(name: str, kind: PhaseKind, load, n: int, stream: int, repeat: int = 0):
-            self.reporter.phase(dtype, name, total=n)
+        spec = plan.workload_spec
+        max_len = (result.server.max_model_len if result.server else None) or plan.max_model_len
+
+        def traffic(stream: int, n: int | None, load):
+            """(prompts, output tokens, mode) of a phase: fixed lengths, or the workload's own requests (a
+            trace brings its send times, a multi-turn workload its conversations)."""
+            if spec is None:
+                return prompts(stream, n), plan.workload.output_tokens, load
+            from kvbench.harness.workloads import build
+
+            rp = build(spec, self._tokenizer, seed=plan.workload.seed, stream=stream, max_model_len=max_len,
+                       api=plan.workload.api, num_requests=n)
+            if rp.timed:
+                load = Timed(tuple(r.send_at_s or 0.0 for r in rp.requests))
+            elif rp.sessions:
+                think = [0.0] * len(rp.requests)
+                for r in rp.requests:
+                    think[r.index] = r.think_s or 0.0
+                load = Sessions(tuple(tuple(t.index for t in s.turns) for s in rp.sessions), tuple(think),
+                                rp.max_concurrent_sessions or len(rp.sessions))
+            return rp.prompts, rp.output_tokens, load
+
+        async def phase(name: str, kind: PhaseKind, load, n: int | None, stream: int, repeat: int = 0):
+            items, outputs, load = traffic(stream, n, load)
+            self.reporter.phase(dtype, name, total=len(items))
             warm = prompts(stream + WARMUP_STREAM, plan.warmup_requests) if plan.warmup_requests else ()
             rapl_before = energy.rapl_read(self._rapl) if self._rapl else None
+            counters = await self._prefix_counters(backend, headers) if kind == PhaseKind.FIXED else None
             riding = asyncio.ensure_future(canaries.ride()) if canaries else None
             load_result = await run_load(
                 backend,
-                prompts(stream, n),
-                plan.workload.output_tokens,
+                items,
+                outputs,
                 load,
                 stall_timeout_s=plan.stall_timeout_s,
                 on_progress=self.reporter.advance,
@@ -437,7 +496,8 @@ class Runner:
             ph = Phase(name=name, kind=kind, concurrency=getattr(load, "concurrency", None),
                        rate_rps=rate if rate is not None and math.isfinite(rate) else None,
                        mode=load.describe(), summary=PhaseSummary.model_validate(summary), requests=count,
-                       repeat=repeat, started_s=start, energy=spent.as_dict(), canaries=canary)
+                       repeat=repeat, started_s=start, energy=spent.as_dict(), canaries=canary,
+                       prefix_cache=await self._prefix_cache(backend, headers, counters, load_result) if counters else None)
             result.phases.append(ph)
             if load_result.interrupted:  # run_load keeps what it measured on Ctrl-C; the run stops here
                 raise asyncio.CancelledError
@@ -460,7 +520,10 @@ class Runner:
                 canaries = Canaries(backend.base_url, backend.model, at_rest[: plan.canaries], headers, plan.stall_timeout_s)
 
         knee, cap = None, plan.search_cap
-        if plan.slo is not None:
+        paced = spec is not None and spec.kind in ("trace", "multi-turn")  # its own timing: no ladder
+        if paced and (plan.slo is not None or plan.sweep):
+            result.warnings.append(f"a {spec.kind} workload keeps its own timing: no SLO search or sweep (fixed phase only)")
+        if plan.slo is not None and not paced:
             engine_conc = result.capacity.engine.max_concurrency if result.capacity.engine else None
             model_conc = result.capacity.model.max_concurrency if result.capacity.model else None
             hint = engine_conc or model_conc
@@ -480,7 +543,7 @@ class Runner:
             )
             knee = found.max_concurrency or None
 
-        if plan.sweep:
+        if plan.sweep and not paced:
             measured = {p.concurrency for p in result.phases if p.concurrency and p.kind == PhaseKind.SLO_PROBE}
             engine_conc = result.capacity.engine.max_concurrency if result.capacity.engine else None
             top = min(x for x in (plan.sweep_max, cap) if x) if (plan.sweep_max or cap) else None
@@ -498,7 +561,8 @@ class Runner:
             for r in range(plan.repeat):
                 name = ("fixed" if i == 0 else f"fixed-{_load_name(load)}") + (f"-r{r + 1}" if plan.repeat > 1 else "")
                 stream = FIXED_STREAM + i * 100 + r
-                summary = await phase(name, PhaseKind.FIXED, load, plan.workload.num_requests, stream, repeat=r)
+                n = plan.workload_requests if spec is not None else plan.workload.num_requests
+                summary = await phase(name, PhaseKind.FIXED, load, n, stream, repeat=r)
                 if i == 0:
                     headline_runs.append(result.phases[-1].summary)
                 if summary.all_failed:
@@ -546,6 +610,32 @@ class Runner:
         except Exception as exc:  # lm-eval's own errors, a server gone mid-eval
             evals["error"] = _one_line(exc)
         result.eval = dict(evals)
+
+    async def _prefix_counters(self, backend, headers: dict) -> dict | None:
+        """vLLM's prefix-cache and preemption counters now (None when the server does not say them)."""
+        try:
+            snap = await asyncio.to_thread(fetch_metrics, backend.base_url, 5.0, headers)
+        except Exception:  # a server without /metrics: the phase simply has no prefix-cache numbers
+            return None
+        return {k: snap.values.get(k) for k in ("prefix_cache_queries", "prefix_cache_hits", "preemptions")}
+
+    async def _prefix_cache(self, backend, headers: dict, before: dict, load_result) -> dict:
+        """The phase's prefix-cache hit rate (from /metrics, in tokens), preemptions, and TTFT of requests that
+        hit the cache against those that did not (from usage.prompt_tokens_details.cached_tokens)."""
+        after = await self._prefix_counters(backend, headers) or {}
+
+        def delta(key):
+            a, b = after.get(key), before.get(key)
+            return a - b if a is not None and b is not None else None
+
+        queries, hits = delta("prefix_cache_queries"), delta("prefix_cache_hits")
+        done = [r for r in load_result.results if r.ok and r.ttft_s is not None]
+        known = [r for r in done if r.cached_tokens is not None]
+        hit = [r.ttft_s * 1e3 for r in known if r.cached_tokens > 0]
+        miss = [r.ttft_s * 1e3 for r in known if r.cached_tokens == 0]
+        return {"queries_tokens": queries, "hits_tokens": hits, "hit_rate": hits / queries if queries else None,
+                "preemptions": delta("preemptions"), "requests_with_cached_tokens": len(hit),
+                "requests_reporting": len(known), "ttft_hit_ms": distribution(hit), "ttft_miss_ms": distribution(miss)}
 
     def _energy(self, start: float, end: float, rapl_before) -> energy.Energy:
         """Energy of the phase just measured: NVML on a GPU, RAPL on a CPU that exposes it, else unavailable."""

@@ -111,10 +111,57 @@ def _num(x: float) -> float | str:
     return "inf" if math.isinf(x) else x  # JSON has no infinity
 
 
-def arrival_schedule(n: int, rate: Rate) -> np.ndarray:
+@dataclass(frozen=True)
+class Timed:
+    """Open loop on given send times (trace replay): request i is due `times[i]` seconds after the start.
+    Like `Rate`, lateness shows as schedule lag; `max_concurrency` caps requests in flight."""
+
+    times: tuple[float, ...]
+    max_concurrency: int | None = None
+
+    def __post_init__(self):
+        if any(not (t >= 0 and math.isfinite(t)) for t in self.times):
+            raise ValueError("send times must be finite and >= 0")
+        if list(self.times) != sorted(self.times):
+            raise ValueError("send times must not decrease")
+
+    @property
+    def max_in_flight(self) -> int | None:
+        return self.max_concurrency
+
+    def describe(self) -> dict[str, Any]:
+        return {"kind": "timed", "requests": len(self.times), "duration_s": self.times[-1] if self.times else 0.0,
+                "max_concurrency": self.max_concurrency}
+
+
+@dataclass(frozen=True)
+class Sessions:
+    """Multi-turn conversations: each session's requests (indices) in order, turn k + 1 sent when turn k has
+    finished and its think time has passed; at most `max_concurrent` sessions at once."""
+
+    sessions: tuple[tuple[int, ...], ...]
+    think_s: tuple[float, ...]  # per request index: the wait before it (0 for a session's first turn)
+    max_concurrent: int
+
+    def __post_init__(self):
+        if self.max_concurrent < 1:
+            raise ValueError(f"max_concurrent must be >= 1, got {self.max_concurrent}")
+
+    @property
+    def max_in_flight(self) -> int:
+        return self.max_concurrent
+
+    def describe(self) -> dict[str, Any]:
+        return {"kind": "sessions", "sessions": len(self.sessions), "turns": sum(len(s) for s in self.sessions),
+                "max_concurrent": self.max_concurrent, "concurrency": self.max_concurrent}
+
+
+def arrival_schedule(n: int, rate: Rate | Timed) -> np.ndarray:
     """Intended send times (seconds from the run start) of `n` requests; the first gap is drawn too."""
     if n <= 0:
         return np.zeros(0)
+    if isinstance(rate, Timed):
+        return np.asarray(rate.times[:n], dtype=float)
     if math.isinf(rate.rate):
         return np.zeros(n)
     if math.isinf(rate.burstiness):
@@ -142,7 +189,7 @@ class LoadResult:
     mode: dict[str, Any] = field(default_factory=dict)
     requested: int = 0  # prompts given
     not_sent: int = 0  # never sent because the run ended early
-    output_tokens: int = 0
+    output_tokens: int | None = 0  # None: one per request (see the results' requested_output_tokens)
     api: str = "completions"
     stall_timeout_s: float | None = None
     started_at_unix: float | None = None  # wall clock, metadata only
@@ -198,13 +245,17 @@ class _Run:
         if self.on_progress is not None:
             self.on_progress(self.completed + self.failed, len(self.prompts))
 
+    def output_for(self, i: int) -> int:
+        """Request i's exact output length: one for all, or one per request (workloads with lengths)."""
+        return self.output_tokens if isinstance(self.output_tokens, int) else int(self.output_tokens[i])
+
     async def request(self, i: int, intended_s: float, not_before: float | None = None) -> RequestResult:
         """Send request i. not_before: perf_counter() time it is due; it is prepared now and sent then."""
         prompt = self.prompts[i]
         r = RequestResult(
             index=i,
             request_id=f"kvbench-{self.run_id}-{i}",
-            requested_output_tokens=self.output_tokens,
+            requested_output_tokens=self.output_for(i),
             expected_prompt_tokens=prompt.num_tokens,
             intended_send_s=intended_s,
         )
@@ -227,7 +278,7 @@ class _Run:
         try:
             await self.backend.send(
                 prompt,
-                self.output_tokens,
+                self.output_for(i),
                 result=r,
                 origin_s=self.origin,
                 on_progress=self.touch,
@@ -273,6 +324,17 @@ class _Run:
                     intended = clock() - self.origin  # the slot is free now; the next send is due now
 
             await asyncio.gather(*(worker() for _ in range(min(self.mode.concurrency, n))))
+        elif isinstance(self.mode, Sessions):
+            slots = asyncio.Semaphore(self.mode.max_concurrent)
+
+            async def session(indices: tuple[int, ...]) -> None:
+                async with slots:  # a new conversation starts when one ends
+                    for i in indices:
+                        if self.mode.think_s[i]:
+                            await asyncio.sleep(self.mode.think_s[i])  # the user reads and types
+                        await self.request(i, clock() - self.origin)  # due when the think time is over
+
+            await asyncio.gather(*(session(s) for s in self.mode.sessions))
         else:
             schedule = arrival_schedule(n, self.mode).tolist()
             slots = asyncio.Semaphore(self.mode.max_concurrency) if self.mode.max_concurrency else None
@@ -313,8 +375,8 @@ class _Run:
 async def run_load(
     backend: OpenAIBackend,
     prompts: Sequence[Prompt | Sequence[int] | str],
-    output_tokens: int,
-    mode: Concurrency | Rate,
+    output_tokens: int | Sequence[int],
+    mode: Concurrency | Rate | Timed | Sessions,
     *,
     stall_timeout_s: float | None = 60.0,
     on_progress: Callable[[int, int], None] | None = None,
@@ -324,6 +386,8 @@ async def run_load(
 ) -> LoadResult:
     """Run one load against `backend` and return every request's measurements.
 
+    output_tokens: one exact length for every request, or one per request (workloads with length
+        distributions, datasets, traces, conversations).
     on_progress(done, total): called once at the start and after every request ends (done counts failures).
 
     warmup_prompts: sent first (at the same concurrency) and kept in `LoadResult.warmup`, outside every
@@ -356,7 +420,9 @@ async def run_load(
         warm_result = None
         if warm:
             warm_mode = Concurrency(min(mode.max_in_flight or len(warm), len(warm)))
-            warm_result = await _run(backend, warm, output_tokens, warm_mode, stall_timeout_s, None)
+            warm_out = output_tokens if isinstance(output_tokens, int) else [output_tokens[i % len(output_tokens)]
+                                                                            for i in range(len(warm))]
+            warm_result = await _run(backend, warm, warm_out, warm_mode, stall_timeout_s, None)
             if warm_result.interrupted or warm_result.stalled:
                 warm_result.warmup, warm_result.results = warm_result.results, []
                 warm_result.requested, warm_result.not_sent = len(items), len(items)
@@ -416,7 +482,7 @@ async def _run(backend, items, output_tokens, mode, stall_timeout_s, on_progress
         mode=mode.describe(),
         requested=len(items),
         not_sent=len(items) - len(results),
-        output_tokens=output_tokens,
+        output_tokens=output_tokens if isinstance(output_tokens, int) else None,
         api=backend.api,
         stall_timeout_s=stall_timeout_s,
         started_at_unix=started_unix,
