@@ -1,4 +1,4 @@
-"""asv: the serving metrics of kvbench/data/metrics.toml (source "run"), one `track_<name>` each,
+"""asv: the serving metrics of kvbench/data/metrics.toml (source "run"; "prefix": the prefix-cache scenario), one `track_<name>` each,
 parameterized by KV dtype. `setup_cache` runs ONE `kvbench run` (kvbench.suite.serving_numbers); every
 track only reads its number. A dtype the installed vLLM does not accept, or that produced no number,
 raises NotImplementedError in `setup`, which asv records as NaN ("n/a").
@@ -9,24 +9,22 @@ the same on every machine."""
 import math
 from pathlib import Path
 
-from kvbench.suite import serving_numbers
+from kvbench.suite import prefix_numbers, serving_numbers
 from kvbench.tracked import KV_DTYPES, as_track, metrics
 
 
 ROOT = Path(__file__).resolve().parents[1]  # the asv project: asv.conf.json, results/
 
 
-class Serving:
+class _PerDtype:
+    """One kvbench run in setup_cache, one number per KV dtype in each track."""
+
     params = list(KV_DTYPES)
     param_names = ["kv_dtype"]
-    version = "kvbench.serving/1"  # keeps history across cosmetic edits; bump when a measurement changes
     timeout = 3600  # also bounds setup_cache: three vLLM servers, SLO searches and fixed loads
     rounds = 1
     repeat = 1
     number = 1
-
-    def setup_cache(self):
-        return serving_numbers(ROOT)
 
     def setup(self, run, kv_dtype):
         numbers = run["dtypes"].get(kv_dtype)
@@ -48,6 +46,24 @@ def _track(metric):
     return as_track(track, metric)
 
 
+class Serving(_PerDtype):
+    version = "kvbench.serving/1"  # keeps history across cosmetic edits; bump when a measurement changes
+
+    def setup_cache(self):
+        return serving_numbers(ROOT)
+
+
+class PrefixCache(_PerDtype):
+    """The prefix-cache scenario (shared system prompts): vLLM's hit rate and TTFT per dtype, one run per asv run."""
+
+    version = "kvbench.prefix/1"
+
+    def setup_cache(self):
+        return prefix_numbers(ROOT)
+
+
 for _m in metrics():
     if _m.source == "run":
         setattr(Serving, f"track_{_m.name}", _track(_m))
+    elif _m.source == "prefix":
+        setattr(PrefixCache, f"track_{_m.name}", _track(_m))

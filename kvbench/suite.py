@@ -126,6 +126,26 @@ def serving_numbers(root: Path, model: str | None = None) -> dict:
     return {"run_id": doc["run_id"], "record": str(path), "status": doc["status"], "dtypes": by_dtype}
 
 
+def prefix_numbers(root: Path, model: str | None = None) -> dict:
+    """Run the prefix-cache scenario once (kvbench/data/workloads.toml "prefix-cache", its fixed load only) and
+    return {"dtypes": {dtype: {"status", **headline}}}: hit rate and TTFT per dtype."""
+    from kvbench.datafiles import load_toml
+    from kvbench.harness.defaults import build_plan
+    from kvbench.harness.machine import nvml_gpus
+    from kvbench.harness.records import headline
+    from kvbench.harness.runner import execute
+
+    gpus, _ = nvml_gpus()
+    defaults = load_toml("run_defaults.toml")["gpu" if gpus else "cpu"]
+    plan = build_plan(defaults=defaults, on_gpu=bool(gpus), model=model or os.environ.get(ENV_MODEL) or None,
+                      kv_dtypes=list(KV_DTYPES), slo=None, unknown_dtypes="record", results_dir=results_dir(root),
+                      python=sys.executable, machine=os.environ.get(ENV_MACHINE) or None, workload="prefix-cache",
+                      concurrency=[8], sweep=False, eval_tasks=[])
+    record, path = execute(plan, extra={"asv": asv_link(root)})
+    doc = record.as_doc()
+    return {"record": str(path), "dtypes": {d["kv_cache_dtype"]: {"status": d["status"], **headline(d)} for d in doc["dtypes"]}}
+
+
 def accuracy_numbers() -> dict:
     """{dtype: {"rel_l2", "cos_mean", ...}}: attention output vs fp32 with K/V stored in each KV dtype, on
     seeded synthetic K/V (deterministic: the same numbers on every run with the same torch)."""

@@ -12,9 +12,9 @@ from kvbench.datafiles import load_toml
 KV_DTYPES = ("auto", "fp8", "nvfp4")  # the asv parameter: the same on every machine
 DIRECTIONS = ("higher", "lower")
 MACHINE_KINDS = ("cpu", "gpu")
-SOURCES = ("run", "accuracy")
+SOURCES = ("run", "accuracy", "prefix")
 # asv benchmark class per source: `<module>.<class>.track_<metric>`
-ASV_CLASSES = {"run": "bench_serving.Serving", "accuracy": "bench_accuracy.Accuracy"}
+ASV_CLASSES = {"run": "bench_serving.Serving", "accuracy": "bench_accuracy.Accuracy", "prefix": "bench_serving.PrefixCache"}
 
 
 @dataclass(frozen=True)

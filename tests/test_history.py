@@ -52,7 +52,8 @@ def asv(*args, cwd):
 # -- the suite and the config -------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("module,cls,source", [("bench_serving", "Serving", "run"), ("bench_accuracy", "Accuracy", "accuracy")])
+@pytest.mark.parametrize("module,cls,source", [("bench_serving", "Serving", "run"), ("bench_serving", "PrefixCache", "prefix"),
+                                               ("bench_accuracy", "Accuracy", "accuracy")])
 def test_suite_tracks_are_metrics_toml(module, cls, source):
     klass = getattr(load_bench(module), cls)
     tracks = {name.removeprefix("track_"): getattr(klass, name) for name in dir(klass) if name.startswith("track_")}
@@ -117,7 +118,7 @@ def test_asv_step_detection_off_for_other_higher_is_better_tracks():
 MACHINE = "cpu-test"
 LEVELS = {"output_throughput": 2500.0, "request_throughput": 20.0, "goodput": 18.0, "ttft_p50": 0.08, "ttft_p95": 0.2,
           "tpot_p95": 0.005, "e2e_p95": 0.8, "engine_max_concurrency": 16.0, "model_max_concurrency": 16.0,
-          "measured_max_concurrency": 8.0, "attention_rel_l2": 0.04, "task_accuracy_rest": 0.99,
+          "measured_max_concurrency": 8.0, "attention_rel_l2": 0.04, "task_accuracy_rest": 0.99, "prefix_hit_rate": 0.8, "prefix_ttft_p50": 0.02,
           "task_accuracy_load": 0.98}
 
 
