@@ -112,6 +112,7 @@ def run_rows(doc: dict, path: Path | None) -> list[dict]:
                 "slo_ttft_p95_ms": slo.get("ttft_p95_ms"),
                 "slo_tpot_p95_ms": slo.get("tpot_p95_ms"),
                 "prompt_tokens": workload.get("prompt_tokens"),
+                "workload": workload_label(cfg),
                 "output_tokens": workload.get("output_tokens"),
                 "fixed_load": _describe_load(((cfg.get("loads") or [{}])[0]) or {}),  # the plan's, so a dtype that died first still groups
                 "honoured": d.get("kv_cache_dtype") not in flagged,
@@ -208,6 +209,7 @@ def front_rows(doc: dict) -> list[dict]:
                 "run_id": doc.get("run_id"), "created_at": doc.get("created_at"), "machine": doc.get("machine"),
                 "vllm_version": ((env.get("vllm") or {}).get("version")), "gpu": gpu_of(env), "kv_cache_dtype": d.get("kv_cache_dtype"),
                 "model": cfg.get("model_name") or cfg.get("model"), "prompt_tokens": workload.get("prompt_tokens"),
+                "workload": workload_label(cfg),
                 "output_tokens": workload.get("output_tokens"), "gpus": f.get("gpus"), "price_per_gpu_hour": f.get("price_per_gpu_hour"),
                 "price_key": f.get("price_key"), "energy_j_per_output_token": None,
             })
@@ -316,6 +318,17 @@ def _dated(frame: pd.DataFrame, order: list[str]) -> pd.DataFrame:
     return frame.sort_values(order, kind="stable").reset_index(drop=True)
 
 
+def workload_label(cfg: dict) -> str:
+    """The traffic a run sent, for titles and tables: the workload spec's kind and parameters, else 'fixed P+O'."""
+    spec = cfg.get("workload_spec")
+    if spec:
+        params = ", ".join(f"{k}={v}" for k, v in spec.items() if k not in ("kind", "name") and v is not None
+                           and not isinstance(v, (dict, list)))
+        return f"{spec.get('kind')} ({spec.get('name') or params})" if spec.get("name") else f"{spec.get('kind')} ({params})"
+    w = cfg.get("workload") or {}
+    return f"fixed {w.get('prompt_tokens')}+{w.get('output_tokens')} tokens"
+
+
 def setup_label(row) -> str:
     """What a run measured, apart from the machine: model, request shape and fixed load (a nightly runs
     several of these per machine, and each needs its own newest run)."""
@@ -323,7 +336,10 @@ def setup_label(row) -> str:
         value = row.get(key)
         return "?" if value is None or value != value else value
 
-    return f"{part('model')}, {part('prompt_tokens')}+{part('output_tokens')} tokens, {part('fixed_load')}"
+    workload = row.get("workload")
+    if workload is None or workload != workload:  # rows from before workloads: the fixed lengths
+        workload = f"fixed {part('prompt_tokens')}+{part('output_tokens')} tokens"
+    return f"{part('model')}, {workload}, {part('fixed_load')}"
 
 
 def latest_runs(runs: pd.DataFrame) -> pd.DataFrame:

@@ -19,7 +19,7 @@ PANELS = (  # column, panel title, axis title, unit
     ("tpot_p95_ms", "TPOT P95", "TPOT P95", "ms"),
     ("goodput_rps", "Goodput under the SLO", "goodput", "requests/s"),
 )
-WORKLOAD = ["model", "prompt_tokens", "output_tokens", "context", "fixed_load"]
+WORKLOAD = ["model", "workload", "context", "fixed_load"]
 
 
 def workload_groups(runs: pd.DataFrame) -> list[tuple[tuple, pd.DataFrame]]:
@@ -80,8 +80,8 @@ def build(data: SiteData) -> Page:
                            "machine and copy its <code>results/&lt;machine&gt;/</code> folder here to compare them."))
         page.body = "\n".join(parts)
         return page
-    for (model, prompt, output, context, load), rows in workload_groups(data.runs):
-        title = f"{model}: {prompt} prompt + {output} output tokens, context {context}, fixed load {load}"
+    for (model, workload, context, load), rows in workload_groups(data.runs):
+        title = f"{model}: {workload}, context {context}, fixed load {load}"
         inner = ""
         n = rows["machine"].nunique()
         if n == 1:

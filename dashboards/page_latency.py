@@ -3,6 +3,8 @@ concurrency that met the SLO in the run's search)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import math
 
 import pandas as pd
@@ -82,6 +84,32 @@ def knee_text(doc: dict) -> str:
     return "<ul>" + "".join(f"<li>{x}</li>" for x in out) + "</ul>"
 
 
+def length_scatter(doc: dict) -> go.Figure | None:
+    """TTFT of every request of the fixed phases against its prompt length, per dtype (from the run's samples)."""
+    from kvbench.harness.records import samples_frame
+
+    path = doc.get("_path")
+    try:
+        req = samples_frame([Path(path)]) if path else None
+    except Exception:
+        return None
+    if req is None or req.empty:
+        return None
+    req = req[(req["phase_kind"] == "fixed") & ~req["warmup"] & req["ok"] & req["ttft_s"].notna()]
+    if req.empty:
+        return None
+    fig = go.Figure()
+    for dtype in ordered(req["kv_cache_dtype"]):
+        pts = req[req["kv_cache_dtype"] == dtype]
+        x = pts["prompt_tokens"].fillna(pts["expected_prompt_tokens"])
+        fig.add_trace(go.Scattergl(x=x, y=pts["ttft_s"] * 1e3, mode="markers", name=esc(dtype),
+                                   marker={"color": color(dtype), "symbol": symbol(dtype), "size": 5, "opacity": 0.6},
+                                   hovertemplate=f"<b>{esc(dtype)}</b><br>%{{x}} prompt tokens<br>TTFT %{{y:.1f}} ms<extra></extra>"))
+    fig.update_xaxes(title_text="prompt length (tokens)")
+    fig.update_yaxes(title_text="TTFT (ms)")
+    return style(fig, "TTFT by prompt length, every request of the fixed load", height=380)
+
+
 def build(data: SiteData) -> Page:
     page = Page(SLUG, TITLE)
     parts = [f"<h1>{esc(TITLE)}</h1>",
@@ -111,6 +139,14 @@ def build(data: SiteData) -> Page:
             inner += page.plot(latency_figure(doc, closed), f"latency-{slug(machine)}")
         if not opened.empty:
             inner += page.plot(latency_figure(doc, opened, x="rate_rps"), f"latency-rate-{slug(machine)}")
-        parts.append(section(f"{machine} — run {doc.get('run_id')}", inner, anchor=f"m-{machine}"))
+        if (doc.get("config") or {}).get("workload_spec"):  # variable lengths: each request's TTFT by its prompt
+            scatter = length_scatter(doc)
+            inner += (page.plot(scatter, f"latency-lengths-{slug(machine)}") if scatter is not None else
+                      note("Per-request samples of this run are not on this disk (they are kept beside the record as "
+                           "Parquet, not committed): no TTFT-by-prompt-length view."))
+        from kvbench.dashboards.data import workload_label
+
+        title = f"{machine} — {workload_label(doc.get('config') or {})} — run {doc.get('run_id')}"
+        parts.append(section(title, inner, anchor=f"m-{machine}"))
     page.body = "\n".join(parts)
     return page

@@ -18,7 +18,7 @@ DASH = ("solid", "dash", "dot", "dashdot")  # one per machine
 
 def newest(fronts: pd.DataFrame) -> pd.DataFrame:
     """Points of the newest run per (machine, model, request shape)."""
-    keyed = fronts.assign(setup=[f"{m}: {p}+{o} tokens" for m, p, o in zip(fronts["model"], fronts["prompt_tokens"], fronts["output_tokens"])])
+    keyed = fronts.assign(setup=[f"{m}: {w}" for m, w in zip(fronts["model"], fronts["workload"])])
     last = keyed.sort_values("created_at").groupby(["machine", "setup"])["run_id"].last()
     return keyed[keyed["run_id"].isin(last.values)]
 
