@@ -7,7 +7,7 @@ sends `--requests` requests per round, and its requests/s is completed / the tim
 
 Three clients per round, in rotating order so none always runs first: kvbench; `vllm bench serve` with
 its aiohttp session's trust_env off and nothing else changed (`vllm`: the reference, see
-benchmarks/peer_vllm_bench_serve.py: trust_env=True costs it two thread-pool hops per request); and
+scripts/peer_vllm_bench_serve.py: trust_env=True costs it two thread-pool hops per request); and
 `vllm bench serve` as shipped (`vllm_as_shipped`). Both send the same kind of request: text prompts from
 vLLM's random dataset (`--prompt-tokens` tokens), ignore_eos, temperature 0, streamed /v1/completions;
 each warms its connections first (vLLM: `--num-warmups`; kvbench: warmup requests). vLLM's client is
