@@ -203,6 +203,8 @@ class Capacity(_Model):
     model_note: str | None = None  # why there is no model prediction, when there is none
     # variable-length workloads: the capacity model at the workload's mean / P90 / P99 sequence length
     distribution: dict[str, Any] | None = None
+    # on a GPU: kvbench.vllm_memory's predicted non-KV terms beside the server log's (weights, activations, ...)
+    non_kv: dict[str, Any] | None = None
 
 
 class ServerInfo(_Model):

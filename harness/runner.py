@@ -382,7 +382,14 @@ class Runner:
             gpu=gpu.key if gpu else None,
             activation_overhead_bytes=self._overhead(spec, budget_bytes, cache_config) if not self.plan.endpoints else None,
         )
+        if gpu is not None and not self.plan.endpoints:
+            out.non_kv = self._non_kv(spec, gpu, cache_config, context)
         return context
+
+    def _non_kv(self, spec, gpu, cache_config: dict, context: int) -> dict:
+        log = self.server.log_path.read_text(errors="replace") if self.server else None
+        return non_kv_report(spec, gpu, cache_config, context, self.plan.extra_args,
+                             (self.record.environment.get("vllm") or {}).get("version"), log)
 
     def _capacity_under_distribution(self, engine: EngineCapacity | None, model: ModelCapacity | None,
                                      block: int | None, context: int) -> dict | None:
@@ -748,6 +755,28 @@ def _one_line(exc: BaseException) -> str:
 
 def _load_name(load) -> str:
     return f"c{load.concurrency}" if isinstance(load, Concurrency) else f"r{load.rate:g}"
+
+
+def non_kv_report(spec, gpu, cache_config: dict, context: int, vllm_args: list[str], vllm_version: str | None,
+                  log_text: str | None) -> dict:
+    """kvbench's prediction of every non-KV term (kvbench.vllm_memory) beside what the server's own start-up
+    log says, per rank: weights, activation peak, non-torch memory, CUDA graphs, the KV pool (GiB)."""
+    from kvbench.startuplog import parse_startup_log
+    from kvbench.vllm_memory import predict_non_kv
+
+    try:
+        util = cache_config.get("gpu_memory_utilization")
+        predicted = predict_non_kv(spec, gpu, utilization=float(util) if util else None,
+                                   tensor_parallel_size=_tensor_parallel(vllm_args),
+                                   pipeline_parallel_size=_tensor_parallel(vllm_args, ("--pipeline-parallel-size", "-pp")),
+                                   vllm_version=vllm_version, max_model_len=context).as_dict()
+    except Exception as exc:  # a prediction kvbench cannot make is a note, never a lost run
+        return {"error": _one_line(exc)}
+    log = parse_startup_log(log_text) if log_text else None
+    measured = None if log is None else {
+        "weights_gib": log.weights_gib, "activation_gib": log.activation_gib, "non_torch_gib": log.non_torch_gib,
+        "cudagraph_gib": log.cudagraph_actual_gib, "kv_pool_gib": log.available_kv_gib}
+    return {"predicted": predicted, "measured_from_log": measured}
 
 
 def _tensor_parallel(args: list[str], flags: tuple[str, ...] = ("--tensor-parallel-size", "-tp")) -> int:

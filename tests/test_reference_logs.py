@@ -64,7 +64,7 @@ def test_every_log_is_listed():
     assert set(EXPECTED_FAILURES) <= {p.name for p in LOGS.glob("*.txt")}
 
 
-@pytest.mark.parametrize("path", _cases())
+@pytest.mark.parametrize("path", list(_cases()))
 def test_kv_pool_and_tokens_match_the_log(path):
     log, est, row = _predict(path)
     pool_gib = est.stages[0].kv_pool.bytes / GiB
@@ -102,3 +102,20 @@ def test_log_without_capacity_line_is_one_line(tmp_path):
     empty.write_bytes(b"INFO starting\n\xff\xfe binary junk\n")
     out = CliRunner().invoke(app, ["capacity", "--from-log", str(empty)])
     assert out.exit_code != 0 and "no KV-cache capacity line" in str(out.exception)
+
+
+def test_a_gpu_run_records_the_predicted_non_kv_terms_beside_the_servers_log():
+    # What `kvbench run` writes to capacity.non_kv on a GPU: the same prediction, next to the log's own figures.
+    from kvbench.gpus import get_gpu
+    from kvbench.harness.runner import non_kv_report
+    from kvbench.models import spec_for
+
+    path = LOGS / "meta-llama-llama-3-1-8b---h100-80gb--tp1pp1dp1--8192.txt"
+    report = non_kv_report(spec_for("llama-3.1-8b"), get_gpu("h100-sxm"), {"gpu_memory_utilization": "0.95"}, 8192,
+                           [], CASES["default_vllm_version"], path.read_text())
+    stage = report["predicted"]["stages"][0]
+    measured = report["measured_from_log"]
+    assert stage["weights"]["gib"] == pytest.approx(measured["weights_gib"], abs=0.05)
+    assert stage["kv_pool"]["gib"] == pytest.approx(measured["kv_pool_gib"], abs=POOL_TOLERANCE_GIB)
+    assert report["predicted"]["tensor_parallel_size"] == 1
+    assert "error" in non_kv_report(spec_for("llama-3.1-8b"), get_gpu("h100-sxm"), {}, 8192, [], "0.1.0", None)
