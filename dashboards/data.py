@@ -15,7 +15,7 @@ import pandas as pd
 
 from kvbench.errors import KvbenchError
 from kvbench.harness import records as run_records
-from kvbench.harness.records import PhaseKind
+from kvbench.harness.records import PhaseKind, workload_label
 
 HISTORY_COLUMNS = [
     "machine", "commit", "commit_date", "run_id", "run_started", "vllm_package", "vllm_version", "gpu", "driver",
@@ -316,17 +316,6 @@ def _dated(frame: pd.DataFrame, order: list[str]) -> pd.DataFrame:
         return frame
     frame["created_at"] = pd.to_datetime(frame["created_at"], utc=True, errors="coerce")
     return frame.sort_values(order, kind="stable").reset_index(drop=True)
-
-
-def workload_label(cfg: dict) -> str:
-    """The traffic a run sent, for titles and tables: the workload spec's kind and parameters, else 'fixed P+O'."""
-    spec = cfg.get("workload_spec")
-    if spec:
-        params = ", ".join(f"{k}={v}" for k, v in spec.items() if k not in ("kind", "name") and v is not None
-                           and not isinstance(v, (dict, list)))
-        return f"{spec.get('kind')} ({spec.get('name') or params})" if spec.get("name") else f"{spec.get('kind')} ({params})"
-    w = cfg.get("workload") or {}
-    return f"fixed {w.get('prompt_tokens')}+{w.get('output_tokens')} tokens"
 
 
 def setup_label(row) -> str:

@@ -144,7 +144,7 @@ def build(data: SiteData) -> Page:
             inner += (page.plot(scatter, f"latency-lengths-{slug(machine)}") if scatter is not None else
                       note("Per-request samples of this run are not on this disk (they are kept beside the record as "
                            "Parquet, not committed): no TTFT-by-prompt-length view."))
-        from kvbench.dashboards.data import workload_label
+        from kvbench.harness.records import workload_label
 
         title = f"{machine} — {workload_label(doc.get('config') or {})} — run {doc.get('run_id')}"
         parts.append(section(title, inner, anchor=f"m-{machine}"))

@@ -747,6 +747,17 @@ def headline(dtype_result: dict) -> dict:
     }
 
 
+def workload_label(cfg: dict) -> str:
+    """The traffic a run sent, for titles and tables: the workload spec's kind and parameters, else 'fixed P+O'."""
+    spec = cfg.get("workload_spec")
+    if spec:
+        params = ", ".join(f"{k}={v}" for k, v in spec.items() if k not in ("kind", "name") and v is not None
+                           and not isinstance(v, (dict, list)))
+        return f"{spec.get('kind')} ({spec.get('name') or params})" if spec.get("name") else f"{spec.get('kind')} ({params})"
+    w = cfg.get("workload") or {}
+    return f"fixed {w.get('prompt_tokens')}+{w.get('output_tokens')} tokens"
+
+
 def _prefix_hit_rate(dtype_result: dict) -> float | None:
     """vLLM's prefix-cache hit rate (tokens) over the fixed phases, where the server reported it."""
     q = h = 0.0

@@ -50,6 +50,8 @@ def test_random_lengths_go_out_per_request_and_capacity_reads_the_distribution(t
     assert dist["mean"]["tokens"] < dist["p99"]["tokens"] <= 512  # sequences shorter than the worst case ...
     assert dist["mean"]["max_concurrency"] >= dist["max_model_len"]["max_concurrency"]  # ... fit more of them
     assert doc["config"]["workload_spec"]["kind"] == "random"
+    shown = kvbench("report", str(records.find_records(tmp_path)[0])).stdout
+    assert "workload random" in shown and "Requests that fit at the workload's own lengths" in shown
 
 
 def test_a_trace_replays_on_its_send_times_without_a_search(tmp_path, tiny_model):
@@ -96,3 +98,5 @@ def test_shared_prefixes_hit_the_real_servers_prefix_cache(vllm_servers, tiny_mo
     assert pc["queries_tokens"] >= 16 * 288 * 0.9  # every prompt token was looked up ...
     assert 0.5 < pc["hit_rate"] < 1.0  # ... and most of the 2 prefixes came from the cache (first use missed)
     assert records.headline(doc["dtypes"][0])["prefix_hit_rate"] == pytest.approx(pc["hit_rate"])
+    shown = kvbench("report", str(records.find_records(tmp_path)[0])).stdout
+    assert f"{pc['hit_rate']:.1%}" in shown  # the report's prefix-cache table

@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from kvbench.harness.records import fixed_phase, headline, load_record
+from kvbench.harness.records import fixed_phase, headline, load_record, workload_label
 from kvbench.output import console, num, print_json
 
 NAME = "report"
@@ -34,8 +34,9 @@ def render(doc: dict, path: Path | None = None) -> None:
               else f"{vllm.get('package')} {vllm.get('version')}")
     console.print(
         f"model {cfg.get('model_name')}, {engine}; "
-        f"{w.get('prompt_tokens')} prompt + {w.get('output_tokens')} output tokens per request; "
-        f"max_model_len {cfg.get('max_model_len')}"
+        + (f"workload {workload_label(cfg)}; " if cfg.get("workload_spec") else
+           f"{w.get('prompt_tokens')} prompt + {w.get('output_tokens')} output tokens per request; ")
+        + f"max_model_len {cfg.get('max_model_len')}"
     )
     for d in doc.get("dtypes", []):
         server = d.get("server") or {}
@@ -85,7 +86,7 @@ def render(doc: dict, path: Path | None = None) -> None:
         )
         fixed = fixed_phase(d)
         mode = (fixed or {}).get("mode") or {}
-        load = f"concurrency {mode['concurrency']}" if "concurrency" in mode else (f"{mode.get('rate_rps')} req/s" if mode else "—")
+        load = _load_text(mode)
         reps = d.get("fixed_stats") or {}
 
         def cell(key: str, digits: int) -> str:
@@ -123,6 +124,9 @@ def render(doc: dict, path: Path | None = None) -> None:
     console.print(lat)
     if any(d.get("fixed_stats") for d in doc.get("dtypes", [])):
         console.print("xN: the fixed load ran N times with fresh prompts; mean ±half-width of its 95% t interval.")
+    render_workload_capacity(doc)
+    render_prefix_cache(doc)
+    render_non_kv(doc)
     render_comparisons(doc)
     render_fronts(doc)
     render_quality(doc)
@@ -168,6 +172,71 @@ def render(doc: dict, path: Path | None = None) -> None:
             console.print(f"[yellow]{d['kv_cache_dtype']}: {warning}[/]")
     for finding in doc.get("findings", []):
         console.print(f"[bold yellow]!! {finding['text']}[/]")
+
+
+def _load_text(mode: dict) -> str:
+    kind = mode.get("kind")
+    if kind == "timed":
+        return f"trace: {mode.get('requests')} requests over {num(mode.get('duration_s'), 1)} s"
+    if kind == "sessions":
+        return f"{mode.get('sessions')} conversations ({mode.get('turns')} turns), {mode.get('max_concurrent')} at once"
+    if "concurrency" in mode:
+        return f"concurrency {mode['concurrency']}"
+    return f"{mode.get('rate_rps')} req/s" if mode else "—"
+
+
+def render_workload_capacity(doc: dict) -> None:
+    """Requests that fit at the workload's own sequence lengths, against the max_model_len worst case."""
+    rows = [(d["kv_cache_dtype"], (d.get("capacity") or {}).get("distribution")) for d in doc.get("dtypes", [])]
+    rows = [(k, v) for k, v in rows if v]
+    if not rows:
+        return
+    table = Table(title="Requests that fit at the workload's own lengths (prompt + output tokens; whole KV blocks)",
+                  title_justify="left")
+    for col in ("KV dtype", "pool", "max_model_len", "P99", "P90", "mean"):
+        table.add_column(col, justify="left" if col == "KV dtype" else "right")
+    for dtype, dist in rows:
+        def cell(key):
+            c = dist.get(key) or {}
+            ratio = c.get("vs_max_model_len")
+            return (f"{c.get('max_concurrency')} @ {c.get('tokens')} tok"
+                    + (f" ({ratio:.1f}x)" if ratio and key != "max_model_len" else ""))
+        table.add_row(dtype, f"{dist.get('pool_tokens'):,} tok ({dist.get('source')})", *(cell(k) for k in ("max_model_len", "p99", "p90", "mean")))
+    console.print(table)
+
+
+def render_prefix_cache(doc: dict) -> None:
+    """vLLM's prefix-cache hit rate over each fixed phase and the TTFT of requests that hit it or missed."""
+    rows = [(d["kv_cache_dtype"], p) for d in doc.get("dtypes", []) for p in d.get("phases") or [] if p.get("prefix_cache")]
+    if not rows or all((p["prefix_cache"].get("queries_tokens") or 0) == 0 for _, p in rows):
+        return
+    table = Table(title="Prefix cache over the fixed load (vLLM /metrics; TTFT split by usage cached_tokens)", title_justify="left")
+    for col in ("KV dtype", "phase", "hit rate (tokens)", "preemptions", "requests hit / reporting", "TTFT P50 hit (ms)",
+                "TTFT P50 miss (ms)"):
+        table.add_column(col, justify="left" if col in ("KV dtype", "phase") else "right")
+    for dtype, p in rows:
+        pc = p["prefix_cache"]
+        rate = pc.get("hit_rate")
+        table.add_row(dtype, p["name"], "—" if rate is None else f"{rate:.1%}", num(pc.get("preemptions"), 0),
+                      f"{pc.get('requests_with_cached_tokens')} / {pc.get('requests_reporting')}",
+                      num((pc.get("ttft_hit_ms") or {}).get("p50"), 1), num((pc.get("ttft_miss_ms") or {}).get("p50"), 1))
+    console.print(table)
+
+
+def render_non_kv(doc: dict) -> None:
+    """On a GPU: kvbench's predicted non-KV terms against the server log's (first rank), GiB."""
+    for d in doc.get("dtypes", []):
+        nk = (d.get("capacity") or {}).get("non_kv")
+        if not nk:
+            continue
+        if nk.get("error"):
+            console.print(f"{d['kv_cache_dtype']}: no non-KV prediction: {nk['error']}")
+            continue
+        stage, log = nk["predicted"]["stages"][0], nk.get("measured_from_log") or {}
+        pairs = [("weights", "weights_gib"), ("activation", "activation_gib"), ("non_torch", "non_torch_gib"),
+                 ("cudagraph", "cudagraph_gib"), ("kv_pool", "kv_pool_gib")]
+        console.print(f"{d['kv_cache_dtype']} memory per GPU, predicted / vLLM's log (GiB): "
+                      + ", ".join(f"{t} {num(stage[t]['gib'], 2)} / {num(log.get(k), 2)}" for t, k in pairs))
 
 
 def render_comparisons(doc: dict) -> None:
