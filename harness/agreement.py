@@ -17,6 +17,8 @@ from dataclasses import asdict, dataclass
 
 import aiohttp
 
+from kvbench.harness.http import side_session
+
 
 @dataclass
 class Sample:
@@ -71,8 +73,7 @@ async def collect(
     """Greedy samples from this server, and its teacher-forced scores of the reference's continuations.
 
     A request that gets no byte for `stall_timeout_s` fails (a hung server must not hang the run)."""
-    timeout = aiohttp.ClientTimeout(total=None, sock_connect=stall_timeout_s, sock_read=stall_timeout_s)
-    async with aiohttp.ClientSession(timeout=timeout, headers=headers) as session:
+    async with side_session(headers, stall_timeout_s) as session:
         samples = [await greedy(session, base_url, model, p, max_tokens) for p in prompts]
         forced = None
         if reference is not None:
@@ -123,9 +124,8 @@ class Canaries:
     async def ride(self, delay_s: float = 0.5) -> dict:
         """Send every canary once (after `delay_s`, so they meet the load) and say which came back different."""
         await asyncio.sleep(delay_s)
-        timeout = aiohttp.ClientTimeout(total=None, sock_connect=self.timeout_s, sock_read=self.timeout_s)
         out = {"sent": 0, "same": 0, "differ": 0, "failed": 0, "first_difference": []}
-        async with aiohttp.ClientSession(timeout=timeout, headers=self.headers) as session:
+        async with side_session(self.headers, self.timeout_s) as session:
             got = await asyncio.gather(*(greedy(session, self.base_url, self.model, s["prompt"], len(s["tokens"]))
                                          for s in self.samples), return_exceptions=True)
         for ref, sample in zip(self.samples, got):

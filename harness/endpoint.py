@@ -13,11 +13,11 @@ from __future__ import annotations
 import base64
 import json
 import urllib.error
-import urllib.request
 from dataclasses import dataclass, field
 from urllib.parse import parse_qsl, unquote, urlencode, urlsplit, urlunsplit
 
 from kvbench.errors import UsageError
+from kvbench.harness import http
 from kvbench.harness.promscrape import parse_metrics
 
 # Query parameters whose values are secrets (Azure's api-key, signed URLs' sig, bearer tokens ...).
@@ -129,21 +129,12 @@ class ServerFacts:
         return value if value not in (None, "", "None") else None
 
 
-def _get(url: str, headers: dict[str, str], timeout_s: float) -> tuple[int, bytes]:
-    req = urllib.request.Request(url, headers=headers)
-    try:
-        with urllib.request.urlopen(req, timeout=timeout_s) as resp:
-            return resp.status, resp.read()
-    except urllib.error.HTTPError as exc:
-        return exc.code, exc.read() if exc.fp else b""
-
-
 def describe(base_url: str, headers: dict[str, str] | None = None, timeout_s: float = 10.0) -> ServerFacts:
     """Ask the server what it is; a one-line UsageError when it does not answer as an OpenAI-compatible vLLM."""
     headers = dict(headers or {})
     shown = redact_url(base_url)
     try:
-        status, body = _get(f"{base_url}/v1/models", headers, timeout_s)
+        status, body = http.get(f"{base_url}/v1/models", headers, timeout_s)
     except (urllib.error.URLError, OSError, ValueError) as exc:
         reason = getattr(exc, "reason", exc)
         raise UsageError(f"--endpoint {shown}: no answer from {shown}/v1/models ({reason}); is the server running?") from None
@@ -166,14 +157,14 @@ def describe(base_url: str, headers: dict[str, str] | None = None, timeout_s: fl
     max_len = first.get("max_model_len")
     version = None
     try:
-        status, body = _get(f"{base_url}/version", headers, timeout_s)
+        status, body = http.get(f"{base_url}/version", headers, timeout_s)
         if status == 200:
             version = str(json.loads(body).get("version")) or None
     except (urllib.error.URLError, OSError, ValueError, AttributeError):
         pass  # not every OpenAI-compatible server says its version
     cache_config: dict[str, str] = {}
     try:
-        status, body = _get(f"{base_url}/metrics", headers, timeout_s)
+        status, body = http.get(f"{base_url}/metrics", headers, timeout_s)
         if status == 200:
             cache_config = parse_metrics(body.decode("utf-8", "replace")).cache_config
     except (urllib.error.URLError, OSError, ValueError):

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import asyncio
 import time
-import urllib.request
 from dataclasses import dataclass, field
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from kvbench.harness import http
 from kvbench.harness.logparse import EngineCapacity
 
 GAUGES = {
@@ -59,10 +59,10 @@ def parse_metrics(text: str, t: float | None = None) -> MetricsSnapshot:
 
 def fetch_metrics_text(base_url: str, timeout_s: float = 5.0, headers: dict[str, str] | None = None) -> tuple[float, str]:
     """(perf_counter() when the answer arrived, the /metrics text), unparsed."""
-    req = urllib.request.Request(f"{base_url}/metrics", headers=headers or {})
-    with urllib.request.urlopen(req, timeout=timeout_s) as resp:
-        text = resp.read().decode("utf-8", "replace")
-    return time.perf_counter(), text
+    status, body = http.get(f"{base_url}/metrics", headers, timeout_s)
+    if status != 200:
+        raise OSError(f"{base_url}/metrics answered HTTP {status}")
+    return time.perf_counter(), body.decode("utf-8", "replace")
 
 
 def fetch_metrics(base_url: str, timeout_s: float = 5.0, headers: dict[str, str] | None = None) -> MetricsSnapshot:

@@ -14,12 +14,12 @@ import subprocess
 import sys
 import time
 import urllib.error
-import urllib.request
 import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from kvbench.errors import KvbenchError
+from kvbench.harness import http
 from kvbench.harness.logparse import EngineCapacity, parse_capacity, startup_error
 
 # Every live server, so an interrupted run never leaves orphans (see stop_all).
@@ -68,9 +68,7 @@ class ServerConfig:
 def healthy(base_url: str, timeout_s: float = 2.0, headers: dict[str, str] | None = None) -> bool:
     """vLLM answers /health with 200 only while its engine is alive."""
     try:
-        req = urllib.request.Request(f"{base_url}/health", headers=headers or {})
-        with urllib.request.urlopen(req, timeout=timeout_s) as resp:
-            return resp.status == 200
+        return http.get(f"{base_url}/health", headers, timeout_s)[0] == 200
     except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
         return False
 
