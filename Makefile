@@ -21,4 +21,7 @@ run: setup
 	$(VENV)/bin/kvbench claims
 
 test: setup
+	@# the tree stays formatted and lint-clean (pyproject.toml [tool.ruff]); the tests follow
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
 	$(PY) -m pytest

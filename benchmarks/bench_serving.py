@@ -1,7 +1,7 @@
-"""asv: the serving metrics of kvbench/data/metrics.toml (source "run"; "prefix": the prefix-cache scenario), one `track_<name>` each,
-parameterized by KV dtype. `setup_cache` runs ONE `kvbench run` (kvbench.suite.serving_numbers); every
-track only reads its number. A dtype the installed vLLM does not accept, or that produced no number,
-raises NotImplementedError in `setup`, which asv records as NaN ("n/a").
+"""asv: the serving metrics of kvbench/data/metrics.toml (source "run"; "prefix": the prefix-cache scenario),
+one `track_<name>` each, parameterized by KV dtype. `setup_cache` runs ONE `kvbench run`
+(kvbench.suite.serving_numbers); every track only reads its number. A dtype the installed vLLM does not
+accept, or that produced no number, raises NotImplementedError in `setup`, which asv records as NaN ("n/a").
 
 The track methods are generated from metrics.toml so the suite cannot drift from it; the benchmark set is
 the same on every machine."""
@@ -11,7 +11,6 @@ from pathlib import Path
 
 from kvbench.suite import prefix_numbers, serving_numbers
 from kvbench.tracked import KV_DTYPES, as_track, metrics
-
 
 ROOT = Path(__file__).resolve().parents[1]  # the asv project: asv.conf.json, results/
 

@@ -18,9 +18,19 @@ from pathlib import Path
 CHROMIUM = "/usr/bin/chromium"
 CHROMEDRIVER = "/usr/bin/chromedriver"
 FLAGS = (
-    "--headless=new", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
-    "--disable-component-update", "--disable-sync", "--disable-default-apps", "--disable-extensions", "--hide-scrollbars",
-    "--disable-dev-shm-usage", "--allow-file-access-from-files",
+    "--headless=new",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--disable-default-apps",
+    "--disable-extensions",
+    "--hide-scrollbars",
+    "--disable-dev-shm-usage",
+    "--allow-file-access-from-files",
 )
 
 # Every plotly div with its trace count and how many traces carry data points.
@@ -30,7 +40,8 @@ return Array.from(document.querySelectorAll('.plotly-graph-div')).map(el => ({
   id: el.id,
   traces: (el.data || []).length,
   // _fullData: plotly's decoded view (el.data may hold base64 typed-array specs instead of arrays)
-  with_points: (el._fullData || []).filter(t => t.visible !== false && ((t.x && t.x.length) || (t.y && t.y.length))).length,
+  with_points: (el._fullData || []).filter(t => t.visible !== false && \
+((t.x && t.x.length) || (t.y && t.y.length))).length,
   drawn: el.querySelectorAll('.main-svg').length,
 }));
 """
@@ -93,8 +104,13 @@ def inspect(driver, page: Path) -> dict:
         pass
     logs = driver.get_log("browser")
     errors = [entry["message"] for entry in logs if entry.get("level") == "SEVERE"]
-    return {"errors": errors, "plots": plots, "alert": alert, "title": driver.title,
-            "injected": driver.execute_script("return window.__kvbench_injected === true")}
+    return {
+        "errors": errors,
+        "plots": plots,
+        "alert": alert,
+        "title": driver.title,
+        "injected": driver.execute_script("return window.__kvbench_injected === true"),
+    }
 
 
 def screenshot(driver, page: Path, out: Path, full_height: bool = False) -> Path:

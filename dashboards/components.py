@@ -69,7 +69,9 @@ def date_text(value) -> str:
     return ts.strftime("%Y-%m-%d %H:%M UTC") if ts.tzinfo else ts.strftime("%Y-%m-%d %H:%M")
 
 
-def hover_data(frame: pd.DataFrame, run_id="run_id", date="created_at", vllm="vllm_version", machine="machine", extra=()) -> list[list[str]]:
+def hover_data(
+    frame: pd.DataFrame, run_id="run_id", date="created_at", vllm="vllm_version", machine="machine", extra=()
+) -> list[list[str]]:
     """customdata rows, escaped: run id, date, vLLM version, machine, then any extra columns."""
     out = []
     for _, row in frame.iterrows():
@@ -85,8 +87,13 @@ def hover_template(lines: list[str], first_extra: int = 4) -> str:
     return "<br>".join([*lines, standard]) + "<extra></extra>"
 
 
-def table(frame: pd.DataFrame, columns: dict[str, str], raw: set[str] = frozenset(), classes: str = "data",
-          numeric: set[str] = frozenset()) -> str:
+def table(
+    frame: pd.DataFrame,
+    columns: dict[str, str],
+    raw: set[str] = frozenset(),
+    classes: str = "data",
+    numeric: set[str] = frozenset(),
+) -> str:
     """An HTML table from a frame. Cells are escaped unless their column is in `raw` (cells the page built
     itself from escaped parts); `numeric` columns are right-aligned."""
     head = "".join(f"<th>{esc(title)}</th>" for title in columns.values())

@@ -75,8 +75,15 @@ def accuracy_for(accuracy: pd.DataFrame, dtype: str, activation: str = "bf16") -
     if pick.empty:
         pick = rows
     r = pick.iloc[0]
-    return {"rel_l2": r["rel_l2"], "cos_mean": r["cos_mean"], "scale": r["scale"], "format": fmt,
-            "machine": r["machine"], "created_at": r["created_at"], "data": r["data"]}
+    return {
+        "rel_l2": r["rel_l2"],
+        "cos_mean": r["cos_mean"],
+        "scale": r["scale"],
+        "format": fmt,
+        "machine": r["machine"],
+        "created_at": r["created_at"],
+        "data": r["data"],
+    }
 
 
 def release_boundaries(points: pd.DataFrame, x: str = "commit_date", version: str = "vllm_version") -> list[tuple]:

@@ -54,24 +54,55 @@ def verdict_figure(frame: pd.DataFrame, title: str) -> go.Figure:
     f = frame.dropna(subset=["delta_pct"]).iloc[::-1]
     fig = go.Figure()
     for verdict, part in f.groupby("verdict", sort=False):
-        fig.add_trace(go.Bar(
-            y=[esc(i) for i in part["id"]], x=part["delta_pct"], orientation="h", name=esc(verdict),
-            marker={"color": VERDICT_COLORS.get(verdict, "#999")}, text=[esc(t) for t in part["label"]], textposition="outside",
-            customdata=[[esc(r["text"]), _value(r["claimed"], r["unit"]), _value(r["derived"], r["unit"]), esc(r["label"]), esc(title)]
-                        for _, r in part.iterrows()],
-            hovertemplate=("<b>%{customdata[0]}</b><br>claimed %{customdata[1]}, derived %{customdata[2]}<br>"
-                           "derived − claimed: %{x:+.1f}% → %{customdata[3]}<br>derived from kvbench's specs (no run); "
-                           "source: %{customdata[4]}<extra></extra>"),
-        ))
+        fig.add_trace(
+            go.Bar(
+                y=[esc(i) for i in part["id"]],
+                x=part["delta_pct"],
+                orientation="h",
+                name=esc(verdict),
+                marker={"color": VERDICT_COLORS.get(verdict, "#999")},
+                text=[esc(t) for t in part["label"]],
+                textposition="outside",
+                customdata=[
+                    [
+                        esc(r["text"]),
+                        _value(r["claimed"], r["unit"]),
+                        _value(r["derived"], r["unit"]),
+                        esc(r["label"]),
+                        esc(title),
+                    ]
+                    for _, r in part.iterrows()
+                ],
+                hovertemplate=(
+                    "<b>%{customdata[0]}</b><br>claimed %{customdata[1]}, derived %{customdata[2]}<br>"
+                    "derived − claimed: %{x:+.1f}% → %{customdata[3]}<br>derived from kvbench's specs (no run); "
+                    "source: %{customdata[4]}<extra></extra>"
+                ),
+            )
+        )
     tol = float(frame["tolerance_pct"].dropna().max()) if frame["tolerance_pct"].notna().any() else None
     if tol:
-        fig.add_vrect(x0=-tol, x1=tol, fillcolor="#009E73", opacity=0.10, line_width=0,
-                      annotation={"text": f"holds: within ±{tol:g}%", "font": {"size": 11}}, annotation_position="outside top")
+        fig.add_vrect(
+            x0=-tol,
+            x1=tol,
+            fillcolor="#009E73",
+            opacity=0.10,
+            line_width=0,
+            annotation={"text": f"holds: within ±{tol:g}%", "font": {"size": 11}},
+            annotation_position="outside top",
+        )
     lo, hi = float(f["delta_pct"].min()), float(f["delta_pct"].max())
     pad = max(8.0, 0.22 * (max(hi, 0) - min(lo, 0)))  # room for the verdict labels outside the bars
-    fig.update_xaxes(title_text="derived vs claimed (%)", zeroline=True, zerolinecolor="#444", range=[min(lo, 0) - pad, max(hi, 0) + pad])
+    fig.update_xaxes(
+        title_text="derived vs claimed (%)",
+        zeroline=True,
+        zerolinecolor="#444",
+        range=[min(lo, 0) - pad, max(hi, 0) + pad],
+    )
     # claims top to bottom in the file's order, whatever trace (verdict) they are in
-    fig.update_yaxes(title_text="claim", automargin=True, categoryorder="array", categoryarray=[esc(i) for i in f["id"]])
+    fig.update_yaxes(
+        title_text="claim", automargin=True, categoryorder="array", categoryarray=[esc(i) for i in f["id"]]
+    )
     style(fig, "How far each claim is from what kvbench derives", height=max(380, 26 * len(f) + 140))
     fig.update_layout(barmode="overlay")
     return fig
@@ -81,8 +112,12 @@ def build(data: SiteData) -> Page:
     page = Page(SLUG, TITLE)
     parts = [f"<h1>{esc(TITLE)}</h1>"]
     if data.claims is None or not data.verdicts:
-        parts.append(empty("No claims file could be read — <code>kvbench claims --file F</code> checks one; the shipped "
-                           "file is <code>kvbench/data/claims/nvfp4-kv-cache-article.toml</code>."))
+        parts.append(
+            empty(
+                "No claims file could be read — <code>kvbench claims --file F</code> checks one; the shipped "
+                "file is <code>kvbench/data/claims/nvfp4-kv-cache-article.toml</code>."
+            )
+        )
         page.body = "\n".join(parts)
         return page
     doc = data.claims
@@ -91,22 +126,48 @@ def build(data: SiteData) -> Page:
     frame = pd.DataFrame([{**vars(v), "label": v.label, "tolerance_pct": tolerance.get(v.id)} for v in data.verdicts])
     counts = frame["verdict"].value_counts()
     summary = ", ".join(f"{int(counts[k])} {k}" for k in VERDICT_COLORS if k in counts)
-    parts.append(f'<p class="lead"><b>{esc(title)}</b> — source: {source_link(doc)}. kvbench re-derives every numeric claim from its '
-                 f"model, GPU and format specs (<code>kvbench claims</code>); a measured value appears where a run of the same model, "
-                 f"context and KV budget exists. {esc(summary)}.</p>")
+    parts.append(
+        f'<p class="lead"><b>{esc(title)}</b> — source: {source_link(doc)}. '
+        "kvbench re-derives every numeric claim from its "
+        "model, GPU and format specs (<code>kvbench claims</code>); "
+        "a measured value appears where a run of the same model, "
+        f"context and KV budget exists. {esc(summary)}.</p>"
+    )
     parts.append(page.plot(verdict_figure(frame, title), "claims-verdicts"))
     view = frame.copy()
-    view["claim"] = [f"{esc(r['text'])}<br><small><code>{esc(r['id'])}</code> · {esc(r['where'])}"
-                     + (f" · source: {esc(r['source'])}" if isinstance(r.get("source"), str) else "") + "</small>"
-                     for _, r in view.iterrows()]
-    view["claimed_t"] = [_value(v, u) for v, u in zip(view["claimed"], view["unit"])]
-    view["derived_t"] = [_value(None if pd.isna(v) else v, u) for v, u in zip(view["derived"], view["unit"])]
-    view["measured_t"] = [_value(m, u) if not pd.isna(m) else ("not measured yet" if isinstance(ms, str) and ms else "—")
-                          for m, u, ms in zip(view["measured"], view["unit"], view["measure"])]
-    view["verdict_t"] = [badge(lbl, VERDICT_COLORS.get(v, "#999")) for v, lbl in zip(view["verdict"], view["label"])]
-    parts.append(section("Every claim", table(
-        view, {"claim": "claim (where in the source)", "claimed_t": "claimed", "derived_t": "derived", "measured_t": "measured",
-               "verdict_t": "verdict", "derivation": "how kvbench derived it"},
-        raw={"claim", "claimed_t", "derived_t", "measured_t", "verdict_t"})))
+    view["claim"] = [
+        f"{esc(r['text'])}<br><small><code>{esc(r['id'])}</code> · {esc(r['where'])}"
+        + (f" · source: {esc(r['source'])}" if isinstance(r.get("source"), str) else "")
+        + "</small>"
+        for _, r in view.iterrows()
+    ]
+    view["claimed_t"] = [_value(v, u) for v, u in zip(view["claimed"], view["unit"], strict=False)]
+    view["derived_t"] = [
+        _value(None if pd.isna(v) else v, u) for v, u in zip(view["derived"], view["unit"], strict=False)
+    ]
+    view["measured_t"] = [
+        _value(m, u) if not pd.isna(m) else ("not measured yet" if isinstance(ms, str) and ms else "—")
+        for m, u, ms in zip(view["measured"], view["unit"], view["measure"], strict=False)
+    ]
+    view["verdict_t"] = [
+        badge(lbl, VERDICT_COLORS.get(v, "#999")) for v, lbl in zip(view["verdict"], view["label"], strict=False)
+    ]
+    parts.append(
+        section(
+            "Every claim",
+            table(
+                view,
+                {
+                    "claim": "claim (where in the source)",
+                    "claimed_t": "claimed",
+                    "derived_t": "derived",
+                    "measured_t": "measured",
+                    "verdict_t": "verdict",
+                    "derivation": "how kvbench derived it",
+                },
+                raw={"claim", "claimed_t", "derived_t", "measured_t", "verdict_t"},
+            ),
+        )
+    )
     page.body = "\n".join(parts)
     return page

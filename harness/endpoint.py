@@ -21,8 +21,22 @@ from kvbench.harness import http
 from kvbench.harness.promscrape import parse_metrics
 
 # Query parameters whose values are secrets (Azure's api-key, signed URLs' sig, bearer tokens ...).
-SECRET_QUERY = ("key", "api_key", "api-key", "apikey", "token", "access_token", "auth", "secret", "password",
-                "sig", "signature", "code", "credential", "x-api-key")
+SECRET_QUERY = (
+    "key",
+    "api_key",
+    "api-key",
+    "apikey",
+    "token",
+    "access_token",
+    "auth",
+    "secret",
+    "password",
+    "sig",
+    "signature",
+    "code",
+    "credential",
+    "x-api-key",
+)
 REDACTED = "REDACTED"
 
 
@@ -33,7 +47,9 @@ def redact_url(url: str) -> str:
     if ":" in host:  # IPv6 literal
         host = f"[{host}]"
     netloc = f"{host}:{parts.port}" if parts.port else host
-    query = urlencode([(k, REDACTED if k.lower() in SECRET_QUERY else v) for k, v in parse_qsl(parts.query, keep_blank_values=True)])
+    query = urlencode(
+        [(k, REDACTED if k.lower() in SECRET_QUERY else v) for k, v in parse_qsl(parts.query, keep_blank_values=True)]
+    )
     return urlunsplit((parts.scheme, netloc, parts.path, query, ""))
 
 
@@ -66,15 +82,19 @@ def check_url(url: str, flag: str = "--endpoint") -> str:
     """An http(s) URL with a host, without a trailing slash; one line naming the valid form if not."""
     parts = urlsplit(url.strip())
     if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise UsageError(f"{flag} {redact_url(url)!r} is not an http(s) URL with a host; give e.g. http://127.0.0.1:8000")
+        raise UsageError(
+            f"{flag} {redact_url(url)!r} is not an http(s) URL with a host; give e.g. http://127.0.0.1:8000"
+        )
     try:
         parts.port  # noqa: B018 - raises on a bad port
     except ValueError:
         raise UsageError(f"{flag} {redact_url(url)!r} has an invalid port; give e.g. http://127.0.0.1:8000") from None
     if parts.query or parts.fragment:
         # kvbench appends vLLM's routes (/v1/completions, /metrics, /health) to the base URL: a query cannot ride along
-        raise UsageError(f"{flag} {redact_url(url)!r} has a query string; give the base URL only and pass a key with "
-                         "--api-key (or OPENAI_API_KEY) or --header 'NAME: VALUE'")
+        raise UsageError(
+            f"{flag} {redact_url(url)!r} has a query string; give the base URL only and pass a key with "
+            "--api-key (or OPENAI_API_KEY) or --header 'NAME: VALUE'"
+        )
     return url.strip().rstrip("/")
 
 
@@ -89,8 +109,10 @@ def parse_endpoints(text: str) -> dict[str | None, str]:
     for part in text.split(","):
         dtype, sep, url = part.strip().partition("=")
         if not sep or "://" in dtype or not dtype:
-            raise UsageError(f"--endpoint entry {redact_url(part.strip())!r} must be DTYPE=URL when several are given, "
-                             "e.g. auto=http://h:8000,fp8=http://h:8001")
+            raise UsageError(
+                f"--endpoint entry {redact_url(part.strip())!r} must be DTYPE=URL when several are given, "
+                "e.g. auto=http://h:8000,fp8=http://h:8001"
+            )
         if dtype in out:
             raise UsageError(f"--endpoint names {dtype!r} twice; give one server per KV dtype")
         out[dtype.strip()] = check_url(url, f"--endpoint {dtype}")
@@ -137,10 +159,14 @@ def describe(base_url: str, headers: dict[str, str] | None = None, timeout_s: fl
         status, body = http.get(f"{base_url}/v1/models", headers, timeout_s)
     except (urllib.error.URLError, OSError, ValueError) as exc:
         reason = getattr(exc, "reason", exc)
-        raise UsageError(f"--endpoint {shown}: no answer from {shown}/v1/models ({reason}); is the server running?") from None
+        raise UsageError(
+            f"--endpoint {shown}: no answer from {shown}/v1/models ({reason}); is the server running?"
+        ) from None
     if status in (401, 403):
-        raise UsageError(f"--endpoint {shown}: the server refused /v1/models (HTTP {status}); pass --api-key KEY "
-                         "(or set OPENAI_API_KEY) or --header 'NAME: VALUE'")
+        raise UsageError(
+            f"--endpoint {shown}: the server refused /v1/models (HTTP {status}); pass --api-key KEY "
+            "(or set OPENAI_API_KEY) or --header 'NAME: VALUE'"
+        )
     if status != 200:
         raise UsageError(f"--endpoint {shown}: /v1/models answered HTTP {status}, not an OpenAI-compatible model list")
     try:
@@ -149,8 +175,10 @@ def describe(base_url: str, headers: dict[str, str] | None = None, timeout_s: fl
         first = models[0]
         served = str(first["id"])
     except (ValueError, KeyError, IndexError, TypeError):
-        raise UsageError(f"--endpoint {shown}: /v1/models did not answer as an OpenAI-compatible server "
-                         "(expected {\"data\": [{\"id\": ...}]})") from None
+        raise UsageError(
+            f"--endpoint {shown}: /v1/models did not answer as an OpenAI-compatible server "
+            '(expected {"data": [{"id": ...}]})'
+        ) from None
     if len(models) > 1:
         names = ", ".join(str(m.get("id")) for m in models if isinstance(m, dict))
         raise UsageError(f"--endpoint {shown} serves several models ({names}); kvbench measures one model per server")

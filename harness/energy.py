@@ -49,7 +49,7 @@ def trapezoid(times: list[float], watts: list[float], start: float, end: float) 
     """(joules, coverage, largest gap in s) of power samples over [start, end]: samples inside the window
     plus the window's edges, interpolated linearly from the neighbouring samples (held at the nearest sample
     outside the data)."""
-    pts = sorted((t, w) for t, w in zip(times, watts) if math.isfinite(w))
+    pts = sorted((t, w) for t, w in zip(times, watts, strict=False) if math.isfinite(w))
     if not pts or end <= start:
         return 0.0, 0.0, math.inf
 
@@ -58,14 +58,14 @@ def trapezoid(times: list[float], watts: list[float], start: float, end: float) 
             return pts[0][1]
         if t >= pts[-1][0]:
             return pts[-1][1]
-        for (t0, w0), (t1, w1) in zip(pts, pts[1:]):
+        for (t0, w0), (t1, w1) in zip(pts, pts[1:], strict=False):
             if t0 <= t <= t1:
                 return w0 + (w1 - w0) * (t - t0) / (t1 - t0) if t1 > t0 else w0
         return pts[-1][1]
 
     inside = [(t, w) for t, w in pts if start < t < end]
     series = [(start, at(start)), *inside, (end, at(end))]
-    joules = sum((t1 - t0) * (w0 + w1) / 2 for (t0, w0), (t1, w1) in zip(series, series[1:]))
+    joules = sum((t1 - t0) * (w0 + w1) / 2 for (t0, w0), (t1, w1) in zip(series, series[1:], strict=False))
     covered_from, covered_to = max(start, pts[0][0]), min(end, pts[-1][0])
     coverage = max(0.0, covered_to - covered_from) / (end - start)
     # gaps between the samples that bracket the window (a window edge counts as a gap when no sample precedes
@@ -73,7 +73,7 @@ def trapezoid(times: list[float], watts: list[float], start: float, end: float) 
     before = [t for t, _ in pts if t < start]
     after = [t for t, _ in pts if t > end]
     seq = [before[-1] if before else start, *(t for t, _ in pts if start <= t <= end), after[0] if after else end]
-    gap = max(max(0.0, min(b, end) - max(a, start)) for a, b in zip(seq, seq[1:]))
+    gap = max(max(0.0, min(b, end) - max(a, start)) for a, b in zip(seq, seq[1:], strict=False))
     return joules, coverage, gap
 
 
@@ -104,8 +104,17 @@ def nvml_energy(samples: list[list[float]], fields: list[str], start: float, end
         reason = f"power samples cover {coverage:.0%} of the phase (< {MIN_COVERAGE:.0%})"
     elif gap > MAX_GAP_S:
         reason = f"a {gap:.2f} s gap between power samples (> {MAX_GAP_S} s)"
-    return Energy("nvml", reason is None, reason, joules, seconds, joules / seconds if seconds else None, coverage, gap,
-                  len(by_gpu))
+    return Energy(
+        "nvml",
+        reason is None,
+        reason,
+        joules,
+        seconds,
+        joules / seconds if seconds else None,
+        coverage,
+        gap,
+        len(by_gpu),
+    )
 
 
 # -- RAPL (CPU package energy counters) ---------------------------------------------------------------------
@@ -130,13 +139,16 @@ def rapl_energy(before: list[tuple[int, int]] | None, after: list[tuple[int, int
     if before is None or after is None or not before:
         return unavailable()
     joules = 0.0
-    for (e0, rng), (e1, _) in zip(before, after):
+    for (e0, rng), (e1, _) in zip(before, after, strict=False):
         delta = e1 - e0 if e1 >= e0 else e1 + rng - e0  # the counter wrapped
         joules += delta / 1e6
     return Energy("rapl", True, None, joules, seconds, joules / seconds if seconds else None, 1.0, 0.0, len(before))
 
 
 def unavailable(root: Path = POWERCAP) -> Energy:
-    why = (f"no RAPL energy counters under {root} (this kernel or VM does not expose them)" if not rapl_domains(root)
-           else f"RAPL counters under {root} are not readable by this user")
+    why = (
+        f"no RAPL energy counters under {root} (this kernel or VM does not expose them)"
+        if not rapl_domains(root)
+        else f"RAPL counters under {root} are not readable by this user"
+    )
     return Energy("unavailable", False, why)

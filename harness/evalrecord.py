@@ -50,9 +50,17 @@ def _paired(ref: dict[int, float], cand: dict[int, float]) -> dict | None:
     if not shared or not _binary([*r, *c]):
         return None
     cmp = stats.compare(r, c)
-    return {"n": cmp.n, "difference": cmp.difference, "ci95": [cmp.ci_low, cmp.ci_high], "p_value": cmp.p_value,
-            "losses": cmp.losses, "gains": cmp.gains, "significant": cmp.significant, "verdict": cmp.verdict,
-            "detectable_drop": stats.detectable_drop(cmp.n)}
+    return {
+        "n": cmp.n,
+        "difference": cmp.difference,
+        "ci95": [cmp.ci_low, cmp.ci_high],
+        "p_value": cmp.p_value,
+        "losses": cmp.losses,
+        "gains": cmp.gains,
+        "significant": cmp.significant,
+        "verdict": cmp.verdict,
+        "detectable_drop": stats.detectable_drop(cmp.n),
+    }
 
 
 def summarize(results: dict[RunKey, EvalResult], reference: str = REFERENCE) -> dict:
@@ -91,18 +99,48 @@ def new_eval_id(machine: str) -> str:
 def _items_table(results: dict[RunKey, EvalResult]):
     import pyarrow as pa
 
-    cols: dict[str, list] = {k: [] for k in ("task", "kv_cache_dtype", "concurrency", "doc_id", "prompt_sha256",
-                                             "target", "response", "filtered", "score")}
+    cols: dict[str, list] = {
+        k: []
+        for k in (
+            "task",
+            "kv_cache_dtype",
+            "concurrency",
+            "doc_id",
+            "prompt_sha256",
+            "target",
+            "response",
+            "filtered",
+            "score",
+        )
+    }
     for key, res in results.items():
         for task, tr in res.tasks.items():
             for it in tr.items:
-                for name, value in (("task", task), ("kv_cache_dtype", key.dtype), ("concurrency", key.concurrency),
-                                    ("doc_id", it.doc_id), ("prompt_sha256", it.prompt_sha256), ("target", it.target),
-                                    ("response", it.response), ("filtered", it.filtered), ("score", it.score)):
+                for name, value in (
+                    ("task", task),
+                    ("kv_cache_dtype", key.dtype),
+                    ("concurrency", key.concurrency),
+                    ("doc_id", it.doc_id),
+                    ("prompt_sha256", it.prompt_sha256),
+                    ("target", it.target),
+                    ("response", it.response),
+                    ("filtered", it.filtered),
+                    ("score", it.score),
+                ):
                     cols[name].append(value)
-    schema = pa.schema([("task", pa.string()), ("kv_cache_dtype", pa.string()), ("concurrency", pa.int32()),
-                        ("doc_id", pa.int64()), ("prompt_sha256", pa.string()), ("target", pa.string()),
-                        ("response", pa.string()), ("filtered", pa.string()), ("score", pa.float64())])
+    schema = pa.schema(
+        [
+            ("task", pa.string()),
+            ("kv_cache_dtype", pa.string()),
+            ("concurrency", pa.int32()),
+            ("doc_id", pa.int64()),
+            ("prompt_sha256", pa.string()),
+            ("target", pa.string()),
+            ("response", pa.string()),
+            ("filtered", pa.string()),
+            ("score", pa.float64()),
+        ]
+    )
     return pa.table(cols, schema=schema)
 
 
@@ -120,21 +158,45 @@ def write_eval_record(path: Path, doc: dict, results: dict[RunKey, EvalResult]) 
     return path
 
 
-def new_doc(eval_id: str, machine: str, model: str, tasks: list[str], limit: int | None, concurrency: list[int],
-            servers: dict[str, dict], results: dict[RunKey, EvalResult], notes: list[str]) -> dict:
+def new_doc(
+    eval_id: str,
+    machine: str,
+    model: str,
+    tasks: list[str],
+    limit: int | None,
+    concurrency: list[int],
+    servers: dict[str, dict],
+    results: dict[RunKey, EvalResult],
+    notes: list[str],
+) -> dict:
     """The summary document (schema kvbench.eval/1)."""
     any_result = next(iter(results.values()), None)
     return {
-        "schema": SCHEMA, "eval_id": eval_id, "created": utc_iso(), "machine": machine, "model": model,
-        "tasks": tasks, "limit": limit, "concurrency": concurrency, "reference": REFERENCE,
+        "schema": SCHEMA,
+        "eval_id": eval_id,
+        "created": utc_iso(),
+        "machine": machine,
+        "model": model,
+        "tasks": tasks,
+        "limit": limit,
+        "concurrency": concurrency,
+        "reference": REFERENCE,
         "lm_eval_version": any_result.lm_eval_version if any_result else None,
         "servers": servers,
-        "runs": [{"kv_cache_dtype": k.dtype, "concurrency": k.concurrency, "wall_s": r.wall_s,
-                  "tasks": {t: {"metric": tr.metric, "value": tr.value, "n": tr.n} for t, tr in r.tasks.items()}}
-                 for k, r in results.items()],
+        "runs": [
+            {
+                "kv_cache_dtype": k.dtype,
+                "concurrency": k.concurrency,
+                "wall_s": r.wall_s,
+                "tasks": {t: {"metric": tr.metric, "value": tr.value, "n": tr.n} for t, tr in r.tasks.items()},
+            }
+            for k, r in results.items()
+        ],
         "summary": summarize(results),
         "notes": notes,
-        "stats_note": ("accuracy: Wilson 95% interval; vs auto / vs rest: paired items, McNemar exact test, "
-                       "Newcombe (1998) method 10 interval for the difference; detectable_drop: smallest true drop "
-                       "found with 80% power at alpha 0.05 when the dtype only loses items"),
+        "stats_note": (
+            "accuracy: Wilson 95% interval; vs auto / vs rest: paired items, McNemar exact test, "
+            "Newcombe (1998) method 10 interval for the difference; detectable_drop: smallest true drop "
+            "found with 80% power at alpha 0.05 when the dtype only loses items"
+        ),
     }

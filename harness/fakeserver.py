@@ -139,7 +139,14 @@ async def _completion(request: web.Request) -> web.StreamResponse:
     body = await request.json()
     st.arrivals += 1
     n = st.arrivals
-    entry: dict[str, Any] = {"n": n, "request_id": request.headers.get("X-Request-Id"), "received_s": t_recv, "api": "chat" if chat else "completions", "writes_s": [], "outcome": "ok"}
+    entry: dict[str, Any] = {
+        "n": n,
+        "request_id": request.headers.get("X-Request-Id"),
+        "received_s": t_recv,
+        "api": "chat" if chat else "completions",
+        "writes_s": [],
+        "outcome": "ok",
+    }
     st.log.append(entry)
     max_tokens = int(body.get("max_tokens") or body.get("max_completion_tokens") or 16)
     prompt_tokens = _prompt_tokens(body, chat)
@@ -148,7 +155,9 @@ async def _completion(request: web.Request) -> web.StreamResponse:
 
     if cfg.fail_every and n % cfg.fail_every == 0:
         entry["outcome"] = "http_500"
-        return web.json_response({"error": {"message": "fake failure", "type": "InternalServerError", "code": 500}}, status=500)
+        return web.json_response(
+            {"error": {"message": "fake failure", "type": "InternalServerError", "code": 500}}, status=500
+        )
     if not body.get("stream"):
         return await _complete_whole(request, st, cfg, body, chat, n, entry, t_recv)
     hang = bool(cfg.hang_every and n % cfg.hang_every == 0)
@@ -187,7 +196,10 @@ async def _completion(request: web.Request) -> web.StreamResponse:
 
     def opener() -> bytes:  # vLLM's chat stream opens with a role-only chunk, sent with the first token
         ev: dict[str, Any] = {
-            "id": rid_in, "object": obj, "created": created, "model": cfg.model,
+            "id": rid_in,
+            "object": obj,
+            "created": created,
+            "model": cfg.model,
             "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}],
         }
         if continuous:
@@ -197,7 +209,14 @@ async def _completion(request: web.Request) -> web.StreamResponse:
     def tail() -> bytes:
         out = b""
         if with_usage:
-            ev = {"id": rid_in, "object": obj, "created": created, "model": cfg.model, "choices": [], "usage": usage(max_tokens)}
+            ev = {
+                "id": rid_in,
+                "object": obj,
+                "created": created,
+                "model": cfg.model,
+                "choices": [],
+                "usage": usage(max_tokens),
+            }
             out += _event(ev)
         if cfg.send_done:
             out += b"data: [DONE]\n\n"
@@ -292,12 +311,25 @@ def _token_completion(body: dict[str, Any], max_tokens: int, corrupt: bool, n: i
         choice["logprobs"] = {"tokens": [f"token_id:{t}" for t in ids], "token_logprobs": [-0.5] * len(ids)}
     if body.get("prompt_logprobs") is not None:
         choice["prompt_logprobs"] = [None] + [{str(t): {"logprob": -0.5, "rank": 1}} for t in prompt[1:]]
-    return {"id": f"cmpl-fake-{n}", "object": "text_completion", "model": body.get("model"), "choices": [choice],
-            "usage": {"prompt_tokens": len(prompt), "completion_tokens": len(ids), "total_tokens": len(prompt) + len(ids)}}
+    return {
+        "id": f"cmpl-fake-{n}",
+        "object": "text_completion",
+        "model": body.get("model"),
+        "choices": [choice],
+        "usage": {"prompt_tokens": len(prompt), "completion_tokens": len(ids), "total_tokens": len(prompt) + len(ids)},
+    }
 
 
-async def _complete_whole(request: web.Request, st: _State, cfg: FakeConfig, body: dict[str, Any], chat: bool, n: int,
-                          entry: dict[str, Any], t_recv: float) -> web.Response:
+async def _complete_whole(
+    request: web.Request,
+    st: _State,
+    cfg: FakeConfig,
+    body: dict[str, Any],
+    chat: bool,
+    n: int,
+    entry: dict[str, Any],
+    t_recv: float,
+) -> web.Response:
     """A non-streamed response after ttft_s + itl_s per further token; a list of prompts gets one choice each.
     hang_every / drop_every apply as to streams (a hung request never answers; a dropped one is cut off)."""
     if cfg.hang_every and n % cfg.hang_every == 0:
@@ -330,25 +362,47 @@ async def _complete_whole(request: web.Request, st: _State, cfg: FakeConfig, bod
     for i, prompt in enumerate(prompts):
         text, finish = _answer(cfg, prompt if isinstance(prompt, str) else "", max_tokens, corrupt)
         completion_tokens += len(text.split())
-        choices.append({"index": i, "message": {"role": "assistant", "content": text}, "finish_reason": finish}
-                       if chat else {"index": i, "text": text, "logprobs": None, "finish_reason": finish})
+        choices.append(
+            {"index": i, "message": {"role": "assistant", "content": text}, "finish_reason": finish}
+            if chat
+            else {"index": i, "text": text, "logprobs": None, "finish_reason": finish}
+        )
     prompt_tokens = _prompt_tokens(body, chat)
     st.prompt_tokens_total += prompt_tokens
     st.generation_tokens_total += completion_tokens
     st.success_total += 1
     entry["writes_s"].append(time.perf_counter())
-    return web.json_response({
-        "id": f"{'chatcmpl' if chat else 'cmpl'}-fake-{n}", "object": "chat.completion" if chat else "text_completion",
-        "created": int(time.time()), "model": cfg.model, "choices": choices,
-        "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-                  "total_tokens": prompt_tokens + completion_tokens},
-    })
+    return web.json_response(
+        {
+            "id": f"{'chatcmpl' if chat else 'cmpl'}-fake-{n}",
+            "object": "chat.completion" if chat else "text_completion",
+            "created": int(time.time()),
+            "model": cfg.model,
+            "choices": choices,
+            "usage": {
+                "prompt_tokens": prompt_tokens,
+                "completion_tokens": completion_tokens,
+                "total_tokens": prompt_tokens + completion_tokens,
+            },
+        }
+    )
 
 
 async def _models(request: web.Request) -> web.Response:
     cfg: FakeConfig = request.app[STATE].config
     return web.json_response(
-        {"object": "list", "data": [{"id": cfg.model, "object": "model", "owned_by": "kvbench-fake", "root": cfg.model, "max_model_len": cfg.max_model_len}]}
+        {
+            "object": "list",
+            "data": [
+                {
+                    "id": cfg.model,
+                    "object": "model",
+                    "owned_by": "kvbench-fake",
+                    "root": cfg.model,
+                    "max_model_len": cfg.max_model_len,
+                }
+            ],
+        }
     )
 
 
@@ -373,7 +427,10 @@ async def _metrics(request: web.Request) -> web.Response:
         f"vllm:generation_tokens_total{lab} {float(st.generation_tokens_total)}",
         "# HELP vllm:request_success_total Count of successfully processed requests.",
         "# TYPE vllm:request_success_total counter",
-        f'vllm:request_success_total{{engine="0",finished_reason="length",model_name="{st.config.model}"}} {float(st.success_total)}',
+        (
+            f'vllm:request_success_total{{engine="0",finished_reason="length",model_name="{st.config.model}"}} '
+            f"{float(st.success_total)}"
+        ),
     ]
     cfg = st.config
     if cfg.kv_cache_dtype is not None:
@@ -461,7 +518,13 @@ class FakeServer:
     """The fake server, in a background thread (mode="thread") or a subprocess (mode="process")."""
 
     def __init__(
-        self, config: FakeConfig | None = None, *, host: str = "127.0.0.1", port: int = 0, mode: str = "thread", uvloop: bool = False
+        self,
+        config: FakeConfig | None = None,
+        *,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        mode: str = "thread",
+        uvloop: bool = False,
     ):
         if mode not in ("thread", "process"):
             raise ValueError("mode must be 'thread' or 'process'")
@@ -516,9 +579,21 @@ class FakeServer:
             raise errors[0]
 
     def _start_process(self) -> None:
-        cmd = [sys.executable, "-m", "kvbench.harness.fakeserver", "--host", self.host, "--port", str(self.port), "--config-json", json.dumps(asdict(self.config))]
+        cmd = [
+            sys.executable,
+            "-m",
+            "kvbench.harness.fakeserver",
+            "--host",
+            self.host,
+            "--port",
+            str(self.port),
+            "--config-json",
+            json.dumps(asdict(self.config)),
+        ]
         cmd += ["--uvloop", "auto" if self.uvloop else "no"]
-        self._proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, start_new_session=True)
+        self._proc = subprocess.Popen(
+            cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, start_new_session=True
+        )
         line = self._proc.stdout.readline()  # the child prints its URL once it listens
         if not line.startswith(READY):
             self.stop()
@@ -596,16 +671,25 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--config-json", help="a full FakeConfig as JSON (overrides the flags)")
     # Off by default: libuv's loop clock has millisecond granularity and its timers can fire up to 1 ms
     # early, which would break the guarantee that no chunk leaves before its configured time.
-    ap.add_argument("--uvloop", choices=["auto", "yes", "no"], default="no", help="serve on uvloop (auto: if installed)")
+    ap.add_argument(
+        "--uvloop", choices=["auto", "yes", "no"], default="no", help="serve on uvloop (auto: if installed)"
+    )
     a = ap.parse_args(argv)
     if a.config_json:
         cfg = FakeConfig(**json.loads(a.config_json))
     else:
         cfg = FakeConfig(
-            ttft_s=a.ttft_ms / 1e3, itl_s=a.itl_ms / 1e3, tokens_per_chunk=a.tokens_per_chunk, model=a.model,
-            fail_every=a.fail_every, hang_every=a.hang_every, hang_after_chunks=a.hang_after_chunks,
-            drop_every=a.drop_every, drop_after_chunks=a.drop_after_chunks,
-            usage=not a.no_usage, continuous_usage=not a.no_continuous_usage,
+            ttft_s=a.ttft_ms / 1e3,
+            itl_s=a.itl_ms / 1e3,
+            tokens_per_chunk=a.tokens_per_chunk,
+            model=a.model,
+            fail_every=a.fail_every,
+            hang_every=a.hang_every,
+            hang_after_chunks=a.hang_after_chunks,
+            drop_every=a.drop_every,
+            drop_after_chunks=a.drop_after_chunks,
+            usage=not a.no_usage,
+            continuous_usage=not a.no_continuous_usage,
         )
     if a.uvloop != "no":
         try:

@@ -65,8 +65,12 @@ def mark_front(points: list[Point]) -> list[Point]:
     usable = [p for p in points if p.user_tps is not None and p.output_tps_per_gpu is not None]
     for p in points:
         p.on_front = p in usable and not any(
-            q is not p and q.user_tps >= p.user_tps and q.output_tps_per_gpu >= p.output_tps_per_gpu
-            and (q.user_tps > p.user_tps or q.output_tps_per_gpu > p.output_tps_per_gpu) for q in usable)
+            q is not p
+            and q.user_tps >= p.user_tps
+            and q.output_tps_per_gpu >= p.output_tps_per_gpu
+            and (q.user_tps > p.user_tps or q.output_tps_per_gpu > p.output_tps_per_gpu)
+            for q in usable
+        )
     return points
 
 
@@ -92,7 +96,11 @@ def front_curve(points: list[Point]) -> tuple[np.ndarray, np.ndarray, np.ndarray
         return None
     x = np.array([p.user_tps for p in front])
     keep = np.concatenate([[True], np.diff(x) > 0])  # PCHIP needs strictly increasing x
-    return x[keep], np.array([p.output_tps_per_gpu for p in front])[keep], np.array([p.concurrency for p in front], float)[keep]
+    return (
+        x[keep],
+        np.array([p.output_tps_per_gpu for p in front])[keep],
+        np.array([p.concurrency for p in front], float)[keep],
+    )
 
 
 def at_interactivity(points: list[Point], user_tps: float) -> dict | None:
@@ -106,8 +114,11 @@ def at_interactivity(points: list[Point], user_tps: float) -> dict | None:
     x, y, c = curve
     if not (x[0] <= user_tps <= x[-1]):
         return None
-    return {"user_tps": user_tps, "output_tps_per_gpu": float(PchipInterpolator(x, y)(user_tps)),
-            "concurrency": float(PchipInterpolator(x, c)(user_tps))}
+    return {
+        "user_tps": user_tps,
+        "output_tps_per_gpu": float(PchipInterpolator(x, y)(user_tps)),
+        "concurrency": float(PchipInterpolator(x, c)(user_tps)),
+    }
 
 
 def best_under_slo(points: list[Point]) -> Point | None:

@@ -20,7 +20,8 @@ SIZE_LINE = re.compile(rf"(?P<device>[A-Z]+(?: \+ host)?) KV cache size: (?P<tok
 CONC_LINE = re.compile(rf"Maximum concurrency for (?P<per_req>{_N}) tokens per request: (?P<conc>[\d.]+)x")
 DTYPE_LINE = re.compile(r"Using (?P<dtype>\S+) data type to store kv cache")
 KV_MEMORY_LINE = re.compile(
-    r"(?:Available KV cache memory: (?P<gpu>[\d.]+) GiB|(?:Explicitly|Auto) set \((?P<cpu>[\d.]+)/[\d.]+\) GiB for KV cache)"
+    r"(?:Available KV cache memory: (?P<gpu>[\d.]+) GiB|"
+    r"(?:Explicitly|Auto) set \((?P<cpu>[\d.]+)/[\d.]+\) GiB for KV cache)"
 )
 ERROR_LINE = re.compile(r"\b(?P<kind>[A-Za-z_.]*(?:Error|Exception)): (?P<msg>.+)$")
 ARGPARSE_LINE = re.compile(r": error: (?P<msg>.+)$")
@@ -57,13 +58,17 @@ def parse_capacity(lines: list[str]) -> EngineCapacity | None:
         if m := DTYPE_LINE.search(line):
             dtype = m["dtype"]
         if m := ONE_LINE.search(line):
-            found = EngineCapacity(m["device"], _int(m["tokens"]), float(m["conc"]), _int(m["per_req"]), "log", kv_gib, cache_dtype=dtype)
+            found = EngineCapacity(
+                m["device"], _int(m["tokens"]), float(m["conc"]), _int(m["per_req"]), "log", kv_gib, cache_dtype=dtype
+            )
             pending = None
         elif m := SIZE_LINE.search(line):
             pending = (m["device"], _int(m["tokens"]))
             found = EngineCapacity(m["device"], _int(m["tokens"]), None, None, "log", kv_gib, cache_dtype=dtype)
         elif (m := CONC_LINE.search(line)) and pending:
-            found = EngineCapacity(pending[0], pending[1], float(m["conc"]), _int(m["per_req"]), "log", kv_gib, cache_dtype=dtype)
+            found = EngineCapacity(
+                pending[0], pending[1], float(m["conc"]), _int(m["per_req"]), "log", kv_gib, cache_dtype=dtype
+            )
             pending = None
     return found
 

@@ -51,8 +51,13 @@ def nvml_gpus() -> tuple[list[dict], str | None]:
         for i in range(pynvml.nvmlDeviceGetCount()):
             h = pynvml.nvmlDeviceGetHandleByIndex(i)
             name = pynvml.nvmlDeviceGetName(h)
-            out.append({"index": i, "name": name.decode() if isinstance(name, bytes) else name,
-                        "memory_bytes": int(pynvml.nvmlDeviceGetMemoryInfo(h).total)})
+            out.append(
+                {
+                    "index": i,
+                    "name": name.decode() if isinstance(name, bytes) else name,
+                    "memory_bytes": int(pynvml.nvmlDeviceGetMemoryInfo(h).total),
+                }
+            )
         return out, None
     finally:
         pynvml.nvmlShutdown()

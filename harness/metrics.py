@@ -37,7 +37,6 @@ from kvbench.harness.backend import RequestResult
 from kvbench.harness.scheduler import LoadResult
 from kvbench.harness.slo import PERCENTILES, SLO
 
-
 DEFINITIONS = {
     "ttft_ms": "send to first chunk carrying output tokens",
     "tpot_ms": "(E2E - TTFT) / (usage completion_tokens - 1), completion_tokens > 1 (vLLM's TPOT)",
@@ -59,7 +58,7 @@ def distribution(values_ms) -> dict[str, float | int | None]:
         out.update({"mean": None, **{f"p{p}": None for p in PERCENTILES}, "std": None, "min": None, "max": None})
         return out
     out["mean"] = float(a.mean())
-    for p, v in zip(PERCENTILES, np.percentile(a, PERCENTILES)):
+    for p, v in zip(PERCENTILES, np.percentile(a, PERCENTILES), strict=False):
         out[f"p{p}"] = float(v)
     out["std"] = float(a.std())
     out["min"] = float(a.min())
@@ -80,7 +79,7 @@ def tpot_s(r: RequestResult) -> float | None:
 def itl_chunk_s(r: RequestResult) -> list[float]:
     """Gaps between consecutive token-carrying chunks (one per chunk after the first)."""
     t = r.chunk_arrivals_s
-    return [b - a for a, b in zip(t, t[1:])]
+    return [b - a for a, b in zip(t, t[1:], strict=False)]
 
 
 def itl_token_s(r: RequestResult) -> list[float] | None:
@@ -200,7 +199,11 @@ def _token_check(done: list[RequestResult], requested: int) -> dict[str, Any]:
     mismatched = [r.index for r in known if sum(r.chunk_tokens) != r.completion_tokens]
     short = [r.index for r in with_usage if r.completion_tokens < r.requested_output_tokens]
     prompt_mismatch = [
-        r.index for r in done if r.prompt_tokens is not None and r.expected_prompt_tokens is not None and r.prompt_tokens != r.expected_prompt_tokens
+        r.index
+        for r in done
+        if r.prompt_tokens is not None
+        and r.expected_prompt_tokens is not None
+        and r.prompt_tokens != r.expected_prompt_tokens
     ]
     return {
         "requests_with_usage": len(with_usage),
@@ -281,7 +284,9 @@ def summarize(load_result: LoadResult | dict, slo: SLO | None = None) -> RunSumm
         concurrency=_concurrency(results),
         burst_delivered_requests=sum(1 for r in done if len(r.chunk_arrivals_s) > 1 and r.e2e_s - r.ttft_s < 1e-3),
         client_runqueue_wait_s=lr.client_runqueue_wait_s,
-        client_runqueue_wait_fraction=lr.client_runqueue_wait_s / dur if dur and lr.client_runqueue_wait_s is not None else None,
+        client_runqueue_wait_fraction=lr.client_runqueue_wait_s / dur
+        if dur and lr.client_runqueue_wait_s is not None
+        else None,
         client_policy=lr.client_policy,
         achieved_send_rate_rps=(len(sent) - 1) / send_span if send_span > 0 else None,
         interrupted=lr.interrupted,
@@ -290,4 +295,3 @@ def summarize(load_result: LoadResult | dict, slo: SLO | None = None) -> RunSumm
         output_tokens=lr.output_tokens,
         prompt_lengths_exact=lr.prompt_lengths_exact,
     )
-

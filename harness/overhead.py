@@ -107,8 +107,12 @@ async def max_sustained_rate(
     """Double the rate from start_rps until a point is not sustained, then bisect (geometric) between the
     last sustained and the first failed rate `refine_steps` times."""
     a = dict(
-        seconds_per_point=seconds_per_point, min_requests=min_requests, output_tokens=output_tokens,
-        prompt_tokens=prompt_tokens, lag_p99_bound_ms=lag_p99_bound_ms, min_rate_fraction=min_rate_fraction,
+        seconds_per_point=seconds_per_point,
+        min_requests=min_requests,
+        output_tokens=output_tokens,
+        prompt_tokens=prompt_tokens,
+        lag_p99_bound_ms=lag_p99_bound_ms,
+        min_rate_fraction=min_rate_fraction,
     )
     points: list[RatePoint] = []
     good, bad = None, None
@@ -235,12 +239,24 @@ def measure_client_speed(
 
 
 async def timing_overhead(
-    server: FakeServer, *, ttft_s: float = 0.02, itl_s: float = 0.005, output_tokens: int = 16, concurrency: int = 4, requests: int = 60
+    server: FakeServer,
+    *,
+    ttft_s: float = 0.02,
+    itl_s: float = 0.005,
+    output_tokens: int = 16,
+    concurrency: int = 4,
+    requests: int = 60,
 ) -> dict[str, dict]:
     """What the client adds to latencies, from a fake with known delays (its log gives its own stamps)."""
     server.configure(ttft_s=ttft_s, itl_s=itl_s, tokens_per_chunk=1)
     prompts = [[(i * 13 + k) % 1000 + 3 for k in range(16)] for i in range(requests)]
-    lr = await run_load(OpenAIBackend(server.base_url, "kvbench-fake"), prompts, output_tokens, Concurrency(concurrency), stall_timeout_s=10)
+    lr = await run_load(
+        OpenAIBackend(server.base_url, "kvbench-fake"),
+        prompts,
+        output_tokens,
+        Concurrency(concurrency),
+        stall_timeout_s=10,
+    )
     log = {e["request_id"]: e for e in await asyncio.to_thread(server.log, True)}
     vs_config, vs_server, delivery = [], [], []
     for r in lr.results:
@@ -250,7 +266,7 @@ async def timing_overhead(
         vs_config.append((r.ttft_s - ttft_s) * 1e3)
         vs_server.append((r.ttft_s - (e["writes_s"][0] - e["received_s"])) * 1e3)
         sent = lr.started_at_monotonic + r.sent_s
-        delivery += [(sent + t - w) * 1e3 for t, w in zip(r.chunk_arrivals_s, e["writes_s"])]
+        delivery += [(sent + t - w) * 1e3 for t, w in zip(r.chunk_arrivals_s, e["writes_s"], strict=False)]
     return {
         "ttft_overhead_ms": distribution(vs_config),
         "ttft_overhead_vs_server_ms": distribution(vs_server),
@@ -280,7 +296,11 @@ def measure_client_overhead(*, client_uvloop: bool = False, **rate_kw: Any) -> O
         rate_points=points,
         settings={
             # the rate search's effective parameters: its defaults, then what the caller changed
-            **{k: v.default for k, v in inspect.signature(max_sustained_rate).parameters.items() if v.default is not inspect.Parameter.empty},
+            **{
+                k: v.default
+                for k, v in inspect.signature(max_sustained_rate).parameters.items()
+                if v.default is not inspect.Parameter.empty
+            },
             **rate_kw,
             "client_loop": "uvloop" if client_uvloop else "asyncio",
             "cpus": os.cpu_count(),

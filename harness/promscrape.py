@@ -57,7 +57,9 @@ def parse_metrics(text: str, t: float | None = None) -> MetricsSnapshot:
     return snap
 
 
-def fetch_metrics_text(base_url: str, timeout_s: float = 5.0, headers: dict[str, str] | None = None) -> tuple[float, str]:
+def fetch_metrics_text(
+    base_url: str, timeout_s: float = 5.0, headers: dict[str, str] | None = None
+) -> tuple[float, str]:
     """(perf_counter() when the answer arrived, the /metrics text), unparsed."""
     status, body = http.get(f"{base_url}/metrics", headers, timeout_s)
     if status != 200:

@@ -56,10 +56,13 @@ def stats(summaries: list) -> dict[str, dict]:
 def paired(dtype_values: list[float], auto_values: list[float]) -> dict | None:
     """The dtype minus auto, paired by repeat: mean difference, its 95% t interval, and the relative change;
     `beyond_noise` when the interval excludes 0."""
-    pairs = [(a, b) for a, b in zip(dtype_values, auto_values) if a is not None and b is not None]
+    pairs = [(a, b) for a, b in zip(dtype_values, auto_values, strict=False) if a is not None and b is not None]
     if len(pairs) < 2:
         return None
     diff = interval([a - b for a, b in pairs])
     base = sum(b for _, b in pairs) / len(pairs)
-    return {**diff, "relative_pct": diff["mean"] / base * 100 if base else None,
-            "beyond_noise": diff["ci_low"] is not None and (diff["ci_low"] > 0 or diff["ci_high"] < 0)}
+    return {
+        **diff,
+        "relative_pct": diff["mean"] / base * 100 if base else None,
+        "beyond_noise": diff["ci_low"] is not None and (diff["ci_low"] > 0 or diff["ci_high"] < 0),
+    }

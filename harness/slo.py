@@ -60,7 +60,11 @@ class SLO:
         return self.ttft_ms is None and self.tpot_ms is None and self.e2e_ms is None
 
     def _bounds(self):
-        return (("ttft_ms", self.ttft_ms, "TTFT", 1), ("tpot_ms", self.tpot_ms, "TPOT", 2), ("e2e_ms", self.e2e_ms, "E2E", 0))
+        return (
+            ("ttft_ms", self.ttft_ms, "TTFT", 1),
+            ("tpot_ms", self.tpot_ms, "TPOT", 2),
+            ("e2e_ms", self.e2e_ms, "E2E", 0),
+        )
 
     # -- one request ---------------------------------------------------------------------------------------
 
@@ -109,15 +113,23 @@ class SLO:
         for key, bound, label, digits in self._bounds():
             value = (_get(summary, key) or {}).get(f"p{self.percentile}")
             if bound is not None and (value is None or value > bound):
-                reasons.append(f"{label} P{self.percentile} {value:.{digits}f} ms > {bound:g} ms" if value is not None
-                               else f"no {label} P{self.percentile}")
+                reasons.append(
+                    f"{label} P{self.percentile} {value:.{digits}f} ms > {bound:g} ms"
+                    if value is not None
+                    else f"no {label} P{self.percentile}"
+                )
         return (not reasons), "; ".join(reasons) or "met"
 
     # -- records -------------------------------------------------------------------------------------------
 
     def as_dict(self) -> dict:
         p = self.percentile
-        return {f"ttft_p{p}_ms": self.ttft_ms, f"tpot_p{p}_ms": self.tpot_ms, f"e2e_p{p}_ms": self.e2e_ms, "percentile": p}
+        return {
+            f"ttft_p{p}_ms": self.ttft_ms,
+            f"tpot_p{p}_ms": self.tpot_ms,
+            f"e2e_p{p}_ms": self.e2e_ms,
+            "percentile": p,
+        }
 
     @classmethod
     def from_dict(cls, d: dict | None) -> SLO | None:
@@ -167,8 +179,17 @@ async def search(
         r = slo.ratio(summary)
         ratios.setdefault(c, []).append(r)
         pct = f"p{slo.percentile}"
-        probes.append(Probe(c, met, why, (_get(summary, "ttft_ms") or {}).get(pct), (_get(summary, "tpot_ms") or {}).get(pct),
-                            r if math.isfinite(r) else None, repeat))
+        probes.append(
+            Probe(
+                c,
+                met,
+                why,
+                (_get(summary, "ttft_ms") or {}).get(pct),
+                (_get(summary, "tpot_ms") or {}).get(pct),
+                r if math.isfinite(r) else None,
+                repeat,
+            )
+        )
         return r
 
     async def decide(c: int) -> tuple[bool, float]:

@@ -116,8 +116,9 @@ COMMON = ["the", "a", "of", "and", "to", "in", "is", "that", "for", "on", "with"
 def corpus_words(seed: int = SEED) -> list[str]:
     """The generated pseudo-English vocabulary (sorted, deterministic from `seed`)."""
     rng = random.Random(seed)
-    return sorted({"".join(rng.choice(x) for x in (ONSETS, VOWELS, CODAS)) * rng.choice([1, 1, 2])
-                   for _ in range(3000)})
+    return sorted(
+        {"".join(rng.choice(x) for x in (ONSETS, VOWELS, CODAS)) * rng.choice([1, 1, 2]) for _ in range(3000)}
+    )
 
 
 def sentence(rng: random.Random, vocab: list[str]) -> str:
@@ -137,8 +138,11 @@ def corpus(n_sentences: int = 4000, seed: int = SEED) -> list[str]:
     for _ in range(n_sentences // 20):
         key, name = str(rng.randrange(10**4, 10**5)), rng.choice(vocab)
         lines.append(evaltasks.PASSKEY_INTRO + evaltasks.PASSKEY_NEEDLE.format(key=key) + evaltasks.PASSKEY_QUESTION)
-        lines.append(evaltasks.MULTIKEY_INTRO + evaltasks.MULTIKEY_NEEDLE.format(name=name, key=key)
-                     + evaltasks.MULTIKEY_QUESTION.format(name=name))
+        lines.append(
+            evaltasks.MULTIKEY_INTRO
+            + evaltasks.MULTIKEY_NEEDLE.format(name=name, key=key)
+            + evaltasks.MULTIKEY_QUESTION.format(name=name)
+        )
     return lines
 
 
@@ -150,7 +154,8 @@ def build_tokenizer(path: Path):
 
     tok = Tokenizer(models.BPE(unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.Sequence(
-        [pre_tokenizers.Digits(individual_digits=True), pre_tokenizers.ByteLevel(add_prefix_space=False)])
+        [pre_tokenizers.Digits(individual_digits=True), pre_tokenizers.ByteLevel(add_prefix_space=False)]
+    )
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=CONFIG["vocab_size"],
@@ -159,10 +164,14 @@ def build_tokenizer(path: Path):
         show_progress=False,
     )
     tok.train_from_iterator(corpus(), trainer=trainer)
-    tok.post_processor = processors.TemplateProcessing(single="<s> $A", pair="<s> $A <s> $B",
-                                                       special_tokens=[("<s>", tok.token_to_id("<s>"))])
+    tok.post_processor = processors.TemplateProcessing(
+        single="<s> $A", pair="<s> $A <s> $B", special_tokens=[("<s>", tok.token_to_id("<s>"))]
+    )
     fast = PreTrainedTokenizerFast(
-        tokenizer_object=tok, bos_token="<s>", eos_token="</s>", unk_token="<unk>",
+        tokenizer_object=tok,
+        bos_token="<s>",
+        eos_token="</s>",
+        unk_token="<unk>",
         model_max_length=CONFIG["max_position_embeddings"],
     )
     fast.chat_template = CHAT_TEMPLATE

@@ -71,9 +71,16 @@ def fingerprint() -> str:
 
 def _task_text() -> list[str]:
     # The task wording is what the model learns: changing it must retrain.
-    return [evaltasks.PASSKEY_INTRO, evaltasks.PASSKEY_NEEDLE, evaltasks.PASSKEY_QUESTION, evaltasks.MULTIKEY_INTRO,
-            evaltasks.MULTIKEY_NEEDLE, evaltasks.MULTIKEY_QUESTION, str(evaltasks.KEY_DIGITS),
-            str(evaltasks.MULTIKEY_KEYS)]
+    return [
+        evaltasks.PASSKEY_INTRO,
+        evaltasks.PASSKEY_NEEDLE,
+        evaltasks.PASSKEY_QUESTION,
+        evaltasks.MULTIKEY_INTRO,
+        evaltasks.MULTIKEY_NEEDLE,
+        evaltasks.MULTIKEY_QUESTION,
+        str(evaltasks.KEY_DIGITS),
+        str(evaltasks.MULTIKEY_KEYS),
+    ]
 
 
 def _budget(step: int, steps: int, rng: random.Random, recipe: dict) -> int:
@@ -160,7 +167,7 @@ class Assembler:
             else:
                 piece = self.enc(needles[j]) if pos == 0 else spaced_needles[j]
                 digit_at = [k for k, t in enumerate(piece) if t in self.digits]
-                second = set(digit_at[evaltasks.KEY_DIGITS:]) if kind == "passkey" else set()
+                second = set(digit_at[evaltasks.KEY_DIGITS :]) if kind == "passkey" else set()
                 piece_marks = [int(k in second) for k in range(len(piece))]
             ids += piece
             marks += piece_marks or [0] * len(piece)
@@ -242,8 +249,9 @@ def train(model, tok, recipe: dict = RECIPE, log=None, stop_after: int | None = 
     torch.manual_seed(recipe["seed"])
     if recipe["previous_token_prior"]:
         previous_token_prior(model, recipe)
-    opt = torch.optim.AdamW(model.parameters(), lr=recipe["lr"], betas=tuple(recipe["betas"]),
-                            weight_decay=recipe["weight_decay"])
+    opt = torch.optim.AdamW(
+        model.parameters(), lr=recipe["lr"], betas=tuple(recipe["betas"]), weight_decay=recipe["weight_decay"]
+    )
     steps, warm = recipe["steps"], recipe["warmup"]
 
     def lr_at(step: int) -> float:
@@ -261,8 +269,9 @@ def train(model, tok, recipe: dict = RECIPE, log=None, stop_after: int | None = 
             break
         logits = model(input_ids=ids).logits[:, :-1].float()
         target, w = ids[:, 1:], weights[:, 1:]
-        nll = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), target.reshape(-1),
-                                                reduction="none").view_as(target)
+        nll = torch.nn.functional.cross_entropy(
+            logits.reshape(-1, logits.shape[-1]), target.reshape(-1), reduction="none"
+        ).view_as(target)
         loss = (nll * w).sum() / w.sum()
         ans = w >= recipe["answer_weight"]
         opt.zero_grad(set_to_none=True)
@@ -271,15 +280,21 @@ def train(model, tok, recipe: dict = RECIPE, log=None, stop_after: int | None = 
         opt.step()
         sched.step()
         acc_loss += loss.item()
-        acc_ans += (nll[ans].mean().item() if ans.any() else 0.0)
+        acc_ans += nll[ans].mean().item() if ans.any() else 0.0
         if (step + 1) % 10 == 0:
-            point = {"step": step + 1, "loss": round(acc_loss / 10, 4), "answer_loss": round(acc_ans / 10, 4),
-                     "prompt_tokens": int(ids.shape[1])}
+            point = {
+                "step": step + 1,
+                "loss": round(acc_loss / 10, 4),
+                "answer_loss": round(acc_ans / 10, 4),
+                "prompt_tokens": int(ids.shape[1]),
+            }
             curve.append(point)
             acc_loss = acc_ans = 0.0
             if log and (step + 1) % 100 == 0:
-                log(f"training the tiny model: step {point['step']}/{steps}, loss {point['loss']:.3f}, "
-                    f"answer loss {point['answer_loss']:.3f}")
+                log(
+                    f"training the tiny model: step {point['step']}/{steps}, loss {point['loss']:.3f}, "
+                    f"answer loss {point['answer_loss']:.3f}"
+                )
     model.eval()
     return curve
 
@@ -293,9 +308,14 @@ def accuracy(model, tok, task: str, n: int) -> dict:
     with torch.no_grad():
         for item in items:
             ids = torch.tensor([tok.encode(item.prompt)])
-            out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=evaltasks.KEY_DIGITS + 2,
-                                 do_sample=False, pad_token_id=tok.eos_token_id)
-            text = tok.decode(out[0, ids.shape[1]:], skip_special_tokens=True)
+            out = model.generate(
+                ids,
+                attention_mask=torch.ones_like(ids),
+                max_new_tokens=evaltasks.KEY_DIGITS + 2,
+                do_sample=False,
+                pad_token_id=tok.eos_token_id,
+            )
+            text = tok.decode(out[0, ids.shape[1] :], skip_special_tokens=True)
             correct += evaltasks.score(text, item.answer)
     return {"task": task, "n": n, "correct": correct, "exact_match": correct / n}
 
@@ -323,15 +343,26 @@ def build(path: Path, log=None) -> dict:
     finally:
         torch.set_num_threads(threads)
     report = {
-        "model": tinymodel.NAME, "fingerprint": fingerprint(), "config": tinymodel.CONFIG, "recipe": RECIPE,
-        "steps": RECIPE["steps"], "loss_curve": curve,
+        "model": tinymodel.NAME,
+        "fingerprint": fingerprint(),
+        "config": tinymodel.CONFIG,
+        "recipe": RECIPE,
+        "steps": RECIPE["steps"],
+        "loss_curve": curve,
         "final_loss": curve[-1]["loss"] if curve else None,
-        "wall_time_s": {"tokenizer": round(t_tok, 1), "train": round(t_train, 1), "eval": round(t_eval, 1),
-                        "total": round(time.monotonic() - t0, 1)},
+        "wall_time_s": {
+            "tokenizer": round(t_tok, 1),
+            "train": round(t_train, 1),
+            "eval": round(t_eval, 1),
+            "total": round(time.monotonic() - t0, 1),
+        },
         "accuracy_fp32": evals,
         "eval_note": "greedy, fp32 weights, transformers; held-out items = the first n of kvbench eval's own items",
-        "versions": {"torch": torch.__version__, "transformers": transformers.__version__,
-                     "python": platform.python_version()},
+        "versions": {
+            "torch": torch.__version__,
+            "transformers": transformers.__version__,
+            "python": platform.python_version(),
+        },
         "threads": RECIPE["threads"],
     }
     (path / "training_report.json").write_text(json.dumps(report, indent=2) + "\n")

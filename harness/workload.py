@@ -140,7 +140,9 @@ def _rng(seed: int, stream: int, index: int) -> np.random.Generator:
     return np.random.default_rng([int(seed), int(stream), int(index)])
 
 
-def make_prompts(workload: Workload, tokenizer_or_vocab: Any, *, stream: int = 0, special_ids: Sequence[int] = ()) -> Prompts:
+def make_prompts(
+    workload: Workload, tokenizer_or_vocab: Any, *, stream: int = 0, special_ids: Sequence[int] = ()
+) -> Prompts:
     """`workload.num_requests` prompts of `workload.prompt_tokens` tokens, reproducible from `workload.seed`.
 
     tokenizer_or_vocab: a tokenizer, a local model directory (its tokenizer is loaded), a vocabulary size
@@ -152,7 +154,11 @@ def make_prompts(workload: Workload, tokenizer_or_vocab: Any, *, stream: int = 0
     if workload.api == "completions":
         allowed = allowed_token_ids(tokenizer_or_vocab, special_ids)
         items = [
-            Prompt(_rng(workload.seed, stream, i).choice(allowed, size=workload.prompt_tokens).tolist(), workload.prompt_tokens, True)
+            Prompt(
+                _rng(workload.seed, stream, i).choice(allowed, size=workload.prompt_tokens).tolist(),
+                workload.prompt_tokens,
+                True,
+            )
             for i in range(workload.num_requests)
         ]
         return Prompts(items, "completions", "token-id prompts: the server sees exactly prompt_tokens tokens")
@@ -172,7 +178,9 @@ def _templated_len(tok, text: str) -> int:
     """Prompt tokens the server counts for one user message: its chat template rendered, then tokenized
     without extra special tokens (vLLM's chat path; the template itself adds BOS where the model wants one)."""
     if getattr(tok, "chat_template", None):
-        rendered = tok.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True, tokenize=False)
+        rendered = tok.apply_chat_template(
+            [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=False
+        )
         return len(_encode(tok, rendered))
     return len(_encode(tok, text))
 

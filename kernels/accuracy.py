@@ -33,6 +33,7 @@ from kvbench.kernels import fp8, mxfp4, nvfp4
 
 SCHEMA = "kvbench.accuracy/1"
 from kvbench.kernels.names import ACCURACY_FORMATS as FORMATS  # noqa: E402
+
 SCALES = ("amax", "1")
 DISTRIBUTIONS = ("gaussian", "student_t3", "outlier_channels")
 _SCALED = {"fp8", "fp8_e5m2", "nvfp4", "nvfp4_4over6"}
@@ -121,8 +122,14 @@ def _merge(rows: list[dict]) -> dict:
     }
 
 
-def evaluate(v: Variant, q: torch.Tensor, k: torch.Tensor, vv: torch.Tensor, ref: torch.Tensor | None = None,
-             mask: torch.Tensor | None = None) -> dict:
+def evaluate(
+    v: Variant,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    vv: torch.Tensor,
+    ref: torch.Tensor | None = None,
+    mask: torch.Tensor | None = None,
+) -> dict:
     """Errors of attention over (K, V) stored in variant v; ref = fp32 attention (computed if None)."""
     ref = attention(q, k, vv, mask) if ref is None else ref
     kq, vq = quant_dequant(v, k), quant_dequant(v, vv)
@@ -152,6 +159,7 @@ def synthetic_kv(dist: str, shape: SyntheticShape, seed: int = 0) -> tuple[torch
     if dist == "gaussian":
         k, v = torch.randn(hk, n, d, generator=g), torch.randn(hk, n, d, generator=g)
     elif dist == "student_t3":
+
         def student_t3(*size):  # z / sqrt(chi2_3 / 3), from our generator (torch's StudentT has none)
             z = torch.randn(*size, generator=g)
             chi2 = (torch.randn(3, *size, generator=g) ** 2).sum(0)
@@ -167,8 +175,12 @@ def synthetic_kv(dist: str, shape: SyntheticShape, seed: int = 0) -> tuple[torch
     return q, k, v
 
 
-def synthetic_study(vs: list[Variant], shape: SyntheticShape, dists: Iterable[str] = DISTRIBUTIONS,
-                    progress: Callable[[], None] | None = None) -> list[dict]:
+def synthetic_study(
+    vs: list[Variant],
+    shape: SyntheticShape,
+    dists: Iterable[str] = DISTRIBUTIONS,
+    progress: Callable[[], None] | None = None,
+) -> list[dict]:
     rows = []
     for dist in dists:
         q, k, v = synthetic_kv(dist, shape)
@@ -218,8 +230,14 @@ def _source(path: Path, raw: str, description: str) -> dict:
         version = importlib.metadata.version(MODEL_PACKAGE)
     except importlib.metadata.PackageNotFoundError:
         version = None
-    return {"description": description, "path": str(path), "sha256": hashlib.sha256(raw.encode()).hexdigest(),
-            "characters": len(raw), "model_package": MODEL_PACKAGE, "model_package_version": version}
+    return {
+        "description": description,
+        "path": str(path),
+        "sha256": hashlib.sha256(raw.encode()).hexdigest(),
+        "characters": len(raw),
+        "model_package": MODEL_PACKAGE,
+        "model_package_version": version,
+    }
 
 
 @dataclass
@@ -255,7 +273,7 @@ def _windows(tok, text: str, window: int, max_windows: int) -> torch.Tensor:
     n = min(max_windows, len(ids) // body)
     if n == 0:
         raise ValueError(f"the text has {len(ids)} tokens, fewer than one window of {window}")
-    rows = [[tok.cls_token_id, *ids[i * body:(i + 1) * body], tok.sep_token_id] for i in range(n)]
+    rows = [[tok.cls_token_id, *ids[i * body : (i + 1) * body], tok.sep_token_id] for i in range(n)]
     return torch.tensor(rows)
 
 
@@ -274,8 +292,10 @@ def capture(tok, model, text: str, window: int = 256, max_windows: int = 8) -> C
     for i, layer in enumerate(layers):
         attn = layer.attention.self
         for name, lin in (("q", attn.query), ("k", attn.key), ("v", attn.value)):
+
             def hook(_m, _inp, out, i=i, name=name):
                 store[name][i] = _split_heads(out.detach(), heads)
+
             hooks.append(lin.register_forward_hook(hook))
     try:
         with torch.no_grad():
@@ -289,26 +309,38 @@ def capture(tok, model, text: str, window: int = 256, max_windows: int = 8) -> C
 def real_study(vs: list[Variant], cap: Captured, progress: Callable[[], None] | None = None) -> list[dict]:
     """Per variant: attention error on each layer's real Q/K/V (mean over layers, worst row), and the
     per-layer rows. Tensor scales are per layer (one k_scale / v_scale per layer, as vLLM has)."""
-    refs = [[attention(cap.q[l][w], cap.k[l][w], cap.v[l][w]) for w in range(cap.windows)] for l in range(len(cap.k))]
+    refs = [
+        [attention(cap.q[layer][w], cap.k[layer][w], cap.v[layer][w]) for w in range(cap.windows)]
+        for layer in range(len(cap.k))
+    ]
     rows = []
     for var in vs:
         per_layer = []
-        for l in range(len(cap.k)):
-            k, v = cap.k[l], cap.v[l]
+        for layer in range(len(cap.k)):
+            k, v = cap.k[layer], cap.v[layer]
             kq, vq = quant_dequant(var, k), quant_dequant(var, v)  # scale over the whole layer's K (V)
             win = []
             for w in range(cap.windows):
-                e = errors(attention(cap.q[l][w], kq[w], vq[w]), refs[l][w])
+                e = errors(attention(cap.q[layer][w], kq[w], vq[w]), refs[layer][w])
                 win.append(e | {"k_rel_l2": _rel(kq[w], k[w]), "v_rel_l2": _rel(vq[w], v[w])})
-            per_layer.append({"layer": l, **_merge(win), "k_amax": float(k.abs().max()), "v_amax": float(v.abs().max())})
+            per_layer.append(
+                {"layer": layer, **_merge(win), "k_amax": float(k.abs().max()), "v_amax": float(v.abs().max())}
+            )
         rows.append({"data": "minilm", "format": var.fmt, "scale": var.scale, **_merge(per_layer), "layers": per_layer})
         if progress:
             progress()
     return rows
 
 
-def model_effect(vs: list[Variant], tok, model, text: str, window: int = 256, max_windows: int = 8,
-                 progress: Callable[[], None] | None = None) -> list[dict]:
+def model_effect(
+    vs: list[Variant],
+    tok,
+    model,
+    text: str,
+    window: int = 256,
+    max_windows: int = 8,
+    progress: Callable[[], None] | None = None,
+) -> list[dict]:
     """Cosine between the model's last hidden states with exact and with quantized K/V in every layer."""
     ids = _windows(tok, text, window, max_windows)
     with torch.no_grad():
@@ -324,6 +356,7 @@ def model_effect(vs: list[Variant], tok, model, text: str, window: int = 256, ma
                     b, n, hidden = out.shape
                     x = out.reshape(b, n, heads, hidden // heads)
                     return quant_dequant(var, x).reshape(b, n, hidden).to(out.dtype)
+
                 hooks.append(lin.register_forward_hook(hook))
         try:
             with torch.no_grad():

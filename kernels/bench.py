@@ -39,7 +39,7 @@ class AttnShape:
     block_size: int = 16
 
     @classmethod
-    def from_model(cls, key: str, block_size: int = 16) -> "AttnShape":
+    def from_model(cls, key: str, block_size: int = 16) -> AttnShape:
         from kvbench.models import load_model
 
         m = load_model(key)
@@ -110,7 +110,7 @@ def random_cache(fmt: str, num_blocks: int, shape: AttnShape, dev: torch.device,
         c.cache.random_(0, 256, generator=g)
         nb, h, t, d = num_blocks, shape.num_kv_heads, shape.block_size, shape.head_dim
         sides = c.cache.view(nb, 2, h * t * pc.row_width("nvfp4", d))
-        sides[..., h * t * d // 2:].random_(0x20, 0x28, generator=g)  # E4M3 0.125 .. 0.2344
+        sides[..., h * t * d // 2 :].random_(0x20, 0x28, generator=g)  # E4M3 0.125 .. 0.2344
     return c
 
 
@@ -144,8 +144,11 @@ def write_case(fmt: str, tokens: int, shape: AttnShape, dev: torch.device, seed:
 
 
 def write_bytes(fmt: str, tokens: int, shape: AttnShape) -> int:
-    return (tokens * 2 * shape.num_kv_heads * shape.head_dim * 2  # K and V in, fp16/bf16
-            + tokens * pc.bytes_per_token(fmt, shape.num_kv_heads, shape.head_dim) + tokens * 8)
+    return (
+        tokens * 2 * shape.num_kv_heads * shape.head_dim * 2  # K and V in, fp16/bf16
+        + tokens * pc.bytes_per_token(fmt, shape.num_kv_heads, shape.head_dim)
+        + tokens * 8
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -155,25 +158,47 @@ def write_bytes(fmt: str, tokens: int, shape: AttnShape) -> int:
 
 def _rates(nbytes: int, ms: float, peak_gbs: float | None, copy_gbs: float | None) -> dict:
     gbs = nbytes / (ms * 1e-3) / 1e9
-    return {"bytes": nbytes, "time_us": ms * 1e3, "gbs": gbs,
-            "pct_of_peak": 100 * gbs / peak_gbs if peak_gbs else None,
-            "pct_of_copy": 100 * gbs / copy_gbs if copy_gbs else None}
+    return {
+        "bytes": nbytes,
+        "time_us": ms * 1e3,
+        "gbs": gbs,
+        "pct_of_peak": 100 * gbs / peak_gbs if peak_gbs else None,
+        "pct_of_copy": 100 * gbs / copy_gbs if copy_gbs else None,
+    }
 
 
-def bench_decode(fmt: str, batch: int, context: int, shape: AttnShape, dev: torch.device,
-                 peak_gbs: float | None = None, copy_gbs: float | None = None) -> dict:
+def bench_decode(
+    fmt: str,
+    batch: int,
+    context: int,
+    shape: AttnShape,
+    dev: torch.device,
+    peak_gbs: float | None = None,
+    copy_gbs: float | None = None,
+) -> dict:
     from kvbench.kernels.decode_attention import decode_attention
 
     q, c, bt, sl = decode_case(fmt, batch, context, shape, dev)
     ws: dict = {}
     fn = lambda: decode_attention(q, c, bt, sl, max_seq_len=context, workspace=ws)  # noqa: E731
     ms = time_ms(fn, dev)
-    out = {"format": fmt, "batch": batch, "context": context, **_rates(decode_bytes(fmt, batch, context, shape), ms, peak_gbs, copy_gbs)}
+    out = {
+        "format": fmt,
+        "batch": batch,
+        "context": context,
+        **_rates(decode_bytes(fmt, batch, context, shape), ms, peak_gbs, copy_gbs),
+    }
     return out
 
 
-def bench_write(fmt: str, tokens: int, shape: AttnShape, dev: torch.device,
-                peak_gbs: float | None = None, copy_gbs: float | None = None) -> dict:
+def bench_write(
+    fmt: str,
+    tokens: int,
+    shape: AttnShape,
+    dev: torch.device,
+    peak_gbs: float | None = None,
+    copy_gbs: float | None = None,
+) -> dict:
     c, k, v, slots = write_case(fmt, tokens, shape, dev)
     ms = time_ms(lambda: pc.reshape_and_cache(c, k, v, slots), dev)
     out = {"format": fmt, "tokens": tokens, **_rates(write_bytes(fmt, tokens, shape), ms, peak_gbs, copy_gbs)}
@@ -195,8 +220,15 @@ def check_on_device(shape: AttnShape, dev: torch.device, formats=BENCH_FORMATS) 
         elif fmt.startswith("fp8"):
             c.k_scale, c.v_scale = float(k.abs().max()) / 448, float(v.abs().max()) / 448
         pc.reshape_and_cache(c, k, v, slots)
-        ref = pc.allocate(fmt, c.num_blocks, shape.num_kv_heads, shape.head_dim, shape.block_size,
-                          k_scale=c.k_scale, v_scale=c.v_scale)
+        ref = pc.allocate(
+            fmt,
+            c.num_blocks,
+            shape.num_kv_heads,
+            shape.head_dim,
+            shape.block_size,
+            k_scale=c.k_scale,
+            v_scale=c.v_scale,
+        )
         pc.write_reference(ref, k.cpu(), v.cpu(), slots.cpu())
         same = torch.equal(c.cache.cpu().view(torch.uint8), ref.cache.view(torch.uint8))
         pages = slots.cpu() // shape.block_size
@@ -211,8 +243,15 @@ def check_on_device(shape: AttnShape, dev: torch.device, formats=BENCH_FORMATS) 
         expect = decode_attention_reference(q, ref, bt, seq)
         err = float((out.cpu() - expect).abs().max() / expect.abs().max())
         tol = TOLERANCE[str(qdt).removeprefix("torch.")]
-        rows.append({"format": fmt, "write_bytes_equal_reference": same, "decode_max_rel_err": err,
-                     "decode_tolerance": tol, "ok": same and err < tol})
+        rows.append(
+            {
+                "format": fmt,
+                "write_bytes_equal_reference": same,
+                "decode_max_rel_err": err,
+                "decode_tolerance": tol,
+                "ok": same and err < tol,
+            }
+        )
     return rows
 
 
@@ -242,10 +281,15 @@ def targets(write_rows: list[dict], ratio_rows: list[dict]) -> dict:
             best_write[r["format"]] = max(best_write.get(r["format"], 0.0), r["pct_of_copy"])
     at = [r for r in ratio_rows if r["context"] == TARGET_CONTEXT and "speedup_nvfp4" in r]
     return {
-        "write_pct_of_copy": {"target": TARGET_WRITE_PCT_OF_COPY, "best_by_format": best_write,
-                              "met": {f: v >= TARGET_WRITE_PCT_OF_COPY for f, v in best_write.items()} or None},
-        "nvfp4_decode_speedup_at_32k": {"target": TARGET_NVFP4_SPEEDUP_AT_32K,
-                                        "by_batch": {r["batch"]: r["speedup_nvfp4"] for r in at},
-                                        "ideal": at[0]["ideal_nvfp4"] if at else None,
-                                        "met": {r["batch"]: r["speedup_nvfp4"] >= TARGET_NVFP4_SPEEDUP_AT_32K for r in at} or None},
+        "write_pct_of_copy": {
+            "target": TARGET_WRITE_PCT_OF_COPY,
+            "best_by_format": best_write,
+            "met": {f: v >= TARGET_WRITE_PCT_OF_COPY for f, v in best_write.items()} or None,
+        },
+        "nvfp4_decode_speedup_at_32k": {
+            "target": TARGET_NVFP4_SPEEDUP_AT_32K,
+            "by_batch": {r["batch"]: r["speedup_nvfp4"] for r in at},
+            "ideal": at[0]["ideal_nvfp4"] if at else None,
+            "met": {r["batch"]: r["speedup_nvfp4"] >= TARGET_NVFP4_SPEEDUP_AT_32K for r in at} or None,
+        },
     }

@@ -45,8 +45,9 @@ TOLERANCE = {"float16": 2e-3, "bfloat16": 2e-2, "float32": 2e-3}
 # ---------------------------------------------------------------------------------------------
 
 
-def decode_attention_reference(q: torch.Tensor, c: PagedKVCache, block_table: torch.Tensor,
-                               seq_lens: torch.Tensor, sm_scale: float | None = None) -> torch.Tensor:
+def decode_attention_reference(
+    q: torch.Tensor, c: PagedKVCache, block_table: torch.Tensor, seq_lens: torch.Tensor, sm_scale: float | None = None
+) -> torch.Tensor:
     """float32 [B, Hq, D]: softmax(q·K^T · sm_scale)·V per sequence, K/V dequantized by the reference."""
     b, hq, d = q.shape
     group = hq // c.num_kv_heads
@@ -67,9 +68,20 @@ def decode_attention_reference(q: torch.Tensor, c: PagedKVCache, block_table: to
 
 
 @triton.jit
-def _load_rows(cache_ptr, page, tok, n_mask, side, cols,
-               FMT: tl.constexpr, FP8_DECODE: tl.constexpr, HKV: tl.constexpr, h, T: tl.constexpr,
-               D: tl.constexpr):
+def _load_rows(
+    cache_ptr,
+    page,
+    tok,
+    n_mask,
+    side,
+    cols,
+    FMT: tl.constexpr,
+    FP8_DECODE: tl.constexpr,
+    HKV: tl.constexpr,
+    h,
+    T: tl.constexpr,
+    D: tl.constexpr,
+):
     """[TILE_N, len(cols)] float32 rows of side (0 = K, 1 = V) for kv head h (fp16/bf16/fp8 caches)."""
     row = ((page * 2 + side) * HKV + h) * T + tok
     x = tl.load(cache_ptr + row[:, None] * D + cols[None, :], mask=n_mask[:, None], other=0)
@@ -82,17 +94,22 @@ def _load_rows(cache_ptr, page, tok, n_mask, side, cols,
 
 
 @triton.jit
-def _load_nvfp4(cache_ptr, page, tok, n_mask, side, FP8_DECODE: tl.constexpr, HKV: tl.constexpr, h,
-                T: tl.constexpr, D: tl.constexpr):
+def _load_nvfp4(
+    cache_ptr, page, tok, n_mask, side, FP8_DECODE: tl.constexpr, HKV: tl.constexpr, h, T: tl.constexpr, D: tl.constexpr
+):
     """(even, odd) columns of NVFP4 rows as float32 [TILE_N, D/2], block scales applied (global not)."""
     NB: tl.constexpr = D // 16
     W: tl.constexpr = D // 2 + D // 16
     side_base = (page * 2 + side) * (HKV * T * W)
     row = h * T + tok
-    data = tl.load(cache_ptr + (side_base + row * (D // 2))[:, None] + tl.arange(0, D // 2)[None, :],
-                   mask=n_mask[:, None], other=0)
-    sf_bytes = tl.load(cache_ptr + (side_base + HKV * T * (D // 2) + row * NB)[:, None] + tl.arange(0, NB)[None, :],
-                       mask=n_mask[:, None], other=0)
+    data = tl.load(
+        cache_ptr + (side_base + row * (D // 2))[:, None] + tl.arange(0, D // 2)[None, :], mask=n_mask[:, None], other=0
+    )
+    sf_bytes = tl.load(
+        cache_ptr + (side_base + HKV * T * (D // 2) + row * NB)[:, None] + tl.arange(0, NB)[None, :],
+        mask=n_mask[:, None],
+        other=0,
+    )
     sf = e4m3_decode(sf_bytes, FP8_DECODE)  # [TILE_N, NB]
     tile_n: tl.constexpr = data.shape[0]
     lo = tl.reshape(e2m1_decode_tl(data & 0xF), [tile_n, NB, 8]) * sf[:, :, None]
@@ -112,11 +129,27 @@ def _mma(a, b, dt: tl.constexpr, UPCAST: tl.constexpr):
 
 @triton.jit
 def _decode_partition_kernel(
-    q_ptr, cache_ptr, block_table_ptr, seq_lens_ptr, m_ptr, l_ptr, acc_ptr,
+    q_ptr,
+    cache_ptr,
+    block_table_ptr,
+    seq_lens_ptr,
+    m_ptr,
+    l_ptr,
+    acc_ptr,
     qk_scale,  # sm_scale * k_scale * log2(e): softmax in base 2
-    stride_qb, stride_qh, stride_bt, max_parts, partition,
-    FMT: tl.constexpr, FP8_DECODE: tl.constexpr, HKV: tl.constexpr, GROUP: tl.constexpr,
-    GROUP_PAD: tl.constexpr, T: tl.constexpr, D: tl.constexpr, TILE_N: tl.constexpr,
+    stride_qb,
+    stride_qh,
+    stride_bt,
+    max_parts,
+    partition,
+    FMT: tl.constexpr,
+    FP8_DECODE: tl.constexpr,
+    HKV: tl.constexpr,
+    GROUP: tl.constexpr,
+    GROUP_PAD: tl.constexpr,
+    T: tl.constexpr,
+    D: tl.constexpr,
+    TILE_N: tl.constexpr,
     UPCAST: tl.constexpr,
 ):
     b = tl.program_id(0).to(tl.int64)
@@ -178,8 +211,20 @@ def _decode_partition_kernel(
 
 
 @triton.jit
-def _decode_reduce_kernel(m_ptr, l_ptr, acc_ptr, seq_lens_ptr, out_ptr, v_scale, max_parts, partition,
-                          stride_ob, stride_oh, HQ: tl.constexpr, D: tl.constexpr):
+def _decode_reduce_kernel(
+    m_ptr,
+    l_ptr,
+    acc_ptr,
+    seq_lens_ptr,
+    out_ptr,
+    v_scale,
+    max_parts,
+    partition,
+    stride_ob,
+    stride_oh,
+    HQ: tl.constexpr,
+    D: tl.constexpr,
+):
     """Merge the partitions of one (sequence, query head): rescale each to the common max, sum, divide."""
     b = tl.program_id(0).to(tl.int64)
     hq = tl.program_id(1)
@@ -218,10 +263,20 @@ def default_partition(batch: int, num_kv_heads: int, max_seq_len: int, tile_n: i
     return part
 
 
-def decode_attention(q: torch.Tensor, c: PagedKVCache, block_table: torch.Tensor, seq_lens: torch.Tensor,
-                     sm_scale: float | None = None, *, out_dtype: torch.dtype | None = None,
-                     tile_n: int = 64, partition: int | None = None, max_seq_len: int | None = None,
-                     fp8_decode: int | None = None, workspace: dict | None = None) -> torch.Tensor:
+def decode_attention(
+    q: torch.Tensor,
+    c: PagedKVCache,
+    block_table: torch.Tensor,
+    seq_lens: torch.Tensor,
+    sm_scale: float | None = None,
+    *,
+    out_dtype: torch.dtype | None = None,
+    tile_n: int = 64,
+    partition: int | None = None,
+    max_seq_len: int | None = None,
+    fp8_decode: int | None = None,
+    workspace: dict | None = None,
+) -> torch.Tensor:
     """Triton: [B, Hq, D] attention output of one query token per sequence against its paged K/V.
 
     q: [B, Hq, D] fp16/bf16 (the model dtype; the dequantized cache is converted to it for the
@@ -247,18 +302,49 @@ def decode_attention(q: torch.Tensor, c: PagedKVCache, block_table: torch.Tensor
     ws = workspace if workspace is not None else {}
     key = (b, hq, d, max_parts)
     if ws.get("key") != key:
-        ws.update(key=key, m=torch.empty(b, hq, max_parts, dtype=torch.float32, device=q.device),
-                  l=torch.empty(b, hq, max_parts, dtype=torch.float32, device=q.device),
-                  acc=torch.empty(b, hq, max_parts, d, dtype=torch.float32, device=q.device))
+        ws.update(
+            key=key,
+            m=torch.empty(b, hq, max_parts, dtype=torch.float32, device=q.device),
+            l=torch.empty(b, hq, max_parts, dtype=torch.float32, device=q.device),
+            acc=torch.empty(b, hq, max_parts, d, dtype=torch.float32, device=q.device),
+        )
     out = torch.empty(b, hq, d, dtype=out_dtype or q.dtype, device=q.device)
     _decode_partition_kernel[(b, c.num_kv_heads, max_parts)](
-        q, c.cache, block_table, seq_lens, ws["m"], ws["l"], ws["acc"],
-        sm_scale * c.k_scale * LOG2E, q.stride(0), q.stride(1), block_table.stride(0), max_parts, partition,
-        FMT=_FMT_CODE[c.fmt], FP8_DECODE=fp8_decode, HKV=c.num_kv_heads, GROUP=group,
-        GROUP_PAD=max(16, triton.next_power_of_2(group)), T=c.block_size, D=d, TILE_N=tile_n, UPCAST=q.dtype == torch.bfloat16 and q.device.type != "cuda",
+        q,
+        c.cache,
+        block_table,
+        seq_lens,
+        ws["m"],
+        ws["l"],
+        ws["acc"],
+        sm_scale * c.k_scale * LOG2E,
+        q.stride(0),
+        q.stride(1),
+        block_table.stride(0),
+        max_parts,
+        partition,
+        FMT=_FMT_CODE[c.fmt],
+        FP8_DECODE=fp8_decode,
+        HKV=c.num_kv_heads,
+        GROUP=group,
+        GROUP_PAD=max(16, triton.next_power_of_2(group)),
+        T=c.block_size,
+        D=d,
+        TILE_N=tile_n,
+        UPCAST=q.dtype == torch.bfloat16 and q.device.type != "cuda",
     )
     _decode_reduce_kernel[(b, hq)](
-        ws["m"], ws["l"], ws["acc"], seq_lens, out, c.v_scale, max_parts, partition, out.stride(0), out.stride(1),
-        HQ=hq, D=d,
+        ws["m"],
+        ws["l"],
+        ws["acc"],
+        seq_lens,
+        out,
+        c.v_scale,
+        max_parts,
+        partition,
+        out.stride(0),
+        out.stride(1),
+        HQ=hq,
+        D=d,
     )
     return out

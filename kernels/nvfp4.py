@@ -45,15 +45,7 @@ def e2m1_encode(x: torch.Tensor) -> torch.Tensor:
     round it down use > (0.25→0, 1.25→1, 2.5→2, 5→4).
     """
     a = x.float().abs()
-    mag = (
-        (a > 0.25).to(torch.uint8)
-        + (a >= 0.75)
-        + (a > 1.25)
-        + (a >= 1.75)
-        + (a > 2.5)
-        + (a >= 3.5)
-        + (a > 5.0)
-    )
+    mag = (a > 0.25).to(torch.uint8) + (a >= 0.75) + (a > 1.25) + (a >= 1.75) + (a > 2.5) + (a >= 3.5) + (a > 5.0)
     # The sign bit is copied, so negatives that round to zero (and -0.0) give 0x8 = -0, as cvt does.
     return mag | (torch.signbit(x).to(torch.uint8) << 3)
 

@@ -31,6 +31,7 @@ from kvbench.kernels import nvfp4 as nvfp4_ref
 
 # Formats the kernels handle, and what the cache stores for each.
 from kvbench.kernels.names import KERNEL_FORMATS  # noqa: E402
+
 _FP8_NAME = {"fp8": "e4m3", "fp8_e5m2": "e5m2"}
 # constexpr codes the Triton kernels branch on
 _FMT_CODE = {"fp16": 0, "bf16": 0, "fp8": 1, "fp8_e5m2": 2, "nvfp4": 3}
@@ -77,14 +78,28 @@ class PagedKVCache:
 
 
 def allocate(
-    fmt: str, num_blocks: int, num_kv_heads: int, head_dim: int, block_size: int = 16, *,
-    device: str | torch.device = "cpu", k_scale: float = 1.0, v_scale: float = 1.0,
+    fmt: str,
+    num_blocks: int,
+    num_kv_heads: int,
+    head_dim: int,
+    block_size: int = 16,
+    *,
+    device: str | torch.device = "cpu",
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
 ) -> PagedKVCache:
     check_format(fmt)
     dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}.get(fmt, torch.uint8)
     shape = (num_blocks, 2 * num_kv_heads, block_size, row_width(fmt, head_dim))
-    return PagedKVCache(torch.zeros(shape, dtype=dtype, device=device), fmt, num_kv_heads, head_dim,
-                        block_size, float(k_scale), float(v_scale))
+    return PagedKVCache(
+        torch.zeros(shape, dtype=dtype, device=device),
+        fmt,
+        num_kv_heads,
+        head_dim,
+        block_size,
+        float(k_scale),
+        float(v_scale),
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -144,8 +159,9 @@ def read_reference(c: PagedKVCache, block_table: torch.Tensor, seq_len: int) -> 
 
 
 @triton.jit
-def fp8_encode(x, MANT: tl.constexpr, BIAS: tl.constexpr, MAX: tl.constexpr, MIN_NORMAL: tl.constexpr,
-               SUB_STEPS: tl.constexpr):
+def fp8_encode(
+    x, MANT: tl.constexpr, BIAS: tl.constexpr, MAX: tl.constexpr, MIN_NORMAL: tl.constexpr, SUB_STEPS: tl.constexpr
+):
     """FP8 codes (uint8) of float32 x: round to nearest even, saturate to ±MAX, with integer ops.
 
     Triton's own fp32->fp8e4nv cast needs sm_89, and the fp8e4b15 route rounds ties away from zero;
@@ -207,9 +223,15 @@ def e5m2_decode(b):
 def e2m1_encode_tl(x):
     """4-bit E2M1 codes (int32) of x, RNE with saturation: count of boundaries passed (see nvfp4.py)."""
     a = tl.abs(x)
-    mag = ((a > 0.25).to(tl.int32) + (a >= 0.75).to(tl.int32) + (a > 1.25).to(tl.int32)
-           + (a >= 1.75).to(tl.int32) + (a > 2.5).to(tl.int32) + (a >= 3.5).to(tl.int32)
-           + (a > 5.0).to(tl.int32))
+    mag = (
+        (a > 0.25).to(tl.int32)
+        + (a >= 0.75).to(tl.int32)
+        + (a > 1.25).to(tl.int32)
+        + (a >= 1.75).to(tl.int32)
+        + (a > 2.5).to(tl.int32)
+        + (a >= 3.5).to(tl.int32)
+        + (a > 5.0).to(tl.int32)
+    )
     return mag | (((x.to(tl.int32, bitcast=True) >> 31) & 1) << 3)  # sign bit copied, as cvt does
 
 
@@ -229,8 +251,20 @@ def e2m1_decode_tl(nibble):
 
 
 @triton.jit
-def _write_side(x, cache_ptr, page, off, side, enc, scale,
-                FMT: tl.constexpr, H: tl.constexpr, HP: tl.constexpr, T: tl.constexpr, D: tl.constexpr):
+def _write_side(
+    x,
+    cache_ptr,
+    page,
+    off,
+    side,
+    enc,
+    scale,
+    FMT: tl.constexpr,
+    H: tl.constexpr,
+    HP: tl.constexpr,
+    T: tl.constexpr,
+    D: tl.constexpr,
+):
     """Quantize one token's H heads x [HP, D] (rows >= H are padding) and store them in its page."""
     heads = tl.arange(0, HP)
     hmask = heads < H
@@ -242,8 +276,9 @@ def _write_side(x, cache_ptr, page, off, side, enc, scale,
         # Block scale: E4M3(enc * vecmax / 6); rows scaled by 1 / (scale_e4m3 * global_scale).
         sf_byte = e4m3_encode(enc * (vecmax * 0.16666666666666666))
         sf = e4m3_decode(sf_byte, 0)
-        inv = tl.where(sf == 0.0, 0.0, tl.math.div_rn(tl.full(sf.shape, 1.0, tl.float32),
-                                                       tl.where(sf == 0.0, 1.0, sf * scale)))
+        inv = tl.where(
+            sf == 0.0, 0.0, tl.math.div_rn(tl.full(sf.shape, 1.0, tl.float32), tl.where(sf == 0.0, 1.0, sf * scale))
+        )
         codes = e2m1_encode_tl(xb * inv[:, :, None])
         lo, hi = tl.split(tl.reshape(codes, [HP, D // 2, 2]))
         packed = (lo | (hi << 4)).to(tl.uint8)
@@ -267,10 +302,23 @@ def _write_side(x, cache_ptr, page, off, side, enc, scale,
 
 @triton.jit
 def _reshape_and_cache_kernel(
-    key_ptr, value_ptr, cache_ptr, slot_ptr,
-    k_enc, k_scale, v_enc, v_scale,
-    stride_kt, stride_kh, stride_vt, stride_vh,
-    FMT: tl.constexpr, H: tl.constexpr, HP: tl.constexpr, T: tl.constexpr, D: tl.constexpr,
+    key_ptr,
+    value_ptr,
+    cache_ptr,
+    slot_ptr,
+    k_enc,
+    k_scale,
+    v_enc,
+    v_scale,
+    stride_kt,
+    stride_kh,
+    stride_vt,
+    stride_vh,
+    FMT: tl.constexpr,
+    H: tl.constexpr,
+    HP: tl.constexpr,
+    T: tl.constexpr,
+    D: tl.constexpr,
 ):
     """One program per new token: quantize its K and V (all heads) and write them into its page."""
     tok = tl.program_id(0).to(tl.int64)
@@ -296,8 +344,10 @@ def reshape_and_cache(c: PagedKVCache, key: torch.Tensor, value: torch.Tensor, s
     """Triton: quantize key/value [num_tokens, H, D] and write them into the paged cache at their slots."""
     num_tokens, h, d = key.shape
     if (h, d) != (c.num_kv_heads, c.head_dim) or value.shape != key.shape:
-        raise ValueError(f"key/value {tuple(key.shape)}/{tuple(value.shape)} do not match the cache's "
-                         f"{c.num_kv_heads} heads x head_dim {c.head_dim}")
+        raise ValueError(
+            f"key/value {tuple(key.shape)}/{tuple(value.shape)} do not match the cache's "
+            f"{c.num_kv_heads} heads x head_dim {c.head_dim}"
+        )
     if key.stride(-1) != 1 or value.stride(-1) != 1:
         raise ValueError("key and value need a contiguous last dimension")
     if d & (d - 1):
@@ -305,8 +355,21 @@ def reshape_and_cache(c: PagedKVCache, key: torch.Tensor, value: torch.Tensor, s
     if num_tokens == 0:
         return
     _reshape_and_cache_kernel[(num_tokens,)](
-        key, value, c.cache, slot_mapping,
-        _enc(c.k_scale), c.k_scale, _enc(c.v_scale), c.v_scale,
-        key.stride(0), key.stride(1), value.stride(0), value.stride(1),
-        FMT=_FMT_CODE[c.fmt], H=h, HP=triton.next_power_of_2(h), T=c.block_size, D=d,
+        key,
+        value,
+        c.cache,
+        slot_mapping,
+        _enc(c.k_scale),
+        c.k_scale,
+        _enc(c.v_scale),
+        c.v_scale,
+        key.stride(0),
+        key.stride(1),
+        value.stride(0),
+        value.stride(1),
+        FMT=_FMT_CODE[c.fmt],
+        H=h,
+        HP=triton.next_power_of_2(h),
+        T=c.block_size,
+        D=d,
     )

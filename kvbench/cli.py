@@ -6,7 +6,20 @@ import sys
 
 import typer
 
-from kvbench.commands import accuracy, capacity, claims, compare, dashboard, history, kernels, nightly, plan, regress, report, run
+from kvbench.commands import (
+    accuracy,
+    capacity,
+    claims,
+    compare,
+    dashboard,
+    history,
+    kernels,
+    nightly,
+    plan,
+    regress,
+    report,
+    run,
+)
 from kvbench.commands import eval as eval_cmd
 from kvbench.errors import KvbenchError
 
@@ -17,8 +30,24 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
-for module in (capacity, claims, plan, run, eval_cmd, report, accuracy, kernels, dashboard, history, regress, compare, nightly):
-    app.command(module.NAME, help=module.HELP, context_settings=getattr(module, "CONTEXT_SETTINGS", None))(module.command)
+for module in (
+    capacity,
+    claims,
+    plan,
+    run,
+    eval_cmd,
+    report,
+    accuracy,
+    kernels,
+    dashboard,
+    history,
+    regress,
+    compare,
+    nightly,
+):
+    app.command(module.NAME, help=module.HELP, context_settings=getattr(module, "CONTEXT_SETTINGS", None))(
+        module.command
+    )
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -43,7 +72,9 @@ def main(argv: list[str] | None = None) -> None:
         where = f"kvbench {ctx.info_name}" if ctx is not None and ctx.info_name != "kvbench" else "kvbench"
         message = " ".join(exc.format_message().split())
         if message.startswith("No such command"):
-            message = f"{message.rstrip('.')}; choose from: {', '.join(sorted(c.name for c in app.registered_commands))}"
+            message = (
+                f"{message.rstrip('.')}; choose from: {', '.join(sorted(c.name for c in app.registered_commands))}"
+            )
         if message:  # empty when typer already printed the help (no arguments)
             print(f"{where}: error: {message}", file=sys.stderr)
         sys.exit(getattr(exc, "exit_code", 2))

@@ -13,8 +13,17 @@ from collections.abc import Iterable
 from kvbench.errors import UsageError
 
 
-def number(value: float | int | None, flag: str, *, low: float | None = None, high: float | None = None,
-           low_open: bool = False, allow_inf: bool = False, unit: str = "", kind: str = "a finite number") -> float | int | None:
+def number(
+    value: float | int | None,
+    flag: str,
+    *,
+    low: float | None = None,
+    high: float | None = None,
+    low_open: bool = False,
+    allow_inf: bool = False,
+    unit: str = "",
+    kind: str = "a finite number",
+) -> float | int | None:
     """`value` itself if it is finite (or +inf where allowed) and within [low, high] (low excluded with
     low_open); None passes (the flag was not given)."""
     if value is None:
@@ -23,7 +32,7 @@ def number(value: float | int | None, flag: str, *, low: float | None = None, hi
     lo = "" if low is None else (f" > {low:g}" if low_open else f" >= {low:g}")
     hi = "" if high is None else f" <= {high:g}"
     valid = f"{kind}{lo}{' and' if lo and hi else ''}{hi}{unit}" + (" (or inf)" if allow_inf else "")
-    bad = (isinstance(value, float) and (math.isnan(value) or (math.isinf(value) and not (allow_inf and value > 0))))
+    bad = isinstance(value, float) and (math.isnan(value) or (math.isinf(value) and not (allow_inf and value > 0)))
     if bad or (low is not None and (value <= low if low_open else value < low)) or (high is not None and value > high):
         raise UsageError(f"{flag} must be {valid}, got {value:g}")
     return value
@@ -102,11 +111,15 @@ def key_numbers(text: str, flag: str, keys: Iterable[str], unit: str = "", examp
         key, sep, value = part.partition("=")
         key = key.strip()
         if not sep or key not in keys:
-            raise UsageError(f"{flag} entry {part.strip()!r} must be KEY=NUMBER with KEY one of: {', '.join(keys)}"
-                             + (f" (e.g. {example})" if example else ""))
+            raise UsageError(
+                f"{flag} entry {part.strip()!r} must be KEY=NUMBER with KEY one of: {', '.join(keys)}"
+                + (f" (e.g. {example})" if example else "")
+            )
         try:
             number_ = float(value)
         except ValueError:
-            raise UsageError(f"{flag} {key} must be a number{' of ' + unit if unit else ''}, got {value.strip()!r}") from None
+            raise UsageError(
+                f"{flag} {key} must be a number{' of ' + unit if unit else ''}, got {value.strip()!r}"
+            ) from None
         out[key] = positive(number_, f"{flag} {key}", unit)
     return out

@@ -13,9 +13,9 @@ import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kvbench.errors import UsageError
 from rich.markup import escape
 
+from kvbench.errors import UsageError
 from kvbench.harness.records import find_records, load_record, read_records, summary_rows
 from kvbench.output import err_console
 from kvbench.tracked import metrics
@@ -35,7 +35,11 @@ class Side:
 def _records(results_dir: Path, machine: str | None) -> list[tuple[Path, dict]]:
     where = Path(results_dir) / machine if machine else Path(results_dir)
     if machine and not where.is_dir():
-        known = sorted(p.name for p in Path(results_dir).iterdir() if (p / "runs").is_dir()) if Path(results_dir).is_dir() else []
+        known = (
+            sorted(p.name for p in Path(results_dir).iterdir() if (p / "runs").is_dir())
+            if Path(results_dir).is_dir()
+            else []
+        )
         raise UsageError(f"no results for machine {machine!r}; choose from: {', '.join(known) or '(none)'}")
     try:
         paths = find_records(where)
@@ -73,7 +77,9 @@ def resolve(spec: str, results_dir: Path, machine: str | None = None) -> Side:
         if same:
             machines = sorted({d.get("machine") for d in same})
             if len(machines) > 1:
-                raise UsageError(f"vLLM {number} ran on several machines; pass --machine; choose from: {', '.join(machines)}")
+                raise UsageError(
+                    f"vLLM {number} ran on several machines; pass --machine; choose from: {', '.join(machines)}"
+                )
             label = f"{_version(same[0])[0]} {number} ({len(same)} run{'s' if len(same) > 1 else ''} on {machines[0]})"
             return Side(spec, label, same)
     versions = sorted({f"{p}=={v}" for p, v in (_version(d) for d in found) if v})
@@ -129,7 +135,7 @@ class Row:
 
 
 def machine_kind_of(side: Side) -> str:
-    """"gpu" when the side's runs saw a GPU (the noise floors differ), else "cpu"."""
+    """ "gpu" when the side's runs saw a GPU (the noise floors differ), else "cpu"."""
     gpus = [g for doc in side.records for g in ((doc.get("environment") or {}).get("gpus") or [])]
     return "gpu" if gpus else "cpu"
 
@@ -139,7 +145,10 @@ def compare(a: dict, b: dict, threshold_pct: float | None = None, kind: str = "c
     noise_pct), or within threshold_pct when given, a change is called "same"."""
     rows = []
     for m in metrics():
-        dtypes = sorted({d for (name, d) in [*a, *b] if name == m.name}, key=lambda d: ("auto", "fp8", "nvfp4").index(d) if d in ("auto", "fp8", "nvfp4") else 9)
+        dtypes = sorted(
+            {d for (name, d) in [*a, *b] if name == m.name},
+            key=lambda d: ("auto", "fp8", "nvfp4").index(d) if d in ("auto", "fp8", "nvfp4") else 9,
+        )
         for d in dtypes:
             va, vb = a.get((m.name, d), math.nan), b.get((m.name, d), math.nan)
             if not (math.isfinite(va) and math.isfinite(vb)):

@@ -58,8 +58,14 @@ class Item:
     context: int
 
     def doc(self) -> dict:
-        return {"doc_id": self.doc_id, "prompt": self.prompt, "answer": self.answer, "depth": self.depth,
-                "prompt_tokens": self.prompt_tokens, "context": self.context}
+        return {
+            "doc_id": self.doc_id,
+            "prompt": self.prompt,
+            "answer": self.answer,
+            "depth": self.depth,
+            "prompt_tokens": self.prompt_tokens,
+            "context": self.context,
+        }
 
 
 STOP = ("\n", ".")  # generation stops at either (lm-eval's `until`)
@@ -79,7 +85,7 @@ def task_names() -> list[str]:
 def parse_task(name: str) -> tuple[str, int]:
     """`kvbench_passkey_1024` -> ("passkey", 1024); a one-line UsageError naming the choices otherwise."""
     if name.startswith(PREFIX):
-        kind, _, ctx = name[len(PREFIX):].rpartition("_")
+        kind, _, ctx = name[len(PREFIX) :].rpartition("_")
         if kind in KINDS and ctx.isdigit() and int(ctx) in CONTEXTS:
             return kind, int(ctx)
     raise unknown_choice("kvbench task", name, task_names())
@@ -108,6 +114,7 @@ def key(rng: random.Random) -> str:
 
 def _fit(tok: Tokenizer, build, n_max: int, budget: int) -> tuple[str, int]:
     """The longest prompt `build(n)` (n haystack sentences) within `budget` tokens, by bisection."""
+
     def length(n: int) -> int:
         return len(tok.encode(build(n), add_special_tokens=False))
 
@@ -124,8 +131,15 @@ def _fit(tok: Tokenizer, build, n_max: int, budget: int) -> tuple[str, int]:
     return text, length(lo)
 
 
-def make_item(kind: str, budget: int, depth: float, rng: random.Random, tok: Tokenizer, doc_id: int = 0,
-              context: int | None = None) -> Item:
+def make_item(
+    kind: str,
+    budget: int,
+    depth: float,
+    rng: random.Random,
+    tok: Tokenizer,
+    doc_id: int = 0,
+    context: int | None = None,
+) -> Item:
     """One item whose prompt fills `budget` tokens (as close as whole sentences allow)."""
     # Sentences are ~12 tokens; draw enough for the budget with margin, then keep as many as fit.
     pool = sentences(rng, budget // 6 + 4)
@@ -158,8 +172,9 @@ def generate(task: str, tok: Tokenizer, n: int = DEFAULT_ITEMS, seed: int = SEED
     """The task's items, deterministic from (task, seed, tokenizer); depths cycle through DEPTHS."""
     kind, ctx = parse_task(task)
     rng = random.Random(f"{task}/{seed}")
-    return [make_item(kind, ctx - ANSWER_ROOM, DEPTHS[i % len(DEPTHS)], rng, tok, doc_id=i, context=ctx)
-            for i in range(n)]
+    return [
+        make_item(kind, ctx - ANSWER_ROOM, DEPTHS[i % len(DEPTHS)], rng, tok, doc_id=i, context=ctx) for i in range(n)
+    ]
 
 
 # -- lm-eval task files ----------------------------------------------------------------------------------
@@ -189,8 +204,9 @@ def tasks_dir(tokenizer_dir: str | Path, seed: int = SEED, n: int = DEFAULT_ITEM
     return (root or cache_root()) / "evaltasks" / f"seed{seed}-n{n}-tok{tokenizer_fingerprint(tokenizer_dir)}"
 
 
-def write_tasks(tokenizer_dir: str | Path, tasks: list[str], seed: int = SEED, n: int = DEFAULT_ITEMS,
-                root: Path | None = None) -> Path:
+def write_tasks(
+    tokenizer_dir: str | Path, tasks: list[str], seed: int = SEED, n: int = DEFAULT_ITEMS, root: Path | None = None
+) -> Path:
     """Write each task's JSONL + YAML (once; later calls reuse them) and return the folder for include_path."""
     from transformers import AutoTokenizer
 

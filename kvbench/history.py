@@ -18,12 +18,33 @@ from kvbench.harness.records import linked_records
 from kvbench.tracked import by_benchmark
 
 COLUMNS = [
-    "machine", "commit", "commit_date", "run_id", "run_started", "vllm_package", "vllm_version", "gpu",
-    "driver", "cuda", "metric", "label", "kv_dtype", "value", "unit", "direction",
+    "machine",
+    "commit",
+    "commit_date",
+    "run_id",
+    "run_started",
+    "vllm_package",
+    "vllm_version",
+    "gpu",
+    "driver",
+    "cuda",
+    "metric",
+    "label",
+    "kv_dtype",
+    "value",
+    "unit",
+    "direction",
     # beyond the agreed shape:
-    "state", "dtype_status", "run_status", "env_name", "python", "benchmark", "record",
+    "state",
+    "dtype_status",
+    "run_status",
+    "env_name",
+    "python",
+    "benchmark",
+    "record",
     # the point's own spread where the run repeated its fixed load (std of the repeats, in `unit`; their count)
-    "repeat_std", "repeat_n",
+    "repeat_std",
+    "repeat_n",
 ]
 
 
@@ -127,13 +148,19 @@ def history_frame(results_dir="results", asv_conf="asv.conf.json", problems: lis
     benchmarks = _load_asv(results_dir, asv_conf)
     tracked = by_benchmark()
     rows = []
-    machines = sorted(p.name for p in results_dir.iterdir() if (p / "machine.json").is_file()) if results_dir.is_dir() else []
+    machines = (
+        sorted(p.name for p in results_dir.iterdir() if (p / "machine.json").is_file()) if results_dir.is_dir() else []
+    )
     for machine in machines:
         records = _records(results_dir / machine, problems)
         for res in _machine_results(results_dir / machine, machine, problems):
             keys = [k for k in res.get_result_keys(benchmarks) if k in tracked]
             serving = [res.started_at[k] for k in keys if tracked[k].source == "run" and res.started_at.get(k)]
-            started = min(serving) if serving else min((res.started_at[k] for k in keys if res.started_at.get(k)), default=None)
+            started = (
+                min(serving)
+                if serving
+                else min((res.started_at[k] for k in keys if res.started_at.get(k)), default=None)
+            )
             doc, path = _pick_record(records.get((res.commit_hash, res.env_name)), started)
             run_env = _env_from_record(doc)
             params = res.params
@@ -160,26 +187,30 @@ def history_frame(results_dir="results", asv_conf="asv.conf.json", problems: lis
                 metric = tracked[key]
                 bparams = benchmarks[key]["params"]
                 values = res.get_result_value(key, bparams)
-                for combo, value in zip(itertools.product(*bparams), values):
+                for combo, value in zip(itertools.product(*bparams), values, strict=False):
                     dtype = ast.literal_eval(combo[0])
                     state = "failed" if value is None else ("skipped" if math.isnan(value) else "ok")
                     rep = (repeated.get(dtype) or {}).get(metric.field) or {} if metric.source == "run" else {}
-                    rows.append({
-                        **point,
-                        "metric": metric.name,
-                        "label": metric.label,
-                        "kv_dtype": dtype,
-                        "value": math.nan if value is None else float(value),
-                        "unit": metric.unit,
-                        "direction": metric.direction,
-                        "state": state,
-                        "dtype_status": statuses.get(dtype) if metric.source == "run" else None,
-                        "benchmark": key,
-                        "repeat_std": rep["std"] * metric.scale if rep.get("std") is not None else math.nan,
-                        "repeat_n": rep.get("n") or 1,
-                    })
+                    rows.append(
+                        {
+                            **point,
+                            "metric": metric.name,
+                            "label": metric.label,
+                            "kv_dtype": dtype,
+                            "value": math.nan if value is None else float(value),
+                            "unit": metric.unit,
+                            "direction": metric.direction,
+                            "state": state,
+                            "dtype_status": statuses.get(dtype) if metric.source == "run" else None,
+                            "benchmark": key,
+                            "repeat_std": rep["std"] * metric.scale if rep.get("std") is not None else math.nan,
+                            "repeat_n": rep.get("n") or 1,
+                        }
+                    )
     frame = _typed(pd.DataFrame(rows, columns=COLUMNS))
-    return frame.sort_values(["machine", "run_started", "commit_date", "metric", "kv_dtype"], kind="stable").reset_index(drop=True)
+    return frame.sort_values(
+        ["machine", "run_started", "commit_date", "metric", "kv_dtype"], kind="stable"
+    ).reset_index(drop=True)
 
 
 def _typed(frame):
@@ -193,6 +224,18 @@ def _typed(frame):
 
 def points(frame):
     """One row per history point (machine, commit, env) with its run, vLLM and machine columns, in order."""
-    cols = ["machine", "commit", "commit_date", "run_id", "run_started", "vllm_package", "vllm_version", "gpu", "driver",
-            "cuda", "run_status", "env_name"]
+    cols = [
+        "machine",
+        "commit",
+        "commit_date",
+        "run_id",
+        "run_started",
+        "vllm_package",
+        "vllm_version",
+        "gpu",
+        "driver",
+        "cuda",
+        "run_status",
+        "env_name",
+    ]
     return frame[cols].drop_duplicates(["machine", "commit", "env_name"]).reset_index(drop=True)

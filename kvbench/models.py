@@ -303,8 +303,12 @@ def _layer_kinds(cfg: _Config, num_layers: int, model_type: str, mla: bool) -> t
                 f"{cfg.source}: 'layer_types' lists {len(layer_types)} layers but 'num_hidden_layers' is {num_layers}"
             )
         if any(t == "sliding_attention" for t in layer_types) and not window:
-            raise UsageError(f"{cfg.source}: config.json lacks 'sliding_window' (needed for its sliding_attention layers)")
-        return tuple(LayerKind("sliding", window) if t == "sliding_attention" else LayerKind("full") for t in layer_types)
+            raise UsageError(
+                f"{cfg.source}: config.json lacks 'sliding_window' (needed for its sliding_attention layers)"
+            )
+        return tuple(
+            LayerKind("sliding", window) if t == "sliding_attention" else LayerKind("full") for t in layer_types
+        )
     if not window or cfg.bool("use_sliding_window", True) is False:
         # Qwen2/3 configs carry a window but switch it off with use_sliding_window=false.
         return (LayerKind("full"),) * num_layers
@@ -312,7 +316,9 @@ def _layer_kinds(cfg: _Config, num_layers: int, model_type: str, mla: bool) -> t
         return tuple(LayerKind("sliding", window) if i % 2 == 0 else LayerKind("full") for i in range(num_layers))
     if model_type in ("gemma3", "gemma3_text"):  # every sliding_window_pattern-th layer is global
         pattern = cfg.int("sliding_window_pattern", 6)
-        return tuple(LayerKind("full") if (i + 1) % pattern == 0 else LayerKind("sliding", window) for i in range(num_layers))
+        return tuple(
+            LayerKind("full") if (i + 1) % pattern == 0 else LayerKind("sliding", window) for i in range(num_layers)
+        )
     if "max_window_layers" in cfg.raw and "use_sliding_window" in cfg.raw:
         # Qwen2-style: layers from max_window_layers onward use the window.
         first = cfg.int("max_window_layers", num_layers, minimum=0)
@@ -320,8 +326,9 @@ def _layer_kinds(cfg: _Config, num_layers: int, model_type: str, mla: bool) -> t
     return (LayerKind("sliding", window),) * num_layers
 
 
-def _layer_params(cfg: _Config, model_type: str, num_layers: int, hidden: int, num_heads: int, num_kv_heads: int,
-                  head_dim: int) -> tuple[list[LayerParams], Moe | None]:
+def _layer_params(
+    cfg: _Config, model_type: str, num_layers: int, hidden: int, num_heads: int, num_kv_heads: int, head_dim: int
+) -> tuple[list[LayerParams], Moe | None]:
     """Parameters of each decoder layer, from the config alone (no weights needed)."""
     attn_bias = cfg.bool("attention_bias", model_type in ("qwen2_moe", "qwen2", "phi"))
     mlp_bias = cfg.bool("mlp_bias", model_type == "phi")
@@ -368,8 +375,9 @@ def _layer_params(cfg: _Config, model_type: str, num_layers: int, hidden: int, n
         top_k = cfg.need("num_experts_per_tok", "the MoE activation size")
         if model_type == "gpt_oss":  # fused gate_up and down projections, each with a bias
             experts = n_local * (hidden * 2 * inter + 2 * inter + inter * hidden + hidden)
-            return [LayerParams(attention, kv_proj, 0, experts, hidden * n_local + n_local, norms)] * num_layers, \
-                Moe(n_local, top_k, inter)
+            return [LayerParams(attention, kv_proj, 0, experts, hidden * n_local + n_local, norms)] * num_layers, Moe(
+                n_local, top_k, inter
+            )
         moe_inter = cfg.int("moe_intermediate_size", inter)
         experts = n_local * 3 * hidden * moe_inter
         router = hidden * n_local
@@ -386,7 +394,9 @@ def _layer_params(cfg: _Config, model_type: str, num_layers: int, hidden: int, n
                 else:
                     layers.append(LayerParams(attention, kv_proj, 3 * hidden * dense_inter, 0, 0, norms))
             return layers, Moe(n_local, top_k, moe_inter)
-        return [LayerParams(attention, kv_proj, shared, experts, router, norms)] * num_layers, Moe(n_local, top_k, moe_inter)
+        return [LayerParams(attention, kv_proj, shared, experts, router, norms)] * num_layers, Moe(
+            n_local, top_k, moe_inter
+        )
     return [LayerParams(attention, kv_proj, dense, 0, 0, norms)] * num_layers, None
 
 
@@ -441,7 +451,9 @@ def _vision_params(top: _Config, text_hidden: int) -> int:
     return encoder + projector
 
 
-def _weight_bytes(cfg: _Config, quant: dict, params: dict[str, int], act_bytes: float, act_dtype: str) -> tuple[str, float]:
+def _weight_bytes(
+    cfg: _Config, quant: dict, params: dict[str, int], act_bytes: float, act_dtype: str
+) -> tuple[str, float]:
     """Bytes the weights take in memory as the checkpoint stores them (quantization_config when present)."""
     total = float(sum(params.values()))
     linear = params["attention"] + params["dense_mlp"] + params["experts"]
@@ -502,7 +514,6 @@ def describe_layers(model: ModelSpec) -> str:
         else:
             parts.append(f"{count} full")
     return ", ".join(parts)
-
 
 
 def spec_for(*candidates: str | None) -> ModelSpec | None:

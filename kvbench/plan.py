@@ -59,9 +59,16 @@ def plan_row(
     reason = None
     for tp in tensor_parallel_sizes:
         est = predict_non_kv(
-            model, gpu, utilization=utilization, tensor_parallel_size=tp, pipeline_parallel_size=pipeline_parallel_size,
-            weights=weights, vllm_version=vllm_version, max_num_seqs=max_num_seqs,
-            max_num_batched_tokens=max_num_batched_tokens, max_model_len=context,
+            model,
+            gpu,
+            utilization=utilization,
+            tensor_parallel_size=tp,
+            pipeline_parallel_size=pipeline_parallel_size,
+            weights=weights,
+            vllm_version=vllm_version,
+            max_num_seqs=max_num_seqs,
+            max_num_batched_tokens=max_num_batched_tokens,
+            max_model_len=context,
         )
         pool = kv_budget_gb * 1e9 if kv_budget_gb is not None else None
         overhead = overhead_gb * 1e9 if overhead_gb is not None else None
@@ -72,8 +79,11 @@ def plan_row(
         cap = est.scheduler.max_num_seqs
         per_replica = min(row.users, cap)
         replicas = math.ceil(users / per_replica)
-        per_gpu = min(s.kv_pool.bytes for s in est.stages) if pool is None and overhead is None else (
-            pool if pool is not None else min(s.requested.bytes - s.weights.bytes - overhead for s in est.stages))
+        per_gpu = (
+            min(s.kv_pool.bytes for s in est.stages)
+            if pool is None and overhead is None
+            else (pool if pool is not None else min(s.requested.bytes - s.weights.bytes - overhead for s in est.stages))
+        )
         group = tp * pipeline_parallel_size
         candidate = PlanRow(
             gpu=gpu.key,
@@ -93,7 +103,8 @@ def plan_row(
             best = candidate
     if best is None:
         why = reason or (
-            f"the weights ({model.weight_bytes / 1e9:.1f} GB) leave no KV room even at TP={tensor_parallel_sizes[-1]}")
+            f"the weights ({model.weight_bytes / 1e9:.1f} GB) leave no KV room even at TP={tensor_parallel_sizes[-1]}"
+        )
         return PlanRow(gpu.key, fmt.key, False, why, None, 0, 0, "", None, None, None, None)
     return best
 
@@ -108,13 +119,24 @@ def plan_from_front(record, users: int, user_tps: float | None, prices: dict[str
 
     rows = []
     for d in record.dtypes:
-        row = {"kv_cache_dtype": d.kv_cache_dtype, "users_per_replica": None, "user_tps": None, "output_tps_per_gpu": None,
-               "gpus_per_replica": None, "replicas": None, "gpus": None, "usd_per_hour": None, "why": ""}
+        row = {
+            "kv_cache_dtype": d.kv_cache_dtype,
+            "users_per_replica": None,
+            "user_tps": None,
+            "output_tps_per_gpu": None,
+            "gpus_per_replica": None,
+            "replicas": None,
+            "gpus": None,
+            "usd_per_hour": None,
+            "why": "",
+        }
         rows.append(row)
         if d.front is None:
             row["why"] = f"no front in the record ({d.status})"
             continue
-        points = [fr.Point(**{k: v for k, v in p.items() if k in fr.Point.__dataclass_fields__}) for p in d.front.points]
+        points = [
+            fr.Point(**{k: v for k, v in p.items() if k in fr.Point.__dataclass_fields__}) for p in d.front.points
+        ]
         if user_tps is not None:
             at = fr.at_interactivity(points, user_tps)
             if at is None:
@@ -130,9 +152,18 @@ def plan_from_front(record, users: int, user_tps: float | None, prices: dict[str
             row["why"] = f"best point under the SLO (concurrency {best.concurrency})"
         per_replica = max(1, math.floor(conc))
         replicas = math.ceil(users / per_replica)
-        price = prices.get(d.front.price_key or "", d.front.price_per_gpu_hour) if d.front.price_key else (
-            next(iter(prices.values())) if len(prices) == 1 else None)
-        row.update(users_per_replica=per_replica, user_tps=user_tps if user_tps is not None else user_tps_here,
-                   output_tps_per_gpu=tps, gpus_per_replica=d.front.gpus, replicas=replicas, gpus=replicas * d.front.gpus,
-                   usd_per_hour=replicas * d.front.gpus * price if price is not None else None)
+        price = (
+            prices.get(d.front.price_key or "", d.front.price_per_gpu_hour)
+            if d.front.price_key
+            else (next(iter(prices.values())) if len(prices) == 1 else None)
+        )
+        row.update(
+            users_per_replica=per_replica,
+            user_tps=user_tps if user_tps is not None else user_tps_here,
+            output_tps_per_gpu=tps,
+            gpus_per_replica=d.front.gpus,
+            replicas=replicas,
+            gpus=replicas * d.front.gpus,
+            usd_per_hour=replicas * d.front.gpus * price if price is not None else None,
+        )
     return rows

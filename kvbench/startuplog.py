@@ -191,7 +191,9 @@ def _parse_v0(log: StartupLog, line: str) -> None:
         log.engine = "v0"
         log.total_gib, log.utilization = float(m[1]), float(m[2])
     if m := _V0_LINE.search(line):
-        log.weights_gib, log.non_torch_gib, log.activation_gib, log.available_kv_gib = (float(m[i]) for i in range(1, 5))
+        log.weights_gib, log.non_torch_gib, log.activation_gib, log.available_kv_gib = (
+            float(m[i]) for i in range(1, 5)
+        )
     if m := _V0_BLOCKS.search(line):
         # V0 logs blocks of 16 tokens (the CUDA default); the token count is theirs times the block size
         log.kv_tokens = int(m[1]) * 16

@@ -178,10 +178,17 @@ def compare(reference: Sequence[int], candidate: Sequence[int], alpha: float = 0
     p = mcnemar_exact(table.ref_only, table.cand_only)
     n = table.n
     return Comparison(
-        n=n, reference=(table.both + table.ref_only) / n if n else math.nan,
+        n=n,
+        reference=(table.both + table.ref_only) / n if n else math.nan,
         candidate=(table.both + table.cand_only) / n if n else math.nan,
-        difference=diff, ci_low=lo, ci_high=hi, p_value=p, losses=table.ref_only, gains=table.cand_only,
-        significant=p < alpha, verdict=verdict(diff, lo, hi, p, alpha),
+        difference=diff,
+        ci_low=lo,
+        ci_high=hi,
+        p_value=p,
+        losses=table.ref_only,
+        gains=table.cand_only,
+        significant=p < alpha,
+        verdict=verdict(diff, lo, hi, p, alpha),
     )
 
 

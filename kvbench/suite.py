@@ -56,8 +56,13 @@ CODE_DIRS = ("kvbench", "harness", "kernels", "benchmarks")
 def changed_code(repo: Path) -> list[str]:
     """Tracked files of the code the benchmarks run that differ from HEAD (a point claims HEAD's code)."""
     try:
-        out = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", *CODE_DIRS], cwd=repo,
-                             capture_output=True, text=True, timeout=30)
+        out = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no", "--", *CODE_DIRS],
+            cwd=repo,
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
     except (OSError, subprocess.TimeoutExpired):
         return []
     return [line[3:] for line in out.stdout.splitlines() if len(line) > 3]
@@ -137,13 +142,27 @@ def prefix_numbers(root: Path, model: str | None = None) -> dict:
 
     gpus, _ = nvml_gpus()
     defaults = load_toml("run_defaults.toml")["gpu" if gpus else "cpu"]
-    plan = build_plan(defaults=defaults, on_gpu=bool(gpus), model=model or os.environ.get(ENV_MODEL) or None,
-                      kv_dtypes=list(KV_DTYPES), slo=None, unknown_dtypes="record", results_dir=results_dir(root),
-                      python=sys.executable, machine=os.environ.get(ENV_MACHINE) or None, workload="prefix-cache",
-                      concurrency=[8], sweep=False, eval_tasks=[])
+    plan = build_plan(
+        defaults=defaults,
+        on_gpu=bool(gpus),
+        model=model or os.environ.get(ENV_MODEL) or None,
+        kv_dtypes=list(KV_DTYPES),
+        slo=None,
+        unknown_dtypes="record",
+        results_dir=results_dir(root),
+        python=sys.executable,
+        machine=os.environ.get(ENV_MACHINE) or None,
+        workload="prefix-cache",
+        concurrency=[8],
+        sweep=False,
+        eval_tasks=[],
+    )
     record, path = execute(plan, extra={"asv": asv_link(root)})
     doc = record.as_doc()
-    return {"record": str(path), "dtypes": {d["kv_cache_dtype"]: {"status": d["status"], **headline(d)} for d in doc["dtypes"]}}
+    return {
+        "record": str(path),
+        "dtypes": {d["kv_cache_dtype"]: {"status": d["status"], **headline(d)} for d in doc["dtypes"]},
+    }
 
 
 def accuracy_numbers() -> dict:
@@ -154,4 +173,7 @@ def accuracy_numbers() -> dict:
     shape = accuracy.SyntheticShape()
     q, k, v = accuracy.synthetic_kv(ACCURACY_DATA, shape)
     ref = accuracy.attention(q, k, v)
-    return {dtype: accuracy.evaluate(accuracy.Variant(fmt, scale), q, k, v, ref) for dtype, (fmt, scale) in ACCURACY_VARIANTS.items()}
+    return {
+        dtype: accuracy.evaluate(accuracy.Variant(fmt, scale), q, k, v, ref)
+        for dtype, (fmt, scale) in ACCURACY_VARIANTS.items()
+    }

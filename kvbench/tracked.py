@@ -14,7 +14,11 @@ DIRECTIONS = ("higher", "lower")
 MACHINE_KINDS = ("cpu", "gpu")
 SOURCES = ("run", "accuracy", "prefix")
 # asv benchmark class per source: `<module>.<class>.track_<metric>`
-ASV_CLASSES = {"run": "bench_serving.Serving", "accuracy": "bench_accuracy.Accuracy", "prefix": "bench_serving.PrefixCache"}
+ASV_CLASSES = {
+    "run": "bench_serving.Serving",
+    "accuracy": "bench_accuracy.Accuracy",
+    "prefix": "bench_serving.PrefixCache",
+}
 
 
 @dataclass(frozen=True)
@@ -55,7 +59,9 @@ def metrics() -> tuple[Metric, ...]:
         if m.direction not in DIRECTIONS:
             raise ValueError(f"metrics.toml: {name}: direction {m.direction!r}; choose from: {', '.join(DIRECTIONS)}")
         if set(m.noise_pct or {}) - set(MACHINE_KINDS):
-            raise ValueError(f"metrics.toml: {name}: noise_pct keys {sorted(m.noise_pct)}; choose from: {', '.join(MACHINE_KINDS)}")
+            raise ValueError(
+                f"metrics.toml: {name}: noise_pct keys {sorted(m.noise_pct)}; choose from: {', '.join(MACHINE_KINDS)}"
+            )
         if m.source not in SOURCES:
             raise ValueError(f"metrics.toml: {name}: source {m.source!r}; choose from: {', '.join(SOURCES)}")
         out.append(m)
@@ -63,7 +69,7 @@ def metrics() -> tuple[Metric, ...]:
 
 
 def machine_kind(gpu) -> str:
-    """"gpu" for a machine whose asv `gpu` field names one, else "cpu"."""
+    """ "gpu" for a machine whose asv `gpu` field names one, else "cpu"."""
     return "gpu" if isinstance(gpu, str) and gpu and gpu != "none" else "cpu"
 
 

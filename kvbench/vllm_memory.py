@@ -100,6 +100,7 @@ class NonKvEstimate:
 
     def as_dict(self) -> dict:
         """Plain data: every term as {"bytes", "gib", "source"} per stage (what `kvbench run` records)."""
+
         def term(t: Term) -> dict:
             return {"bytes": t.bytes, "gib": t.bytes / GiB, "source": t.source, "detail": t.detail}
 
@@ -164,7 +165,9 @@ def release(version: str | None = None) -> VllmRelease:
         raise UsageError(f"--vllm-version must look like 0.19.0, got {wanted!r}; known: {', '.join(known_versions())}")
     older = [v for v in known_versions() if _vkey(v) <= key]
     if not older:
-        raise UsageError(f"vLLM {wanted} is older than any release kvbench models; known: {', '.join(known_versions())}")
+        raise UsageError(
+            f"vLLM {wanted} is older than any release kvbench models; known: {', '.join(known_versions())}"
+        )
     v = older[-1]
     raw = versions[v]
     return VllmRelease(
@@ -178,8 +181,13 @@ def release(version: str | None = None) -> VllmRelease:
     )
 
 
-def scheduler_knobs(rel: VllmRelease, gpu: GpuSpec, max_model_len: int | None = None,
-                    max_num_seqs: int | None = None, max_num_batched_tokens: int | None = None) -> SchedulerKnobs:
+def scheduler_knobs(
+    rel: VllmRelease,
+    gpu: GpuSpec,
+    max_model_len: int | None = None,
+    max_num_seqs: int | None = None,
+    max_num_batched_tokens: int | None = None,
+) -> SchedulerKnobs:
     """vLLM's max_num_seqs / max_num_batched_tokens for this GPU and release, unless given."""
     if rel.engine == "v0":
         # V0 without chunked prefill: one batch must hold a whole prompt (vllm/config.py SchedulerConfig)
@@ -195,9 +203,14 @@ def scheduler_knobs(rel: VllmRelease, gpu: GpuSpec, max_model_len: int | None = 
             continue
         seqs = max_num_seqs or rule["max_num_seqs"]
         batched = max_num_batched_tokens or rule["max_num_batched_tokens"]
-        how = "given" if max_num_seqs and max_num_batched_tokens else (
-            f"vLLM {rel.version} OpenAI-server default for a {gpu.torch_total_bytes / GiB:.0f} GiB "
-            f"{gpu.name.split()[1]} (vllm/engine/arg_utils.py get_batch_defaults)")
+        how = (
+            "given"
+            if max_num_seqs and max_num_batched_tokens
+            else (
+                f"vLLM {rel.version} OpenAI-server default for a {gpu.torch_total_bytes / GiB:.0f} GiB "
+                f"{gpu.name.split()[1]} (vllm/engine/arg_utils.py get_batch_defaults)"
+            )
+        )
         return SchedulerKnobs(seqs, batched, how)
     raise AssertionError("vllm.toml: the last scheduler_defaults rule must match every device")
 
@@ -241,7 +254,8 @@ def predict_non_kv(
         graph = Term(
             "cudagraph",
             graph_bytes,
-            platform["cudagraph_source"] if rel.subtracts_cudagraph
+            platform["cudagraph_source"]
+            if rel.subtracts_cudagraph
             else f"vLLM {rel.version} does not subtract its CUDA-graph estimate",
         )
         kv = requested - stage_weights[s] - act - non_torch.bytes - graph_bytes
@@ -252,11 +266,15 @@ def predict_non_kv(
                 total=Term("total", total, f"{gpu.name} {gpu.torch_total_how}"),
                 requested=Term("requested", requested, f"total x gpu_memory_utilization {util:g}"),
                 weights=Term(
-                    "weights", stage_weights[s], f"{plan.label}, config.json, sharded as vLLM shards them",
+                    "weights",
+                    stage_weights[s],
+                    f"{plan.label}, config.json, sharded as vLLM shards them",
                     f"layers {layers.start}-{layers.stop - 1} of {spec.num_layers}, TP {tp}",
                 ),
                 activation=Term(
-                    "activation", act, f"profiling run: {knobs.max_num_batched_tokens} tokens, "
+                    "activation",
+                    act,
+                    f"profiling run: {knobs.max_num_batched_tokens} tokens, "
                     f"{min(knobs.max_num_seqs, knobs.max_num_batched_tokens)} sampled rows",
                     "; ".join(f"{t.name} {t.bytes / GiB:.3f}" for t in parts),
                 ),
@@ -279,8 +297,18 @@ def _non_torch(platform: dict, tp: int, pp: int) -> Term:
     return Term("non_torch", platform[key] * GiB, platform["non_torch_source"], why)
 
 
-def _activation_parts(spec: ModelSpec, plan: WeightPlan, rel: VllmRelease, gpu: GpuSpec, knobs: SchedulerKnobs,
-                      tp: int, *, first: bool, last: bool, layers: range) -> list[Term]:
+def _activation_parts(
+    spec: ModelSpec,
+    plan: WeightPlan,
+    rel: VllmRelease,
+    gpu: GpuSpec,
+    knobs: SchedulerKnobs,
+    tp: int,
+    *,
+    first: bool,
+    last: bool,
+    layers: range,
+) -> list[Term]:
     act = DTYPE_BYTES[plan.dtype]
     tokens = knobs.max_num_batched_tokens
     rows = min(knobs.max_num_seqs, tokens)
@@ -300,16 +328,26 @@ def _activation_parts(spec: ModelSpec, plan: WeightPlan, rel: VllmRelease, gpu: 
         triton = programs * vocab * 4 if rel.engine == "v1" else 0
         sampler = logits + triton + tokens * hidden * act
         if sampler >= forward:
-            parts.append(Term(
-                "sampler", sampler, src,
-                f"{rows} rows x {vocab:,} vocab x {per_logit:g} B + top-k/top-p buffer + hidden states",
-            ))
+            parts.append(
+                Term(
+                    "sampler",
+                    sampler,
+                    src,
+                    f"{rows} rows x {vocab:,} vocab x {per_logit:g} B + top-k/top-p buffer + hidden states",
+                )
+            )
         else:
-            parts.append(Term("forward", forward, src, f"{tokens} tokens x (3 x {inter:,.0f}/{tp} + 4 x {hidden}) x {act:g} B"))
+            parts.append(
+                Term("forward", forward, src, f"{tokens} tokens x (3 x {inter:,.0f}/{tp} + 4 x {hidden}) x {act:g} B")
+            )
     else:
-        parts.append(Term("forward", forward, src, f"{tokens} tokens x (3 x {inter:,.0f}/{tp} + 4 x {hidden}) x {act:g} B"))
+        parts.append(
+            Term("forward", forward, src, f"{tokens} tokens x (3 x {inter:,.0f}/{tp} + 4 x {hidden}) x {act:g} B")
+        )
     if not first:
-        parts.append(Term("pp_buffers", 2 * tokens * hidden * act, "intermediate tensors received from the previous stage"))
+        parts.append(
+            Term("pp_buffers", 2 * tokens * hidden * act, "intermediate tensors received from the previous stage")
+        )
     if spec.moe and any(spec.layer_params[i].experts for i in layers) and rel.engine == "v1":
         n = 2 * spec.moe.intermediate / tp  # w13 output per rank
         ws = tokens * spec.moe.top_k * (max(n / 2, hidden) + max(n, hidden)) * act

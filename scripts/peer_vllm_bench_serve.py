@@ -60,14 +60,23 @@ import sys
 import tempfile
 import time
 import urllib.request
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 from kvbench.harness.clientsched import Realtime, thread_cpu_and_wait_s
 
 REPO = Path(__file__).resolve().parents[1]
-COMPARED = (("ttft_p50_ms", "TTFT P50 (ms)"), ("ttft_p95_ms", "TTFT P95 (ms)"), ("output_throughput_tps", "output throughput (tok/s)"))
-INFO = (("tpot_p50_ms", "TPOT P50 (ms)"), ("itl_p50_ms", "ITL P50 (ms)"), ("e2e_p50_ms", "E2E P50 (ms)"), ("request_throughput_rps", "requests/s"))
+COMPARED = (
+    ("ttft_p50_ms", "TTFT P50 (ms)"),
+    ("ttft_p95_ms", "TTFT P95 (ms)"),
+    ("output_throughput_tps", "output throughput (tok/s)"),
+)
+INFO = (
+    ("tpot_p50_ms", "TPOT P50 (ms)"),
+    ("itl_p50_ms", "ITL P50 (ms)"),
+    ("e2e_p50_ms", "E2E P50 (ms)"),
+    ("request_throughput_rps", "requests/s"),
+)
 
 
 # --- the server ---------------------------------------------------------------------------------
@@ -80,8 +89,14 @@ def vllm_server(model: str, log_path: Path, max_model_len: int, startup_timeout_
     from kvbench.harness.server import ServerConfig, VllmServer
 
     env = {"HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1")}
-    cfg = ServerConfig(model=model, kv_cache_dtype="auto", max_model_len=max_model_len, extra_args=["--enforce-eager", "-O0"],
-                       env=env, startup_timeout_s=startup_timeout_s)
+    cfg = ServerConfig(
+        model=model,
+        kv_cache_dtype="auto",
+        max_model_len=max_model_len,
+        extra_args=["--enforce-eager", "-O0"],
+        env=env,
+        startup_timeout_s=startup_timeout_s,
+    )
     with VllmServer(cfg, log_path) as server:
         if pid_file is not None:
             pid_file.write_text(str(server.proc.pid))
@@ -148,7 +163,11 @@ def run_kvbench(url: str, model: str, tokenizer, a, seed: int, schedule_seed: in
 
     # Open loop as vLLM runs it: its generator, its seed, stretched so the last send lands at n/rate.
     sched = seed if schedule_seed is None else schedule_seed
-    mode = Rate(a.request_rate, burstiness=1.0, seed=sched, rescale=True, rng="vllm") if a.request_rate else Concurrency(a.concurrency)
+    mode = (
+        Rate(a.request_rate, burstiness=1.0, seed=sched, rescale=True, rng="vllm")
+        if a.request_rate
+        else Concurrency(a.concurrency)
+    )
 
     async def go():
         backend = OpenAIBackend(url, model, request_timeout_s=600)
@@ -187,19 +206,45 @@ def vllm_random_text(a, seed: int) -> list[str]:
     from vllm.tokenizers import get_tokenizer
 
     tok = get_tokenizer(a.tokenizer_path)
-    reqs = RandomDataset(random_seed=seed).sample(tokenizer=tok, num_requests=a.num_requests, input_len=a.prompt_tokens, output_len=a.output_tokens)
+    reqs = RandomDataset(random_seed=seed).sample(
+        tokenizer=tok, num_requests=a.num_requests, input_len=a.prompt_tokens, output_len=a.output_tokens
+    )
     return [r.prompt for r in reqs]
 
 
 def _vllm_argv(url: str, model: str, a, seed: int) -> list[str]:
     return [
-        "--backend", "vllm", "--base-url", url, "--endpoint", "/v1/completions", "--model", model,
-        "--dataset-name", "random", "--random-input-len", str(a.prompt_tokens), "--random-output-len", str(a.output_tokens),
-        "--num-prompts", str(a.num_requests),
-        *(["--request-rate", f"{a.request_rate:g}", "--burstiness", "1.0"] if a.request_rate
-          else ["--max-concurrency", str(a.concurrency), "--request-rate", "inf"]),
-        "--ignore-eos", "--temperature", "0", "--seed", str(seed), "--disable-tqdm",
-        "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,95,99",
+        "--backend",
+        "vllm",
+        "--base-url",
+        url,
+        "--endpoint",
+        "/v1/completions",
+        "--model",
+        model,
+        "--dataset-name",
+        "random",
+        "--random-input-len",
+        str(a.prompt_tokens),
+        "--random-output-len",
+        str(a.output_tokens),
+        "--num-prompts",
+        str(a.num_requests),
+        *(
+            ["--request-rate", f"{a.request_rate:g}", "--burstiness", "1.0"]
+            if a.request_rate
+            else ["--max-concurrency", str(a.concurrency), "--request-rate", "inf"]
+        ),
+        "--ignore-eos",
+        "--temperature",
+        "0",
+        "--seed",
+        str(seed),
+        "--disable-tqdm",
+        "--percentile-metrics",
+        "ttft,tpot,itl,e2el",
+        "--metric-percentiles",
+        "50,95,99",
     ]
 
 
@@ -298,8 +343,17 @@ class VllmWorker:
         import threading
 
         self.proc = subprocess.Popen(
-            [sys.executable, "-u", str(Path(__file__).resolve()), "--vllm-worker", *([] if realtime else ["--no-realtime"])],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+            [
+                sys.executable,
+                "-u",
+                str(Path(__file__).resolve()),
+                "--vllm-worker",
+                *([] if realtime else ["--no-realtime"]),
+            ],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
         )
         self.lines: queue.Queue[str | None] = queue.Queue()
 
@@ -333,12 +387,14 @@ class VllmWorker:
                 self.proc.wait(5)
 
 
-def run_simultaneous(worker: VllmWorker, url: str, model: str, tokenizer, a, seed_vllm: int, seed_kv: int, trust_env: bool) -> tuple[dict, dict]:
+def run_simultaneous(
+    worker: VllmWorker, url: str, model: str, tokenizer, a, seed_vllm: int, seed_kv: int, trust_env: bool
+) -> tuple[dict, dict]:
     """Both clients at once, each with the full load shape: they see the same server moment."""
     worker.start(_vllm_argv(url, model, a, seed_vllm), trust_env)
     worker.wait_for(VLLM_START)
     kv = run_kvbench(url, model, tokenizer, a, seed_kv, schedule_seed=seed_vllm)
-    vl = json.loads(worker.wait_for(RESULT)[len(RESULT):])
+    vl = json.loads(worker.wait_for(RESULT)[len(RESULT) :])
     return kv, vl
 
 
@@ -364,7 +420,10 @@ def compare(rounds: list[dict], tolerance_pct: float, subject: str = "kvbench", 
     keys = [k for k, _ in COMPARED + INFO]
     med = {tool: {k: statistics.median(r[tool][k] for r in rounds) for k in keys} for tool in (subject, ref)}
     paired = {k: [pct(r[subject][k], r[ref][k]) for r in rounds] for k in keys}
-    paired_median = {k: statistics.median(v for v in paired[k] if v is not None) if any(v is not None for v in paired[k]) else None for k in keys}
+    paired_median = {
+        k: statistics.median(v for v in paired[k] if v is not None) if any(v is not None for v in paired[k]) else None
+        for k in keys
+    }
     of_medians = {k: pct(med[subject][k], med[ref][k]) for k in keys}
     within = {k: paired_median[k] is not None and abs(paired_median[k]) <= tolerance_pct for k, _ in COMPARED}
     return {
@@ -401,7 +460,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--num-requests", type=int, default=32)
     ap.add_argument("--concurrency", type=int, default=4)
     ap.add_argument(
-        "--request-rate", type=float, default=None,
+        "--request-rate",
+        type=float,
+        default=None,
         help="open loop instead: Poisson arrivals at this many requests/s for both clients (no concurrency cap)",
     )
     ap.add_argument("--rounds", type=int, default=12, help="pairs of runs, alternating which client goes first")
@@ -415,29 +476,41 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--server-log", type=Path, help="vLLM server log (default in the temp dir)")
     ap.add_argument("--pid-file", type=Path, help="write the server's process-group id here (for cleanup by a caller)")
     ap.add_argument(
-        "--mode", choices=["sequential", "simultaneous", "both"], default="sequential",
+        "--mode",
+        choices=["sequential", "simultaneous", "both"],
+        default="sequential",
         help="sequential: one client after the other (alternating), each with the load alone; simultaneous: both "
         "at once, each with the full load (the server sees twice the concurrency), so both see the same server state",
     )
     ap.add_argument(
-        "--vllm-session", choices=list(VLLM_CLIENTS), default="both",
+        "--vllm-session",
+        choices=list(VLLM_CLIENTS),
+        default="both",
         help="how vllm bench serve's aiohttp session is opened: 'no-trust-env' (its code unchanged but for "
         "trust_env=False, which spares it two thread-pool hops per request), 'as-shipped', or 'both' (both run "
         "each round; the verdict compares kvbench with the no-trust-env one, the record has every pair)",
     )
     ap.add_argument("--no-realtime", action="store_true", help="leave both clients at normal priority")
     ap.add_argument(
-        "--client-cpus", type=lambda t: {int(c) for c in t.split(",")}, default=None,
-        help="pin both clients to these CPUs, e.g. '1' to keep them off vllm-cpu's worker core (it binds core 0 on 2 cores)",
+        "--client-cpus",
+        type=lambda t: {int(c) for c in t.split(",")},
+        default=None,
+        help=(
+            "pin both clients to these CPUs, e.g. '1' to keep them "
+            "off vllm-cpu's worker core (it binds core 0 on 2 cores)"
+        ),
     )
     ap.add_argument(
-        "--fake-server", action="store_true",
+        "--fake-server",
+        action="store_true",
         help="compare the clients against kvbench's fake server (known TTFT/ITL, negligible CPU) instead of vLLM",
     )
     ap.add_argument("--fake-ttft-ms", type=float, default=15.0)
     ap.add_argument("--fake-itl-ms", type=float, default=2.0)
     ap.add_argument(
-        "--prompts", choices=["vllm-text", "token-ids"], default="vllm-text",
+        "--prompts",
+        choices=["vllm-text", "token-ids"],
+        default="vllm-text",
         help="what kvbench sends: vLLM's own random-dataset text (identical kind of request, so the server does "
         "the same tokenization work for both; default) or kvbench's exact token-id prompts (no tokenization)",
     )
@@ -451,7 +524,7 @@ def main(argv: list[str] | None = None) -> int:
     # A SIGTERM must unwind through the server's cleanup like Ctrl-C does.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
     out = a.out or REPO / "results" / "peer" / f"peer-{stamp}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     say = (lambda *x: None) if a.quiet else (lambda *x: print(*x, file=sys.stderr, flush=True))
@@ -485,7 +558,9 @@ def main(argv: list[str] | None = None) -> int:
             if not rt.applied:
                 say(f"real-time priority refused ({rt.error}); clients run at normal priority")
         served = _first_model(url)
-        tokenizer = load_tokenizer(model_path if not a.base_url or a.model is None or Path(a.model).exists() else served)
+        tokenizer = load_tokenizer(
+            model_path if not a.base_url or a.model is None or Path(a.model).exists() else served
+        )
         say(f"server ready at {url} ({time.monotonic() - started:.0f} s); warming up")
         warm_up(url, served, tokenizer, a)
         modes = ["sequential", "simultaneous"] if a.mode == "both" else [a.mode]
@@ -498,23 +573,32 @@ def main(argv: list[str] | None = None) -> int:
             clients = ["kvbench", *VLLM_CLIENTS[a.vllm_session]] if mode == "sequential" else ["kvbench", ref]
             rounds = []
             for k in range(a.rounds):
-                order = clients[k % len(clients):] + clients[: k % len(clients)]  # each client leads in turn
+                order = clients[k % len(clients) :] + clients[: k % len(clients)]  # each client leads in turn
                 base = a.seed + 1000 * modes.index(mode) + len(clients) * k + 1  # distinct prompts in every run
                 seed_of = {tool: base + j for j, tool in enumerate(order)}
                 entry = {"order": order if mode == "sequential" else ["together"]}
                 if mode == "sequential":
                     for tool in order:
                         if tool == "kvbench":
-                            entry[tool] = run_kvbench(url, served, tokenizer, a, seed_of["kvbench"], schedule_seed=seed_of[ref])
+                            entry[tool] = run_kvbench(
+                                url, served, tokenizer, a, seed_of["kvbench"], schedule_seed=seed_of[ref]
+                            )
                         else:
                             entry[tool] = run_vllm_bench(url, served, a, seed_of[tool], trust_env=TRUST_ENV[tool])
                         entry[tool]["seed"] = seed_of[tool]
                 else:
-                    entry["kvbench"], entry[ref] = run_simultaneous(worker, url, served, tokenizer, a, seed_of[ref], seed_of["kvbench"], TRUST_ENV[ref])
+                    entry["kvbench"], entry[ref] = run_simultaneous(
+                        worker, url, served, tokenizer, a, seed_of[ref], seed_of["kvbench"], TRUST_ENV[ref]
+                    )
                     entry[ref]["seed"], entry["kvbench"]["seed"] = seed_of[ref], seed_of["kvbench"]
-                say(f"{mode} round {k + 1}/{a.rounds}: TTFT P50 " + ", ".join(f"{t} {entry[t]['ttft_p50_ms']:.1f}" for t in clients) + " ms; output "
-                    + ", ".join(f"{t} {entry[t]['output_throughput_tps']:.0f}" for t in clients) + " tok/s; "
-                    f"kvbench burst-delivered {entry['kvbench']['burst_delivered_fraction']:.0%}")
+                say(
+                    f"{mode} round {k + 1}/{a.rounds}: TTFT P50 "
+                    + ", ".join(f"{t} {entry[t]['ttft_p50_ms']:.1f}" for t in clients)
+                    + " ms; output "
+                    + ", ".join(f"{t} {entry[t]['output_throughput_tps']:.0f}" for t in clients)
+                    + " tok/s; "
+                    f"kvbench burst-delivered {entry['kvbench']['burst_delivered_fraction']:.0%}"
+                )
                 rounds.append(entry)
             others = [c for c in clients if c.startswith("vllm")]
             results[mode] = {
@@ -525,7 +609,15 @@ def main(argv: list[str] | None = None) -> int:
                 # Every other pair, for the record: kvbench vs each vLLM client, and the cost of trust_env.
                 "comparisons": {
                     **{f"kvbench vs {c}": compare(rounds, a.tolerance_pct, ref=c) for c in others},
-                    **({"vllm_as_shipped vs vllm": compare(rounds, a.tolerance_pct, subject="vllm_as_shipped", ref="vllm")} if len(others) == 2 else {}),
+                    **(
+                        {
+                            "vllm_as_shipped vs vllm": compare(
+                                rounds, a.tolerance_pct, subject="vllm_as_shipped", ref="vllm"
+                            )
+                        }
+                        if len(others) == 2
+                        else {}
+                    ),
                 },
             }
 
@@ -537,9 +629,18 @@ def main(argv: list[str] | None = None) -> int:
         "created_utc": stamp,
         "command": [sys.executable, *sys.argv],
         "load": {
-            "prompt_tokens": a.prompt_tokens, "output_tokens": a.output_tokens, "num_requests": a.num_requests,
-            "concurrency": None if a.request_rate else a.concurrency, "request_rate_rps": a.request_rate, "api": "completions", "ignore_eos": True, "temperature": 0, "rounds": a.rounds,
-            "kvbench_prompts": a.prompts, "mode": a.mode, "vllm_session": a.vllm_session,
+            "prompt_tokens": a.prompt_tokens,
+            "output_tokens": a.output_tokens,
+            "num_requests": a.num_requests,
+            "concurrency": None if a.request_rate else a.concurrency,
+            "request_rate_rps": a.request_rate,
+            "api": "completions",
+            "ignore_eos": True,
+            "temperature": 0,
+            "rounds": a.rounds,
+            "kvbench_prompts": a.prompts,
+            "mode": a.mode,
+            "vllm_session": a.vllm_session,
             # Open loop: kvbench sends on the schedule of the reference vLLM run of the same round.
             "kvbench_schedule": "vllm's, same seed" if a.request_rate else None,
         },
@@ -547,15 +648,21 @@ def main(argv: list[str] | None = None) -> int:
         "client_cpus": sorted(a.client_cpus) if a.client_cpus else None,
         "server": {
             "kind": "external" if a.base_url else ("fake" if a.fake_server else "vllm-cpu"),
-            "base_url": url if a.base_url else None, "model": served, "max_model_len": a.max_model_len,
+            "base_url": url if a.base_url else None,
+            "model": served,
+            "max_model_len": a.max_model_len,
             # The fake's known timing: the truth both clients should report (plus their own overhead).
             "fake_ttft_ms": a.fake_ttft_ms if a.fake_server else None,
             "fake_itl_ms": a.fake_itl_ms if a.fake_server else None,
             "fake_e2e_ms": a.fake_ttft_ms + (a.output_tokens - 1) * a.fake_itl_ms if a.fake_server else None,
         },
         "environment": {
-            "vllm": getattr(vllm, "__version__", None), "python": platform.python_version(), "cpus": os.cpu_count(),
-            "machine": platform.machine(), "loadavg_before": list(load_before), "loadavg_after": list(os.getloadavg()),
+            "vllm": getattr(vllm, "__version__", None),
+            "python": platform.python_version(),
+            "cpus": os.cpu_count(),
+            "machine": platform.machine(),
+            "loadavg_before": list(load_before),
+            "loadavg_after": list(os.getloadavg()),
         },
         "tolerance_pct": a.tolerance_pct,
         "modes": results,  # per mode: rounds and comparison
@@ -566,7 +673,14 @@ def main(argv: list[str] | None = None) -> int:
         "vllm_as_shipped: as shipped (trust_env=True: two thread-pool hops per request in aiohttp)",
         "elapsed_s": time.monotonic() - started,
     }
-    out.write_text(json.dumps(record, indent=1, allow_nan=False, default=lambda x: None if isinstance(x, float) and math.isnan(x) else str(x)))
+    out.write_text(
+        json.dumps(
+            record,
+            indent=1,
+            allow_nan=False,
+            default=lambda x: None if isinstance(x, float) and math.isnan(x) else str(x),
+        )
+    )
     if not a.quiet:
         for mode, r in results.items():
             load = f"{a.request_rate:g} requests/s (Poisson)" if a.request_rate else f"concurrency {a.concurrency}"

@@ -17,7 +17,10 @@ from sky.utils import schemas
 
 task = schemas.get_task_schema()
 task["properties"]["resources"] = schemas.get_resources_schema()
-task["$comment"] = f"SkyPilot {version('skypilot')}: sky.utils.schemas.get_task_schema() with resources = get_resources_schema(); regenerate with sky/update_schema.py"
+task["$comment"] = (
+    f"SkyPilot {version('skypilot')}: sky.utils.schemas.get_task_schema() with "
+    "resources = get_resources_schema(); regenerate with sky/update_schema.py"
+)
 out = Path(__file__).with_name("task.schema.json")
 out.write_text(json.dumps(task, indent=1, sort_keys=True) + "\n")
 print(f"wrote {out} ({out.stat().st_size:,} bytes) from SkyPilot {version('skypilot')}")

@@ -38,7 +38,9 @@ def test_synthetic_errors_are_ordered_by_precision():
     rows = acc.synthetic_study(acc.variants(), shape)
     by = {(r["data"], r["format"], r["scale"]): r["rel_l2"] for r in rows}
     for dist in acc.DISTRIBUTIONS:
-        assert by[(dist, "fp16", "-")] < by[(dist, "bf16", "-")] < by[(dist, "fp8", "amax")] < by[(dist, "nvfp4", "amax")]
+        assert (
+            by[(dist, "fp16", "-")] < by[(dist, "bf16", "-")] < by[(dist, "fp8", "amax")] < by[(dist, "nvfp4", "amax")]
+        )
         assert by[(dist, "nvfp4", "amax")] < by[(dist, "mxfp4", "-")]  # 16-blocks + E4M3 scales beat 32 + E8M0
         assert by[(dist, "nvfp4_4over6", "amax")] <= by[(dist, "nvfp4", "amax")] * 1.02
     # Gaussian decode attention: kv-formats.md §4.1 emulation gives NVFP4 ~0.14, FP8 ~0.04-0.05.

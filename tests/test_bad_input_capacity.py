@@ -30,11 +30,22 @@ def one_line_exit_2(out, *needles):
 @pytest.mark.parametrize(
     "flag, value",
     [
-        ("--kv-budget-gb", "nan"), ("--kv-budget-gb", "inf"), ("--kv-budget-gb", "0"), ("--kv-budget-gb", "-1"),
-        ("--overhead-gb", "nan"), ("--overhead-gb", "inf"), ("--overhead-gb", "-1"),
-        ("--gpu-memory-utilization", "nan"), ("--gpu-memory-utilization", "0"), ("--gpu-memory-utilization", "1.5"),
-        ("--tensor-parallel-size", "0"), ("--pipeline-parallel-size", "-2"), ("--max-num-seqs", "0"),
-        ("--max-num-batched-tokens", "0"), ("--weights", "fp6"), ("--vllm-version", "banana"),
+        ("--kv-budget-gb", "nan"),
+        ("--kv-budget-gb", "inf"),
+        ("--kv-budget-gb", "0"),
+        ("--kv-budget-gb", "-1"),
+        ("--overhead-gb", "nan"),
+        ("--overhead-gb", "inf"),
+        ("--overhead-gb", "-1"),
+        ("--gpu-memory-utilization", "nan"),
+        ("--gpu-memory-utilization", "0"),
+        ("--gpu-memory-utilization", "1.5"),
+        ("--tensor-parallel-size", "0"),
+        ("--pipeline-parallel-size", "-2"),
+        ("--max-num-seqs", "0"),
+        ("--max-num-batched-tokens", "0"),
+        ("--weights", "fp6"),
+        ("--vllm-version", "banana"),
     ],
 )
 def test_bad_numeric_flag_is_one_line(base, flag, value):
@@ -53,26 +64,43 @@ def _config(tmp_path, **changes):
     return path
 
 
-@pytest.mark.parametrize("field", ["num_key_value_heads", "num_hidden_layers", "hidden_size", "vocab_size",
-                                   "num_attention_heads", "intermediate_size", "head_dim"])
+@pytest.mark.parametrize(
+    "field",
+    [
+        "num_key_value_heads",
+        "num_hidden_layers",
+        "hidden_size",
+        "vocab_size",
+        "num_attention_heads",
+        "intermediate_size",
+        "head_dim",
+    ],
+)
 @pytest.mark.parametrize("value", [-8, 0, "8", True, 8.5])
 def test_bad_config_value_is_one_line(tmp_path, field, value):
     out = run("capacity", "-m", str(_config(tmp_path, **{field: value})), "-g", "h100-sxm", "-c", "64")
     one_line_exit_2(out, "config.json", f"'{field}'", repr(value), "positive integer")
 
 
-@pytest.mark.parametrize("field, value, form", [
-    ("tie_word_embeddings", "yes", "true or false"), ("torch_dtype", 16, "a string"),
-    ("layer_types", "full", "a list of strings"), ("quantization_config", [1], "a JSON object"),
-])
+@pytest.mark.parametrize(
+    "field, value, form",
+    [
+        ("tie_word_embeddings", "yes", "true or false"),
+        ("torch_dtype", 16, "a string"),
+        ("layer_types", "full", "a list of strings"),
+        ("quantization_config", [1], "a JSON object"),
+    ],
+)
 def test_bad_config_type_is_one_line(tmp_path, field, value, form):
     out = run("capacity", "-m", str(_config(tmp_path, **{field: value})), "-g", "h100-sxm", "-c", "64")
     one_line_exit_2(out, f"'{field}'", form)
 
 
 def test_null_where_required_and_binary_config(tmp_path):
-    one_line_exit_2(run("capacity", "-m", str(_config(tmp_path, hidden_size=None)), "-g", "h100-sxm", "-c", "64"),
-                    "lacks 'hidden_size'")
+    one_line_exit_2(
+        run("capacity", "-m", str(_config(tmp_path, hidden_size=None)), "-g", "h100-sxm", "-c", "64"),
+        "lacks 'hidden_size'",
+    )
     path = tmp_path / "config.json"
     path.write_bytes(b"\xff\xfe\x00binary")
     one_line_exit_2(run("capacity", "-m", str(path), "-g", "h100-sxm", "-c", "64"), "not UTF-8")

@@ -20,7 +20,9 @@ CPU = load_toml("run_defaults.toml")["cpu"]
 
 def kvbench(*args):
     env = {**os.environ, "COLUMNS": "200"}
-    return subprocess.run([sys.executable, "-m", "kvbench", *args], capture_output=True, text=True, env=env, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "kvbench", *args], capture_output=True, text=True, env=env, timeout=300
+    )
 
 
 BAD_PLANS = [
@@ -58,18 +60,23 @@ def test_an_unwritable_results_folder_is_found_before_measuring(tmp_path, where)
     target = where if where.startswith("/") else str(tmp_path / where)
     out = kvbench("run", "--kv-dtypes", "auto", "--results", target)
     lines = out.stderr.strip().splitlines()
-    assert out.returncode == 2 and len(lines) == 1 and "cannot write run records" in lines[0] and "--results" in lines[0]
+    assert (
+        out.returncode == 2 and len(lines) == 1 and "cannot write run records" in lines[0] and "--results" in lines[0]
+    )
     assert "Traceback" not in out.stderr and not Path(target).exists()
 
 
-@pytest.mark.parametrize("args,message", [
-    (["--num-requests", "0"], "--num-requests must be a whole number >= 1, got 0"),
-    (["--rate", "nan"], "--rate needs positive finite numbers"),
-    (["--search-slo", "ttft_p95_ms=-5"], "--search-slo ttft_p95_ms must be a finite number > 0 ms"),
-    (["--search-slo", "ttft=5"], "must be KEY=NUMBER with KEY one of: ttft_p95_ms, tpot_p95_ms"),
-    (["--endpoint", "localhost:8000"], "is not an http(s) URL with a host"),
-    (["--api-key", "k"], "--api-key/--header are for --endpoint servers"),
-])
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["--num-requests", "0"], "--num-requests must be a whole number >= 1, got 0"),
+        (["--rate", "nan"], "--rate needs positive finite numbers"),
+        (["--search-slo", "ttft_p95_ms=-5"], "--search-slo ttft_p95_ms must be a finite number > 0 ms"),
+        (["--search-slo", "ttft=5"], "must be KEY=NUMBER with KEY one of: ttft_p95_ms, tpot_p95_ms"),
+        (["--endpoint", "localhost:8000"], "is not an http(s) URL with a host"),
+        (["--api-key", "k"], "--api-key/--header are for --endpoint servers"),
+    ],
+)
 def test_cli_bad_flags_are_one_line(args, message):
     out = kvbench("run", *args)
     lines = out.stderr.strip().splitlines()

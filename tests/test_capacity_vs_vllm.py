@@ -3,10 +3,9 @@
 import pytest
 
 from kvbench.capacity import budget_from_bytes, capacity_row
+from kvbench.datafiles import load_toml
 from kvbench.formats import format_ratio, get_format
 from kvbench.models import load_model
-
-from kvbench.datafiles import load_toml
 
 CPU = load_toml("run_defaults.toml")["cpu"]
 

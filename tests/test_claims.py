@@ -65,16 +65,29 @@ def test_measured_values_only_from_matching_runs():
 
     from kvbench.claims import measured_values
 
-    def row(dtype, conc, model="meta-llama/Llama-3.1-8B", context=4096, budget=56.5e9, run="r2", when="2026-11-29T02:00:00Z"):
-        return {"run_id": run, "created_at": pd.Timestamp(when), "model": model, "context": context, "budget_bytes": budget,
-                "kv_cache_dtype": dtype, "status": "ok", "engine_max_concurrency": conc}
+    def row(
+        dtype, conc, model="meta-llama/Llama-3.1-8B", context=4096, budget=56.5e9, run="r2", when="2026-11-29T02:00:00Z"
+    ):
+        return {
+            "run_id": run,
+            "created_at": pd.Timestamp(when),
+            "model": model,
+            "context": context,
+            "budget_bytes": budget,
+            "kv_cache_dtype": dtype,
+            "status": "ok",
+            "engine_max_concurrency": conc,
+        }
 
-    runs = pd.DataFrame([
-        row("auto", 100.0, run="r1", when="2026-11-28T02:00:00Z"),  # older: ignored
-        row("auto", 104.0), row("nvfp4", 366.0),  # the newest matching run (HF id of llama-3.1-8b)
-        row("fp8", 999.0, context=8192),  # another context: ignored
-        row("fp8", 999.0, budget=80e9),  # budget off by more than the claim's 5%: ignored
-    ])
+    runs = pd.DataFrame(
+        [
+            row("auto", 100.0, run="r1", when="2026-11-28T02:00:00Z"),  # older: ignored
+            row("auto", 104.0),
+            row("nvfp4", 366.0),  # the newest matching run (HF id of llama-3.1-8b)
+            row("fp8", 999.0, context=8192),  # another context: ignored
+            row("fp8", 999.0, budget=80e9),  # budget off by more than the claim's 5%: ignored
+        ]
+    )
     got = measured_values(load_claims(), runs)
     assert got["users-fp16-4k"] == 104.0 and got["users-nvfp4-4k"] == 366.0
     assert got["4x-users"] == pytest.approx(366 / 104)
@@ -85,14 +98,17 @@ def test_measured_values_only_from_matching_runs():
 CLAIM = '[[claims]]\nid = "x"\ntext = "t"\nquantity = "bytes_per_element"\ndtype = "fp8"\nclaimed = 1\n'
 
 
-@pytest.mark.parametrize("source", [
-    'source = "javascript:alert(1)"',
-    'source = "data:text/html,<script>x</script>"',
-    'source = "../../../etc/passwd"',
-    'source = "/etc/passwd"',
-    '[source]\ntitle = "t"\nurl = "javascript:alert(1)"',
-    '[source]\nfile = "../secret.txt"',
-])
+@pytest.mark.parametrize(
+    "source",
+    [
+        'source = "javascript:alert(1)"',
+        'source = "data:text/html,<script>x</script>"',
+        'source = "../../../etc/passwd"',
+        'source = "/etc/passwd"',
+        '[source]\ntitle = "t"\nurl = "javascript:alert(1)"',
+        '[source]\nfile = "../secret.txt"',
+    ],
+)
 def test_a_claims_source_is_an_http_url_or_a_file_inside_the_claims_folder(tmp_path, source):
     (tmp_path / "secret.txt").write_text("not for the site")
     folder = tmp_path / "claims"
@@ -107,7 +123,10 @@ def test_a_claims_source_is_an_http_url_or_a_file_inside_the_claims_folder(tmp_p
 def test_safe_sources_are_kept(tmp_path):
     (tmp_path / "article.txt").write_text("the article")
     path = tmp_path / "c.toml"
-    path.write_text(f'{CLAIM}\n[source]\ntitle = "T"\npublisher = "P"\ndate = "2026-10-29"\nurl = "https://example.org/a"\nfile = "article.txt"\n')
+    path.write_text(
+        f'{CLAIM}\n[source]\ntitle = "T"\npublisher = "P"\n'
+        'date = "2026-10-29"\nurl = "https://example.org/a"\nfile = "article.txt"\n'
+    )
     src = load_claims(path)["source"]
     assert (src.url, src.file.name, src.publisher) == ("https://example.org/a", "article.txt", "P")
 

@@ -30,7 +30,9 @@ def test_top_level_help_lists_subcommands():
 
 
 def test_capacity_json():
-    out = run("capacity", "-m", "llama-3.1-8b", "-g", "h100-sxm", "-c", "4096", "--kv-budget-gb", "56", "--json", check=True)
+    out = run(
+        "capacity", "-m", "llama-3.1-8b", "-g", "h100-sxm", "-c", "4096", "--kv-budget-gb", "56", "--json", check=True
+    )
     doc = json.loads(out.stdout)
     users = {r["dtype"]: r["users"] for r in doc["rows"]}
     assert users == {"auto": 104, "fp8": 208, "nvfp4": 370}
@@ -48,7 +50,22 @@ def test_capacity_table_states_units():
         (["capacity", "-m", "llama-3.1-8b", "-g", "h900", "-c", "1"], "choose from: a10, a100-40gb"),
         (["capacity", "-m", "llama-3.1-8b", "-g", "h100-sxm", "-c", "1", "--kv-dtype", "fp3"], "choose from: auto"),
         (["plan", "-m", "llama-3.1-8b", "-u", "5", "-c", "10", "--gpus", "h100,h200"], "choose from: a10, a100-40gb"),
-        (["capacity", "-m", "llama-3.1-8b", "-g", "h100-sxm", "-c", "1", "--kv-budget-gb", "5", "--gpu-memory-utilization", "0.5"], "not both"),
+        (
+            [
+                "capacity",
+                "-m",
+                "llama-3.1-8b",
+                "-g",
+                "h100-sxm",
+                "-c",
+                "1",
+                "--kv-budget-gb",
+                "5",
+                "--gpu-memory-utilization",
+                "0.5",
+            ],
+            "not both",
+        ),
         (["frobnicate"], "choose from: accuracy, capacity, claims, "),
     ],
 )
@@ -77,6 +94,20 @@ def test_claims_json_has_every_claim():
 
 
 def test_plan_with_prices():
-    out = run("plan", "-m", "llama-3.1-8b", "-u", "400", "-c", "4096", "--gpus", "h100-sxm", "--price-per-hour", "h100-sxm=2.65", "--json", check=True)
+    out = run(
+        "plan",
+        "-m",
+        "llama-3.1-8b",
+        "-u",
+        "400",
+        "-c",
+        "4096",
+        "--gpus",
+        "h100-sxm",
+        "--price-per-hour",
+        "h100-sxm=2.65",
+        "--json",
+        check=True,
+    )
     rows = json.loads(out.stdout)["rows"]
     assert all(r["usd_per_hour"] == pytest.approx(r["gpus"] * 2.65) for r in rows)

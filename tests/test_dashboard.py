@@ -110,8 +110,21 @@ def test_every_page_has_its_plots(sample_pages):
 
 def test_cli_writes_site(tmp_path):
     (tmp_path / "results").mkdir()
-    out = subprocess.run([sys.executable, "-m", "kvbench", "dashboard", "--results", str(tmp_path / "results"), "--out",
-                          str(tmp_path / "site")], capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "kvbench",
+            "dashboard",
+            "--results",
+            str(tmp_path / "results"),
+            "--out",
+            str(tmp_path / "site"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 0, out.stderr
     assert "wrote 9 pages" in out.stdout and (tmp_path / "site" / "index.html").is_file()
 
@@ -131,15 +144,17 @@ def _trace_colors(trace) -> list[str]:
 
 def test_one_colour_per_dtype_on_every_page(sample_pages):
     seen: dict[str, set[str]] = {}
-    for slug, div, fig in all_figures(sample_pages):
+    for _slug, _div, fig in all_figures(sample_pages):
         for trace in fig.data:
             group = trace.legendgroup
             if group in theme.COLORS:
                 for c in _trace_colors(trace):
                     seen.setdefault(group, set()).add(c)
             marker_colors = getattr(trace.marker, "color", None) if hasattr(trace, "marker") else None
-            if isinstance(marker_colors, (list, tuple)) and trace.x is not None:  # bars coloured per dtype on the x axis
-                for x, c in zip(trace.x, marker_colors):
+            if (
+                isinstance(marker_colors, (list, tuple)) and trace.x is not None
+            ):  # bars coloured per dtype on the x axis
+                for x, c in zip(trace.x, marker_colors, strict=False):
                     if x in theme.COLORS:
                         seen.setdefault(x, set()).add(c)
     assert {"auto", "fp8", "nvfp4"} <= set(seen)
@@ -212,7 +227,12 @@ def test_data_text_is_escaped(sample_site, sample_pages):
 
 def test_units_and_escaping_in_tables(sample_site):
     html = (sample_site / "index.html").read_text()
-    for header in ("TTFT P95 (ms)", "TPOT P95 (ms)", "output throughput (tokens/s)", "measured under the SLO (requests)"):
+    for header in (
+        "TTFT P95 (ms)",
+        "TPOT P95 (ms)",
+        "output throughput (tokens/s)",
+        "measured under the SLO (requests)",
+    ):
         assert header in html
 
 
@@ -235,7 +255,9 @@ def test_recommendation_rules():
     import pandas as pd
 
     def rows(*specs):
-        return pd.DataFrame([{"kv_cache_dtype": d, "status": s, "honoured": h, "measured_max_concurrency": m} for d, s, h, m in specs])
+        return pd.DataFrame(
+            [{"kv_cache_dtype": d, "status": s, "honoured": h, "measured_max_concurrency": m} for d, s, h, m in specs]
+        )
 
     tie = derive.recommend(rows(("nvfp4", "ok", True, 8), ("fp8", "ok", True, 8), ("auto", "ok", True, 4)), "m")
     assert tie.dtype == "fp8" and "tied with nvfp4" in tie.why
@@ -252,10 +274,15 @@ def test_capacity_page_shows_the_not_honoured_finding(sample_pages):
     notes = [a.text for a in fig.layout.annotations]
     assert any("nvfp4 probably NOT honoured" in t for t in notes)
     names = {t.name for t in fig.data}
-    assert {"auto: capacity model", "nvfp4: capacity model", "nvfp4: engine-reported", "auto: measured under the SLO"} <= names
+    assert {
+        "auto: capacity model",
+        "nvfp4: capacity model",
+        "nvfp4: engine-reported",
+        "auto: measured under the SLO",
+    } <= names
     # the engine's nvfp4 point sits on fp8's line (32 requests), far below nvfp4's own
     line = next(t for t in fig.data if t.name == "nvfp4: capacity model")
-    at_512 = dict(zip(line.x, line.y))[512]
+    at_512 = dict(zip(line.x, line.y, strict=False))[512]
     assert at_512 == pytest.approx(56.75, rel=0.01)
 
 
@@ -361,10 +388,20 @@ def test_overview_keeps_each_workload_of_a_machine():
     import pandas as pd
 
     def row(run, when, prompt, dtype="auto"):
-        return {"machine": "h100-sxm-80gb", "run_id": run, "created_at": pd.Timestamp(when), "model": "llama",
-                "prompt_tokens": prompt, "output_tokens": 256, "fixed_load": "concurrency 64", "kv_cache_dtype": dtype}
+        return {
+            "machine": "h100-sxm-80gb",
+            "run_id": run,
+            "created_at": pd.Timestamp(when),
+            "model": "llama",
+            "prompt_tokens": prompt,
+            "output_tokens": 256,
+            "fixed_load": "concurrency 64",
+            "kv_cache_dtype": dtype,
+        }
 
-    runs = pd.DataFrame([row("a", "2026-11-28", 1024), row("b", "2026-11-29", 16384), row("c", "2026-11-29 01:00", 1024)])
+    runs = pd.DataFrame(
+        [row("a", "2026-11-28", 1024), row("b", "2026-11-29", 16384), row("c", "2026-11-29 01:00", 1024)]
+    )
     latest = site_data.latest_runs(runs)
     assert sorted(latest["run_id"]) == ["b", "c"]
     titles = [t for _, _, t in site_data.setups(latest)]

@@ -63,4 +63,6 @@ def test_pages_render_without_errors(sites, driver, which):
 
 def test_sample_site_has_plots_on_every_data_page(sites):
     _, expected = sites
-    assert all(expected["sample"][slug] for slug in ("index", "history", "gpus", "capacity", "latency", "claims", "kernels"))
+    assert all(
+        expected["sample"][slug] for slug in ("index", "history", "gpus", "capacity", "latency", "claims", "kernels")
+    )

@@ -9,16 +9,25 @@ import pytest
 from kvbench.harness import energy, front, repeats
 from kvbench.harness.runner import sweep_ladder
 
-
 # -- energy ---------------------------------------------------------------------------------------------------
 
 
 def samples(ts, watts, gpu=0):
     # NvmlSampler rows: t, gpu, memory, power, sm, mem, clocks..., temperature
-    return [[t, gpu, 0.0, w, 0.0, 0.0, 0.0, 0.0, 0.0] for t, w in zip(ts, watts)]
+    return [[t, gpu, 0.0, w, 0.0, 0.0, 0.0, 0.0, 0.0] for t, w in zip(ts, watts, strict=False)]
 
 
-FIELDS = ["t", "gpu", "memory_used_bytes", "power_w", "sm_util_pct", "mem_util_pct", "sm_clock_mhz", "mem_clock_mhz", "temperature_c"]
+FIELDS = [
+    "t",
+    "gpu",
+    "memory_used_bytes",
+    "power_w",
+    "sm_util_pct",
+    "mem_util_pct",
+    "sm_clock_mhz",
+    "mem_clock_mhz",
+    "temperature_c",
+]
 
 
 def test_constant_and_linear_power_integrate_exactly():
@@ -65,8 +74,13 @@ def test_rapl_counters_wrap_and_say_when_absent(tmp_path):
 
 
 def pt(c, out_tps, tpot_ms, met=True):
-    summary = {"output_throughput_tps": out_tps, "total_token_throughput_tps": out_tps * 4, "tpot_ms": {"p50": tpot_ms, "p95": tpot_ms},
-               "ttft_ms": {"p50": 10.0, "p95": 20.0}, "goodput_rps": 1.0}
+    summary = {
+        "output_throughput_tps": out_tps,
+        "total_token_throughput_tps": out_tps * 4,
+        "tpot_ms": {"p50": tpot_ms, "p95": tpot_ms},
+        "ttft_ms": {"p50": 10.0, "p95": 20.0},
+        "goodput_rps": 1.0,
+    }
     return front.point(c, f"sweep-c{c}", summary, gpus=2, meets_slo=met)
 
 
@@ -88,7 +102,7 @@ def test_interactivity_is_read_off_the_front_monotonically():
     mid = front.at_interactivity(pts, 150.0)  # between 100 (c=8) and 166.7 (c=2) tokens/s per user
     assert 900 <= mid["output_tps_per_gpu"] <= 1500 and 2 <= mid["concurrency"] <= 8
     dense = [front.at_interactivity(pts, u)["output_tps_per_gpu"] for u in range(50, 200, 5)]
-    assert all(a >= b - 1e-9 for a, b in zip(dense, dense[1:]))  # PCHIP: no overshoot between points
+    assert all(a >= b - 1e-9 for a, b in zip(dense, dense[1:], strict=False))  # PCHIP: no overshoot between points
     assert front.at_interactivity(pts, 500.0) is None  # no extrapolation beyond the measured front
     assert front.saving_pct(0.75, 1.0) == pytest.approx(25.0) and front.saving_pct(None, 1.0) is None
 

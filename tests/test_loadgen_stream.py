@@ -16,7 +16,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kvbench.harness.backend import OpenAIBackend, RequestResult, _decode_event, _encode, _SSE
+from kvbench.harness.backend import _SSE, OpenAIBackend, RequestResult, _decode_event, _encode
 from kvbench.harness.fakeserver import FakeConfig, FakeServer
 from kvbench.harness.scheduler import Concurrency, run_load
 from kvbench.harness.workload import Prompt

@@ -90,7 +90,7 @@ def test_client_timestamps_against_the_servers_own(fake):
         arrivals = [sent + t for t in r.chunk_arrivals_s]
         assert len(arrivals) == len(e["writes_s"]) == 5
         # The server stamps just before each write: no chunk can arrive before its stamp.
-        chunk_lags += [(a - w) * 1e3 for a, w in zip(arrivals, e["writes_s"])]
+        chunk_lags += [(a - w) * 1e3 for a, w in zip(arrivals, e["writes_s"], strict=False)]
         overheads.append(r.ttft_s * 1e3 - (e["writes_s"][0] - e["received_s"]) * 1e3)
     assert min(chunk_lags) >= 0
     assert np.median(chunk_lags) < 2.0
@@ -107,7 +107,10 @@ def test_fixed_concurrency_keeps_n_in_flight(fake):
     assert s.concurrency["max"] == n  # never more
     assert s.concurrency["mean"] > 0.85 * n  # and, apart from the tail, never fewer
     # The server saw the same: at most n open requests at any instant, and n at some instant.
-    events = sorted([(e["received_s"], 1) for e in fake.log()] + [(e["writes_s"][-1], -1) for e in fake.log()], key=lambda x: (x[0], x[1]))
+    events = sorted(
+        [(e["received_s"], 1) for e in fake.log()] + [(e["writes_s"][-1], -1) for e in fake.log()],
+        key=lambda x: (x[0], x[1]),
+    )
     level = peak = 0
     for _, step in events:
         level += step
@@ -165,7 +168,9 @@ def test_vllm_rng_reproduces_vllm_bench_serve_schedule(monkeypatch, burstiness):
     ours = arrival_schedule(n, Rate(rate, burstiness=burstiness, seed=seed, rescale=True, rng="vllm"))
     assert np.allclose(slept, ours, rtol=1e-12, atol=0)
     if not math.isinf(burstiness):  # a constant gap does not depend on the seed
-        assert not np.allclose(ours, arrival_schedule(n, Rate(rate, burstiness=burstiness, seed=seed + 1, rescale=True, rng="vllm")))
+        assert not np.allclose(
+            ours, arrival_schedule(n, Rate(rate, burstiness=burstiness, seed=seed + 1, rescale=True, rng="vllm"))
+        )
 
 
 def test_rate_rejects_an_unknown_rng():

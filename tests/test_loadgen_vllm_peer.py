@@ -66,12 +66,31 @@ def test_trust_env_switch_changes_only_the_session_it_is_asked_to():
 def test_kvbench_agrees_with_vllm_bench_serve(tmp_path, tiny_model):
     out, pid_file = tmp_path / "peer.json", tmp_path / "server.pid"
     cmd = [
-        sys.executable, str(SCRIPT),
-        "--model", str(tiny_model), "--prompt-tokens", "64", "--output-tokens", "32", "--num-requests", "16",
-        "--concurrency", "4", "--rounds", "3", "--prompts", "token-ids",
-        "--out", str(out), "--pid-file", str(pid_file), "--quiet",
+        sys.executable,
+        str(SCRIPT),
+        "--model",
+        str(tiny_model),
+        "--prompt-tokens",
+        "64",
+        "--output-tokens",
+        "32",
+        "--num-requests",
+        "16",
+        "--concurrency",
+        "4",
+        "--rounds",
+        "3",
+        "--prompts",
+        "token-ids",
+        "--out",
+        str(out),
+        "--pid-file",
+        str(pid_file),
+        "--quiet",
     ]
-    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    proc = subprocess.Popen(
+        cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+    )
     try:
         log, _ = proc.communicate(timeout=220)
     finally:
@@ -121,8 +140,24 @@ def test_kvbench_and_vllm_bench_serve_agree_on_known_timing(tmp_path, tiny_model
     and neither below the truth."""
     out = tmp_path / "peer-fake.json"
     cmd = [
-        sys.executable, str(SCRIPT), "--fake-server", "--model", str(tiny_model), "--prompt-tokens", "128",
-        "--output-tokens", "32", "--num-requests", "32", "--concurrency", "4", "--rounds", "3", "--out", str(out), "--quiet",
+        sys.executable,
+        str(SCRIPT),
+        "--fake-server",
+        "--model",
+        str(tiny_model),
+        "--prompt-tokens",
+        "128",
+        "--output-tokens",
+        "32",
+        "--num-requests",
+        "32",
+        "--concurrency",
+        "4",
+        "--rounds",
+        "3",
+        "--out",
+        str(out),
+        "--quiet",
     ]
     done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=170)
     assert done.returncode in (0, 1), done.stdout[-2000:] + done.stderr[-2000:]

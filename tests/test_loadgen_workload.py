@@ -46,8 +46,12 @@ def test_chat_prompts_match_the_templated_length(tiny_model):
     for p in prompts:
         assert isinstance(p.content, str)
         # Re-measured independently: template rendered, then tokenized the way the server does.
-        rendered = tok.apply_chat_template([{"role": "user", "content": p.content}], add_generation_prompt=True, tokenize=False)
-        assert len(tok.encode(rendered, add_special_tokens=False)) == 120 == p.num_tokens == _templated_len(tok, p.content)
+        rendered = tok.apply_chat_template(
+            [{"role": "user", "content": p.content}], add_generation_prompt=True, tokenize=False
+        )
+        assert (
+            len(tok.encode(rendered, add_special_tokens=False)) == 120 == p.num_tokens == _templated_len(tok, p.content)
+        )
     assert len({p.content for p in prompts}) == 6
 
 

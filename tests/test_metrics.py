@@ -9,11 +9,24 @@ import pytest
 
 from kvbench.harness.backend import RequestResult
 from kvbench.harness.metrics import distribution, itl_chunk_s, itl_token_s, summarize, tpot_s
-from kvbench.harness.slo import SLO
 from kvbench.harness.scheduler import LoadResult
+from kvbench.harness.slo import SLO
 
 
-def req(i, ttft, arrivals=None, tokens=None, completion=None, prompt=8, sent=0.0, intended=None, ok=True, end=None, requested=None, **kw):
+def req(
+    i,
+    ttft,
+    arrivals=None,
+    tokens=None,
+    completion=None,
+    prompt=8,
+    sent=0.0,
+    intended=None,
+    ok=True,
+    end=None,
+    requested=None,
+    **kw,
+):
     """A completed request: chunk arrivals in seconds after send (ttft = the first one)."""
     arrivals = [ttft] if arrivals is None else arrivals
     tokens = [1] * len(arrivals) if tokens is None else tokens
@@ -38,7 +51,16 @@ def req(i, ttft, arrivals=None, tokens=None, completion=None, prompt=8, sent=0.0
 
 
 def failed(i, label="http", status=500, sent=0.0):
-    return RequestResult(index=i, sent_s=sent, intended_send_s=sent, end_s=0.01, ok=False, error_kind=label, error=f"HTTP {status}: boom", http_status=status)
+    return RequestResult(
+        index=i,
+        sent_s=sent,
+        intended_send_s=sent,
+        end_s=0.01,
+        ok=False,
+        error_kind=label,
+        error=f"HTTP {status}: boom",
+        http_status=status,
+    )
 
 
 def load(results, duration, output_tokens=0, **kw):

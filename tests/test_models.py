@@ -55,7 +55,13 @@ def test_qwen3_window_switched_off():
 
 def test_head_dim_and_kv_heads_defaults():
     m = from_config(
-        {"num_hidden_layers": 2, "hidden_size": 256, "num_attention_heads": 4, "vocab_size": 100, "intermediate_size": 512},
+        {
+            "num_hidden_layers": 2,
+            "hidden_size": 256,
+            "num_attention_heads": 4,
+            "vocab_size": 100,
+            "intermediate_size": 512,
+        },
         name="t",
         source="t",
     )

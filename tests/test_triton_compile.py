@@ -33,30 +33,75 @@ def _fp_fusion(monkeypatch):
 
 def compile_decode(cap, fmt, mode, head_dim=128, group=4):
     qdt = "bf16" if fmt == "bf16" else "fp16"
-    sig = {"q_ptr": f"*{qdt}", "cache_ptr": CACHE_T.get(fmt, "*u8"), "block_table_ptr": "*i32", "seq_lens_ptr": "*i32",
-           "m_ptr": "*fp32", "l_ptr": "*fp32", "acc_ptr": "*fp32", "qk_scale": "fp32", "stride_qb": "i32",
-           "stride_qh": "i32", "stride_bt": "i32", "max_parts": "i32", "partition": "i32"}
-    consts = {"FMT": pc._FMT_CODE[fmt], "FP8_DECODE": mode, "HKV": 8, "GROUP": group, "GROUP_PAD": max(16, group),
-              "T": 16, "D": head_dim, "TILE_N": 64, "UPCAST": False}
+    sig = {
+        "q_ptr": f"*{qdt}",
+        "cache_ptr": CACHE_T.get(fmt, "*u8"),
+        "block_table_ptr": "*i32",
+        "seq_lens_ptr": "*i32",
+        "m_ptr": "*fp32",
+        "l_ptr": "*fp32",
+        "acc_ptr": "*fp32",
+        "qk_scale": "fp32",
+        "stride_qb": "i32",
+        "stride_qh": "i32",
+        "stride_bt": "i32",
+        "max_parts": "i32",
+        "partition": "i32",
+    }
+    consts = {
+        "FMT": pc._FMT_CODE[fmt],
+        "FP8_DECODE": mode,
+        "HKV": 8,
+        "GROUP": group,
+        "GROUP_PAD": max(16, group),
+        "T": 16,
+        "D": head_dim,
+        "TILE_N": 64,
+        "UPCAST": False,
+    }
     sig |= {k: "constexpr" for k in consts}
     return triton.compile(ASTSource(da._decode_partition_kernel, sig, consts), target=GPUTarget("cuda", cap, 32))
 
 
 def compile_write(cap, fmt):
     qdt = "bf16" if fmt == "bf16" else "fp16"
-    sig = {"key_ptr": f"*{qdt}", "value_ptr": f"*{qdt}", "cache_ptr": CACHE_T.get(fmt, "*u8"), "slot_ptr": "*i64",
-           "k_enc": "fp32", "k_scale": "fp32", "v_enc": "fp32", "v_scale": "fp32", "stride_kt": "i32",
-           "stride_kh": "i32", "stride_vt": "i32", "stride_vh": "i32"}
+    sig = {
+        "key_ptr": f"*{qdt}",
+        "value_ptr": f"*{qdt}",
+        "cache_ptr": CACHE_T.get(fmt, "*u8"),
+        "slot_ptr": "*i64",
+        "k_enc": "fp32",
+        "k_scale": "fp32",
+        "v_enc": "fp32",
+        "v_scale": "fp32",
+        "stride_kt": "i32",
+        "stride_kh": "i32",
+        "stride_vt": "i32",
+        "stride_vh": "i32",
+    }
     consts = {"FMT": pc._FMT_CODE[fmt], "H": 8, "HP": 8, "T": 16, "D": 128}
     sig |= {k: "constexpr" for k in consts}
     return triton.compile(ASTSource(pc._reshape_and_cache_kernel, sig, consts), target=GPUTarget("cuda", cap, 32))
 
 
 def compile_reduce(cap):
-    sig = {"m_ptr": "*fp32", "l_ptr": "*fp32", "acc_ptr": "*fp32", "seq_lens_ptr": "*i32", "out_ptr": "*fp16",
-           "v_scale": "fp32", "max_parts": "i32", "partition": "i32", "stride_ob": "i32", "stride_oh": "i32",
-           "HQ": "constexpr", "D": "constexpr"}
-    return triton.compile(ASTSource(da._decode_reduce_kernel, sig, {"HQ": 32, "D": 128}), target=GPUTarget("cuda", cap, 32))
+    sig = {
+        "m_ptr": "*fp32",
+        "l_ptr": "*fp32",
+        "acc_ptr": "*fp32",
+        "seq_lens_ptr": "*i32",
+        "out_ptr": "*fp16",
+        "v_scale": "fp32",
+        "max_parts": "i32",
+        "partition": "i32",
+        "stride_ob": "i32",
+        "stride_oh": "i32",
+        "HQ": "constexpr",
+        "D": "constexpr",
+    }
+    return triton.compile(
+        ASTSource(da._decode_reduce_kernel, sig, {"HQ": 32, "D": 128}), target=GPUTarget("cuda", cap, 32)
+    )
 
 
 def default_mode(cap):

@@ -24,11 +24,18 @@ DEVICE = "cuda" if GPU else "cpu"
 @pytest.mark.skipif(RUN_HERE, reason="this process runs the kernel tests itself")
 def test_kernels_under_the_triton_interpreter():
     env = {**os.environ, "TRITON_INTERPRET": "1", "KVBENCH_TRITON_CHILD": "1"}
-    out = subprocess.run([sys.executable, "-m", "pytest", HERE, "-q", "-p", "no:cacheprovider", "-x"],
-                         capture_output=True, text=True, env=env, timeout=900)
+    out = subprocess.run(
+        [sys.executable, "-m", "pytest", HERE, "-q", "-p", "no:cacheprovider", "-x"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=900,
+    )
     assert out.returncode == 0, out.stdout[-6000:] + out.stderr[-2000:]
     summary = out.stdout.strip().splitlines()[-1]
-    assert "failed" not in summary and "error" not in summary and int(summary.split(" passed")[0].split()[-1]) >= 20, summary
+    assert "failed" not in summary and "error" not in summary and int(summary.split(" passed")[0].split()[-1]) >= 20, (
+        summary
+    )
 
 
 if RUN_HERE:
@@ -143,9 +150,16 @@ def _fill(fmt, seq_lens, hkv, d, t, dt, k_scale=1.0, v_scale=1.0, outlier=False)
 
 @here_only
 @pytest.mark.parametrize(
-    "fmt, qdt", [("fp16", torch.float16), ("bf16", torch.bfloat16), ("fp8", torch.float16),
-                 ("fp8", torch.bfloat16), ("fp8_e5m2", torch.float16), ("nvfp4", torch.float16),
-                 ("nvfp4", torch.bfloat16)],
+    "fmt, qdt",
+    [
+        ("fp16", torch.float16),
+        ("bf16", torch.bfloat16),
+        ("fp8", torch.float16),
+        ("fp8", torch.bfloat16),
+        ("fp8_e5m2", torch.float16),
+        ("nvfp4", torch.float16),
+        ("nvfp4", torch.bfloat16),
+    ],
 )
 def test_decode_attention_equals_reference(fmt, qdt):
     hkv, group, d, t = 2, 3, 32, 4
@@ -155,8 +169,9 @@ def test_decode_attention_equals_reference(fmt, qdt):
     q = torch.randn(len(seq_lens), hkv * group, d, generator=torch.Generator().manual_seed(3)).to(qdt)
     ref = da.decode_attention_reference(q, c, bt, seq_lens)
     c.cache = c.cache.to(DEVICE)
-    out = da.decode_attention(q.to(DEVICE), c, bt.to(DEVICE), seq_lens.to(DEVICE), out_dtype=torch.float32,
-                              tile_n=16, partition=16)
+    out = da.decode_attention(
+        q.to(DEVICE), c, bt.to(DEVICE), seq_lens.to(DEVICE), out_dtype=torch.float32, tile_n=16, partition=16
+    )
     err = float((out.cpu() - ref).abs().max() / ref.abs().max())
     assert err < da.TOLERANCE[str(qdt).removeprefix("torch.")], err
 
@@ -194,6 +209,8 @@ def test_kernels_end_to_end_write_then_read():
     ref = da.decode_attention_reference(q, c, bt, seq)
     assert float((out.cpu() - ref).abs().max() / ref.abs().max()) < da.TOLERANCE["float16"]
     # and the quantized attention is close to, but not equal to, full-precision attention
-    exact = torch.softmax((q.float()[0].reshape(hkv, group, d) @ k.float().permute(1, 2, 0)) / d**0.5, -1) @ v.float().transpose(0, 1)
+    exact = torch.softmax(
+        (q.float()[0].reshape(hkv, group, d) @ k.float().permute(1, 2, 0)) / d**0.5, -1
+    ) @ v.float().transpose(0, 1)
     rel = float((ref[0] - exact.reshape(-1, d)).norm() / exact.norm())
     assert 0.01 < rel < 0.3

@@ -83,8 +83,14 @@ def test_vllm_dequantize_reads_our_packed_bytes_bit_for_bit():
     for x in inputs().values():
         gs = nvfp4.amax_global_scale(x)
         q = nvfp4.quantize(x, gs)
-        theirs = emu.dequantize_to_dtype(q.data, q.scales.view(torch.float8_e4m3fn),
-                                         torch.tensor(gs, dtype=torch.float32), torch.float32, 16, swizzle=False)
+        theirs = emu.dequantize_to_dtype(
+            q.data,
+            q.scales.view(torch.float8_e4m3fn),
+            torch.tensor(gs, dtype=torch.float32),
+            torch.float32,
+            16,
+            swizzle=False,
+        )
         assert torch.equal(theirs, nvfp4.dequantize(q))
 
 

@@ -66,8 +66,16 @@ def test_every_kind_parses_from_the_shipped_toml_and_from_the_shorthand():
             assert parse_workload(spec.label) == spec
     # The shorthand and the equivalent table are the same spec.
     assert parse_workload(SHORTHANDS["shared-prefix"]) == parse_spec(
-        {"kind": "shared-prefix", "groups": 8, "prefix_tokens": 256, "suffix_tokens": 64, "output_tokens": 32,
-         "num_requests": 64}, "t")
+        {
+            "kind": "shared-prefix",
+            "groups": 8,
+            "prefix_tokens": 256,
+            "suffix_tokens": 64,
+            "output_tokens": 32,
+            "num_requests": 64,
+        },
+        "t",
+    )
     mt = parse_workload(SHORTHANDS["multi-turn"])
     got = (mt.turns.min, mt.turns.max, mt.user_tokens.value, mt.reply_tokens.value, mt.think_time_s.seconds)
     assert got == (4, 4, 64, 32, 0.5)
@@ -85,8 +93,10 @@ def test_every_kind_parses_from_the_shipped_toml_and_from_the_shorthand():
 def test_a_named_workload_comes_from_the_users_file_first(tmp_path):
     (tmp_path / "mine.json").write_text(data_path("workloads/sharegpt-small.json").read_text())
     f = tmp_path / "w.toml"
-    f.write_text('[workloads.fixed]\nprompt_tokens = 10\noutput_tokens = 2\n\n'
-                 '[workloads.mine]\nkind = "sharegpt"\npath = "mine.json"\n')
+    f.write_text(
+        "[workloads.fixed]\nprompt_tokens = 10\noutput_tokens = 2\n\n"
+        '[workloads.mine]\nkind = "sharegpt"\npath = "mine.json"\n'
+    )
     assert parse_workload("fixed", workloads_file=f).prompt_tokens == 10  # the user's, not the shipped one
     assert parse_workload("shared-prefix", workloads_file=f).groups == 8  # falls back to the shipped file
     assert parse_workload("mine", workloads_file=f).path == str(tmp_path / "mine.json")  # relative to the TOML
@@ -105,8 +115,10 @@ BAD_SHORTHAND = [
     ("random:input=384,output=128,sigma=1", "sigma does not apply to dist=uniform"),
     ("random:input=3.5,output=1", "input must be a whole number"),
     ("random:output=1", "input is required"),
-    ("multi-turn:sessions=8,turns=4,user=64,reply=32,think=-1",
-     "think_time_s.seconds must be a number of seconds >= 0"),
+    (
+        "multi-turn:sessions=8,turns=4,user=64,reply=32,think=-1",
+        "think_time_s.seconds must be a number of seconds >= 0",
+    ),
     ("multi-turn:sessions=8,turns=6-2,user=64,reply=32", "turns max (2) must be >= min (6)"),
     ("multi-turn:sessions=8,turns=x,user=64,reply=32", "turns must be a whole number or a range A-B"),
     ("trace:/no/such/trace.jsonl", "trace file '/no/such/trace.jsonl' not found"),
@@ -140,8 +152,10 @@ BAD_TABLES = [
     (_random({"dist": "histogram", "edges": [1, 5, 3], "weights": [1, 1]}), "strictly ascending"),
     (_random({"dist": "histogram", "edges": [1, 5, 9], "weights": [1]}), "one weight per bin"),
     (_random({"dist": "histogram", "edges": [1, 5], "weights": [0]}), "must not all be zero"),
-    (_random({"dist": "uniform", "mean": 10, "bogus": 1}),
-     "unknown key 'prompt.bogus'; valid keys: min, max, mean, range_ratio"),
+    (
+        _random({"dist": "uniform", "mean": 10, "bogus": 1}),
+        "unknown key 'prompt.bogus'; valid keys: min, max, mean, range_ratio",
+    ),
     (_random({"dist": "normal", "mean": 10, "std": math.inf}), "prompt.std must be a number >= 0"),
     (_random({"dist": "normal", "mean": math.nan, "std": 1}), "prompt.mean must be a number > 0"),
     (_random({"dist": "fixed", "value": 10, "min": 8, "max": 4}), "max (4) must be >= min (8)"),
@@ -149,10 +163,14 @@ BAD_TABLES = [
     (_turns(think_time_s={"dist": "exponential", "mean": 0}), "think_time_s.mean must be a number of seconds > 0"),
     ({"prompt_tokens": True, "output_tokens": 3}, "prompt_tokens must be a whole number >= 1, got True"),
     ({"prompt_tokens": 64.0, "output_tokens": 3}, "prompt_tokens must be a whole number >= 1, got 64.0"),
-    ({"prompt_tokens": 5, "output_tokens": 3, "concurrency": [4]},
-     "unknown key 'concurrency'; valid keys: kind, prompt_tokens"),
-    ({"kind": "shared-prefix", "groups": 2, "prefix_tokens": 8, "suffix_tokens": -1, "output_tokens": 2},
-     "suffix_tokens must be a whole number >= 0"),
+    (
+        {"prompt_tokens": 5, "output_tokens": 3, "concurrency": [4]},
+        "unknown key 'concurrency'; valid keys: kind, prompt_tokens",
+    ),
+    (
+        {"kind": "shared-prefix", "groups": 2, "prefix_tokens": 8, "suffix_tokens": -1, "output_tokens": 2},
+        "suffix_tokens must be a whole number >= 0",
+    ),
     ({"kind": "trace", "path": "x", "time_scale": 0}, "time_scale must be a number > 0"),
     ({"kind": "poisson"}, "unknown kind 'poisson'; choose from: fixed, random"),
     ({"kind": "fixed", "name": "x", "prompt_tokens": 1, "output_tokens": 1}, "'name' is not a key"),
@@ -167,12 +185,15 @@ def test_bad_table_is_one_line_naming_the_key_and_the_valid_form(table, fragment
     assert msg.startswith("workload 'w' in f.toml: ") and fragment in msg and "\n" not in msg, msg
 
 
-@pytest.mark.parametrize("content,fragment", [
-    ("[workloads.a]\nprompt_tokens = 1\noutput_tokens = 1\n[slos.x]\n", "unknown top-level key(s) slos"),
-    ("[workloads\n", "not valid TOML"),
-    ("title = 1\n", "unknown top-level key(s) title"),
-    ("[workloads.a]\nkind = \"random\"\nprompt = 4\n", "workload 'a' in"),
-])
+@pytest.mark.parametrize(
+    "content,fragment",
+    [
+        ("[workloads.a]\nprompt_tokens = 1\noutput_tokens = 1\n[slos.x]\n", "unknown top-level key(s) slos"),
+        ("[workloads\n", "not valid TOML"),
+        ("title = 1\n", "unknown top-level key(s) title"),
+        ('[workloads.a]\nkind = "random"\nprompt = 4\n', "workload 'a' in"),
+    ],
+)
 def test_bad_workloads_file_is_one_line(tmp_path, content, fragment):
     f = tmp_path / "w.toml"
     f.write_text(content)
@@ -183,26 +204,50 @@ def test_bad_workloads_file_is_one_line(tmp_path, content, fragment):
         load_workloads(tmp_path / "missing.toml")
 
 
-@pytest.mark.parametrize("kind,name,content,fragment", [
-    ("sharegpt", "s.json", '{"conversations": []}', "a ShareGPT file is a JSON list"),
-    ("sharegpt", "s.json", '[{"conversations": [', "not valid JSON"),
-    ("sharegpt", "s.json", '[3]', "entry 0 is int"),
-    ("sharegpt", "s.json", '[{"conversations": [{"from": "human"}, {"value": "x"}]}]', "need a text \"value\""),
-    ("sharegpt", "s.json", '[{"conversations": [{"value": "a"}, {"value": "b"}]}]',
-     "no conversation passes the length filter"),
-    ("jsonl", "r.jsonl", '{"prompt": "a b c d", "output_tokens": 0}\n',
-     "line 1: output_tokens must be a whole number >= 1"),
-    ("jsonl", "r.jsonl", '{"prompt": "abc", "prompt_tokens": 3, "output_tokens": 2}\n', "either \"prompt\""),
-    ("jsonl", "r.jsonl", '{"prompt_tokens": 3}\n', "no \"output_tokens\""),
-    ("jsonl", "r.jsonl", 'not json\n', "line 1: not JSON"),
-    ("trace", "t.jsonl", '{"timestamp": 5, "input_length": 3, "output_length": 2}\n{"timestamp": 1, "input_length": 3, '
-                         '"output_length": 2}\n', "line 2: timestamp 1 is earlier than the line before (5)"),
-    ("trace", "t.jsonl", '{"timestamp": 0, "input_length": 0, "output_length": 2}\n',
-     "line 1: input_length must be a whole number >= 1"),
-    ("trace", "t.jsonl", '{"timestamp": 0, "input_length": 4, "output_length": 2, "hash_ids": [-1]}\n',
-     "hash_ids must be whole numbers >= 0"),
-    ("trace", "t.jsonl", '\n', "no records"),
-])
+@pytest.mark.parametrize(
+    "kind,name,content,fragment",
+    [
+        ("sharegpt", "s.json", '{"conversations": []}', "a ShareGPT file is a JSON list"),
+        ("sharegpt", "s.json", '[{"conversations": [', "not valid JSON"),
+        ("sharegpt", "s.json", "[3]", "entry 0 is int"),
+        ("sharegpt", "s.json", '[{"conversations": [{"from": "human"}, {"value": "x"}]}]', 'need a text "value"'),
+        (
+            "sharegpt",
+            "s.json",
+            '[{"conversations": [{"value": "a"}, {"value": "b"}]}]',
+            "no conversation passes the length filter",
+        ),
+        (
+            "jsonl",
+            "r.jsonl",
+            '{"prompt": "a b c d", "output_tokens": 0}\n',
+            "line 1: output_tokens must be a whole number >= 1",
+        ),
+        ("jsonl", "r.jsonl", '{"prompt": "abc", "prompt_tokens": 3, "output_tokens": 2}\n', 'either "prompt"'),
+        ("jsonl", "r.jsonl", '{"prompt_tokens": 3}\n', 'no "output_tokens"'),
+        ("jsonl", "r.jsonl", "not json\n", "line 1: not JSON"),
+        (
+            "trace",
+            "t.jsonl",
+            '{"timestamp": 5, "input_length": 3, "output_length": 2}\n{"timestamp": 1, "input_length": 3, '
+            '"output_length": 2}\n',
+            "line 2: timestamp 1 is earlier than the line before (5)",
+        ),
+        (
+            "trace",
+            "t.jsonl",
+            '{"timestamp": 0, "input_length": 0, "output_length": 2}\n',
+            "line 1: input_length must be a whole number >= 1",
+        ),
+        (
+            "trace",
+            "t.jsonl",
+            '{"timestamp": 0, "input_length": 4, "output_length": 2, "hash_ids": [-1]}\n',
+            "hash_ids must be whole numbers >= 0",
+        ),
+        ("trace", "t.jsonl", "\n", "no records"),
+    ],
+)
 def test_bad_data_files_are_one_line(tok, tmp_path, kind, name, content, fragment):
     f = tmp_path / name
     f.write_text(content)
@@ -229,10 +274,13 @@ def test_build_refuses_what_cannot_fit_or_be_sent(tok):
 
 # --- exact, deterministic, fresh per stream ---------------------------------------------------------
 
-SYNTHETIC = ["fixed:prompt=48,output=8,requests=12", "random:input=96,output=24,range=0.5,requests=40",
-             "shared-prefix:groups=4,prefix=32,suffix=16,output=8,requests=20",
-             "multi-turn:sessions=5,turns=2-4,user=12,reply=6,think=0.1",
-             f"jsonl:{data_path('workloads/requests-small.jsonl')}"]
+SYNTHETIC = [
+    "fixed:prompt=48,output=8,requests=12",
+    "random:input=96,output=24,range=0.5,requests=40",
+    "shared-prefix:groups=4,prefix=32,suffix=16,output=8,requests=20",
+    "multi-turn:sessions=5,turns=2-4,user=12,reply=6,think=0.1",
+    f"jsonl:{data_path('workloads/requests-small.jsonl')}",
+]
 
 
 @pytest.mark.parametrize("text", SYNTHETIC + [SHORTHANDS["trace"]])
@@ -251,9 +299,10 @@ def test_token_counts_are_exact_and_plans_deterministic_and_fresh_per_stream(tok
         assert r.prompt.num_tokens + r.output_tokens <= 512 and r.output_tokens >= 1
     # A new stream: no 16-token block of any prompt is seen again (text lines of a file excepted).
     other = build(spec, tok, seed=3, stream=2, max_model_len=512)
+
     def blocks(plan):
         lists = [r.prompt.content for r in plan.requests if isinstance(r.prompt.content, list)]
-        return {tuple(c[i:i + 16]) for c in lists for i in range(0, len(c) - 15, 16)}
+        return {tuple(c[i : i + 16]) for c in lists for i in range(0, len(c) - 15, 16)}
 
     assert blocks(a) and not blocks(a) & blocks(other)
     assert not blocks(a) & blocks(build(spec, tok, seed=4, stream=1, max_model_len=512))
@@ -276,8 +325,15 @@ def test_fixed_is_todays_prompts():
 
 
 def test_random_lengths_clip_to_max_model_len_and_say_so():
-    spec = parse_spec({"kind": "random", "prompt": {"dist": "uniform", "mean": 400, "range_ratio": 0.5},
-                       "output": 128, "num_requests": 50}, "t")
+    spec = parse_spec(
+        {
+            "kind": "random",
+            "prompt": {"dist": "uniform", "mean": 400, "range_ratio": 0.5},
+            "output": 128,
+            "num_requests": 50,
+        },
+        "t",
+    )
     plan = build(spec, VOCAB, max_model_len=512)
     assert max(r.prompt.num_tokens + r.output_tokens for r in plan.requests) == 512
     assert all(r.output_tokens == 128 for r in plan.requests)
@@ -321,9 +377,18 @@ def test_shared_prefixes_share_their_leading_ids_and_suffixes_differ():
 
 
 def test_each_turn_resends_the_conversation_so_far_plus_a_new_user_message(tok):
-    spec = parse_spec({"kind": "multi-turn", "sessions": 6, "turns": {"min": 2, "max": 5},
-                       "user_tokens": {"dist": "uniform", "mean": 20, "range_ratio": 0.5}, "reply_tokens": 10,
-                       "think_time_s": {"dist": "exponential", "mean": 0.2}, "max_concurrent_sessions": 3}, "t")
+    spec = parse_spec(
+        {
+            "kind": "multi-turn",
+            "sessions": 6,
+            "turns": {"min": 2, "max": 5},
+            "user_tokens": {"dist": "uniform", "mean": 20, "range_ratio": 0.5},
+            "reply_tokens": 10,
+            "think_time_s": {"dist": "exponential", "mean": 0.2},
+            "max_concurrent_sessions": 3,
+        },
+        "t",
+    )
     plan = build(spec, VOCAB, seed=1)
     assert len(plan.sessions) == 6 and plan.max_concurrent_sessions == 3
     assert sum(len(s.turns) for s in plan.sessions) == len(plan)
@@ -331,16 +396,16 @@ def test_each_turn_resends_the_conversation_so_far_plus_a_new_user_message(tok):
     for s in plan.sessions:
         assert [r.turn for r in s.turns] == list(range(len(s.turns))) and {r.session for r in s.turns} == {s.id}
         assert s.turns[0].think_s == 0.0 and all(r.think_s > 0 for r in s.turns[1:])
-        for prev, nxt in zip(s.turns, s.turns[1:]):
+        for prev, nxt in zip(s.turns, s.turns[1:], strict=False):
             p, q = _ids(prev.prompt), _ids(nxt.prompt)
-            assert q[:len(p)] == p  # turn k's prompt ...
+            assert q[: len(p)] == p  # turn k's prompt ...
             assert len(q) - len(p) - prev.output_tokens in range(10, 31)  # ... + its reply + a user message (20 ± 50%)
     # Chat: the messages so far, then the reply as an assistant message of exactly the tokens asked for.
     chat = build(spec, tok, seed=1, api="chat")
     for s in chat.sessions:
-        for prev, nxt in zip(s.turns, s.turns[1:]):
+        for prev, nxt in zip(s.turns, s.turns[1:], strict=False):
             m, n = prev.prompt.messages, nxt.prompt.messages
-            assert n[:len(m)] == m and n[len(m)]["role"] == "assistant" and n[-1]["role"] == "user"
+            assert n[: len(m)] == m and n[len(m)]["role"] == "assistant" and n[-1]["role"] == "user"
             assert len(tok.encode(n[len(m)]["content"], add_special_tokens=False)) == prev.output_tokens
     reuse = plan.prefix_reuse(1)
     assert reuse["distinct_prefixes"] == 6
@@ -376,7 +441,7 @@ def test_walk_sessions_keeps_turn_order_think_time_and_the_session_cap():
     for sid in range(5):
         times = [t for s, k, t in log if s == sid]
         assert [k for s, k, _ in log if s == sid] == [0, 1, 2]
-        assert all(b - a >= 0.05 + 0.01 - 0.005 for a, b in zip(times, times[1:]))
+        assert all(b - a >= 0.05 + 0.01 - 0.005 for a, b in zip(times, times[1:], strict=False))
 
 
 # --- trace ------------------------------------------------------------------------------------------
@@ -431,8 +496,9 @@ def test_sharegpt_options_and_limits(tok):
     assert fixed_out.output_tokens == [7] * 20
     over = build(parse_workload(f"sharegpt:{path},requests=400"), tok)
     assert len(over) == 400 and "100 of 400 requests repeat a conversation" in over.notes[0]
-    no_over = build(parse_spec({"kind": "sharegpt", "path": str(path), "num_requests": 400, "oversample": False},
-                               "t"), tok)
+    no_over = build(
+        parse_spec({"kind": "sharegpt", "path": str(path), "num_requests": 400, "oversample": False}, "t"), tok
+    )
     assert len(no_over) == 300 and "only 300 of 400" in no_over.notes[0]
     tight = build(parse_workload(f"sharegpt:{path}"), tok, max_model_len=128)
     assert all(r.prompt.num_tokens + r.output_tokens <= 128 for r in tight.requests)
@@ -544,8 +610,11 @@ def test_the_readme_examples_are_valid_specs(tmp_path):
 def test_a_multi_turn_chat_prompt_is_sent_as_its_whole_conversation():
     from kvbench.harness.backend import OpenAIBackend
 
-    messages = ({"role": "user", "content": "a b"}, {"role": "assistant", "content": "c"},
-                {"role": "user", "content": "d"})
+    messages = (
+        {"role": "user", "content": "a b"},
+        {"role": "assistant", "content": "c"},
+        {"role": "user", "content": "d"},
+    )
     chat = OpenAIBackend("http://127.0.0.1:9", "m", api="chat")
     assert chat.payload(Prompt("d", 9, True, messages=messages), 4)["messages"] == list(messages)
     assert chat.payload(Prompt("d", 3, True), 4)["messages"] == [{"role": "user", "content": "d"}]

@@ -46,23 +46,28 @@ def tok(tiny_model):
     return load_tokenizer(tiny_model)
 
 
-@pytest.mark.parametrize("argv,table", [
-    (["--seed", "0", "--num-prompts", "50"], {"num_requests": 50}),
-    (["--seed", "7", "--num-prompts", "120"], {"num_requests": 120}),
-    # More than pass the filter: vLLM oversamples with random.choice after random.seed(seed).
-    (["--seed", "3", "--num-prompts", "340"], {"num_requests": 340}),
-    (["--seed", "3", "--num-prompts", "340", "--no-oversample"], {"num_requests": 340, "oversample": False}),
-    # --sharegpt-output-len: every request asks for it, and the min-output check is skipped (short replies pass).
-    (["--seed", "5", "--num-prompts", "306", "--sharegpt-output-len", "32"],
-     {"num_requests": 306, "output_tokens": 32}),
-    (["--seed", "1", "--num-prompts", "40", "--disable-shuffle"], {"num_requests": 40, "shuffle": False}),
-])
+@pytest.mark.parametrize(
+    "argv,table",
+    [
+        (["--seed", "0", "--num-prompts", "50"], {"num_requests": 50}),
+        (["--seed", "7", "--num-prompts", "120"], {"num_requests": 120}),
+        # More than pass the filter: vLLM oversamples with random.choice after random.seed(seed).
+        (["--seed", "3", "--num-prompts", "340"], {"num_requests": 340}),
+        (["--seed", "3", "--num-prompts", "340", "--no-oversample"], {"num_requests": 340, "oversample": False}),
+        # --sharegpt-output-len: every request asks for it, and the min-output check is skipped (short replies pass).
+        (
+            ["--seed", "5", "--num-prompts", "306", "--sharegpt-output-len", "32"],
+            {"num_requests": 306, "output_tokens": 32},
+        ),
+        (["--seed", "1", "--num-prompts", "40", "--disable-shuffle"], {"num_requests": 40, "shuffle": False}),
+    ],
+)
 def test_sharegpt_sends_what_vllm_bench_serve_sends(vllm_bench, tok, argv, table):
     theirs = vllm_bench("--dataset-name", "sharegpt", "--dataset-path", str(SHAREGPT), *argv)
     seed = int(argv[argv.index("--seed") + 1])
     ours = build(parse_spec({"kind": "sharegpt", "path": str(SHAREGPT), **table}, "parity"), tok, seed=seed)
     assert len(ours) == len(theirs) > 0
-    for r, s in zip(ours.requests, theirs):
+    for r, s in zip(ours.requests, theirs, strict=False):
         assert r.prompt.content == s.prompt  # the same text, in the same order
         assert r.prompt.num_tokens == s.prompt_len
         assert r.output_tokens == s.expected_output_len
@@ -71,9 +76,22 @@ def test_sharegpt_sends_what_vllm_bench_serve_sends(vllm_bench, tok, argv, table
 
 
 def test_shared_prefix_has_vllms_prefix_repetition_shape(vllm_bench):
-    theirs = vllm_bench("--dataset-name", "prefix_repetition", "--seed", "0", "--num-prompts", "24",
-                        "--prefix-repetition-prefix-len", "64", "--prefix-repetition-suffix-len", "32",
-                        "--prefix-repetition-num-prefixes", "4", "--prefix-repetition-output-len", "16")
+    theirs = vllm_bench(
+        "--dataset-name",
+        "prefix_repetition",
+        "--seed",
+        "0",
+        "--num-prompts",
+        "24",
+        "--prefix-repetition-prefix-len",
+        "64",
+        "--prefix-repetition-suffix-len",
+        "32",
+        "--prefix-repetition-num-prefixes",
+        "4",
+        "--prefix-repetition-output-len",
+        "16",
+    )
     ours = build(parse_workload("shared-prefix:groups=4,prefix=64,suffix=32,output=16,requests=24"), 512)
     # kvbench sends token ids: exactly prefix + suffix. vLLM sends decoded text, and its decode/re-encode
     # adjustment misses now and then (it logs "N more tokens than expected"): a token or two off.
@@ -101,8 +119,20 @@ def test_uniform_lengths_are_vllms_random_lengths_for_the_same_seed(vllm_bench, 
     ours = build(parse_workload(f"random:input=300,output=100,range=0.5,requests={n}"), tok, seed=seed, stream=0)
     assert [r.prompt.num_tokens for r in ours.requests] == (lens_in + special).tolist()  # ... and its engine sees them
     assert ours.output_tokens == lens_out.tolist()
-    theirs = vllm_bench("--dataset-name", "random", "--seed", str(seed), "--num-prompts", str(n),
-                        "--random-input-len", "300", "--random-output-len", "100", "--random-range-ratio", "0.5")
+    theirs = vllm_bench(
+        "--dataset-name",
+        "random",
+        "--seed",
+        str(seed),
+        "--num-prompts",
+        str(n),
+        "--random-input-len",
+        "300",
+        "--random-output-len",
+        "100",
+        "--random-range-ratio",
+        "0.5",
+    )
     assert [s.expected_output_len for s in theirs] == ours.output_tokens
     # vLLM sends text and re-encodes it, which may move a length by a token or two; kvbench sends the ids.
     assert np.abs(np.array([s.prompt_len for s in theirs]) - (lens_in + special)).max() <= 2

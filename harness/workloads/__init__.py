@@ -24,7 +24,24 @@ from kvbench.harness.workloads.spec import (
 )
 
 __all__ = [
-    "FORMS", "KINDS", "FixedSpec", "JsonlSpec", "MultiTurnSpec", "PlannedRequest", "RandomSpec", "RequestPlan",
-    "Session", "SharedPrefixSpec", "ShareGPTSpec", "TraceSpec", "WorkloadSpec", "build", "load_workloads",
-    "named_workload", "parse_spec", "parse_workload", "read_trace", "walk_sessions",
+    "FORMS",
+    "KINDS",
+    "FixedSpec",
+    "JsonlSpec",
+    "MultiTurnSpec",
+    "PlannedRequest",
+    "RandomSpec",
+    "RequestPlan",
+    "Session",
+    "SharedPrefixSpec",
+    "ShareGPTSpec",
+    "TraceSpec",
+    "WorkloadSpec",
+    "build",
+    "load_workloads",
+    "named_workload",
+    "parse_spec",
+    "parse_workload",
+    "read_trace",
+    "walk_sessions",
 ]

@@ -47,16 +47,28 @@ from kvbench.harness.workloads.spec import explain
 
 # Seed-sequence salts: one per use, large so they never equal a request index (numpy ignores trailing zero
 # words of a seed sequence, so each salt is used with one arity only).
-_SALT = {name: 2**31 + i for i, name in enumerate(
-    ("random", "prefix", "suffix", "shuffle", "session", "block", "unique", "jsonl", "chat", "dataset"))}
+_SALT = {
+    name: 2**31 + i
+    for i, name in enumerate(
+        ("random", "prefix", "suffix", "shuffle", "session", "block", "unique", "jsonl", "chat", "dataset")
+    )
+}
 
 
 def _rng(seed: int, stream: int, salt: str, *index: int) -> np.random.Generator:
     return np.random.default_rng([int(seed), int(stream), _SALT[salt], *(int(i) for i in index)])
 
 
-def build(spec, tokenizer: Any, *, seed: int = 0, stream: int = 0, max_model_len: int | None = None,
-          api: str = "completions", num_requests: int | None = None) -> RequestPlan:
+def build(
+    spec,
+    tokenizer: Any,
+    *,
+    seed: int = 0,
+    stream: int = 0,
+    max_model_len: int | None = None,
+    api: str = "completions",
+    num_requests: int | None = None,
+) -> RequestPlan:
     """The plan for `spec`.
 
     tokenizer: the served model's tokenizer, or a local model folder (its tokenizer is loaded); synthetic
@@ -76,11 +88,20 @@ def build(spec, tokenizer: Any, *, seed: int = 0, stream: int = 0, max_model_len
     if num_requests is not None and num_requests < 1:
         raise UsageError(f"num_requests must be a whole number >= 1, got {num_requests}")
     if api == "chat" and spec.kind in ("shared-prefix", "trace"):
-        raise UsageError(f"{spec.kind} workloads need --api completions: only token-id prompts guarantee that "
-                         "the intended leading tokens are identical")
+        raise UsageError(
+            f"{spec.kind} workloads need --api completions: only token-id prompts guarantee that "
+            "the intended leading tokens are identical"
+        )
     ctx = _Context(tokenizer, spec, seed, stream, max_model_len, api)
-    builder = {"fixed": _fixed, "random": _random, "sharegpt": _sharegpt, "jsonl": _jsonl,
-               "shared-prefix": _shared_prefix, "multi-turn": _multi_turn, "trace": _trace}[spec.kind]
+    builder = {
+        "fixed": _fixed,
+        "random": _random,
+        "sharegpt": _sharegpt,
+        "jsonl": _jsonl,
+        "shared-prefix": _shared_prefix,
+        "multi-turn": _multi_turn,
+        "trace": _trace,
+    }[spec.kind]
     return builder(ctx, num_requests)
 
 
@@ -160,11 +181,14 @@ class _Context:
     def plan(self, requests: list[PlannedRequest], **kw) -> RequestPlan:
         off = sum(1 for r in requests if not r.prompt.exact)
         if off and self.spec.kind != "fixed":  # fixed: make_prompts' own note says it
-            self.notes.append(f"chat prompt lengths are approximate: {off} of {len(requests)} could not be made "
-                              f"exactly their length after the chat template (template alone: {self.overhead} "
-                              "tokens); num_tokens holds the local count")
-        return RequestPlan(self.spec, self.api, self.seed, self.stream, self.mml, tuple(requests),
-                           notes=tuple(self.notes), **kw)
+            self.notes.append(
+                f"chat prompt lengths are approximate: {off} of {len(requests)} could not be made "
+                f"exactly their length after the chat template (template alone: {self.overhead} "
+                "tokens); num_tokens holds the local count"
+            )
+        return RequestPlan(
+            self.spec, self.api, self.seed, self.stream, self.mml, tuple(requests), notes=tuple(self.notes), **kw
+        )
 
 
 def _too_long(ctx: _Context, what: str, total: int) -> UsageError:
@@ -235,8 +259,12 @@ def _shared_prefix(ctx: _Context, num_requests):
         for j in range(count):
             rows.append((g, prefix + ctx.ids(_rng(ctx.seed, ctx.stream, "suffix", g, j), s.suffix_tokens)))
     order = _rng(ctx.seed, ctx.stream, "shuffle").permutation(len(rows)) if s.shuffle else range(len(rows))
-    reqs = [PlannedRequest(i, Prompt(rows[k][1], total, True), s.output_tokens, prefix_group=rows[k][0],
-                           token_ids=tuple(rows[k][1])) for i, k in enumerate(order)]
+    reqs = [
+        PlannedRequest(
+            i, Prompt(rows[k][1], total, True), s.output_tokens, prefix_group=rows[k][0], token_ids=tuple(rows[k][1])
+        )
+        for i, k in enumerate(order)
+    ]
     return ctx.plan(reqs)
 
 
@@ -281,8 +309,9 @@ def _multi_turn(ctx: _Context, num_requests):
                     break
                 prompt = Prompt(turn_messages[-1]["content"], len(ids), True, messages=tuple(turn_messages))
                 messages = turn_messages + [{"role": "assistant", "content": ctx.words_text(rng, r)}]
-            req = PlannedRequest(len(reqs), prompt, r, session=sid, turn=k, think_s=float(thinks[k]) if k else 0.0,
-                                 token_ids=ids)
+            req = PlannedRequest(
+                len(reqs), prompt, r, session=sid, turn=k, think_s=float(thinks[k]) if k else 0.0, token_ids=ids
+            )
             reqs.append(req)
             session_reqs.append(req)
         sessions.append(Session(sid, tuple(session_reqs)))
@@ -290,8 +319,10 @@ def _multi_turn(ctx: _Context, num_requests):
         if limit is not None and sid > 100 * limit:
             break  # cannot happen while turn 0 always fits; a guard against an endless loop
     if ended_early:
-        ctx.notes.append(f"{ended_early} of {len(sessions)} sessions ended early: their next turn would not fit "
-                         f"max_model_len {ctx.mml}")
+        ctx.notes.append(
+            f"{ended_early} of {len(sessions)} sessions ended early: their next turn would not fit "
+            f"max_model_len {ctx.mml}"
+        )
     return ctx.plan(reqs, sessions=tuple(sessions), max_concurrent_sessions=min(len(sessions), s.concurrent))
 
 
@@ -300,8 +331,12 @@ def _multi_turn(ctx: _Context, num_requests):
 
 def _vllm_valid(prompt_len: int, output_len: int, s, fixed_output: bool) -> bool:
     """vLLM's is_valid_sequence with the spec's limits."""
-    return not (prompt_len < s.min_tokens or (not fixed_output and output_len < s.min_tokens)
-                or prompt_len > s.max_prompt_tokens or prompt_len + output_len > s.max_total_tokens)
+    return not (
+        prompt_len < s.min_tokens
+        or (not fixed_output and output_len < s.min_tokens)
+        or prompt_len > s.max_prompt_tokens
+        or prompt_len + output_len > s.max_total_tokens
+    )
 
 
 def _order_random(ctx: _Context) -> random.Random:
@@ -339,9 +374,12 @@ def _sharegpt(ctx: _Context, num_requests):
         prompt, ids = ctx.text(prompt_text)
         picked.append((source, prompt, out, ids))
     if not picked:
-        raise UsageError(f"{s.path}: no conversation passes the length filter (prompt and output >= {s.min_tokens}, "
-                         f"prompt <= {s.max_prompt_tokens}, total <= {s.max_total_tokens}"
-                         + (f", total <= max_model_len {ctx.mml}" if ctx.mml else "") + " tokens)")
+        raise UsageError(
+            f"{s.path}: no conversation passes the length filter (prompt and output >= {s.min_tokens}, "
+            f"prompt <= {s.max_prompt_tokens}, total <= {s.max_total_tokens}"
+            + (f", total <= max_model_len {ctx.mml}" if ctx.mml else "")
+            + " tokens)"
+        )
     if too_long:
         ctx.notes.append(f"{too_long} conversations skipped: prompt + output exceeds max_model_len {ctx.mml}")
     extra = []
@@ -350,12 +388,16 @@ def _sharegpt(ctx: _Context, num_requests):
             # vLLM's maybe_oversample_requests: random.seed(seed), then random.choice per missing request.
             again = _order_random(ctx)
             extra = [again.choice(picked) for _ in range(n - len(picked))]
-            ctx.notes.append(f"{len(extra)} of {n} requests repeat a conversation (oversampled, as vLLM does: "
-                             f"only {len(picked)} pass the filter)")
+            ctx.notes.append(
+                f"{len(extra)} of {n} requests repeat a conversation (oversampled, as vLLM does: "
+                f"only {len(picked)} pass the filter)"
+            )
         else:
             ctx.notes.append(f"only {len(picked)} of {n} requested conversations pass the filter (oversample = false)")
-    reqs = [PlannedRequest(k, prompt, out, source=i, token_ids=ids)
-            for k, (i, prompt, out, ids) in enumerate(picked + extra)]
+    reqs = [
+        PlannedRequest(k, prompt, out, source=i, token_ids=ids)
+        for k, (i, prompt, out, ids) in enumerate(picked + extra)
+    ]
     return ctx.plan(reqs)
 
 
@@ -371,18 +413,20 @@ def _sharegpt_pairs_cached(path: str, mtime_ns: int, size: int) -> tuple[tuple[i
     # only the two turns vLLM reads are kept.
     data = _read_json(path)
     if not isinstance(data, list):
-        raise UsageError(f"{path}: a ShareGPT file is a JSON list of {{\"conversations\": [...]}} entries, "
-                         f"got {type(data).__name__}")
+        raise UsageError(
+            f'{path}: a ShareGPT file is a JSON list of {{"conversations": [...]}} entries, got {type(data).__name__}'
+        )
     pairs = []
     for i, entry in enumerate(data):
         if not isinstance(entry, dict):
-            raise UsageError(f"{path}: entry {i} is {type(entry).__name__}, not an object with \"conversations\"")
+            raise UsageError(f'{path}: entry {i} is {type(entry).__name__}, not an object with "conversations"')
         conv = entry.get("conversations")
         if isinstance(conv, list) and len(conv) >= 2:
             for turn in conv[:2]:
                 if not isinstance(turn, dict) or not isinstance(turn.get("value"), str):
-                    raise UsageError(f"{path}: entry {i} (id {entry.get('id')!r}): conversation turns need a "
-                                     "text \"value\"")
+                    raise UsageError(
+                        f'{path}: entry {i} (id {entry.get("id")!r}): conversation turns need a text "value"'
+                    )
             pairs.append((i, conv[0]["value"], conv[1]["value"]))
     return tuple(pairs)
 
@@ -409,10 +453,9 @@ def _jsonl(ctx: _Context, num_requests):
         except ValidationError as exc:
             raise UsageError(explain(exc, where, _JsonlLine)) from None
         if (row.prompt is None) == (row.prompt_tokens is None):
-            raise UsageError(f"{where}: give either \"prompt\" (text) or \"prompt_tokens\" (a count), "
-                             "not both or neither")
+            raise UsageError(f'{where}: give either "prompt" (text) or "prompt_tokens" (a count), not both or neither')
         if row.output_tokens is None and s.output_tokens is None:
-            raise UsageError(f"{where}: no \"output_tokens\" (give it per line, or output_tokens in the workload)")
+            raise UsageError(f'{where}: no "output_tokens" (give it per line, or output_tokens in the workload)')
         lines.append((lineno - 1, row))
     if not lines:
         raise UsageError(f"{s.path}: no requests (one JSON object per line)")
@@ -473,13 +516,16 @@ def read_trace(path: str) -> list[tuple[int, _TraceLine]]:
         if any(h < 0 for h in rec.hash_ids):
             raise UsageError(f"{where}: hash_ids must be whole numbers >= 0")
         if last is not None and rec.timestamp < last:
-            raise UsageError(f"{where}: timestamp {rec.timestamp:g} is earlier than the line before ({last:g}); "
-                             "a trace is replayed in file order, so timestamps must not decrease")
+            raise UsageError(
+                f"{where}: timestamp {rec.timestamp:g} is earlier than the line before ({last:g}); "
+                "a trace is replayed in file order, so timestamps must not decrease"
+            )
         last = rec.timestamp
         out.append((lineno, rec))
     if not out:
-        raise UsageError(f"{path}: no records (one JSON object per line: timestamp, input_length, output_length, "
-                         "hash_ids)")
+        raise UsageError(
+            f"{path}: no records (one JSON object per line: timestamp, input_length, output_length, hash_ids)"
+        )
     return out
 
 
@@ -496,8 +542,9 @@ def _trace(ctx: _Context, num_requests):
     records = read_trace(s.path)
     n = ctx.n(num_requests, natural=len(records))
     if n > len(records):
-        raise UsageError(f"{s.path} holds {len(records)} requests; {n} were asked for (a trace is replayed, "
-                         "not resampled)")
+        raise UsageError(
+            f"{s.path} holds {len(records)} requests; {n} were asked for (a trace is replayed, not resampled)"
+        )
     t0 = records[0][1].timestamp
     blocks: dict[int, list[int]] = {}
     reqs, clipped, mismatched, ignored = [], 0, 0, 0
@@ -516,14 +563,24 @@ def _trace(ctx: _Context, num_requests):
             ids += blocks[h][:take]
         if len(ids) < length:
             ids += ctx.ids(_rng(ctx.seed, ctx.stream, "unique", i), length - len(ids))
-        reqs.append(PlannedRequest(i, Prompt(ids, length, True), out, hash_ids=tuple(rec.hash_ids),
-                                   send_at_s=(rec.timestamp - t0) / 1000.0 * s.time_scale, source=lineno - 1,
-                                   token_ids=tuple(ids)))
+        reqs.append(
+            PlannedRequest(
+                i,
+                Prompt(ids, length, True),
+                out,
+                hash_ids=tuple(rec.hash_ids),
+                send_at_s=(rec.timestamp - t0) / 1000.0 * s.time_scale,
+                source=lineno - 1,
+                token_ids=tuple(ids),
+            )
+        )
     if clipped:
         ctx.notes.append(f"{clipped} of {n} trace requests clipped to max_model_len {ctx.mml} (prompt tail cut)")
     if mismatched:
-        ctx.notes.append(f"{mismatched} of {n} trace records have len(hash_ids) != "
-                         f"ceil(input_length / {s.block_tokens}): is block_tokens the trace's block size?")
+        ctx.notes.append(
+            f"{mismatched} of {n} trace records have len(hash_ids) != "
+            f"ceil(input_length / {s.block_tokens}): is block_tokens the trace's block size?"
+        )
     return ctx.plan(reqs)
 
 

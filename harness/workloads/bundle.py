@@ -102,8 +102,15 @@ def sharegpt(tok) -> bytes:
         lone = [{"from": "human", "value": texts.make(20 + j)}]
         entries.append({"id": f"kvb{len(entries):04d}_0", "conversations": lone})
     for j in range(r["short_reply_entries"]):
-        entries.append({"id": f"kvb{len(entries):04d}_0", "conversations": [
-            {"from": "human", "value": texts.make(12 + j)}, {"from": "gpt", "value": texts.make(1 + j % 3)}]})
+        entries.append(
+            {
+                "id": f"kvb{len(entries):04d}_0",
+                "conversations": [
+                    {"from": "human", "value": texts.make(12 + j)},
+                    {"from": "gpt", "value": texts.make(1 + j % 3)},
+                ],
+            }
+        )
     order = rng.permutation(len(entries))
     lines = ",\n".join(json.dumps(entries[k], ensure_ascii=True) for k in order)
     return f"[\n{lines}\n]\n".encode()
@@ -216,8 +223,9 @@ def _lengths(stats: dict) -> dict[str, float]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m kvbench.harness.workloads.bundle",
-                                 description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(
+        prog="python -m kvbench.harness.workloads.bundle", description=__doc__.split("\n\n")[0]
+    )
     ap.add_argument("--check", action="store_true", help="compare with the shipped files instead of writing them")
     ap.add_argument("--out", type=Path, default=None, help="folder to write (default: kvbench/data/workloads)")
     args = ap.parse_args(argv)
@@ -228,8 +236,11 @@ def main(argv: list[str] | None = None) -> int:
     folder = args.out or data_path("workloads")
     files = generate(tok)
     if args.check:
-        stale = [name for name, blob in files.items()
-                 if not (folder / name).is_file() or (folder / name).read_bytes() != blob]
+        stale = [
+            name
+            for name, blob in files.items()
+            if not (folder / name).is_file() or (folder / name).read_bytes() != blob
+        ]
         print("bundled workload files are up to date" if not stale else f"stale: {', '.join(stale)}")
         return 1 if stale else 0
     folder.mkdir(parents=True, exist_ok=True)

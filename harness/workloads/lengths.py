@@ -120,16 +120,20 @@ class LogNormal(_Clip):
 class Histogram(_Clip):
     dist: Literal["histogram"]
     edges: list[Annotated[int, Field(ge=1)]] = Field(
-        min_length=2, description="ascending whole numbers >= 1, one more than weights")
+        min_length=2, description="ascending whole numbers >= 1, one more than weights"
+    )
     weights: list[Annotated[float, Field(ge=0)]] = Field(
-        min_length=1, description="numbers >= 0, not all zero, one per bin")
+        min_length=1, description="numbers >= 0, not all zero, one per bin"
+    )
 
     @model_validator(mode="after")
     def _shape(self):
         if len(self.weights) != len(self.edges) - 1:
-            raise ValueError(f"histogram needs one weight per bin: {len(self.edges)} edges make "
-                             f"{len(self.edges) - 1} bins, got {len(self.weights)} weights")
-        if any(b <= a for a, b in zip(self.edges, self.edges[1:])):
+            raise ValueError(
+                f"histogram needs one weight per bin: {len(self.edges)} edges make "
+                f"{len(self.edges) - 1} bins, got {len(self.weights)} weights"
+            )
+        if any(b <= a for a, b in zip(self.edges, self.edges[1:], strict=False)):
             raise ValueError(f"histogram edges must be strictly ascending, got {self.edges}")
         if sum(self.weights) <= 0:
             raise ValueError("histogram weights must not all be zero")
@@ -154,8 +158,10 @@ Length = Annotated[
     Annotated[Fixed | Uniform | Normal | LogNormal | Histogram, Field(discriminator="dist")],
     BeforeValidator(_int_is_fixed),
 ]
-LENGTH_FORM = ("a whole number >= 1, or a table with dist = fixed, uniform (mean, range_ratio), normal (mean, std), "
-               "lognormal (median and p90, or mean and sigma) or histogram (edges, weights)")
+LENGTH_FORM = (
+    "a whole number >= 1, or a table with dist = fixed, uniform (mean, range_ratio), normal (mean, std), "
+    "lognormal (median and p90, or mean and sigma) or histogram (edges, weights)"
+)
 
 
 # --- think time (multi-turn) ------------------------------------------------------------------------
@@ -202,5 +208,6 @@ ThinkTime = Annotated[
     Annotated[ConstantThink | ExponentialThink | UniformThink, Field(discriminator="dist")],
     BeforeValidator(_number_is_constant),
 ]
-THINK_FORM = ("a number of seconds >= 0, or a table with dist = constant (seconds), exponential (mean) "
-              "or uniform (min, max)")
+THINK_FORM = (
+    "a number of seconds >= 0, or a table with dist = constant (seconds), exponential (mean) or uniform (min, max)"
+)

@@ -144,7 +144,7 @@ class RequestPlan:
             total += len(ids)
             chain, h, hit = [], None, True
             for i in range(len(ids) // block_tokens):
-                prev, h = h, hash((h, ids[i * block_tokens:(i + 1) * block_tokens]))
+                prev, h = h, hash((h, ids[i * block_tokens : (i + 1) * block_tokens]))
                 parent.setdefault(h, prev)
                 chain.append(h)
                 if hit and h in seen:
@@ -165,17 +165,30 @@ class RequestPlan:
 
     def describe(self) -> dict[str, Any]:
         """For a run record: the spec, how it was built, and the statistics (JSON-ready)."""
-        return {"workload": self.spec.describe(), "api": self.api, "seed": self.seed, "stream": self.stream,
-                "max_model_len": self.max_model_len, "lengths_exact": self.exact, "notes": list(self.notes),
-                "stats": self.stats}
+        return {
+            "workload": self.spec.describe(),
+            "api": self.api,
+            "seed": self.seed,
+            "stream": self.stream,
+            "max_model_len": self.max_model_len,
+            "lengths_exact": self.exact,
+            "notes": list(self.notes),
+            "stats": self.stats,
+        }
 
 
 def distribution(values: np.ndarray) -> dict[str, float]:
     if values.size == 0:
         return {"mean": 0.0, "p50": 0.0, "p90": 0.0, "p99": 0.0, "min": 0, "max": 0}
     p50, p90, p99 = np.percentile(values, [50, 90, 99])
-    return {"mean": float(values.mean()), "p50": float(p50), "p90": float(p90), "p99": float(p99),
-            "min": int(values.min()), "max": int(values.max())}
+    return {
+        "mean": float(values.mean()),
+        "p50": float(p50),
+        "p90": float(p90),
+        "p99": float(p99),
+        "min": int(values.min()),
+        "max": int(values.max()),
+    }
 
 
 def _key(r: PlannedRequest):

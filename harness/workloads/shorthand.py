@@ -37,14 +37,32 @@ FORMS = {
 # shorthand key -> spec key, per kind (random's lengths are assembled below).
 _KEYS = {
     "fixed": {"prompt": "prompt_tokens", "output": "output_tokens", "requests": "num_requests"},
-    "random": {"input": None, "output": None, "range": None, "dist": None, "cv": None, "sigma": None,
-               "requests": "num_requests"},
+    "random": {
+        "input": None,
+        "output": None,
+        "range": None,
+        "dist": None,
+        "cv": None,
+        "sigma": None,
+        "requests": "num_requests",
+    },
     "sharegpt": {"requests": "num_requests", "output": "output_tokens"},
     "jsonl": {"requests": "num_requests", "output": "output_tokens"},
-    "shared-prefix": {"groups": "groups", "prefix": "prefix_tokens", "suffix": "suffix_tokens",
-                      "output": "output_tokens", "requests": "num_requests"},
-    "multi-turn": {"sessions": "sessions", "turns": "turns", "user": "user_tokens", "reply": "reply_tokens",
-                   "think": "think_time_s", "concurrent": "max_concurrent_sessions"},
+    "shared-prefix": {
+        "groups": "groups",
+        "prefix": "prefix_tokens",
+        "suffix": "suffix_tokens",
+        "output": "output_tokens",
+        "requests": "num_requests",
+    },
+    "multi-turn": {
+        "sessions": "sessions",
+        "turns": "turns",
+        "user": "user_tokens",
+        "reply": "reply_tokens",
+        "think": "think_time_s",
+        "concurrent": "max_concurrent_sessions",
+    },
     "trace": {"time_scale": "time_scale", "block": "block_tokens", "requests": "num_requests"},
 }
 _FLOAT_KEYS = {"range", "cv", "sigma", "think", "time_scale"}
@@ -130,12 +148,15 @@ def _random_lengths(values: dict[str, Any], where: str) -> dict[str, Any]:
     needs = {"uniform": set(), "normal": {"cv"}, "lognormal": {"sigma"}}
     allowed = {"uniform": {"range"}, "normal": {"cv"}, "lognormal": {"sigma"}}
     if dist not in needs:
-        raise UsageError(f"{where}: unknown dist {dist!r}; choose from: uniform, normal, lognormal "
-                         "(a histogram: write the workload in a TOML file)")
+        raise UsageError(
+            f"{where}: unknown dist {dist!r}; choose from: uniform, normal, lognormal "
+            "(a histogram: write the workload in a TOML file)"
+        )
     extra = {"range", "cv", "sigma"} & set(values) - allowed[dist]
     if extra:
-        raise UsageError(f"{where}: {', '.join(sorted(extra))} does not apply to dist={dist}; "
-                         f"the form is {FORMS['random']}")
+        raise UsageError(
+            f"{where}: {', '.join(sorted(extra))} does not apply to dist={dist}; the form is {FORMS['random']}"
+        )
     missing = needs[dist] - set(values)
     if missing:
         raise UsageError(f"{where}: dist={dist} needs {', '.join(sorted(missing))}; the form is {FORMS['random']}")
@@ -167,8 +188,10 @@ def load_workloads(path: str | Path | None = None) -> dict[str, Any]:
         raise UsageError(f"{file}: not valid TOML ({exc})") from None
     unknown = set(data) - {"workloads"}
     if unknown:
-        raise UsageError(f"{file}: unknown top-level key(s) {', '.join(sorted(unknown))}; "
-                         "the file holds [workloads.NAME] tables only")
+        raise UsageError(
+            f"{file}: unknown top-level key(s) {', '.join(sorted(unknown))}; "
+            "the file holds [workloads.NAME] tables only"
+        )
     tables = data.get("workloads", {})
     if not isinstance(tables, dict) or not tables:
         raise UsageError(f"{file}: no [workloads.NAME] tables")
@@ -185,8 +208,9 @@ def named_workload(name: str, *, workloads_file: str | Path | None = None):
         if name in catalog:
             return catalog[name]
     names = sorted({n for c in catalogs for n in c})
-    raise UsageError(f"unknown workload {name!r}; choose from: {', '.join(names)}; or give KIND:ARGS, "
-                     f"e.g. {FORMS['shared-prefix']}")
+    raise UsageError(
+        f"unknown workload {name!r}; choose from: {', '.join(names)}; or give KIND:ARGS, e.g. {FORMS['shared-prefix']}"
+    )
 
 
 # --- back to a label ---------------------------------------------------------------------------------
@@ -196,31 +220,51 @@ def to_shorthand(spec) -> str:
     """The shorthand that makes `spec`, or `kind(key=value, ...)` where the shorthand cannot say it."""
     k = spec.kind
     if k == "fixed":
-        return _join(k, [("prompt", spec.prompt_tokens), ("output", spec.output_tokens),
-                         ("requests", spec.num_requests)])
+        return _join(
+            k, [("prompt", spec.prompt_tokens), ("output", spec.output_tokens), ("requests", spec.num_requests)]
+        )
     if k in ("sharegpt", "jsonl"):
         return _join(k, [("", Path(spec.path).name), ("requests", spec.num_requests), ("output", spec.output_tokens)])
     if k == "trace":
         # Labels name the file, not where it lives (describe() keeps the full path).
-        return _join(k, [("", Path(spec.path).name), ("time_scale", spec.time_scale if spec.time_scale != 1 else None),
-                         ("block", spec.block_tokens if spec.block_tokens != 512 else None),
-                         ("requests", spec.num_requests)])
+        return _join(
+            k,
+            [
+                ("", Path(spec.path).name),
+                ("time_scale", spec.time_scale if spec.time_scale != 1 else None),
+                ("block", spec.block_tokens if spec.block_tokens != 512 else None),
+                ("requests", spec.num_requests),
+            ],
+        )
     if k == "shared-prefix":
-        return _join(k, [("groups", spec.groups), ("prefix", spec.prefix_tokens), ("suffix", spec.suffix_tokens),
-                         ("output", spec.output_tokens), ("requests", spec.num_requests)])
+        return _join(
+            k,
+            [
+                ("groups", spec.groups),
+                ("prefix", spec.prefix_tokens),
+                ("suffix", spec.suffix_tokens),
+                ("output", spec.output_tokens),
+                ("requests", spec.num_requests),
+            ],
+        )
     if k == "multi-turn":
         t = spec.turns
         turns = t.min if t.min == t.max else f"{t.min}-{t.max}"
         think = spec.think_time_s
-        simple = [("sessions", spec.sessions), ("turns", turns), ("user", _len(spec.user_tokens)),
-                  ("reply", _len(spec.reply_tokens)),
-                  ("think", f"{think.seconds:g}" if think.dist == "constant" else f"{think.dist}"),
-                  ("concurrent", spec.max_concurrent_sessions)]
+        simple = [
+            ("sessions", spec.sessions),
+            ("turns", turns),
+            ("user", _len(spec.user_tokens)),
+            ("reply", _len(spec.reply_tokens)),
+            ("think", f"{think.seconds:g}" if think.dist == "constant" else f"{think.dist}"),
+            ("concurrent", spec.max_concurrent_sessions),
+        ]
         return _join(k, simple)
     p, o = spec.prompt, spec.output
     if p.dist == o.dist == "uniform" and p.range_ratio == o.range_ratio:
-        return _join(k, [("input", p.mean), ("output", o.mean), ("range", f"{p.range_ratio:g}"),
-                         ("requests", spec.num_requests)])
+        return _join(
+            k, [("input", p.mean), ("output", o.mean), ("range", f"{p.range_ratio:g}"), ("requests", spec.num_requests)]
+        )
     return _join(k, [("input", _len(p)), ("output", _len(o)), ("requests", spec.num_requests)])
 
 
@@ -232,8 +276,11 @@ def _len(length) -> str:
     if length.dist == "normal":
         return f"normal({length.mean:g},{length.std:g})"
     if length.dist == "lognormal":
-        return (f"lognormal(median={length.median:g},p90={length.p90:g})" if length.median is not None
-                else f"lognormal(mean={length.mean:g},sigma={length.sigma:g})")
+        return (
+            f"lognormal(median={length.median:g},p90={length.p90:g})"
+            if length.median is not None
+            else f"lognormal(mean={length.mean:g},sigma={length.sigma:g})"
+        )
     return f"histogram({len(length.weights)} bins)"
 
 

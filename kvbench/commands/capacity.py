@@ -23,24 +23,84 @@ from kvbench.weights import WEIGHT_CHOICES
 NAME = "capacity"
 HELP = "KV bytes per token, tokens that fit and max concurrent sequences per KV dtype: naive formula vs vLLM's pages."
 
-ModelOpt = Annotated[str, typer.Option("--model", "-m", help=f"Short name ({', '.join(models.catalog())}) or a path to a config.json.")]
+ModelOpt = Annotated[
+    str, typer.Option("--model", "-m", help=f"Short name ({', '.join(models.catalog())}) or a path to a config.json.")
+]
 GpuOpt = Annotated[str, typer.Option("--gpu", "-g", help=f"GPU: {', '.join(gpus.catalog())}.")]
-ContextOpt = Annotated[int, typer.Option("--context", "-c", help="Tokens per sequence (prompt + output; vLLM's max_model_len).")]
-DtypesOpt = Annotated[str, typer.Option("--kv-dtype", help="Comma-separated KV-cache dtypes: auto (model dtype), fp8, fp8_e5m2, nvfp4, mxfp4.")]
-BudgetOpt = Annotated[float | None, typer.Option("--kv-budget-gb", help="KV-cache pool per GPU in GB (10^9 bytes), instead of deriving it.")]
-UtilOpt = Annotated[float | None, typer.Option("--gpu-memory-utilization", help="vLLM's fraction of device memory (default: that vLLM release's default).")]
-OverheadOpt = Annotated[float | None, typer.Option("--overhead-gb", help="GB per GPU for activations, non-torch memory and CUDA graphs, replacing kvbench's model of them.")]
-BasisOpt = Annotated[str, typer.Option("--memory-basis", help="'device': the total torch reports (vLLM's basis); 'spec': the spec-sheet GB.")]
-TpOpt = Annotated[int, typer.Option("--tensor-parallel-size", help="GPUs per model replica, tensor parallel (vLLM's -tp).")]
+ContextOpt = Annotated[
+    int, typer.Option("--context", "-c", help="Tokens per sequence (prompt + output; vLLM's max_model_len).")
+]
+DtypesOpt = Annotated[
+    str,
+    typer.Option(
+        "--kv-dtype", help="Comma-separated KV-cache dtypes: auto (model dtype), fp8, fp8_e5m2, nvfp4, mxfp4."
+    ),
+]
+BudgetOpt = Annotated[
+    float | None,
+    typer.Option("--kv-budget-gb", help="KV-cache pool per GPU in GB (10^9 bytes), instead of deriving it."),
+]
+UtilOpt = Annotated[
+    float | None,
+    typer.Option(
+        "--gpu-memory-utilization", help="vLLM's fraction of device memory (default: that vLLM release's default)."
+    ),
+]
+OverheadOpt = Annotated[
+    float | None,
+    typer.Option(
+        "--overhead-gb",
+        help="GB per GPU for activations, non-torch memory and CUDA graphs, replacing kvbench's model of them.",
+    ),
+]
+BasisOpt = Annotated[
+    str,
+    typer.Option("--memory-basis", help="'device': the total torch reports (vLLM's basis); 'spec': the spec-sheet GB."),
+]
+TpOpt = Annotated[
+    int, typer.Option("--tensor-parallel-size", help="GPUs per model replica, tensor parallel (vLLM's -tp).")
+]
 PpOpt = Annotated[int, typer.Option("--pipeline-parallel-size", help="Pipeline stages per replica (vLLM's -pp).")]
-WeightsOpt = Annotated[str, typer.Option("--weights", help="Weight format: auto (config's dtype or quantization_config), bf16, fp16, fp32, fp8, int8, int4.")]
-VersionOpt = Annotated[str | None, typer.Option("--vllm-version", help=f"vLLM release whose accounting to model (default: the installed vLLM, else the newest known: {', '.join(known_versions())}).")]
-SeqsOpt = Annotated[int | None, typer.Option("--max-num-seqs", help="vLLM's cap on running sequences (default: vLLM's default for the GPU and release).")]
-BatchedOpt = Annotated[int | None, typer.Option("--max-num-batched-tokens", help="vLLM's tokens per step; sizes the profiling run (default: vLLM's default).")]
+WeightsOpt = Annotated[
+    str,
+    typer.Option(
+        "--weights",
+        help="Weight format: auto (config's dtype or quantization_config), bf16, fp16, fp32, fp8, int8, int4.",
+    ),
+]
+VersionOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--vllm-version",
+        help=(
+            "vLLM release whose accounting to model (default: the installed vLLM, "
+            f"else the newest known: {', '.join(known_versions())})."
+        ),
+    ),
+]
+SeqsOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--max-num-seqs", help="vLLM's cap on running sequences (default: vLLM's default for the GPU and release)."
+    ),
+]
+BatchedOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--max-num-batched-tokens", help="vLLM's tokens per step; sizes the profiling run (default: vLLM's default)."
+    ),
+]
 
 
-def check_number(flag: str, value: float | None, low: float = 0.0, high: float = math.inf, *, low_open: bool = True,
-                 high_open: bool = False) -> None:
+def check_number(
+    flag: str,
+    value: float | None,
+    low: float = 0.0,
+    high: float = math.inf,
+    *,
+    low_open: bool = True,
+    high_open: bool = False,
+) -> None:
     """One-line error unless `value` is a finite number in range (None means: not given); kvbench.cliargs's rule."""
     from kvbench import cliargs
 
@@ -49,10 +109,21 @@ def check_number(flag: str, value: float | None, low: float = 0.0, high: float =
     cliargs.number(value, flag, low=low, low_open=low_open, high=None if math.isinf(high) else high)
 
 
-def check_parallel_flags(tp: int, pp: int, max_num_seqs: int | None, max_num_batched_tokens: int | None,
-                         weights: str, utilization: float | None, overhead_gb: float | None) -> None:
-    for flag, value in (("--tensor-parallel-size", tp), ("--pipeline-parallel-size", pp),
-                        ("--max-num-seqs", max_num_seqs), ("--max-num-batched-tokens", max_num_batched_tokens)):
+def check_parallel_flags(
+    tp: int,
+    pp: int,
+    max_num_seqs: int | None,
+    max_num_batched_tokens: int | None,
+    weights: str,
+    utilization: float | None,
+    overhead_gb: float | None,
+) -> None:
+    for flag, value in (
+        ("--tensor-parallel-size", tp),
+        ("--pipeline-parallel-size", pp),
+        ("--max-num-seqs", max_num_seqs),
+        ("--max-num-batched-tokens", max_num_batched_tokens),
+    ):
         if value is not None and value < 1:
             raise UsageError(f"{flag} must be a positive integer, got {value}")
     if weights not in WEIGHT_CHOICES:
@@ -76,16 +147,36 @@ def command(
     vllm_version: VersionOpt = None,
     max_num_seqs: SeqsOpt = None,
     max_num_batched_tokens: BatchedOpt = None,
-    block_size: Annotated[int, typer.Option("--block-size", help="vLLM KV block size in tokens (16 on CUDA).")] = VLLM_DEFAULT_BLOCK_SIZE,
-    from_log: Annotated[Path | None, typer.Option("--from-log", help="A vLLM start-up log: take its settings and compare its figures with kvbench's, term by term.")] = None,
+    block_size: Annotated[
+        int, typer.Option("--block-size", help="vLLM KV block size in tokens (16 on CUDA).")
+    ] = VLLM_DEFAULT_BLOCK_SIZE,
+    from_log: Annotated[
+        Path | None,
+        typer.Option(
+            "--from-log",
+            help="A vLLM start-up log: take its settings and compare its figures with kvbench's, term by term.",
+        ),
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of tables.")] = False,
 ) -> None:
     if from_log is not None:
         from kvbench.commands.fromlog import compare_log
 
         compare_log(
-            from_log, model, gpu, context, kv_dtype, gpu_memory_utilization, tensor_parallel_size,
-            pipeline_parallel_size, weights, vllm_version, max_num_seqs, max_num_batched_tokens, block_size, as_json,
+            from_log,
+            model,
+            gpu,
+            context,
+            kv_dtype,
+            gpu_memory_utilization,
+            tensor_parallel_size,
+            pipeline_parallel_size,
+            weights,
+            vllm_version,
+            max_num_seqs,
+            max_num_batched_tokens,
+            block_size,
+            as_json,
         )
         return
     missing = [flag for flag, v in (("--model", model), ("--gpu", gpu), ("--context", context)) if v is None]
@@ -100,15 +191,29 @@ def command(
     if kv_budget_gb is not None and gpu_memory_utilization is not None:
         raise UsageError("give either --kv-budget-gb or --gpu-memory-utilization, not both")
     check_number("--kv-budget-gb", kv_budget_gb)
-    check_parallel_flags(tensor_parallel_size, pipeline_parallel_size, max_num_seqs, max_num_batched_tokens, weights,
-                         gpu_memory_utilization, overhead_gb)
+    check_parallel_flags(
+        tensor_parallel_size,
+        pipeline_parallel_size,
+        max_num_seqs,
+        max_num_batched_tokens,
+        weights,
+        gpu_memory_utilization,
+        overhead_gb,
+    )
     spec = load_model(model)
     card = get_gpu(gpu)
     formats = parse_format_list(kv_dtype)
     est = predict_non_kv(
-        spec, card, utilization=gpu_memory_utilization, tensor_parallel_size=tensor_parallel_size,
-        pipeline_parallel_size=pipeline_parallel_size, weights=weights, vllm_version=vllm_version,
-        max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens, max_model_len=context,
+        spec,
+        card,
+        utilization=gpu_memory_utilization,
+        tensor_parallel_size=tensor_parallel_size,
+        pipeline_parallel_size=pipeline_parallel_size,
+        weights=weights,
+        vllm_version=vllm_version,
+        max_num_seqs=max_num_seqs,
+        max_num_batched_tokens=max_num_batched_tokens,
+        max_model_len=context,
     )
     pool, overhead = _overrides(est, card, kv_budget_gb, overhead_gb, memory_basis)
     rows = capacity_for_ranks(spec, formats, context, est, card, block_size, pool, overhead)
@@ -119,12 +224,20 @@ def command(
             "use more GPUs (--tensor-parallel-size, kvbench plan), smaller --weights or --kv-budget-gb"
         )
     if as_json:
-        print_json({
-            "model": spec.name, "gpu": card.key, "context": context, "vllm_version": est.release.version,
-            "tensor_parallel_size": tensor_parallel_size, "pipeline_parallel_size": pipeline_parallel_size,
-            "kv_tokens": rows[0].kv_tokens, "budget": {"kv_bytes": budget.kv_bytes, "derivation": budget.derivation},
-            "non_kv": est.as_dict(), "rows": rows,
-        })
+        print_json(
+            {
+                "model": spec.name,
+                "gpu": card.key,
+                "context": context,
+                "vllm_version": est.release.version,
+                "tensor_parallel_size": tensor_parallel_size,
+                "pipeline_parallel_size": pipeline_parallel_size,
+                "kv_tokens": rows[0].kv_tokens,
+                "budget": {"kv_bytes": budget.kv_bytes, "derivation": budget.derivation},
+                "non_kv": est.as_dict(),
+                "rows": rows,
+            }
+        )
         return
     _print_table(spec, card, context, est, budget, rows, block_size)
 
@@ -135,8 +248,11 @@ def _overrides(est: NonKvEstimate, card: GpuSpec, kv_budget_gb, overhead_gb, mem
         return kv_budget_gb * GB, None
     if memory_basis == "spec":
         stage = est.stages[0]
-        over = overhead_gb * GB if overhead_gb is not None else (
-            stage.activation.bytes + stage.non_torch.bytes + stage.cudagraph.bytes)
+        over = (
+            overhead_gb * GB
+            if overhead_gb is not None
+            else (stage.activation.bytes + stage.non_torch.bytes + stage.cudagraph.bytes)
+        )
         return card.spec_memory_bytes * est.utilization - stage.weights.bytes - over, None
     return None, overhead_gb * GB if overhead_gb is not None else None
 
@@ -147,33 +263,52 @@ def _budget(est: NonKvEstimate, pool: float | None, overhead: float | None) -> B
     stage = min(est.stages, key=lambda s: s.kv_pool.bytes if overhead is None else s.requested.bytes - s.weights.bytes)
     if overhead is not None:
         kv = stage.requested.bytes - stage.weights.bytes - overhead
-        return budget_from_bytes(kv, f"per GPU: {fmt_gib(stage.requested.bytes)} requested - "
-                                     f"{fmt_gib(stage.weights.bytes)} weights - {fmt_gib(overhead)} --overhead-gb")
+        return budget_from_bytes(
+            kv,
+            f"per GPU: {fmt_gib(stage.requested.bytes)} requested - "
+            f"{fmt_gib(stage.weights.bytes)} weights - {fmt_gib(overhead)} --overhead-gb",
+        )
     return Budget(kv_bytes=stage.kv_pool.bytes, derivation=f"{fmt_gib(stage.kv_pool.bytes)} per GPU", estimate=est)
 
 
 def _print_table(spec: ModelSpec, card: GpuSpec, context: int, est: NonKvEstimate, budget: Budget, rows, block_size):
     tp, pp = est.tensor_parallel_size, est.pipeline_parallel_size
     group = f" x {tp * pp} GPUs (TP {tp}, PP {pp})" if tp * pp > 1 else ""
-    console.print(f"[bold]{spec.name}[/] on [bold]{card.name}[/]{group} at {context:,} tokens per sequence, "
-                  f"vLLM {est.release.version}")
+    console.print(
+        f"[bold]{spec.name}[/] on [bold]{card.name}[/]{group} at {context:,} tokens per sequence, "
+        f"vLLM {est.release.version}"
+    )
     console.print(
         f"model: {spec.num_layers} layers ({describe_layers(spec)}), {spec.num_kv_heads} KV heads x head_dim "
         f"{spec.head_dim}, {spec.param_count / 1e9:.2f} B parameters"
     )
-    console.print(f"vLLM's memory per GPU (GiB = 2^30 bytes; scheduler: max_num_seqs {est.scheduler.max_num_seqs}, "
-                  f"max_num_batched_tokens {est.scheduler.max_num_batched_tokens}: {est.scheduler.source}):")
+    console.print(
+        f"vLLM's memory per GPU (GiB = 2^30 bytes; scheduler: max_num_seqs {est.scheduler.max_num_seqs}, "
+        f"max_num_batched_tokens {est.scheduler.max_num_batched_tokens}: {est.scheduler.source}):"
+    )
     for stage in est.stages:
         if pp > 1:
             console.print(f"  stage {stage.stage} (layers {stage.layers.start}-{stage.layers.stop - 1}):")
         for term in stage.terms:
             detail = f" [{term.detail}]" if term.detail else ""
             console.print(f"    {term.name:<11} {term.bytes / GiB:8.2f} GiB  {term.source}{detail}")
-    console.print(f"KV budget per GPU: {budget.derivation}" if budget.estimate is None else
-                  f"KV pool per GPU: {fmt_gib(budget.kv_bytes)} ({budget.kv_bytes / GB:.2f} GB)")
+    console.print(
+        f"KV budget per GPU: {budget.derivation}"
+        if budget.estimate is None
+        else f"KV pool per GPU: {fmt_gib(budget.kv_bytes)} ({budget.kv_bytes / GB:.2f} GB)"
+    )
     table = Table(title=f"KV-cache capacity of the group (block size {block_size} tokens)", title_justify="left")
-    for col in ("dtype", "B/elem", "KV per token / GPU", "per user (GB)", "users, naive formula",
-                "vLLM max concurrency", "users", "KV tokens", "vs auto"):
+    for col in (
+        "dtype",
+        "B/elem",
+        "KV per token / GPU",
+        "per user (GB)",
+        "users, naive formula",
+        "vLLM max concurrency",
+        "users",
+        "KV tokens",
+        "vs auto",
+    ):
         table.add_column(col, justify="left" if col == "dtype" else "right")
     notes = []
     for row in rows:
@@ -182,8 +317,14 @@ def _print_table(spec: ModelSpec, card: GpuSpec, context: int, est: NonKvEstimat
             name += " *"
             notes.append(f"* {row.dtype}: {row.reason} (numbers show the layout only)")
         table.add_row(
-            name, f"{row.bytes_per_element:g}", fmt_kib(row.bytes_per_token), num(row.bytes_per_user / GB, 3),
-            num(row.naive_users, 1), f"{row.max_concurrency:,.2f}x", f"{row.users:,}", f"{row.kv_tokens:,}",
+            name,
+            f"{row.bytes_per_element:g}",
+            fmt_kib(row.bytes_per_token),
+            num(row.bytes_per_user / GB, 3),
+            num(row.naive_users, 1),
+            f"{row.max_concurrency:,.2f}x",
+            f"{row.users:,}",
+            f"{row.kv_tokens:,}",
             f"{row.ratio_vs_auto:.2f}x" if row.ratio_vs_auto else "—",
         )
     console.print(table)

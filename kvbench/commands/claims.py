@@ -6,11 +6,10 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from kvbench.claims import evaluate, load_claims, measured_values
-from rich.markup import escape
-
 from kvbench.output import console, err_console, print_json
 
 NAME = "claims"
@@ -43,10 +42,19 @@ def _runs(results: Path):
 
 
 def command(
-    file: Annotated[Path | None, typer.Option("--file", "-f", help="Claims TOML file (default: the shipped NVFP4 KV-cache article claims).")] = None,
+    file: Annotated[
+        Path | None,
+        typer.Option("--file", "-f", help="Claims TOML file (default: the shipped NVFP4 KV-cache article claims)."),
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
     strict: Annotated[bool, typer.Option("--strict", help="Exit 1 when any claim fails.")] = False,
-    results: Annotated[Path, typer.Option("--results", help="Run records to take measured values from (a run of the claim's model, context and budget).")] = Path("results"),
+    results: Annotated[
+        Path,
+        typer.Option(
+            "--results",
+            help="Run records to take measured values from (a run of the claim's model, context and budget).",
+        ),
+    ] = Path("results"),
 ) -> int:
     doc = load_claims(file)
     verdicts = evaluate(doc, measured_values(doc, _runs(results)))
@@ -54,14 +62,20 @@ def command(
     if as_json:
         print_json({"title": doc.get("title"), "source": doc["source"].as_dict(), "claims": verdicts})
     else:
-        console.print(f"[bold]{escape(str(doc.get('title', 'claims')))}[/]  (source: {escape(doc['source'].describe())})")
+        console.print(
+            f"[bold]{escape(str(doc.get('title', 'claims')))}[/]  (source: {escape(doc['source'].describe())})"
+        )
         table = Table(show_lines=True)
         for col in ("claim", "claimed", "derived", "measured", "verdict", "how kvbench derived it"):
             table.add_column(col, overflow="fold")
         for v in verdicts:
-            measured = _fmt(v.measured, v.unit) if v.measured is not None else ("not measured yet" if v.measure else "—")
+            measured = (
+                _fmt(v.measured, v.unit) if v.measured is not None else ("not measured yet" if v.measure else "—")
+            )
             table.add_row(
-                f"{escape(v.text)}\n[dim]{v.id}; {escape(v.where)}" + (f"; source: {escape(v.source)}" if v.source else "") + "[/]",
+                f"{escape(v.text)}\n[dim]{v.id}; {escape(v.where)}"
+                + (f"; source: {escape(v.source)}" if v.source else "")
+                + "[/]",
                 _fmt(v.claimed, v.unit),
                 _fmt(v.derived, v.unit),
                 measured,

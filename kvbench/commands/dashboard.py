@@ -10,15 +10,27 @@ import typer
 from kvbench.output import console
 
 NAME = "dashboard"
-HELP = ("Write static HTML pages from results/ (overview, history, across GPUs, capacity, latency under load, claims, "
-        "kernels and accuracy); they open from file:// with no network.")
+HELP = (
+    "Write static HTML pages from results/ (overview, history, across GPUs, capacity, latency under load, claims, "
+    "kernels and accuracy); they open from file:// with no network."
+)
 
 
 def command(
-    results: Annotated[Path, typer.Option("--results", help="Results folder to read (results/<machine>/...).")] = Path("results"),
-    out: Annotated[Path, typer.Option("--out", help="Folder to write the site into (replaced as a whole on each build).")] = Path("site"),
-    asv_conf: Annotated[Path | None, typer.Option("--asv-conf", help="asv.conf.json for the history (default: beside the results folder).")] = None,
-    claims_file: Annotated[Path | None, typer.Option("--claims", help="Claims TOML for the claims page (default: the shipped article claims).")] = None,
+    results: Annotated[Path, typer.Option("--results", help="Results folder to read (results/<machine>/...).")] = Path(
+        "results"
+    ),
+    out: Annotated[
+        Path, typer.Option("--out", help="Folder to write the site into (replaced as a whole on each build).")
+    ] = Path("site"),
+    asv_conf: Annotated[
+        Path | None,
+        typer.Option("--asv-conf", help="asv.conf.json for the history (default: beside the results folder)."),
+    ] = None,
+    claims_file: Annotated[
+        Path | None,
+        typer.Option("--claims", help="Claims TOML for the claims page (default: the shipped article claims)."),
+    ] = None,
 ) -> None:
     from kvbench.dashboards import data as site_data
     from kvbench.dashboards.site import write_site
@@ -28,7 +40,8 @@ def command(
     machines = sorted({str(d.get("machine")) for d in loaded.records})
     console.print(
         f"{len(loaded.records)} run records ({', '.join(machines) or 'none'}), {len(loaded.history):,} history points, "
-        f"{loaded.accuracy['path'].nunique() if not loaded.accuracy.empty else 0} accuracy and {len(loaded.kernel_records)} kernel records"
+        f"{loaded.accuracy['path'].nunique() if not loaded.accuracy.empty else 0} accuracy "
+        f"and {len(loaded.kernel_records)} kernel records"
     )
     for problem in loaded.problems:
         console.print(f"[yellow]skipped: {problem}[/]", markup=True, highlight=False)

@@ -21,9 +21,11 @@ from kvbench.errors import UsageError
 from kvbench.output import console, err_console, print_json
 
 NAME = "eval"
-HELP = ("Task accuracy per KV dtype via lm-evaluation-harness (temperature 0) at concurrency 1 and N, every item "
-        "kept; paired McNemar test vs auto. GPU with hub: kvbench eval --model meta-llama/Llama-3.1-8B-Instruct "
-        "--tasks gsm8k --concurrency 32. Extra vLLM args after --.")
+HELP = (
+    "Task accuracy per KV dtype via lm-evaluation-harness (temperature 0) at concurrency 1 and N, every item "
+    "kept; paired McNemar test vs auto. GPU with hub: kvbench eval --model meta-llama/Llama-3.1-8B-Instruct "
+    "--tasks gsm8k --concurrency 32. Extra vLLM args after --."
+)
 CONTEXT_SETTINGS = {"allow_extra_args": True, "ignore_unknown_options": True}
 
 
@@ -39,48 +41,96 @@ def _needed_len(tasks: list[str]) -> int | None:
 
 def command(
     ctx: typer.Context,
-    model: Annotated[str | None, typer.Option("--model", "-m", help=(
-        "HF id or local path (required with a GPU; CPU default: the trained tiny model). With --endpoint: a "
-        "local copy of the served model's tokenizer.")
-    )] = None,
-    kv_dtypes: Annotated[str | None, typer.Option("--kv-dtypes", help=(
-        "Comma-separated --kv-cache-dtype values (default auto,fp8,nvfp4; with --endpoint: what the servers "
-        "run).")
-    )] = None,
-    tasks: Annotated[str | None, typer.Option("--tasks", help=(
-        f"Comma-separated lm-eval tasks (default {evaltasks.DEFAULT_TASK}; bundled: "
-        f"kvbench_passkey_/kvbench_multikey_ + 512/1024/2048/4096; any lm-eval task whose data can be had, "
-        f"e.g. gsm8k).")
-    )] = None,
-    limit: Annotated[int | None, typer.Option("--limit", help=(
-        f"First N items of each task (default: all; bundled tasks have {evaltasks.DEFAULT_ITEMS}).")
-    )] = None,
-    concurrency: Annotated[int | None, typer.Option("--concurrency", help=(
-        "Requests in flight for the at-load pass (default: the backend's serving concurrency). The at-rest "
-        "pass is 1.")
-    )] = None,
-    max_model_len: Annotated[int | None, typer.Option("--max-model-len", help=(
-        "vLLM --max-model-len (default: the backend default, or what the bundled tasks need).")
-    )] = None,
-    endpoint: Annotated[str | None, typer.Option("--endpoint", help=(
-        "Evaluate running servers instead: URL (one server, its dtype read from /metrics) or "
-        "auto=URL1,fp8=URL2,...")
-    )] = None,
-    api_key: Annotated[str | None, typer.Option("--api-key", envvar="OPENAI_API_KEY", show_envvar=True, help=(
-        "Bearer key for --endpoint servers (never recorded).")
-    )] = None,
-    header: Annotated[list[str] | None, typer.Option("--header", help=(
-        "Extra header for --endpoint servers, 'NAME: VALUE' (repeatable; never recorded).")
-    )] = None,
-    results: Annotated[Path, typer.Option("--results", help=(
-        "Where records go: <dir>/<machine>/evals/<id>.json (+ .items.parquet).")
-    )] = Path("results"),
-    startup_timeout: Annotated[float | None, typer.Option("--startup-timeout", help=(
-        "Seconds to wait for each server to become ready.")
-    )] = None,
-    as_json: Annotated[bool, typer.Option("--json", help=(
-        "Print one JSON document on stdout (progress goes to stderr).")
-    )] = False,
+    model: Annotated[
+        str | None,
+        typer.Option(
+            "--model",
+            "-m",
+            help=(
+                "HF id or local path (required with a GPU; CPU default: the trained tiny model). With --endpoint: a "
+                "local copy of the served model's tokenizer."
+            ),
+        ),
+    ] = None,
+    kv_dtypes: Annotated[
+        str | None,
+        typer.Option(
+            "--kv-dtypes",
+            help=(
+                "Comma-separated --kv-cache-dtype values (default auto,fp8,nvfp4; with --endpoint: what the servers "
+                "run)."
+            ),
+        ),
+    ] = None,
+    tasks: Annotated[
+        str | None,
+        typer.Option(
+            "--tasks",
+            help=(
+                f"Comma-separated lm-eval tasks (default {evaltasks.DEFAULT_TASK}; bundled: "
+                f"kvbench_passkey_/kvbench_multikey_ + 512/1024/2048/4096; any lm-eval task whose data can be had, "
+                f"e.g. gsm8k)."
+            ),
+        ),
+    ] = None,
+    limit: Annotated[
+        int | None,
+        typer.Option(
+            "--limit",
+            help=(f"First N items of each task (default: all; bundled tasks have {evaltasks.DEFAULT_ITEMS})."),
+        ),
+    ] = None,
+    concurrency: Annotated[
+        int | None,
+        typer.Option(
+            "--concurrency",
+            help=(
+                "Requests in flight for the at-load pass (default: the backend's serving concurrency). The at-rest "
+                "pass is 1."
+            ),
+        ),
+    ] = None,
+    max_model_len: Annotated[
+        int | None,
+        typer.Option(
+            "--max-model-len",
+            help=("vLLM --max-model-len (default: the backend default, or what the bundled tasks need)."),
+        ),
+    ] = None,
+    endpoint: Annotated[
+        str | None,
+        typer.Option(
+            "--endpoint",
+            help=(
+                "Evaluate running servers instead: URL (one server, its dtype read from /metrics) or "
+                "auto=URL1,fp8=URL2,..."
+            ),
+        ),
+    ] = None,
+    api_key: Annotated[
+        str | None,
+        typer.Option(
+            "--api-key",
+            envvar="OPENAI_API_KEY",
+            show_envvar=True,
+            help=("Bearer key for --endpoint servers (never recorded)."),
+        ),
+    ] = None,
+    header: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--header", help=("Extra header for --endpoint servers, 'NAME: VALUE' (repeatable; never recorded).")
+        ),
+    ] = None,
+    results: Annotated[
+        Path, typer.Option("--results", help=("Where records go: <dir>/<machine>/evals/<id>.json (+ .items.parquet)."))
+    ] = Path("results"),
+    startup_timeout: Annotated[
+        float | None, typer.Option("--startup-timeout", help=("Seconds to wait for each server to become ready."))
+    ] = None,
+    as_json: Annotated[
+        bool, typer.Option("--json", help=("Print one JSON document on stdout (progress goes to stderr)."))
+    ] = False,
 ) -> int:
     from kvbench.harness.machine import machine_name, nvml_gpus
     from kvbench.harness.records import check_writable
@@ -99,8 +149,10 @@ def command(
     headers = _headers(header, api_key, endpoint)
     extra = list(ctx.args)
     if endpoint is not None and extra:
-        raise UsageError(f"vLLM arguments after -- ({' '.join(extra)}) apply only when kvbench starts the server; "
-                         "drop them with --endpoint")
+        raise UsageError(
+            f"vLLM arguments after -- ({' '.join(extra)}) apply only when kvbench starts the server; "
+            "drop them with --endpoint"
+        )
     machine = machine_name()
     check_writable(results, machine)
 
@@ -109,15 +161,20 @@ def command(
         needed = _needed_len(task_list)
         lens = {f.max_model_len for _, _, f in runs.values()}
         if needed and any(n is not None and n < needed for n in lens):
-            raise UsageError(f"the tasks need max_model_len {needed}, the server has {min(n for n in lens if n)}; "
-                             "choose shorter bundled tasks (e.g. kvbench_passkey_512) or restart the server")
+            raise UsageError(
+                f"the tasks need max_model_len {needed}, the server has {min(n for n in lens if n)}; "
+                "choose shorter bundled tasks (e.g. kvbench_passkey_512) or restart the server"
+            )
         plan = _Plan(task_list, limit, conc, results, machine, model_name, tokenizer, None, notes, headers)
         return _run(plan, endpoint_runs=runs, as_json=as_json)
 
-    from kvbench.harness.defaults import known_dtype, _dtype_choices  # noqa: PLC2701 - shared validation
+    from kvbench.harness.defaults import _dtype_choices, known_dtype  # noqa: PLC2701 - shared validation
 
-    dtypes = (cliargs.names(kv_dtypes, "--kv-dtypes", "auto,fp8,nvfp4") if kv_dtypes is not None
-              else list(defaults["kv_dtypes"]))
+    dtypes = (
+        cliargs.names(kv_dtypes, "--kv-dtypes", "auto,fp8,nvfp4")
+        if kv_dtypes is not None
+        else list(defaults["kv_dtypes"])
+    )
     for d in dtypes:
         if not known_dtype(d, sys.executable):
             raise UsageError(f"unknown KV-cache dtype {d!r}; choose from: {_dtype_choices(sys.executable)}")
@@ -134,14 +191,20 @@ def command(
     needed = _needed_len(task_list)
     mml = max_model_len or max(defaults["max_model_len"], needed or 0)
     if needed and mml < needed:
-        raise UsageError(f"--max-model-len {mml} is below what the tasks need ({needed}); "
-                         "raise it or pick shorter tasks")
+        raise UsageError(
+            f"--max-model-len {mml} is below what the tasks need ({needed}); raise it or pick shorter tasks"
+        )
     args = list(defaults.get("extra_args", [])) + extra
     if not gpus and "kv_cache_memory_bytes" in defaults and not any(a.startswith("--kv-cache-memory") for a in args):
         args += ["--kv-cache-memory-bytes", str(defaults["kv_cache_memory_bytes"])]
-    server = {"model": model_path, "max_model_len": mml, "extra_args": args,
-              "startup_timeout_s": startup_timeout or defaults["startup_timeout_s"], "dtypes": dtypes,
-              "offline": not gpus}
+    server = {
+        "model": model_path,
+        "max_model_len": mml,
+        "extra_args": args,
+        "startup_timeout_s": startup_timeout or defaults["startup_timeout_s"],
+        "dtypes": dtypes,
+        "offline": not gpus,
+    }
     plan = _Plan(task_list, limit, conc, results, machine, model_name, model_path, server, notes, {})
     return _run(plan, endpoint_runs=None, as_json=as_json)
 
@@ -199,14 +262,27 @@ def _run(plan: _Plan, endpoint_runs: dict | None, as_json: bool) -> int:
     def run_levels(dtype: str, url: str, served: str, headers: dict, max_len: int | None) -> None:
         for level in plan.levels:
             err_console.print(f"[dim]{dtype}: {', '.join(plan.tasks)} at concurrency {level}[/]")
-            results[RunKey(dtype, level)] = evaluate(url, served, plan.tokenizer, plan.tasks, num_concurrent=level,
-                                                     limit=plan.limit, headers=headers or None, max_length=max_len)
+            results[RunKey(dtype, level)] = evaluate(
+                url,
+                served,
+                plan.tokenizer,
+                plan.tasks,
+                num_concurrent=level,
+                limit=plan.limit,
+                headers=headers or None,
+                max_length=max_len,
+            )
 
     if endpoint_runs is not None:
         for dtype, (url, headers, facts) in endpoint_runs.items():
-            servers[dtype] = {"managed": False, "base_url": facts.redacted, "served_model": facts.served_model,
-                              "vllm_version": facts.vllm_version, "cache_dtype": facts.cache_dtype,
-                              "max_model_len": facts.max_model_len}
+            servers[dtype] = {
+                "managed": False,
+                "base_url": facts.redacted,
+                "served_model": facts.served_model,
+                "vllm_version": facts.vllm_version,
+                "cache_dtype": facts.cache_dtype,
+                "max_model_len": facts.max_model_len,
+            }
             run_levels(dtype, url, facts.served_model, headers, facts.max_model_len)
     else:
         from kvbench.harness.endpoint import describe
@@ -215,18 +291,29 @@ def _run(plan: _Plan, endpoint_runs: dict | None, as_json: bool) -> int:
         s = plan.server
         log_dir = Path(plan.results) / plan.machine / "logs" / eval_id  # beside run logs (not committed)
         for dtype in s["dtypes"]:
-            cfg = ServerConfig(model=s["model"], kv_cache_dtype=dtype, max_model_len=s["max_model_len"],
-                               extra_args=s["extra_args"], startup_timeout_s=s["startup_timeout_s"],
-                               env={"HF_HUB_OFFLINE": "1"} if s["offline"] else {})
+            cfg = ServerConfig(
+                model=s["model"],
+                kv_cache_dtype=dtype,
+                max_model_len=s["max_model_len"],
+                extra_args=s["extra_args"],
+                startup_timeout_s=s["startup_timeout_s"],
+                env={"HF_HUB_OFFLINE": "1"} if s["offline"] else {},
+            )
             err_console.print(f"[dim]{dtype}: starting vLLM[/]")
             server = VllmServer(cfg, log_dir / f"vllm-{dtype}.log")
             try:
                 with server:
                     server.wait_ready()
                     facts = describe(server.base_url)
-                    servers[dtype] = {"managed": True, "base_url": facts.redacted, "served_model": facts.served_model,
-                                      "vllm_version": facts.vllm_version, "cache_dtype": facts.cache_dtype,
-                                      "max_model_len": facts.max_model_len, "ready_after_s": server.ready_after_s}
+                    servers[dtype] = {
+                        "managed": True,
+                        "base_url": facts.redacted,
+                        "served_model": facts.served_model,
+                        "vllm_version": facts.vllm_version,
+                        "cache_dtype": facts.cache_dtype,
+                        "max_model_len": facts.max_model_len,
+                        "ready_after_s": server.ready_after_s,
+                    }
                     run_levels(dtype, server.base_url, facts.served_model, {}, facts.max_model_len)
             except ServerStartError as exc:
                 failures[dtype] = str(exc)
@@ -236,13 +323,22 @@ def _run(plan: _Plan, endpoint_runs: dict | None, as_json: bool) -> int:
                     raise
                 failures[dtype] = _failure(exc, server)
                 err_console.print(f"[red]{dtype} failed: {failures[dtype]}[/]")
-    doc = new_doc(eval_id, plan.machine, plan.model_name, plan.tasks, plan.limit, plan.levels, servers, results,
-                  plan.notes)
+    doc = new_doc(
+        eval_id, plan.machine, plan.model_name, plan.tasks, plan.limit, plan.levels, servers, results, plan.notes
+    )
     doc["failures"] = failures
     path = write_eval_record(eval_path(plan.results, plan.machine, eval_id), doc, results)
     if as_json:
-        print_json({"record": str(path), "model": plan.model_name, "tasks": plan.tasks, "concurrency": plan.levels,
-                    "failures": failures, "summary": doc["summary"]})
+        print_json(
+            {
+                "record": str(path),
+                "model": plan.model_name,
+                "tasks": plan.tasks,
+                "concurrency": plan.levels,
+                "failures": failures,
+                "summary": doc["summary"],
+            }
+        )
     else:
         render(doc, path)
     return 0 if results and not failures else 1
@@ -266,8 +362,16 @@ def render(doc: dict, path: Path | None = None) -> None:
 
     for task, by_dtype in doc["summary"].items():
         table = Table(title=f"{task} ({doc['model']})", title_justify="left")
-        for col in ("KV dtype", "concurrency", "accuracy", "95% CI", "n", "vs auto (same concurrency)",
-                    "at load vs at rest", "detectable drop"):
+        for col in (
+            "KV dtype",
+            "concurrency",
+            "accuracy",
+            "95% CI",
+            "n",
+            "vs auto (same concurrency)",
+            "at load vs at rest",
+            "detectable drop",
+        ):
             table.add_column(col)
         for dtype, by_conc in by_dtype.items():
             for conc, e in sorted(by_conc.items(), key=lambda kv: int(kv[0])):
@@ -275,8 +379,16 @@ def render(doc: dict, path: Path | None = None) -> None:
                 ci = f"{e['ci95'][0] * 100:.1f}..{e['ci95'][1] * 100:.1f}%" if e.get("ci95") else "—"
                 vs, rest = e.get("vs_reference"), e.get("vs_rest")
                 drop = (vs or rest or {}).get("detectable_drop")
-                table.add_row(dtype, conc, acc, ci, str(e["n"]), vs["verdict"] if vs else "—",
-                              rest["verdict"] if rest else "—", f"{drop * 100:.1f} points" if drop else "—")
+                table.add_row(
+                    dtype,
+                    conc,
+                    acc,
+                    ci,
+                    str(e["n"]),
+                    vs["verdict"] if vs else "—",
+                    rest["verdict"] if rest else "—",
+                    f"{drop * 100:.1f} points" if drop else "—",
+                )
         console.print(table)
     for dtype, why in doc.get("failures", {}).items():
         console.print(f"[red]{dtype}: {why}[/]")

@@ -44,9 +44,23 @@ def gpu_for_total(total_gib: float | None) -> GpuSpec | None:
     return min(near, key=lambda g: abs(g.torch_total_gib - total_gib)) if near else None
 
 
-def predict_for_log(log: StartupLog, source: Path, *, model=None, gpu=None, context=None, kv_dtype=None,
-                    utilization=None, tp=None, pp=None, weights=None, vllm_version=None, max_num_seqs=None,
-                    max_num_batched_tokens=None, block_size=16):
+def predict_for_log(
+    log: StartupLog,
+    source: Path,
+    *,
+    model=None,
+    gpu=None,
+    context=None,
+    kv_dtype=None,
+    utilization=None,
+    tp=None,
+    pp=None,
+    weights=None,
+    vllm_version=None,
+    max_num_seqs=None,
+    max_num_batched_tokens=None,
+    block_size=16,
+):
     """kvbench's prediction with the log's settings, flags filling what it does not say (and overriding it)."""
     from kvbench.commands.capacity import resolve_model_for_log
 
@@ -61,18 +75,26 @@ def predict_for_log(log: StartupLog, source: Path, *, model=None, gpu=None, cont
     if weights in (None, "auto"):
         dtype_arg = str(args.get("dtype", "auto")).lower()
         weights = _QUANT.get(str(args.get("quantization", "")).lower()) or "auto"
-        dtype = None if dtype_arg == "auto" else {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}.get(
-            _DTYPES.get(dtype_arg, ""))
+        dtype = (
+            None
+            if dtype_arg == "auto"
+            else {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}.get(_DTYPES.get(dtype_arg, ""))
+        )
     else:
         dtype = None
     fmt = get_format(kv_dtype or str(args.get("kv_cache_dtype", "auto")))
     est = predict_non_kv(
-        spec, card, utilization=utilization if utilization is not None else log.utilization,
+        spec,
+        card,
+        utilization=utilization if utilization is not None else log.utilization,
         tensor_parallel_size=tp if tp and tp > 1 else log.tensor_parallel_size,
         pipeline_parallel_size=pp if pp and pp > 1 else log.pipeline_parallel_size,
-        weights=weights, dtype=dtype, vllm_version=vllm_version or log.vllm_version,
+        weights=weights,
+        dtype=dtype,
+        vllm_version=vllm_version or log.vllm_version,
         max_num_seqs=max_num_seqs or args.get("max_num_seqs"),
-        max_num_batched_tokens=max_num_batched_tokens or args.get("max_num_batched_tokens"), max_model_len=max_len,
+        max_num_batched_tokens=max_num_batched_tokens or args.get("max_num_batched_tokens"),
+        max_model_len=max_len,
     )
     row = capacity_for_ranks(spec, [fmt], max_len, est, card, args.get("block_size") or block_size)[0]
     return spec, card, est, row, max_len
@@ -81,12 +103,19 @@ def predict_for_log(log: StartupLog, source: Path, *, model=None, gpu=None, cont
 def comparisons(log: StartupLog, est: NonKvEstimate, kv_tokens: int) -> list[Comparison]:
     """Term by term; the first stage's rank is the one whose figures vLLM logs first."""
     s = est.stages[0]
-    graph_logged = log.cudagraph_estimate_gib if est.release.subtracts_cudagraph else (
-        0.0 if log.cudagraph_estimate_gib is not None else None)
+    graph_logged = (
+        log.cudagraph_estimate_gib
+        if est.release.subtracts_cudagraph
+        else (0.0 if log.cudagraph_estimate_gib is not None else None)
+    )
     out = [
         Comparison("device total", log.total_gib, s.total.bytes / GiB, "GiB"),
-        Comparison("requested (x utilization)", log.total_gib * log.utilization if log.total_gib and log.utilization
-                   else None, s.requested.bytes / GiB, "GiB"),
+        Comparison(
+            "requested (x utilization)",
+            log.total_gib * log.utilization if log.total_gib and log.utilization else None,
+            s.requested.bytes / GiB,
+            "GiB",
+        ),
         Comparison("weights", log.weights_gib, s.weights.bytes / GiB, "GiB"),
         Comparison("activation peak", log.activation_gib, s.activation.bytes / GiB, "GiB"),
         Comparison("non-torch", log.non_torch_gib, s.non_torch.bytes / GiB, "GiB"),
@@ -97,30 +126,72 @@ def comparisons(log: StartupLog, est: NonKvEstimate, kv_tokens: int) -> list[Com
     return out
 
 
-def compare_log(path: Path, model, gpu, context, kv_dtype, utilization, tp, pp, weights, vllm_version, max_num_seqs,
-                max_num_batched_tokens, block_size, as_json) -> None:
+def compare_log(
+    path: Path,
+    model,
+    gpu,
+    context,
+    kv_dtype,
+    utilization,
+    tp,
+    pp,
+    weights,
+    vllm_version,
+    max_num_seqs,
+    max_num_batched_tokens,
+    block_size,
+    as_json,
+) -> None:
     try:
         text = Path(path).read_bytes().decode("utf-8", errors="replace")
     except OSError as exc:
         raise UsageError(f"--from-log {path}: cannot read ({exc.strerror})") from None
     log = parse_startup_log(text)
     if not log.has_capacity:
-        raise UsageError(f"{path}: no KV-cache capacity line ('Available KV cache memory' or 'KV cache size') in this log")
+        raise UsageError(
+            f"{path}: no KV-cache capacity line ('Available KV cache memory' or 'KV cache size') in this log"
+        )
     kv = None if kv_dtype == "auto,fp8,nvfp4" else kv_dtype  # the capacity default: take the log's dtype instead
     spec, card, est, row, max_len = predict_for_log(
-        log, Path(path), model=model, gpu=gpu, context=context, kv_dtype=kv, utilization=utilization, tp=tp, pp=pp,
-        weights=weights, vllm_version=vllm_version, max_num_seqs=max_num_seqs,
-        max_num_batched_tokens=max_num_batched_tokens, block_size=block_size,
+        log,
+        Path(path),
+        model=model,
+        gpu=gpu,
+        context=context,
+        kv_dtype=kv,
+        utilization=utilization,
+        tp=tp,
+        pp=pp,
+        weights=weights,
+        vllm_version=vllm_version,
+        max_num_seqs=max_num_seqs,
+        max_num_batched_tokens=max_num_batched_tokens,
+        block_size=block_size,
     )
     rows = comparisons(log, est, row.kv_tokens)
     if as_json:
-        print_json({
-            "log": str(path), "model": spec.name, "gpu": card.key, "max_model_len": max_len,
-            "vllm_version": est.release.version, "logged_vllm_version": log.vllm_version,
-            "terms": [{"term": c.term, "unit": c.unit, "logged": c.logged, "predicted": c.predicted,
-                       "error": c.error, "error_pct": c.error_pct} for c in rows],
-            "non_kv": est.as_dict(),
-        })
+        print_json(
+            {
+                "log": str(path),
+                "model": spec.name,
+                "gpu": card.key,
+                "max_model_len": max_len,
+                "vllm_version": est.release.version,
+                "logged_vllm_version": log.vllm_version,
+                "terms": [
+                    {
+                        "term": c.term,
+                        "unit": c.unit,
+                        "logged": c.logged,
+                        "predicted": c.predicted,
+                        "error": c.error,
+                        "error_pct": c.error_pct,
+                    }
+                    for c in rows
+                ],
+                "non_kv": est.as_dict(),
+            }
+        )
         return
     console.print(
         f"[bold]{path}[/]: {log.model or spec.name} on {card.name}, TP {est.tensor_parallel_size} PP "
@@ -136,9 +207,12 @@ def compare_log(path: Path, model, gpu, context, kv_dtype, utilization, tp, pp, 
         fmt = (lambda v: f"{v:,.0f}") if c.unit == "tokens" else (lambda v: f"{v:.2f}")
         src = sources[key].source if key else f"{row.num_blocks:,} blocks of {row.block_size} tokens"
         table.add_row(
-            c.term, "—" if c.logged is None else fmt(c.logged), fmt(c.predicted),
+            c.term,
+            "—" if c.logged is None else fmt(c.logged),
+            fmt(c.predicted),
             "—" if c.error is None else ("{:+,.0f}" if c.unit == "tokens" else "{:+.2f}").format(c.error),
-            "—" if c.error_pct is None else f"{c.error_pct:+.1f}%", src,
+            "—" if c.error_pct is None else f"{c.error_pct:+.1f}%",
+            src,
         )
     console.print(table)
     parts = est.stages[0].activation_parts

@@ -11,27 +11,61 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from kvbench import cliargs
 from kvbench.errors import KvbenchError, UsageError
 from kvbench.output import console, err_console, fmt_value, print_json, vllm_label
-from rich.markup import escape
 
 NAME = "history"
-HELP = "run: add one asv history point for this machine and the vLLM in --venv (one kvbench run + the asv suite); show: the history table."
+HELP = (
+    "run: add one asv history point for this machine and the vLLM in --venv "
+    "(one kvbench run + the asv suite); show: the history table."
+)
 ACTIONS = ("run", "show")
 
 
 def command(
     action: Annotated[str, typer.Argument(help="run (add a history point) or show (print the history).")],
-    venv: Annotated[Path | None, typer.Option("--venv", help="Venv holding the vLLM to benchmark, with kvbench and asv installed (default: this one).")] = None,
-    machine: Annotated[str | None, typer.Option("--machine", help="asv machine / results folder name (default: named from the GPU or CPU).")] = None,
-    config: Annotated[Path, typer.Option("--config", help="asv config of the kvbench checkout.")] = Path("asv.conf.json"),
-    model: Annotated[str | None, typer.Option("--model", help="Model for the serving run (required with a GPU; CPU: the tiny local model).")] = None,
-    bench: Annotated[list[str] | None, typer.Option("--bench", "-b", help="Only benchmarks matching this regex (repeatable; asv -b).")] = None,
-    wait_load: Annotated[float | None, typer.Option("--wait-load", help="First wait (up to 30 min) until the 1-minute load average is at most this: other work distorts every latency.")] = None,
-    commit: Annotated[bool, typer.Option("--commit", help="Commit the new point's files (asv result, machine.json, run record, benchmarks.json) afterwards.")] = False,
+    venv: Annotated[
+        Path | None,
+        typer.Option(
+            "--venv", help="Venv holding the vLLM to benchmark, with kvbench and asv installed (default: this one)."
+        ),
+    ] = None,
+    machine: Annotated[
+        str | None,
+        typer.Option("--machine", help="asv machine / results folder name (default: named from the GPU or CPU)."),
+    ] = None,
+    config: Annotated[Path, typer.Option("--config", help="asv config of the kvbench checkout.")] = Path(
+        "asv.conf.json"
+    ),
+    model: Annotated[
+        str | None,
+        typer.Option("--model", help="Model for the serving run (required with a GPU; CPU: the tiny local model)."),
+    ] = None,
+    bench: Annotated[
+        list[str] | None,
+        typer.Option("--bench", "-b", help="Only benchmarks matching this regex (repeatable; asv -b)."),
+    ] = None,
+    wait_load: Annotated[
+        float | None,
+        typer.Option(
+            "--wait-load",
+            help=(
+                "First wait (up to 30 min) until the 1-minute load average is at most this: "
+                "other work distorts every latency."
+            ),
+        ),
+    ] = None,
+    commit: Annotated[
+        bool,
+        typer.Option(
+            "--commit",
+            help="Commit the new point's files (asv result, machine.json, run record, benchmarks.json) afterwards.",
+        ),
+    ] = False,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Say what would run; change nothing.")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="show: print the rows as JSON.")] = False,
 ) -> int:
@@ -54,12 +88,23 @@ def wait_for_quiet(max_load: float, timeout_s: float = 1800.0, poll_s: float = 1
         while load > max_load and time.monotonic() - start < timeout_s:
             time.sleep(poll_s)
             load = os.getloadavg()[0]
-            status.update(f"host load {load:.1f} on {os.cpu_count()} CPUs; waiting for <= {max_load:g} ({time.monotonic() - start:.0f} s)")
+            status.update(
+                f"host load {load:.1f} on {os.cpu_count()} CPUs; "
+                f"waiting for <= {max_load:g} ({time.monotonic() - start:.0f} s)"
+            )
     return load
 
 
-def run(project, venv: Path | None, machine: str | None, model: str | None, bench: list[str] | None, commit: bool, dry_run: bool,
-        wait_load: float | None = None) -> int:
+def run(
+    project,
+    venv: Path | None,
+    machine: str | None,
+    model: str | None,
+    bench: list[str] | None,
+    commit: bool,
+    dry_run: bool,
+    wait_load: float | None = None,
+) -> int:
     from kvbench import asvrun
     from kvbench.harness.machine import machine_name
 
@@ -73,11 +118,16 @@ def run(project, venv: Path | None, machine: str | None, model: str | None, benc
     console.print(f"asv environment {env} ({project.env_python} -> {venv})")
     dirty = asvrun.dirty_paths(project.repo)
     if dirty:
-        console.print(f"[yellow]warning[/]: uncommitted changes in {', '.join(dirty[:5])}{' ...' if len(dirty) > 5 else ''}; the point claims HEAD's code")
+        console.print(
+            f"[yellow]warning[/]: uncommitted changes in {', '.join(dirty[:5])}{' ...' if len(dirty) > 5 else ''}; "
+            "the point claims HEAD's code"
+        )
     if dry_run:
         head = asvrun.git(project.repo, "rev-parse", "HEAD")
         exists = asvrun.result_file(project.results_dir, machine, head, env).exists()
-        console.print(f"HEAD {head[:8]} {'already has a point here: an empty history-point commit would be made' if exists else 'has no point here yet'}")
+        console.print(
+            f"HEAD {head[:8]} {'already has a point here: an empty history-point commit would be made' if exists else 'has no point here yet'}"  # noqa: E501
+        )
         console.print("would run: " + " ".join(asvrun.asv_command(project, head, machine, bench)))
         return 0
 
@@ -92,7 +142,10 @@ def run(project, venv: Path | None, machine: str | None, model: str | None, benc
         console.print(f"HEAD already had a point for {machine}; made empty history-point commit {sha[:8]}")
     asvrun.write_machine_file(asvrun.machine_info(machine))
     cmd = asvrun.asv_command(project, sha, machine, bench)
-    console.print(f"keyed to commit {sha[:8]}; running asv (~5 min on the CPU default: one kvbench run, then every benchmark in its own process)")
+    console.print(
+        f"keyed to commit {sha[:8]}; running asv (~5 min on the CPU default: "
+        "one kvbench run, then every benchmark in its own process)"
+    )
     console.print(" ".join(cmd), style="dim")
     rc = subprocess.run(cmd, cwd=project.root, env=asvrun.asv_env(project, sha, machine, model)).returncode
     point = asvrun.result_file(project.results_dir, machine, sha, env)
@@ -121,7 +174,10 @@ def _print_point(project, machine: str, sha: str, env: str) -> None:
     if rows.empty:
         return
     head = rows.iloc[0]
-    console.print(f"point {sha[:8]} on {machine}: {vllm_label(head.vllm_package, head.vllm_version)}, run {head.run_id} ({head.run_status})")
+    console.print(
+        f"point {sha[:8]} on {machine}: {vllm_label(head.vllm_package, head.vllm_version)}, "
+        f"run {head.run_id} ({head.run_status})"
+    )
     console.print(_table(rows, f"new history point ({machine}, {sha[:8]})"))
 
 
@@ -132,10 +188,12 @@ def _table(rows, title: str) -> Table:
     table.add_column("better")
     for d in dtypes:
         table.add_column(d, justify="right")
-    for metric, group in rows.groupby("metric", sort=False):
+    for _metric, group in rows.groupby("metric", sort=False):
         by = {r.kv_dtype: r for r in group.itertuples()}
         first = group.iloc[0]
-        table.add_row(first.label, first.direction, *[fmt_value(by[d].value, by[d].unit) if d in by else "—" for d in dtypes])
+        table.add_row(
+            first.label, first.direction, *[fmt_value(by[d].value, by[d].unit) if d in by else "—" for d in dtypes]
+        )
     return table
 
 
@@ -163,11 +221,20 @@ def show(project, machine: str | None, as_json: bool) -> int:
     for col in ("machine", "commit", "run started (UTC)", "vLLM", "run", "status", "GPU / driver / CUDA"):
         table.add_column(col)
     for p in pts.itertuples():
-        table.add_row(p.machine, p.commit[:8], f"{p.run_started:%Y-%m-%d %H:%M}", vllm_label(p.vllm_package, p.vllm_version), str(p.run_id),
-                      str(p.run_status), f"{p.gpu} / {p.driver} / {p.cuda}")
+        table.add_row(
+            p.machine,
+            p.commit[:8],
+            f"{p.run_started:%Y-%m-%d %H:%M}",
+            vllm_label(p.vllm_package, p.vllm_version),
+            str(p.run_id),
+            str(p.run_status),
+            f"{p.gpu} / {p.driver} / {p.cuda}",
+        )
     console.print(table)
     newest = pts.groupby("machine").tail(1)
     for p in newest.itertuples():
         rows = frame[(frame.machine == p.machine) & (frame.commit == p.commit) & (frame.env_name == p.env_name)]
-        console.print(_table(rows, f"newest point on {p.machine} ({p.commit[:8]}, {vllm_label(p.vllm_package, p.vllm_version)})"))
+        console.print(
+            _table(rows, f"newest point on {p.machine} ({p.commit[:8]}, {vllm_label(p.vllm_package, p.vllm_version)})")
+        )
     return 0

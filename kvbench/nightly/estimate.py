@@ -68,7 +68,9 @@ class MachineEstimate:
 
     @property
     def total_s(self) -> float:
-        return sum(e.total_s for e in self.entries) + (self.history.total_s + self.history_other_s if self.history else 0.0)
+        return sum(e.total_s for e in self.entries) + (
+            self.history.total_s + self.history_other_s if self.history else 0.0
+        )
 
     @property
     def minutes(self) -> float:
@@ -132,7 +134,9 @@ def predicted_capacity(spec, dtype: str, context: int, plan: MachinePlan) -> tup
     except UsageError:
         return None, f"{dtype}: not in kvbench's format catalog"
     if plan.on_gpu:
-        budget = budget_from_gpu(plan.gpu, spec, VLLM_DEFAULT_GPU_MEMORY_UTILIZATION, num_gpus=plan.cfg.tensor_parallel_size)
+        budget = budget_from_gpu(
+            plan.gpu, spec, VLLM_DEFAULT_GPU_MEMORY_UTILIZATION, num_gpus=plan.cfg.tensor_parallel_size
+        )
         block = VLLM_DEFAULT_BLOCK_SIZE
     else:
         budget = budget_from_bytes(backend_defaults(False)["kv_cache_memory_bytes"], "CPU default")
@@ -179,7 +183,10 @@ def estimate_entry(entry: Entry, plan: MachinePlan, consts: dict | None = None) 
     req = request_seconds(entry.slo, entry.output_tokens, defaults)
     out = EntryEstimate(entry.name, req, [])
     if spec is None:
-        out.notes.append(f"{entry.model.name}: no local config.json, so no capacity prediction: phases run at full concurrency, the search up to its cap")
+        out.notes.append(
+            f"{entry.model.name}: no local config.json, so no capacity prediction: "
+            "phases run at full concurrency, the search up to its cap"
+        )
     for dtype in entry.kv_dtypes:
         capacity, why = predicted_capacity(spec, dtype, entry.context, plan)
         search_s, probes, cap = 0.0, [], entry.search_cap
@@ -199,7 +206,9 @@ def estimate_entry(entry: Entry, plan: MachinePlan, consts: dict | None = None) 
                     sweep_s += phase_s(n, c, capacity, req, consts["warmup_requests"])
         search_s += sweep_s
         repeat = defaults.get("repeat", 1)
-        fixed_s = repeat * sum(phase_s(entry.num_requests, c, capacity, req, consts["warmup_requests"]) for c in entry.concurrency)
+        fixed_s = repeat * sum(
+            phase_s(entry.num_requests, c, capacity, req, consts["warmup_requests"]) for c in entry.concurrency
+        )
         out.dtypes.append(DtypeEstimate(dtype, plan.cfg.server_start_s, search_s, fixed_s, probes, capacity, why))
     return out
 
@@ -211,11 +220,20 @@ def history_entry(plan: MachinePlan) -> Entry:
 
     d = backend_defaults(plan.on_gpu)
     return Entry(
-        name=f"asv history point ({plan.history_model.label})", model=plan.history_model,
-        workload="defaults", prompt_tokens=d["prompt_tokens"], output_tokens=d["output_tokens"],
-        num_requests=d["num_requests"], concurrency=tuple(d["concurrency"]), api="completions", slo_name="default",
-        slo={"ttft_p95_ms": d["ttft_p95_ms"], "tpot_p95_ms": d["tpot_p95_ms"]}, kv_dtypes=tuple(KV_DTYPES),
-        max_model_len=d["max_model_len"], search_cap=None, extra_args=(),
+        name=f"asv history point ({plan.history_model.label})",
+        model=plan.history_model,
+        workload="defaults",
+        prompt_tokens=d["prompt_tokens"],
+        output_tokens=d["output_tokens"],
+        num_requests=d["num_requests"],
+        concurrency=tuple(d["concurrency"]),
+        api="completions",
+        slo_name="default",
+        slo={"ttft_p95_ms": d["ttft_p95_ms"], "tpot_p95_ms": d["tpot_p95_ms"]},
+        kv_dtypes=tuple(KV_DTYPES),
+        max_model_len=d["max_model_len"],
+        search_cap=None,
+        extra_args=(),
     )
 
 
@@ -239,16 +257,23 @@ def estimate_machine(cfg: NightlyConfig, plan: MachinePlan, prices: dict[str, fl
         history = estimate_entry(history_entry(plan), plan, consts)
         if not history_runs_serving(cfg.history.bench):
             history.dtypes = []
-            history.notes.append(f"[history] bench {cfg.history.bench} selects no serving benchmark: the point runs no vLLM")
+            history.notes.append(
+                f"[history] bench {cfg.history.bench} selects no serving benchmark: the point runs no vLLM"
+            )
     price, source = None, None
     if prices and plan.key in prices:
         price, source = prices[plan.key], "--price-per-hour"
     elif plan.cfg.price_per_hour is not None:
         price, source = plan.cfg.price_per_hour, "config price_per_hour"
     return MachineEstimate(
-        key=plan.key, gpus=plan.gpus, entries=entries, history=history,
+        key=plan.key,
+        gpus=plan.gpus,
+        entries=entries,
+        history=history,
         history_other_s=cfg.history.other_benchmarks_min * 60 if history else 0.0,
-        max_minutes=plan.cfg.max_minutes, price_per_hour=price, price_source=source,
+        max_minutes=plan.cfg.max_minutes,
+        price_per_hour=price,
+        price_source=source,
     )
 
 
@@ -262,5 +287,7 @@ def fits(spec, plan: MachinePlan) -> str | None:
     budget = budget_from_gpu(plan.gpu, spec, VLLM_DEFAULT_GPU_MEMORY_UTILIZATION, num_gpus=tp)
     if budget.kv_bytes > 0:
         return None
-    return (f"{spec.name} does not fit on {tp} x {plan.key}: {spec.weight_bytes / 1e9:.1f} GB of weights leave no KV room "
-            f"(`kvbench plan --model {spec.name} ...` gives the tensor-parallel size); raise tensor_parallel_size")
+    return (
+        f"{spec.name} does not fit on {tp} x {plan.key}: {spec.weight_bytes / 1e9:.1f} GB of weights leave no KV room "
+        f"(`kvbench plan --model {spec.name} ...` gives the tensor-parallel size); raise tensor_parallel_size"
+    )

@@ -63,11 +63,22 @@ class Entry:
 
     def as_dict(self) -> dict:
         return {
-            "name": self.name, "model": self.model.name, "served_as": self.model.serve, "workload": self.workload,
-            "prompt_tokens": self.prompt_tokens, "output_tokens": self.output_tokens, "num_requests": self.num_requests,
-            "concurrency": list(self.concurrency), "api": self.api, "slo": self.slo_name, "slo_bounds": self.slo,
-            "kv_dtypes": list(self.kv_dtypes), "max_model_len": self.max_model_len, "search_cap": self.search_cap,
-            "extra_args": list(self.extra_args), "notes": list(self.notes),
+            "name": self.name,
+            "model": self.model.name,
+            "served_as": self.model.serve,
+            "workload": self.workload,
+            "prompt_tokens": self.prompt_tokens,
+            "output_tokens": self.output_tokens,
+            "num_requests": self.num_requests,
+            "concurrency": list(self.concurrency),
+            "api": self.api,
+            "slo": self.slo_name,
+            "slo_bounds": self.slo,
+            "kv_dtypes": list(self.kv_dtypes),
+            "max_model_len": self.max_model_len,
+            "search_cap": self.search_cap,
+            "extra_args": list(self.extra_args),
+            "notes": list(self.notes),
         }
 
 
@@ -121,7 +132,8 @@ def expand(cfg: NightlyConfig, key: str) -> MachinePlan:
                 conc = list(dict.fromkeys(min(c, m.max_concurrency) for c in conc))
             if m.max_model_len is not None and w["prompt_tokens"] + w["output_tokens"] > m.max_model_len:
                 raise UsageError(
-                    f"[machines.{key}] workload {wname!r}: prompt + output tokens ({w['prompt_tokens'] + w['output_tokens']}) "
+                    f"[machines.{key}] workload {wname!r}: "
+                    f"prompt + output tokens ({w['prompt_tokens'] + w['output_tokens']}) "
                     f"exceed max_model_len {m.max_model_len}"
                 )
             for slo_name in m.slos or [None]:
@@ -133,15 +145,28 @@ def expand(cfg: NightlyConfig, key: str) -> MachinePlan:
                 name = "/".join(p for p in (model.label, wname, slo_name or "fixed-load") if p)
                 plan.entries.append(
                     Entry(
-                        name=name, model=model, workload=wname, prompt_tokens=w["prompt_tokens"],
-                        output_tokens=w["output_tokens"], num_requests=w["num_requests"], concurrency=tuple(conc),
-                        api=w["api"], slo_name=slo_name, slo=slo, kv_dtypes=tuple(m.kv_dtypes),
-                        max_model_len=m.max_model_len, search_cap=m.max_concurrency if slo is not None else None,
-                        extra_args=tuple(extra), notes=tuple(notes),
+                        name=name,
+                        model=model,
+                        workload=wname,
+                        prompt_tokens=w["prompt_tokens"],
+                        output_tokens=w["output_tokens"],
+                        num_requests=w["num_requests"],
+                        concurrency=tuple(conc),
+                        api=w["api"],
+                        slo_name=slo_name,
+                        slo=slo,
+                        kv_dtypes=tuple(m.kv_dtypes),
+                        max_model_len=m.max_model_len,
+                        search_cap=m.max_concurrency if slo is not None else None,
+                        extra_args=tuple(extra),
+                        notes=tuple(notes),
                         eval_tasks=tuple(cfg.quality.eval_tasks) if cfg.quality.eval_tasks is not None else None,
                         budget_points=cfg.quality.budget_points,
-                        budgets=tuple((k.split("/", 1)[1], v) for k, v in cfg.quality.budgets.items()
-                                      if k.split("/", 1)[0] == model.name and "/" in k),
+                        budgets=tuple(
+                            (k.split("/", 1)[1], v)
+                            for k, v in cfg.quality.budgets.items()
+                            if k.split("/", 1)[0] == model.name and "/" in k
+                        ),
                     )
                 )
     return plan
@@ -198,7 +223,13 @@ def served_model(model: ModelRef, on_gpu: bool) -> tuple[str | None, str | None]
         return model.serve, None
     local = local_snapshot(model.serve)
     if local is None:
-        return model.serve, f"{model.serve} is not in the local Hugging Face cache: vLLM downloads it, and the record has no capacity-model prediction"
+        return (
+            model.serve,
+            (
+                f"{model.serve} is not in the local Hugging Face cache: "
+                "vLLM downloads it, and the record has no capacity-model prediction"
+            ),
+        )
     return local, None
 
 

@@ -57,11 +57,16 @@ def detect(cfg: NightlyConfig, tensor_parallel: dict[str, int] | None = None) ->
         name = gpus[0]["name"]
         spec = match_nvml_name(name)
         if spec is None:
-            raise UsageError(f"GPU {name!r} is not in kvbench's catalog (kvbench/data/gpus.toml): add it there and a [machines.<key>] section")
+            raise UsageError(
+                f"GPU {name!r} is not in kvbench's catalog (kvbench/data/gpus.toml): "
+                "add it there and a [machines.<key>] section"
+            )
         key = spec.key
     if key not in cfg.machines:
-        raise UsageError(f"this machine's {'GPU ' + repr(name) + ' (' + key + ')' if name else 'CPU'} has no [machines.{key}] "
-                         f"section in the nightly config; configured: {', '.join(cfg.machines)}")
+        raise UsageError(
+            f"this machine's {'GPU ' + repr(name) + ' (' + key + ')' if name else 'CPU'} has no [machines.{key}] "
+            f"section in the nightly config; configured: {', '.join(cfg.machines)}"
+        )
     tp = cfg.machines[key].tensor_parallel_size
     if gpus and len(gpus) < tp:
         raise UsageError(f"[machines.{key}] wants tensor_parallel_size {tp}, but NVML finds {len(gpus)} GPU(s)")
@@ -106,15 +111,27 @@ class EntryResult:
 
 
 class Nightly:
-    def __init__(self, cfg: NightlyConfig, cfg_path: Path, plan: MachinePlan, target: Target, estimate: MachineEstimate,
-                 asv_conf: Path, site_out: Path, console, vllm_installed: tuple[str | None, str | None]):
+    def __init__(
+        self,
+        cfg: NightlyConfig,
+        cfg_path: Path,
+        plan: MachinePlan,
+        target: Target,
+        estimate: MachineEstimate,
+        asv_conf: Path,
+        site_out: Path,
+        console,
+        vllm_installed: tuple[str | None, str | None],
+    ):
         from kvbench.harness.records import utc_iso
 
         self.cfg, self.cfg_path, self.plan, self.target, self.estimate = cfg, cfg_path, plan, target, estimate
         self.asv_conf = Path(asv_conf).absolute()
         needs_asv = cfg.history.enabled or cfg.gate.enabled
         # without history and gate, a checkout's asv config is optional: results/ beside the working directory
-        self.results_dir = results_dir_of(self.asv_conf) if needs_asv or self.asv_conf.exists() else Path("results").absolute()
+        self.results_dir = (
+            results_dir_of(self.asv_conf) if needs_asv or self.asv_conf.exists() else Path("results").absolute()
+        )
         self.site_out = Path(site_out)
         self.console = console
         self.started_at = utc_iso()
@@ -135,7 +152,9 @@ class Nightly:
     def _kvbench(self, *args: str) -> list[str]:
         return [sys.executable, "-m", "kvbench", *args]
 
-    def _subprocess(self, name: str, argv: list[str], what: str, deadline: float | None) -> tuple[int | None, float, Path]:
+    def _subprocess(
+        self, name: str, argv: list[str], what: str, deadline: float | None
+    ) -> tuple[int | None, float, Path]:
         """Run a kvbench command with its output in the night's log folder; (rc or None if stopped, s, log)."""
         self.logs.mkdir(parents=True, exist_ok=True)
         log = self.logs / f"{name}.log"
@@ -176,7 +195,16 @@ class Nightly:
             return StepResult("history", "skipped", "disabled in [history]")
         if self.remaining_s() <= 0:
             return StepResult("history", "skipped", f"budget of {self.plan.cfg.max_minutes:g} min spent")
-        args = ["history", "run", "--venv", sys.prefix, "--machine", self.target.machine, "--config", str(self.asv_conf)]
+        args = [
+            "history",
+            "run",
+            "--venv",
+            sys.prefix,
+            "--machine",
+            self.target.machine,
+            "--config",
+            str(self.asv_conf),
+        ]
         model, _ = served_model(self.plan.history_model, self.plan.on_gpu)
         if model is not None:
             args += ["--model", model]
@@ -185,12 +213,23 @@ class Nightly:
         from kvbench.harness.records import utc_iso
 
         started = utc_iso()
-        rc, secs, log = self._subprocess("history", self._kvbench(*args), "asv history point (kvbench history run)", self.deadline)
+        rc, secs, log = self._subprocess(
+            "history", self._kvbench(*args), "asv history point (kvbench history run)", self.deadline
+        )
         if rc is None:
-            return StepResult("history", "failed", f"stopped: the budget of {self.plan.cfg.max_minutes:g} min ran out", secs, str(log))
+            return StepResult(
+                "history", "failed", f"stopped: the budget of {self.plan.cfg.max_minutes:g} min ran out", secs, str(log)
+            )
         if rc != 0:
             tail = self._tail(log, 8)
-            return StepResult("history", "failed", f"kvbench history run exited {rc}: {_last_line(tail)}", secs, str(log), {"tail": tail})
+            return StepResult(
+                "history",
+                "failed",
+                f"kvbench history run exited {rc}: {_last_line(tail)}",
+                secs,
+                str(log),
+                {"tail": tail},
+            )
         # asv calls a point whose dtype failed a success (the metric is n/a); the night does not
         record = self._history_record(started)
         if record is None:
@@ -198,26 +237,42 @@ class Nightly:
         try:
             doc = load_record(record)
         except UsageError as exc:
-            return StepResult("history", "failed", f"history point added, but its run record is unreadable: {exc}", secs, str(log))
+            return StepResult(
+                "history", "failed", f"history point added, but its run record is unreadable: {exc}", secs, str(log)
+            )
         dtypes = {d["kv_cache_dtype"]: d["status"] for d in doc.get("dtypes", [])}
-        errors = {d["kv_cache_dtype"]: _last_line(str(d.get("error") or d["status"])) for d in doc.get("dtypes", []) if d["status"] != "ok"}
+        errors = {
+            d["kv_cache_dtype"]: _last_line(str(d.get("error") or d["status"]))
+            for d in doc.get("dtypes", [])
+            if d["status"] != "ok"
+        }
         expected = {d: self.plan.cfg.expected_failures[d] for d in errors if d in self.plan.cfg.expected_failures}
         data = {"record": str(record), "dtypes": dtypes, "errors": errors, "expected": expected}
         bad = {d: e for d, e in errors.items() if d not in expected}
         if bad:
             why = "; ".join(f"{d} {dtypes[d]}: {e}" for d, e in bad.items())
-            return StepResult("history", "failed", f"history point added, but its run failed for {why}", secs, str(log), data)
-        return StepResult("history", "ok", "history point added" + (f" ({', '.join(expected)} failed as expected)" if expected else ""),
-                          secs, str(log), data)
+            return StepResult(
+                "history", "failed", f"history point added, but its run failed for {why}", secs, str(log), data
+            )
+        return StepResult(
+            "history",
+            "ok",
+            "history point added" + (f" ({', '.join(expected)} failed as expected)" if expected else ""),
+            secs,
+            str(log),
+            data,
+        )
 
     def _history_record(self, since: str) -> Path | None:
         """The run record the history point's serving benchmark wrote: the newest one with an asv link since `since`."""
-        found = [path for created, _, path in linked_records(self.results_dir / self.target.machine) if created >= since]
+        found = [
+            path for created, _, path in linked_records(self.results_dir / self.target.machine) if created >= since
+        ]
         return found[-1] if found else None
 
     def matrix(self, progress_factory) -> None:
-        from kvbench.harness.runner import RunInterrupted, execute
         from kvbench.harness.records import StopReason
+        from kvbench.harness.runner import RunInterrupted, execute
         from kvbench.nightly.matrix import run_plan
         from kvbench.progress import ProgressReporter
 
@@ -229,8 +284,10 @@ class Nightly:
                 result.status = "skipped"
                 result.error = f"budget of {self.plan.cfg.max_minutes:g} min spent before it started"
                 continue
-            self.console.print(f"[bold]entry {i + 1}/{len(self.plan.entries)}: {escape(entry.name)}[/] "
-                               f"(estimate {result.estimate_s / 60:.1f} min, {self.remaining_s() / 60:.1f} min of budget left)")
+            self.console.print(
+                f"[bold]entry {i + 1}/{len(self.plan.entries)}: {escape(entry.name)}[/] "
+                f"(estimate {result.estimate_s / 60:.1f} min, {self.remaining_s() / 60:.1f} min of budget left)"
+            )
             t0 = time.monotonic()
             try:
                 rp = run_plan(entry, self.plan.on_gpu, self.results_dir, self.target.machine)
@@ -240,14 +297,26 @@ class Nightly:
             except Exception as exc:  # e.g. a tokenizer that will not load: this entry fails, the night goes on
                 result.status, result.error = "failed", f"{type(exc).__name__}: {exc}"
                 continue
-            extra = {"nightly": {"id": self.id, "entry": entry.name, "section": self.plan.key, "config": str(self.cfg_path),
-                                 "vllm_wanted": self.plan.vllm}}
+            extra = {
+                "nightly": {
+                    "id": self.id,
+                    "entry": entry.name,
+                    "section": self.plan.key,
+                    "config": str(self.cfg_path),
+                    "vllm_wanted": self.plan.vllm,
+                }
+            }
             budget = f"stopped: the nightly budget of {self.plan.cfg.max_minutes:g} min ran out"
             record = None
             try:
                 with progress_factory() as progress:
-                    record, path = execute(rp, ProgressReporter(progress), extra=extra, deadline_s=max(0.0, self.remaining_s()),
-                                           deadline_note=budget)
+                    record, path = execute(
+                        rp,
+                        ProgressReporter(progress),
+                        extra=extra,
+                        deadline_s=max(0.0, self.remaining_s()),
+                        deadline_note=budget,
+                    )
                 result.record = str(path)
             except RunInterrupted as exc:
                 record, result.record = exc.record, str(exc.path)
@@ -278,7 +347,9 @@ class Nightly:
                 result.quality_breach = True
         if result.status != "running":
             return
-        unexpected = [d for d, s in result.dtypes.items() if (s != "ok" or d in result.errors) and d not in result.expected]
+        unexpected = [
+            d for d, s in result.dtypes.items() if (s != "ok" or d in result.errors) and d not in result.expected
+        ]
         missing = [d for d in entry.kv_dtypes if d not in result.dtypes]
         result.status = "failed" if unexpected or missing else "ok"
         if missing:
@@ -287,7 +358,16 @@ class Nightly:
     def gate(self) -> StepResult:
         if not self.cfg.gate.enabled:
             return StepResult("gate", "skipped", "disabled in [gate]")
-        args = ["regress", "--machine", self.target.machine, "--results", str(self.results_dir), "--config", str(self.asv_conf), "--json"]
+        args = [
+            "regress",
+            "--machine",
+            self.target.machine,
+            "--results",
+            str(self.results_dir),
+            "--config",
+            str(self.asv_conf),
+            "--json",
+        ]
         if self.cfg.gate.window is not None:
             args += ["--window", str(self.cfg.gate.window)]
         if self.cfg.gate.threshold_pct is not None:
@@ -299,10 +379,20 @@ class Nightly:
             bad = [s for s in report.get("series", []) if s.get("verdict") == "regression"]
             verdicts = [s.get("verdict") for s in report.get("series", [])]
             counts = {v: verdicts.count(v) for v in dict.fromkeys(verdicts) if v != "regression"}
-            detail = f"{len(bad)} regression(s) in {len(verdicts)} series" + "".join(f", {n} {v}" for v, n in counts.items())
-            return StepResult("gate", "regression" if bad else "ok", detail, secs, str(log), {"regressions": bad, "window": report.get("window"),
-                                                                                               "threshold_pct": report.get("threshold_pct")})
-        return StepResult("gate", "not run", f"kvbench regress exited {rc}: {_last_line(self._tail(log, 5))}", secs, str(log))
+            detail = f"{len(bad)} regression(s) in {len(verdicts)} series" + "".join(
+                f", {n} {v}" for v, n in counts.items()
+            )
+            return StepResult(
+                "gate",
+                "regression" if bad else "ok",
+                detail,
+                secs,
+                str(log),
+                {"regressions": bad, "window": report.get("window"), "threshold_pct": report.get("threshold_pct")},
+            )
+        return StepResult(
+            "gate", "not run", f"kvbench regress exited {rc}: {_last_line(self._tail(log, 5))}", secs, str(log)
+        )
 
     def dashboard(self) -> StepResult:
         if not self.cfg.dashboard.enabled:
@@ -312,9 +402,17 @@ class Nightly:
             args += ["--asv-conf", str(self.asv_conf)]
         rc, secs, log = self._subprocess("dashboard", self._kvbench(*args), "dashboard (kvbench dashboard)", None)
         if rc != 0:
-            return StepResult("dashboard", "failed", f"kvbench dashboard exited {rc}: {_last_line(self._tail(log, 5))}", secs, str(log))
+            return StepResult(
+                "dashboard",
+                "failed",
+                f"kvbench dashboard exited {rc}: {_last_line(self._tail(log, 5))}",
+                secs,
+                str(log),
+            )
         index = self.site_out / "index.html"
-        return StepResult("dashboard", "ok", f"{index}" if index.exists() else f"written to {self.site_out}", secs, str(log))
+        return StepResult(
+            "dashboard", "ok", f"{index}" if index.exists() else f"written to {self.site_out}", secs, str(log)
+        )
 
     # -- the whole night ----------------------------------------------------------------------------
 
@@ -332,7 +430,7 @@ class Nightly:
                 os.environ.pop("KVBENCH_MACHINE", None)
             else:
                 os.environ["KVBENCH_MACHINE"] = previous["KVBENCH_MACHINE"]
-        for entry in self.plan.entries[len(self.entries):]:  # never started (Ctrl-C)
+        for entry in self.plan.entries[len(self.entries) :]:  # never started (Ctrl-C)
             self.entries.append(EntryResult(entry.name, "skipped", 0.0, error="not started: the night was interrupted"))
         if not self.interrupted:
             self.steps["gate"] = self.gate()
@@ -353,8 +451,12 @@ class Nightly:
         for s in self.steps.values():
             if s.status == "regression":
                 for r in s.data.get("regressions", []):
-                    out.append(f"regression: {r.get('label') or r.get('metric')} [{r.get('kv_dtype')}] {_fmt_change(r)}")
-            elif s.status in ("failed", "not run") and not (s.name == "gate" and self.steps.get("history", StepResult("", "")).status == "failed"):
+                    out.append(
+                        f"regression: {r.get('label') or r.get('metric')} [{r.get('kv_dtype')}] {_fmt_change(r)}"
+                    )
+            elif s.status in ("failed", "not run") and not (
+                s.name == "gate" and self.steps.get("history", StepResult("", "")).status == "failed"
+            ):
                 out.append(f"{s.name}: {s.status} ({s.detail})")
         return out
 
@@ -391,7 +493,6 @@ class Nightly:
 # -- small helpers ------------------------------------------------------------------------------------
 
 
-
 def _stop_group(proc: subprocess.Popen) -> None:
     """SIGTERM the step's process group (kvbench turns it into a clean stop), SIGKILL after a grace period."""
     try:
@@ -419,7 +520,7 @@ def _json_after_command(text: str) -> dict | None:
     if start < 0:
         return None
     try:
-        return json.loads(text[start + 1:])
+        return json.loads(text[start + 1 :])
     except json.JSONDecodeError:
         return None
 

@@ -52,14 +52,20 @@ def mismatch(wanted: str, dist: str | None, version: str | None) -> str | None:
     try:
         have = Version(version)
     except InvalidVersion:
-        return f"installed {dist} reports version {version!r}, which is not a version; cannot check it against {wanted!r}"
+        return (
+            f"installed {dist} reports version {version!r}, which is not a version; cannot check it against {wanted!r}"
+        )
     if wanted == "nightly":
         if have.is_devrelease:  # nightly wheels are X.Y.Z[rcN].devN+g<commit>
             return None
         return f"the config tests a vLLM nightly, but {dist} {version} is a release; {fix}"
     if m := COMMIT.match(wanted):
         built = (have.local or "").split(".")[0]  # "g2f3f441f8" in 0.23.1rc1.dev901+g2f3f441f8
-        if built.startswith("g") and len(built) > 1 and (m.group(1).startswith(built[1:]) or built[1:].startswith(m.group(1))):
+        if (
+            built.startswith("g")
+            and len(built) > 1
+            and (m.group(1).startswith(built[1:]) or built[1:].startswith(m.group(1)))
+        ):
             return None
         return f"the config tests vLLM at commit {m.group(1)}, but {dist} {version} is installed; {fix}"
     if have.public != Version(wanted).public:
