@@ -15,14 +15,38 @@ import pandas as pd
 
 from kvbench.errors import KvbenchError
 from kvbench.harness import records as run_records
-from kvbench.harness.records import PhaseKind, workload_label
+from kvbench.harness.records import PhaseKind, conditions, workload_label
 
 HISTORY_COLUMNS = [
-    "machine", "commit", "commit_date", "run_id", "run_started", "vllm_package", "vllm_version", "gpu", "driver",
-    "cuda", "metric", "label", "kv_dtype", "value", "unit", "direction",
+    "machine",
+    "commit",
+    "commit_date",
+    "run_id",
+    "run_started",
+    "vllm_package",
+    "vllm_version",
+    "gpu",
+    "driver",
+    "cuda",
+    "metric",
+    "label",
+    "kv_dtype",
+    "value",
+    "unit",
+    "direction",
 ]
 REGRESSION_COLUMNS = [
-    "machine", "metric", "kv_dtype", "newest", "baseline", "change_pct", "spread", "direction", "commit", "run_id", "verdict",
+    "machine",
+    "metric",
+    "kv_dtype",
+    "newest",
+    "baseline",
+    "change_pct",
+    "spread",
+    "direction",
+    "commit",
+    "run_id",
+    "verdict",
 ]
 REGRESSION = "regression"  # kvbench.regress's verdict for a change past the allowed band in the bad direction
 
@@ -90,7 +114,7 @@ def run_rows(doc: dict, path: Path | None) -> list[dict]:
     flagged = {f.get("dtype"): f.get("text") for f in doc.get("findings") or [] if f.get("dtype")}
     spec = model_spec(cfg.get("model_name"), cfg.get("model"))
     rows = []
-    for base, d in zip(run_records.summary_rows(doc, path), doc.get("dtypes") or []):
+    for base, d in zip(run_records.summary_rows(doc, path), doc.get("dtypes") or [], strict=False):
         cap = d.get("capacity") or {}
         model = cap.get("model") or {}
         measured = cap.get("measured") or {}
@@ -114,7 +138,9 @@ def run_rows(doc: dict, path: Path | None) -> list[dict]:
                 "prompt_tokens": workload.get("prompt_tokens"),
                 "workload": workload_label(cfg),
                 "output_tokens": workload.get("output_tokens"),
-                "fixed_load": _describe_load(((cfg.get("loads") or [{}])[0]) or {}),  # the plan's, so a dtype that died first still groups
+                "fixed_load": _describe_load(
+                    ((cfg.get("loads") or [{}])[0]) or {}
+                ),  # the plan's, so a dtype that died first still groups
                 "honoured": d.get("kv_cache_dtype") not in flagged,
                 "finding": flagged.get(d.get("kv_cache_dtype")),
                 "log_tail": "\n".join((d.get("log_tail") or [])[-8:]),
@@ -148,19 +174,31 @@ def quality_rows(doc: dict, path: Path | None) -> list[dict]:
     env = doc.get("environment") or {}
     rows = []
     for d in doc.get("dtypes") or []:
-        for cond, summary in (d.get("eval") or {}).items():
-            if cond == "error" or not isinstance(summary, dict):
-                continue
+        for cond, summary in conditions(d.get("eval")):
             for task, e in (summary.get("tasks") or {}).items():
                 ci = e.get("ci95") or [None, None]
                 vs = e.get("vs_auto") or {}
-                rows.append({"run_id": doc.get("run_id"), "created_at": doc.get("created_at"), "machine": doc.get("machine"),
-                             "gpu": gpu_of(env), "vllm_version": (env.get("vllm") or {}).get("version"),
-                             "model": (doc.get("config") or {}).get("model_name"), "kv_cache_dtype": d.get("kv_cache_dtype"),
-                             "condition": cond, "concurrency": summary.get("concurrency"), "task": task,
-                             "accuracy": e.get("accuracy"), "ci_low": ci[0], "ci_high": ci[1], "n": e.get("n"),
-                             "vs_auto": vs.get("verdict"), "vs_rest": (e.get("vs_rest") or {}).get("verdict"),
-                             "path": str(path) if path else None})
+                rows.append(
+                    {
+                        "run_id": doc.get("run_id"),
+                        "created_at": doc.get("created_at"),
+                        "machine": doc.get("machine"),
+                        "gpu": gpu_of(env),
+                        "vllm_version": (env.get("vllm") or {}).get("version"),
+                        "model": (doc.get("config") or {}).get("model_name"),
+                        "kv_cache_dtype": d.get("kv_cache_dtype"),
+                        "condition": cond,
+                        "concurrency": summary.get("concurrency"),
+                        "task": task,
+                        "accuracy": e.get("accuracy"),
+                        "ci_low": ci[0],
+                        "ci_high": ci[1],
+                        "n": e.get("n"),
+                        "vs_auto": vs.get("verdict"),
+                        "vs_rest": (e.get("vs_rest") or {}).get("verdict"),
+                        "path": str(path) if path else None,
+                    }
+                )
     return rows
 
 
@@ -169,10 +207,17 @@ def canary_rows(doc: dict) -> list[dict]:
     for d in doc.get("dtypes") or []:
         sent = sum((p.get("canaries") or {}).get("sent", 0) for p in d.get("phases") or [])
         if sent:
-            rows.append({"run_id": doc.get("run_id"), "created_at": doc.get("created_at"), "machine": doc.get("machine"),
-                         "kv_cache_dtype": d.get("kv_cache_dtype"), "sent": sent,
-                         "differ": sum((p.get("canaries") or {}).get("differ", 0) for p in d.get("phases") or []),
-                         "phases": sum(1 for p in d.get("phases") or [] if p.get("canaries"))})
+            rows.append(
+                {
+                    "run_id": doc.get("run_id"),
+                    "created_at": doc.get("created_at"),
+                    "machine": doc.get("machine"),
+                    "kv_cache_dtype": d.get("kv_cache_dtype"),
+                    "sent": sent,
+                    "differ": sum((p.get("canaries") or {}).get("differ", 0) for p in d.get("phases") or []),
+                    "phases": sum(1 for p in d.get("phases") or [] if p.get("canaries")),
+                }
+            )
     return rows
 
 
@@ -204,17 +249,27 @@ def front_rows(doc: dict) -> list[dict]:
     for d in doc.get("dtypes") or []:
         f = d.get("front") or {}
         for p in f.get("points") or []:
-            rows.append({
-                **p,
-                "run_id": doc.get("run_id"), "created_at": doc.get("created_at"), "machine": doc.get("machine"),
-                "vllm_version": ((env.get("vllm") or {}).get("version")), "gpu": gpu_of(env), "kv_cache_dtype": d.get("kv_cache_dtype"),
-                "model": cfg.get("model_name") or cfg.get("model"), "prompt_tokens": workload.get("prompt_tokens"),
-                "workload": workload_label(cfg),
-                "output_tokens": workload.get("output_tokens"), "gpus": f.get("gpus"), "price_per_gpu_hour": f.get("price_per_gpu_hour"),
-                "price_key": f.get("price_key"), "energy_j_per_output_token": None,
-            })
+            rows.append(
+                {
+                    **p,
+                    "run_id": doc.get("run_id"),
+                    "created_at": doc.get("created_at"),
+                    "machine": doc.get("machine"),
+                    "vllm_version": ((env.get("vllm") or {}).get("version")),
+                    "gpu": gpu_of(env),
+                    "kv_cache_dtype": d.get("kv_cache_dtype"),
+                    "model": cfg.get("model_name") or cfg.get("model"),
+                    "prompt_tokens": workload.get("prompt_tokens"),
+                    "workload": workload_label(cfg),
+                    "output_tokens": workload.get("output_tokens"),
+                    "gpus": f.get("gpus"),
+                    "price_per_gpu_hour": f.get("price_per_gpu_hour"),
+                    "price_key": f.get("price_key"),
+                    "energy_j_per_output_token": None,
+                }
+            )
         by_phase = {ph.get("name"): (ph.get("energy") or {}) for ph in d.get("phases") or []}
-        for row in rows[len(rows) - len(f.get("points") or []):]:
+        for row in rows[len(rows) - len(f.get("points") or []) :]:
             e = by_phase.get(row["phase"]) or {}
             if e.get("valid"):
                 row["energy_j_per_output_token"] = e.get("j_per_output_token")
@@ -300,8 +355,16 @@ def load_runs(results_dir: Path, data: SiteData) -> None:
         quality += quality_rows(doc, path)
         canaries += canary_rows(doc)
         for f in doc.get("findings") or []:
-            findings.append({"run_id": doc.get("run_id"), "machine": doc.get("machine"), "created_at": doc.get("created_at"),
-                             "kv_cache_dtype": f.get("dtype"), "level": f.get("level"), "text": f.get("text")})
+            findings.append(
+                {
+                    "run_id": doc.get("run_id"),
+                    "machine": doc.get("machine"),
+                    "created_at": doc.get("created_at"),
+                    "kv_cache_dtype": f.get("dtype"),
+                    "level": f.get("level"),
+                    "text": f.get("text"),
+                }
+            )
     data.runs = _dated(pd.DataFrame(rows), ["created_at", "kv_cache_dtype"])
     data.probes = _dated(pd.DataFrame(probes), ["created_at", "kv_cache_dtype", "order"])
     data.findings = _dated(pd.DataFrame(findings), ["created_at"])
@@ -321,6 +384,7 @@ def _dated(frame: pd.DataFrame, order: list[str]) -> pd.DataFrame:
 def setup_label(row) -> str:
     """What a run measured, apart from the machine: model, request shape and fixed load (a nightly runs
     several of these per machine, and each needs its own newest run)."""
+
     def part(key):
         value = row.get(key)
         return "?" if value is None or value != value else value
@@ -336,12 +400,18 @@ def latest_runs(runs: pd.DataFrame) -> pd.DataFrame:
     if runs.empty:
         return runs
     runs = runs.assign(setup=[setup_label(r) for _, r in runs.iterrows()])
-    return runs.sort_values("created_at", kind="stable").groupby(["machine", "setup", "kv_cache_dtype"], sort=False).tail(1)
+    return (
+        runs.sort_values("created_at", kind="stable")
+        .groupby(["machine", "setup", "kv_cache_dtype"], sort=False)
+        .tail(1)
+    )
 
 
 def setups(latest: pd.DataFrame) -> list[tuple[str, str, str]]:
     """(machine, setup, title) per newest-run group; the title names the setup only where a machine has several."""
-    pairs = sorted({(m, s) for m, s in zip(latest["machine"], latest["setup"])}, key=lambda p: (str(p[0]), str(p[1])))
+    pairs = sorted(
+        {(m, s) for m, s in zip(latest["machine"], latest["setup"], strict=False)}, key=lambda p: (str(p[0]), str(p[1]))
+    )
     per_machine = {m: sum(1 for mm, _ in pairs if mm == m) for m, _ in pairs}
     return [(m, s, f"{m} — {s}" if per_machine[m] > 1 else str(m)) for m, s in pairs]
 
@@ -358,6 +428,7 @@ def newest_record_per_machine(records: list[dict]) -> list[dict]:
 
 def load_history(results_dir: Path, asv_conf: Path | None, data: SiteData) -> None:
     from kvbench import history
+
     if not (Path(results_dir) / "benchmarks.json").is_file():
         data.history_note = "no asv results: benchmarks.json is missing"
         return
@@ -377,7 +448,9 @@ def load_history(results_dir: Path, asv_conf: Path | None, data: SiteData) -> No
         if col in frame:
             frame[col] = pd.to_datetime(frame[col], utc=True, errors="coerce")
     # One vLLM release after another can run on the same kvbench commit: a point's time is when it ran.
-    frame["when"] = frame["run_started"].fillna(frame["commit_date"]) if "run_started" in frame else frame["commit_date"]
+    frame["when"] = (
+        frame["run_started"].fillna(frame["commit_date"]) if "run_started" in frame else frame["commit_date"]
+    )
     data.history = frame.sort_values(["machine", "metric", "kv_dtype", "when"], kind="stable").reset_index(drop=True)
     from kvbench import regress
 
@@ -387,7 +460,9 @@ def load_history(results_dir: Path, asv_conf: Path | None, data: SiteData) -> No
         data.problems.append(f"regressions not computed: {exc}")
         return
     rows = [r if isinstance(r, dict) else _as_dict(r) for r in found]
-    data.regressions = pd.DataFrame(rows).reindex(columns=list(dict.fromkeys([*REGRESSION_COLUMNS, *(rows[0] if rows else [])])))
+    data.regressions = pd.DataFrame(rows).reindex(
+        columns=list(dict.fromkeys([*REGRESSION_COLUMNS, *(rows[0] if rows else [])]))
+    )
 
 
 def _as_dict(obj) -> dict:
@@ -418,7 +493,9 @@ def _json_records(results_dir: Path, kind: str, schema: str, data: SiteData) -> 
             data.problems.append(f"{path}: skipped ({exc})")
             continue
         if not isinstance(doc, dict) or doc.get("schema") != schema:
-            data.problems.append(f"{path}: skipped (schema {doc.get('schema') if isinstance(doc, dict) else None!r}, expected {schema})")
+            data.problems.append(
+                f"{path}: skipped (schema {doc.get('schema') if isinstance(doc, dict) else None!r}, expected {schema})"
+            )
             continue
         doc["_path"] = str(path)
         out.append(doc)
@@ -428,16 +505,33 @@ def _json_records(results_dir: Path, kind: str, schema: str, data: SiteData) -> 
 def load_accuracy(results_dir: Path, data: SiteData) -> None:
     rows = []
     for doc in _json_records(results_dir, "accuracy", "kvbench.accuracy/1", data):
-        base = {"machine": doc.get("machine"), "created_at": doc.get("created_at"), "path": doc["_path"],
-                "vllm_version": (doc.get("environment") or {}).get("vllm")}
+        base = {
+            "machine": doc.get("machine"),
+            "created_at": doc.get("created_at"),
+            "path": doc["_path"],
+            "vllm_version": (doc.get("environment") or {}).get("vllm"),
+        }
         real = doc.get("real") or {}
-        sources = [("synthetic", (doc.get("synthetic") or {}).get("rows")), ("real K/V", real.get("rows")),
-                   ("model output", real.get("model_output"))]
+        sources = [
+            ("synthetic", (doc.get("synthetic") or {}).get("rows")),
+            ("real K/V", real.get("rows")),
+            ("model output", real.get("model_output")),
+        ]
         for kind, items in sources:
             for r in items or []:
-                rows.append({**base, "kind": kind, "data": r.get("data"), "format": r.get("format"),
-                             "scale": r.get("scale"), "rel_l2": r.get("rel_l2"), "cos_mean": r.get("cos_mean"),
-                             "max_abs": r.get("max_abs"), "model": real.get("model") if kind != "synthetic" else None})
+                rows.append(
+                    {
+                        **base,
+                        "kind": kind,
+                        "data": r.get("data"),
+                        "format": r.get("format"),
+                        "scale": r.get("scale"),
+                        "rel_l2": r.get("rel_l2"),
+                        "cos_mean": r.get("cos_mean"),
+                        "max_abs": r.get("max_abs"),
+                        "model": real.get("model") if kind != "synthetic" else None,
+                    }
+                )
     data.accuracy = _dated(pd.DataFrame(rows), ["created_at"])
 
 
@@ -447,15 +541,32 @@ def load_kernels(results_dir: Path, data: SiteData) -> None:
     for doc in docs:
         cat = doc.get("gpu_catalog") or {}
         device = ((doc.get("environment") or {}).get("device") or {}).get("name")
-        base = {"machine": doc.get("machine"), "created_at": doc.get("created_at"), "mode": doc.get("mode"),
-                "device": device, "peak_gbs": cat.get("hbm_bandwidth_gbs"), "gpu_key": cat.get("key"),
-                "copy_gbs": (doc.get("copy_baseline") or {}).get("gbs") if doc.get("mode") == "gpu" else None,
-                "path": doc["_path"]}
+        base = {
+            "machine": doc.get("machine"),
+            "created_at": doc.get("created_at"),
+            "mode": doc.get("mode"),
+            "device": device,
+            "peak_gbs": cat.get("hbm_bandwidth_gbs"),
+            "gpu_key": cat.get("key"),
+            "copy_gbs": (doc.get("copy_baseline") or {}).get("gbs") if doc.get("mode") == "gpu" else None,
+            "path": doc["_path"],
+        }
         for kind in ("decode", "write"):
             for r in doc.get(kind) or []:
-                rows.append({**base, "kernel": kind, "format": r.get("format"), "batch": r.get("batch"),
-                             "context": r.get("context"), "tokens": r.get("tokens"), "time_us": r.get("time_us"),
-                             "gbs": r.get("gbs"), "pct_of_peak": r.get("pct_of_peak"), "pct_of_copy": r.get("pct_of_copy")})
+                rows.append(
+                    {
+                        **base,
+                        "kernel": kind,
+                        "format": r.get("format"),
+                        "batch": r.get("batch"),
+                        "context": r.get("context"),
+                        "tokens": r.get("tokens"),
+                        "time_us": r.get("time_us"),
+                        "gbs": r.get("gbs"),
+                        "pct_of_peak": r.get("pct_of_peak"),
+                        "pct_of_copy": r.get("pct_of_copy"),
+                    }
+                )
     data.kernel_records = docs
     data.kernels = _dated(pd.DataFrame(rows), ["created_at"])
 
@@ -478,7 +589,9 @@ def load_claims_data(data: SiteData, claims_file: Path | None = None) -> None:
 # --- everything ---------------------------------------------------------------------------------------------
 
 
-def load(results_dir: str | Path = "results", asv_conf: str | Path | None = None, claims_file: str | Path | None = None) -> SiteData:
+def load(
+    results_dir: str | Path = "results", asv_conf: str | Path | None = None, claims_file: str | Path | None = None
+) -> SiteData:
     results_dir = Path(results_dir)
     data = SiteData(results_dir=results_dir)
     if not results_dir.is_dir():

@@ -13,6 +13,7 @@ need (loglikelihood tasks, length checks). Nothing is written into the working d
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
 import os
@@ -72,13 +73,17 @@ def check_tasks(tasks: list[str], task_manager) -> None:
     unknown = [t for t in tasks if t not in known]
     if unknown:
         bundled = ", ".join(evaltasks.task_names())
-        raise UsageError(f"unknown task {unknown[0]!r}; choose a bundled task ({bundled}) or any lm-eval task "
-                         "(e.g. gsm8k, ruler); `lm-eval ls tasks` lists them")
+        raise UsageError(
+            f"unknown task {unknown[0]!r}; choose a bundled task ({bundled}) or any lm-eval task "
+            "(e.g. gsm8k, ruler); `lm-eval ls tasks` lists them"
+        )
 
 
 def _hub_message(task: str) -> str:
-    return (f"{task} needs its dataset from the Hugging Face hub; on an offline machine use the bundled tasks: "
-            f"{', '.join(evaltasks.task_names())}")
+    return (
+        f"{task} needs its dataset from the Hugging Face hub; on an offline machine use the bundled tasks: "
+        f"{', '.join(evaltasks.task_names())}"
+    )
 
 
 def _offline() -> bool:
@@ -99,16 +104,25 @@ def check_offline(tasks: list[str], task_manager) -> None:
             raise UsageError(_hub_message(task))
 
 
-def task_manager(tasks: list[str], tokenizer: str | Path, n_items: int = evaltasks.DEFAULT_ITEMS,
-                 seed: int = evaltasks.SEED):
+def task_manager(
+    tasks: list[str], tokenizer: str | Path, n_items: int = evaltasks.DEFAULT_ITEMS, seed: int = evaltasks.SEED
+):
     """lm-eval's TaskManager with kvbench's retrieval tasks (those in `tasks`) written and included."""
-    from lm_eval.tasks import TaskManager
-
     ours = [t for t in tasks if t.startswith(evaltasks.PREFIX)]
     for t in ours:
         evaltasks.parse_task(t)  # one line naming the bundled tasks if misspelt
+    return _task_manager(tuple(tasks), str(tokenizer), n_items, seed)
+
+
+@functools.lru_cache(maxsize=8)
+def _task_manager(tasks: tuple[str, ...], tokenizer: str, n_items: int, seed: int):
+    # Indexing lm-eval's own task folder takes ~9 s on 2 cores: a run evaluates each dtype in three conditions,
+    # so its worker builds the index once, and not at all when every task is kvbench's own.
+    from lm_eval.tasks import TaskManager
+
+    ours = [t for t in tasks if t.startswith(evaltasks.PREFIX)]
     include = [str(evaltasks.write_tasks(tokenizer, ours, seed=seed, n=n_items))] if ours else None
-    return TaskManager(include_path=include)
+    return TaskManager(include_path=include, include_defaults=len(ours) < len(tasks))
 
 
 def evaluate(
@@ -136,8 +150,9 @@ def evaluate(
     from lm_eval.models.openai_completions import LocalCompletionsAPI
 
     if not tasks:
-        raise UsageError(f"no tasks given; choose from the bundled tasks ({', '.join(evaltasks.task_names())}) "
-                         "or lm-eval's")
+        raise UsageError(
+            f"no tasks given; choose from the bundled tasks ({', '.join(evaltasks.task_names())}) or lm-eval's"
+        )
     if num_concurrent < 1:
         raise UsageError(f"num_concurrent must be at least 1, got {num_concurrent}")
     if limit is not None and limit < 1:
@@ -161,9 +176,17 @@ def evaluate(
     t0 = time.monotonic()
     try:
         out = simple_evaluate(
-            model=lm, tasks=list(tasks), task_manager=tm, limit=limit, log_samples=True,
-            gen_kwargs={"temperature": 0.0, "do_sample": False}, random_seed=seed, numpy_random_seed=seed,
-            torch_random_seed=seed, fewshot_random_seed=seed, bootstrap_iters=0,
+            model=lm,
+            tasks=list(tasks),
+            task_manager=tm,
+            limit=limit,
+            log_samples=True,
+            gen_kwargs={"temperature": 0.0, "do_sample": False},
+            random_seed=seed,
+            numpy_random_seed=seed,
+            torch_random_seed=seed,
+            fewshot_random_seed=seed,
+            bootstrap_iters=0,
         )
     except UsageError:
         raise
@@ -172,15 +195,23 @@ def evaluate(
     wall = time.monotonic() - t0
     return EvalResult(
         tasks={t: _task_result(t, out) for t in tasks},
-        base_url=redact_url(base_url), served_model=served_model, num_concurrent=num_concurrent, limit=limit,
-        lm_eval_version=lm_eval.__version__, wall_s=wall,
+        base_url=redact_url(base_url),
+        served_model=served_model,
+        num_concurrent=num_concurrent,
+        limit=limit,
+        lm_eval_version=lm_eval.__version__,
+        wall_s=wall,
     )
 
 
 def _explain(exc: Exception, tasks: list[str], base_url: str) -> KvbenchError:
     text = f"{type(exc).__name__}: {exc}"
-    hub = ("huggingface.co" in text or "offline" in text.lower() or "ConnectionError" in text
-           or type(exc).__name__ in ("DatasetNotFoundError", "LocalEntryNotFoundError", "OfflineModeIsEnabled"))
+    hub = (
+        "huggingface.co" in text
+        or "offline" in text.lower()
+        or "ConnectionError" in text
+        or type(exc).__name__ in ("DatasetNotFoundError", "LocalEntryNotFoundError", "OfflineModeIsEnabled")
+    )
     foreign = [t for t in tasks if not t.startswith(evaltasks.PREFIX)]
     if hub and foreign:
         return UsageError(_hub_message(foreign[0]))
@@ -193,8 +224,13 @@ def _task_result(task: str, out: dict) -> TaskResult:
     results = out["results"][task]
     samples = out["samples"][task]
     first_filter = samples[0]["filter"] if samples else None
-    metric_key = next(k for k in results if "," in k and not k.split(",")[0].endswith("_stderr")
-                      and (first_filter is None or k.split(",", 1)[1] == first_filter))
+    metric_key = next(
+        k
+        for k in results
+        if "," in k
+        and not k.split(",")[0].endswith("_stderr")
+        and (first_filter is None or k.split(",", 1)[1] == first_filter)
+    )
     metric, flt = metric_key.split(",", 1)
     items = []
     for s in samples:
@@ -204,8 +240,16 @@ def _task_result(task: str, out: dict) -> TaskResult:
         prompt = args["gen_args_0"]["arg_0"] if isinstance(args, dict) else args[0][0]
         resp = s["resps"][0][0] if s["resps"] and s["resps"][0] else ""
         filtered = s["filtered_resps"][0] if isinstance(s["filtered_resps"], list) else s["filtered_resps"]
-        items.append(ItemResult(doc_id=int(s["doc_id"]), prompt_sha256=_sha(prompt), target=str(s["target"]),
-                                response=str(resp), filtered=str(filtered), score=float(s[metric])))
+        items.append(
+            ItemResult(
+                doc_id=int(s["doc_id"]),
+                prompt_sha256=_sha(prompt),
+                target=str(s["target"]),
+                response=str(resp),
+                filtered=str(filtered),
+                score=float(s[metric]),
+            )
+        )
     items.sort(key=lambda i: i.doc_id)
     return TaskResult(task=task, metric=metric_key, value=float(results[metric_key]), n=len(items), items=items)
 

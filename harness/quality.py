@@ -16,12 +16,13 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import multiprocessing
 from dataclasses import dataclass
 
 from kvbench.harness.evalrecord import _accuracy, _binary, _paired
+from kvbench.harness.records import conditions
 
-CONDITIONS = ("rest", "load", "during_load")
 REFERENCE = "auto"
 DEFAULT_BUDGET_POINTS = 1.0
 
@@ -36,16 +37,32 @@ class EvalJob:
     limit: int | None
     headers: dict[str, str] | None
     max_length: int | None
+    # per request: lm-eval's requests are not streamed, so no answer for this long is a hung server
+    timeout_s: float = 300.0
+    # SCHED_FIFO for the worker while it evaluates (the run's --realtime): on a small box whose server
+    # busy-waits on every core, a normal-priority lm-eval can wait for a CPU for most of each request
+    realtime: bool = False
 
 
 def _evaluate(job: EvalJob):
     import os
 
     os.environ.setdefault("TQDM_DISABLE", "1")  # lm-eval's progress bars would interleave with the run's own
+    from kvbench.harness.clientsched import Realtime
     from kvbench.harness.evaluation import evaluate
 
-    return evaluate(job.base_url, job.served_model, job.tokenizer, list(job.tasks), num_concurrent=job.num_concurrent,
-                    limit=job.limit, headers=job.headers, max_length=job.max_length)
+    with Realtime() if job.realtime else contextlib.nullcontext():
+        return evaluate(
+            job.base_url,
+            job.served_model,
+            job.tokenizer,
+            list(job.tasks),
+            num_concurrent=job.num_concurrent,
+            limit=job.limit,
+            headers=job.headers,
+            max_length=job.max_length,
+            timeout_s=job.timeout_s,
+        )
 
 
 class Evaluator:
@@ -56,7 +73,9 @@ class Evaluator:
 
     async def run(self, job: EvalJob):
         if self._pool is None:
-            self._pool = concurrent.futures.ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn"))
+            self._pool = concurrent.futures.ProcessPoolExecutor(
+                max_workers=1, mp_context=multiprocessing.get_context("spawn")
+            )
         return await asyncio.get_running_loop().run_in_executor(self._pool, _evaluate, job)
 
     def close(self) -> None:
@@ -81,11 +100,13 @@ def items_by_task(result) -> dict[str, dict[int, float]]:
     return {name: {i.doc_id: i.score for i in tr.items} for name, tr in result.tasks.items()}
 
 
-def compare_conditions(evals: dict[str, dict[str, dict]], items: dict[tuple[str, str], dict[str, dict[int, float]]]) -> None:
+def compare_conditions(
+    evals: dict[str, dict[str, dict]], items: dict[tuple[str, str], dict[str, dict[int, float]]]
+) -> None:
     """Add `vs_auto` (same condition) and `vs_rest` (same dtype) paired comparisons into `evals`
     ({dtype: {condition: condition_summary}}), from `items` ({(dtype, condition): {task: {doc: score}}})."""
     for dtype, conds in evals.items():
-        for cond, summary in conds.items():
+        for cond, summary in conditions(conds):
             for task, entry in summary["tasks"].items():
                 mine = items.get((dtype, cond), {}).get(task, {})
                 if dtype != REFERENCE and (REFERENCE, cond) in items:
@@ -94,7 +115,9 @@ def compare_conditions(evals: dict[str, dict[str, dict]], items: dict[tuple[str,
                     entry["vs_rest"] = _paired(items[(dtype, "rest")].get(task, {}), mine)
 
 
-def gate(record, budget_points: float = DEFAULT_BUDGET_POINTS, budgets: dict[str, float] | None = None) -> dict[str, dict]:
+def gate(
+    record, budget_points: float = DEFAULT_BUDGET_POINTS, budgets: dict[str, float] | None = None
+) -> dict[str, dict]:
     """{dtype: {"eligible": bool, "reason": str}} from a run record's evaluations and canaries (typed record).
     `budgets`: points per task, overriding `budget_points` for that task."""
     out: dict[str, dict] = {}
@@ -104,27 +127,34 @@ def gate(record, budget_points: float = DEFAULT_BUDGET_POINTS, budgets: dict[str
             out[d.kv_cache_dtype] = {"eligible": False, "reason": f"run {d.status.value}"}
             continue
         reasons = []
-        for cond, summary in (d.eval or {}).items():
-            if cond == "error":
-                continue
+        for cond, summary in conditions(d.eval):
             for task, e in (summary.get("tasks") or {}).items():
                 vs = e.get("vs_auto")
                 budget = (budgets or {}).get(task, budget_points)
                 # 1e-9: a drop of exactly the budget (1 item in 100 against a 1-point budget) is within it
                 if vs and (vs["significant"] and vs["difference"] < 0 or -vs["difference"] * 100 > budget + 1e-9):
                     why = "significantly below auto" if vs["significant"] else f"more than the {budget:g}-point budget"
-                    reasons.append(f"accuracy{' at load' if cond != 'rest' else ''}: {task} {cond.replace('_', ' ')} "
-                                   f"{vs['difference'] * 100:+.1f} points vs auto, {why} (95% CI {vs['ci95'][0] * 100:+.1f}.."
-                                   f"{vs['ci95'][1] * 100:+.1f}, p = {vs['p_value']:.3g})")
+                    reasons.append(
+                        f"accuracy{' at load' if cond != 'rest' else ''}: {task} {cond.replace('_', ' ')} "
+                        f"{vs['difference'] * 100:+.1f} points vs auto, {why} (95% CI {vs['ci95'][0] * 100:+.1f}.."
+                        f"{vs['ci95'][1] * 100:+.1f}, p = {vs['p_value']:.3g})"
+                    )
                 rest = e.get("vs_rest")
                 if rest and rest["significant"] and rest["difference"] < 0:
-                    reasons.append(f"accuracy at load: {task} {cond.replace('_', ' ')} {rest['difference'] * 100:+.1f} points "
-                                   f"vs its own at rest (p = {rest['p_value']:.3g})")
+                    reasons.append(
+                        f"accuracy at load: {task} {cond.replace('_', ' ')} {rest['difference'] * 100:+.1f} points "
+                        f"vs its own at rest (p = {rest['p_value']:.3g})"
+                    )
         rate = _canary_rate(d)
         if d.kv_cache_dtype != REFERENCE and rate > auto_canary:
-            reasons.append(f"accuracy at load: {rate:.0%} of canaries came back different under load (auto {auto_canary:.0%})")
-        out[d.kv_cache_dtype] = {"eligible": not reasons, "reason": "; ".join(reasons) or
-                                 ("accuracy within budget" if d.eval else "no evaluation in this run (canaries clean)")}
+            reasons.append(
+                f"accuracy at load: {rate:.0%} of canaries came back different under load (auto {auto_canary:.0%})"
+            )
+        out[d.kv_cache_dtype] = {
+            "eligible": not reasons,
+            "reason": "; ".join(reasons)
+            or ("accuracy within budget" if d.eval else "no evaluation in this run (canaries clean)"),
+        }
     return out
 
 

@@ -92,8 +92,9 @@ def derive_status(statuses: list[DtypeStatus], stopped: bool) -> RunStatus:
 
 class _Model(BaseModel):
     # Unknown keys are kept (a newer kvbench may add some); known ones must have the right type and range.
-    model_config = ConfigDict(extra="allow", populate_by_name=True, allow_inf_nan=False, use_enum_values=False,
-                              validate_assignment=True)
+    model_config = ConfigDict(
+        extra="allow", populate_by_name=True, allow_inf_nan=False, use_enum_values=False, validate_assignment=True
+    )
 
 
 class Distribution(_Model):
@@ -374,7 +375,11 @@ def record_path(results_dir: Path, machine: str, run_id: str) -> Path:
 def samples_paths(path: Path) -> tuple[Path, Path, Path]:
     """(requests, series, evals) Parquet paths beside a record."""
     stem = Path(path).name.removesuffix(".json")
-    return path.with_name(stem + REQUESTS_SUFFIX), path.with_name(stem + SERIES_SUFFIX), path.with_name(stem + EVALS_SUFFIX)
+    return (
+        path.with_name(stem + REQUESTS_SUFFIX),
+        path.with_name(stem + SERIES_SUFFIX),
+        path.with_name(stem + EVALS_SUFFIX),
+    )
 
 
 def check_writable(results_dir: Path, machine: str) -> Path:
@@ -397,8 +402,10 @@ def check_writable(results_dir: Path, machine: str) -> Path:
                 folder.rmdir()
             except OSError:
                 pass
-        raise UsageError(f"--results {results_dir}: cannot write run records to {target} ({exc.strerror or exc}); "
-                         "give a writable folder") from None
+        raise UsageError(
+            f"--results {results_dir}: cannot write run records to {target} ({exc.strerror or exc}); "
+            "give a writable folder"
+        ) from None
     finally:
         if probe:
             Path(probe).unlink(missing_ok=True)
@@ -456,38 +463,78 @@ def _request_schema():
     import pyarrow as pa
 
     f64, i64 = pa.float64(), pa.int64()
-    return pa.schema([
-        ("run_id", pa.string()), ("kv_cache_dtype", pa.string()), ("phase", pa.string()), ("phase_kind", pa.string()),
-        ("phase_index", i64), ("warmup", pa.bool_()), ("index", i64), ("request_id", pa.string()),
-        ("requested_output_tokens", i64), ("expected_prompt_tokens", i64),
-        ("intended_send_s", f64), ("sent_s", f64), ("response_s", f64), ("first_chunk_s", f64), ("ttft_s", f64),
-        ("e2e_s", f64), ("end_s", f64), ("schedule_lag_s", f64),
-        ("chunk_arrivals_s", pa.list_(f64)), ("chunk_tokens", pa.list_(i64)),
-        ("prompt_tokens", i64), ("completion_tokens", i64), ("finish_reason", pa.string()), ("ok", pa.bool_()),
-        ("error_kind", pa.string()), ("error", pa.string()), ("http_status", i64),
-        # agreement requests (phase "agreement"): the greedy sample and the teacher-forced scores vs auto
-        ("prompt_ids", pa.list_(i64)), ("output_ids", pa.list_(i64)), ("logprobs", pa.list_(f64)),
-        ("teacher_forced_logprobs", pa.list_(f64)),
-    ])
+    return pa.schema(
+        [
+            ("run_id", pa.string()),
+            ("kv_cache_dtype", pa.string()),
+            ("phase", pa.string()),
+            ("phase_kind", pa.string()),
+            ("phase_index", i64),
+            ("warmup", pa.bool_()),
+            ("index", i64),
+            ("request_id", pa.string()),
+            ("requested_output_tokens", i64),
+            ("expected_prompt_tokens", i64),
+            ("intended_send_s", f64),
+            ("sent_s", f64),
+            ("response_s", f64),
+            ("first_chunk_s", f64),
+            ("ttft_s", f64),
+            ("e2e_s", f64),
+            ("end_s", f64),
+            ("schedule_lag_s", f64),
+            ("chunk_arrivals_s", pa.list_(f64)),
+            ("chunk_tokens", pa.list_(i64)),
+            ("prompt_tokens", i64),
+            ("completion_tokens", i64),
+            ("finish_reason", pa.string()),
+            ("ok", pa.bool_()),
+            ("error_kind", pa.string()),
+            ("error", pa.string()),
+            ("http_status", i64),
+            # agreement requests (phase "agreement"): the greedy sample and the teacher-forced scores vs auto
+            ("prompt_ids", pa.list_(i64)),
+            ("output_ids", pa.list_(i64)),
+            ("logprobs", pa.list_(f64)),
+            ("teacher_forced_logprobs", pa.list_(f64)),
+        ]
+    )
 
 
 def _series_schema():
     import pyarrow as pa
 
-    return pa.schema([
-        ("run_id", pa.string()), ("kv_cache_dtype", pa.string()), ("source", pa.string()), ("t", pa.float64()),
-        ("gpu", pa.int64()), ("name", pa.string()), ("value", pa.float64()),
-    ])
+    return pa.schema(
+        [
+            ("run_id", pa.string()),
+            ("kv_cache_dtype", pa.string()),
+            ("source", pa.string()),
+            ("t", pa.float64()),
+            ("gpu", pa.int64()),
+            ("name", pa.string()),
+            ("value", pa.float64()),
+        ]
+    )
 
 
 def _eval_schema():
     import pyarrow as pa
 
-    return pa.schema([
-        ("run_id", pa.string()), ("kv_cache_dtype", pa.string()), ("condition", pa.string()), ("concurrency", pa.int64()),
-        ("task", pa.string()), ("doc_id", pa.int64()), ("prompt_sha256", pa.string()), ("target", pa.string()),
-        ("response", pa.string()), ("filtered", pa.string()), ("score", pa.float64()),
-    ])
+    return pa.schema(
+        [
+            ("run_id", pa.string()),
+            ("kv_cache_dtype", pa.string()),
+            ("condition", pa.string()),
+            ("concurrency", pa.int64()),
+            ("task", pa.string()),
+            ("doc_id", pa.int64()),
+            ("prompt_sha256", pa.string()),
+            ("target", pa.string()),
+            ("response", pa.string()),
+            ("filtered", pa.string()),
+            ("score", pa.float64()),
+        ]
+    )
 
 
 def _finite(v):
@@ -507,43 +554,88 @@ class SampleStore:
         """Every item of an lm-eval run (kvbench.harness.evaluation.EvalResult)."""
         for task, tr in result.tasks.items():
             for it in tr.items:
-                self.evals.append({"run_id": self.run_id, "kv_cache_dtype": dtype, "condition": condition,
-                                   "concurrency": concurrency, "task": task, "doc_id": it.doc_id,
-                                   "prompt_sha256": it.prompt_sha256, "target": it.target, "response": it.response,
-                                   "filtered": it.filtered, "score": it.score})
+                self.evals.append(
+                    {
+                        "run_id": self.run_id,
+                        "kv_cache_dtype": dtype,
+                        "condition": condition,
+                        "concurrency": concurrency,
+                        "task": task,
+                        "doc_id": it.doc_id,
+                        "prompt_sha256": it.prompt_sha256,
+                        "target": it.target,
+                        "response": it.response,
+                        "filtered": it.filtered,
+                        "score": it.score,
+                    }
+                )
 
     def add_requests(self, dtype: str, phase: str, kind: str, phase_index: int, results, warmup: bool = False) -> int:
         names = _request_schema().names
         for r in results:
             row = {k: v for k, v in r.as_dict().items() if k in names}
-            row.update(run_id=self.run_id, kv_cache_dtype=dtype, phase=phase, phase_kind=kind, phase_index=phase_index,
-                       warmup=warmup)
+            row.update(
+                run_id=self.run_id,
+                kv_cache_dtype=dtype,
+                phase=phase,
+                phase_kind=kind,
+                phase_index=phase_index,
+                warmup=warmup,
+            )
             self.requests.append(row)
         return len(results)
 
     def add_agreement(self, dtype: str, samples: list[dict], teacher_forced: list[list[float]] | None) -> None:
         for i, s in enumerate(samples):
-            self.requests.append({
-                "run_id": self.run_id, "kv_cache_dtype": dtype, "phase": "agreement", "phase_kind": "agreement",
-                "phase_index": -1, "warmup": False, "index": i, "ok": True, "prompt_ids": s["prompt"],
-                "output_ids": s["tokens"], "logprobs": s["logprobs"],
-                "teacher_forced_logprobs": teacher_forced[i] if teacher_forced is not None else None,
-            })
+            self.requests.append(
+                {
+                    "run_id": self.run_id,
+                    "kv_cache_dtype": dtype,
+                    "phase": "agreement",
+                    "phase_kind": "agreement",
+                    "phase_index": -1,
+                    "warmup": False,
+                    "index": i,
+                    "ok": True,
+                    "prompt_ids": s["prompt"],
+                    "output_ids": s["tokens"],
+                    "logprobs": s["logprobs"],
+                    "teacher_forced_logprobs": teacher_forced[i] if teacher_forced is not None else None,
+                }
+            )
 
     def add_metrics(self, dtype: str, snapshots) -> int:
         for snap in snapshots:
             for name, value in snap.values.items():
-                self.series.append({"run_id": self.run_id, "kv_cache_dtype": dtype, "source": "metrics", "t": snap.t,
-                                    "gpu": None, "name": name, "value": _finite(float(value))})
+                self.series.append(
+                    {
+                        "run_id": self.run_id,
+                        "kv_cache_dtype": dtype,
+                        "source": "metrics",
+                        "t": snap.t,
+                        "gpu": None,
+                        "name": name,
+                        "value": _finite(float(value)),
+                    }
+                )
         return len(snapshots)
 
     def add_telemetry(self, dtype: str, telemetry) -> int:
         fields = list(telemetry.fields)
         for row in telemetry.samples:
-            sample = dict(zip(fields, row))
+            sample = dict(zip(fields, row, strict=False))
             for name in fields[2:]:
-                self.series.append({"run_id": self.run_id, "kv_cache_dtype": dtype, "source": "nvml", "t": sample["t"],
-                                    "gpu": int(sample["gpu"]), "name": name, "value": _finite(float(sample[name]))})
+                self.series.append(
+                    {
+                        "run_id": self.run_id,
+                        "kv_cache_dtype": dtype,
+                        "source": "nvml",
+                        "t": sample["t"],
+                        "gpu": int(sample["gpu"]),
+                        "name": name,
+                        "value": _finite(float(sample[name])),
+                    }
+                )
         return len(telemetry.samples)
 
     def write(self, record_file: Path) -> SamplesRef:
@@ -552,12 +644,16 @@ class SampleStore:
 
         requests_path, series_path, evals_path = samples_paths(Path(record_file))
         ref = SamplesRef(request_rows=len(self.requests), series_rows=len(self.series), eval_rows=len(self.evals))
-        for rows, schema, path, attr in ((self.requests, _request_schema(), requests_path, "requests"),
-                                         (self.series, _series_schema(), series_path, "series"),
-                                         (self.evals, _eval_schema(), evals_path, "evals")):
+        for rows, schema, path, attr in (
+            (self.requests, _request_schema(), requests_path, "requests"),
+            (self.series, _series_schema(), series_path, "series"),
+            (self.evals, _eval_schema(), evals_path, "evals"),
+        ):
             if not rows:
                 continue
-            table = pa.Table.from_pylist([{k: _finite(row.get(k)) for k in schema.names} for row in rows], schema=schema)
+            table = pa.Table.from_pylist(
+                [{k: _finite(row.get(k)) for k in schema.names} for row in rows], schema=schema
+            )
             _replace_atomic(path, lambda fh, table=table: pq.write_table(table, fh, compression="zstd"))
             setattr(ref, attr, path.name)
         return ref
@@ -584,27 +680,34 @@ def _upgrade_v1(doc: dict) -> dict:
             definitions = summary.pop("definitions", None) or definitions
             mode = p.get("mode") or {}
             rate = mode.get("rate_rps")
-            phases.append({
-                "name": name,
-                "kind": PhaseKind.SLO_PROBE if name.startswith("slo-c") else PhaseKind.FIXED,
-                "concurrency": mode.get("concurrency"),
-                "rate_rps": rate if isinstance(rate, (int, float)) else None,
-                "mode": mode,
-                "summary": summary,
-                "requests": len(p.get("requests") or []),
-            })
+            phases.append(
+                {
+                    "name": name,
+                    "kind": PhaseKind.SLO_PROBE if name.startswith("slo-c") else PhaseKind.FIXED,
+                    "concurrency": mode.get("concurrency"),
+                    "rate_rps": rate if isinstance(rate, (int, float)) else None,
+                    "mode": mode,
+                    "summary": summary,
+                    "requests": len(p.get("requests") or []),
+                }
+            )
         d["phases"] = phases
         metrics = d.get("metrics") or {}
         during = metrics.get("during")
-        d["metrics"] = {"before": metrics.get("before"), "after": metrics.get("after"),
-                        "during": len(during) if isinstance(during, list) else 0}
+        d["metrics"] = {
+            "before": metrics.get("before"),
+            "after": metrics.get("after"),
+            "during": len(during) if isinstance(during, list) else 0,
+        }
         tel = d.get("telemetry") or {}
         samples = tel.get("samples")
         d["telemetry"] = {**tel, "samples": len(samples) if isinstance(samples, list) else 0}
         agreement = d.get("agreement")
         if isinstance(agreement, dict):
-            d["agreement"] = {"prompts": len(agreement.get("samples") or []), **{k: agreement.get(k) for k in
-                              ("prompt_tokens", "tokens", "vs_auto", "error")}}
+            d["agreement"] = {
+                "prompts": len(agreement.get("samples") or []),
+                **{k: agreement.get(k) for k in ("prompt_tokens", "tokens", "vs_auto", "error")},
+            }
         server = d.get("server")
         if isinstance(server, dict):
             d["server"] = {"managed": not (doc.get("config") or {}).get("endpoint"), **server}
@@ -631,7 +734,9 @@ def parse_record(doc: Any, path: Path | str = "<record>") -> RunRecord:
     if not isinstance(schema, str) or not schema.startswith("kvbench.run/"):
         raise UsageError(f"{path}: not a kvbench run record (schema {schema!r}; expected {SCHEMA})")
     if schema not in SCHEMAS:
-        raise UsageError(f"{path}: record schema {schema} is not supported by this kvbench (reads {', '.join(SCHEMAS)})")
+        raise UsageError(
+            f"{path}: record schema {schema} is not supported by this kvbench (reads {', '.join(SCHEMAS)})"
+        )
     try:
         if schema == SCHEMA_V1:
             doc = _upgrade_v1(doc)
@@ -751,9 +856,16 @@ def workload_label(cfg: dict) -> str:
     """The traffic a run sent, for titles and tables: the workload spec's kind and parameters, else 'fixed P+O'."""
     spec = cfg.get("workload_spec")
     if spec:
-        params = ", ".join(f"{k}={v}" for k, v in spec.items() if k not in ("kind", "name") and v is not None
-                           and not isinstance(v, (dict, list)))
-        return f"{spec.get('kind')} ({spec.get('name') or params})" if spec.get("name") else f"{spec.get('kind')} ({params})"
+        params = ", ".join(
+            f"{k}={v}"
+            for k, v in spec.items()
+            if k not in ("kind", "name") and v is not None and not isinstance(v, (dict, list))
+        )
+        return (
+            f"{spec.get('kind')} ({spec.get('name') or params})"
+            if spec.get("name")
+            else f"{spec.get('kind')} ({params})"
+        )
     w = cfg.get("workload") or {}
     return f"fixed {w.get('prompt_tokens')}+{w.get('output_tokens')} tokens"
 
@@ -767,6 +879,18 @@ def _prefix_hit_rate(dtype_result: dict) -> float | None:
             q += pc["queries_tokens"]
             h += pc.get("hits_tokens") or 0.0
     return h / q if q else None
+
+
+# The conditions a dtype's `eval` is measured in (harness/quality.py); `eval` may also hold an `error`.
+CONDITIONS = ("rest", "load", "during_load")
+
+
+def conditions(evals: dict | None):
+    """(condition, summary) for each condition a dtype's `eval` holds; its other keys (`error`) are not one."""
+    for cond in CONDITIONS:
+        summary = (evals or {}).get(cond)
+        if isinstance(summary, dict):
+            yield cond, summary
 
 
 def _first_task_accuracy(dtype_result: dict, condition: str) -> float | None:
@@ -870,11 +994,29 @@ def _v1_samples(doc: dict, table: str):
                 name = p.get("name") or ""
                 kind = PhaseKind.SLO_PROBE.value if name.startswith("slo-c") else PhaseKind.FIXED.value
                 for r in p.get("requests") or []:
-                    rows.append({**r, "run_id": doc.get("run_id"), "kv_cache_dtype": dtype, "phase": name, "phase_kind": kind,
-                                 "phase_index": i, "warmup": False})
+                    rows.append(
+                        {
+                            **r,
+                            "run_id": doc.get("run_id"),
+                            "kv_cache_dtype": dtype,
+                            "phase": name,
+                            "phase_kind": kind,
+                            "phase_index": i,
+                            "warmup": False,
+                        }
+                    )
         else:
             for snap in (d.get("metrics") or {}).get("during") or []:
                 for name, value in (snap.get("values") or {}).items():
-                    rows.append({"run_id": doc.get("run_id"), "kv_cache_dtype": dtype, "source": "metrics", "t": snap.get("t"),
-                                 "gpu": None, "name": name, "value": value})
+                    rows.append(
+                        {
+                            "run_id": doc.get("run_id"),
+                            "kv_cache_dtype": dtype,
+                            "source": "metrics",
+                            "t": snap.get("t"),
+                            "gpu": None,
+                            "name": name,
+                            "value": value,
+                        }
+                    )
     return pd.DataFrame(rows)

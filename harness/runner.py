@@ -53,7 +53,7 @@ from kvbench.harness.records import (
     Stop,
     StopReason,
 )
-from kvbench.harness.scheduler import Concurrency, Rate, Sessions, Timed, run_load
+from kvbench.harness.scheduler import Concurrency, Rate, Sessions, Timed, run_load, sustain_load
 from kvbench.harness.server import ServerConfig, ServerStartError, VllmServer, healthy, stop_all
 from kvbench.harness.slo import SLO, search
 from kvbench.harness.telemetry import NvmlSampler
@@ -108,8 +108,12 @@ class RunPlan:
     client_realtime: bool = False  # SCHED_FIFO for the client (see harness/clientsched.py), where permitted
     agreement_prompts: int = RUN["agreement_prompts"]  # end-to-end accuracy vs auto (harness/agreement.py); 0: off
     agreement_tokens: int = RUN["agreement_tokens"]
-    canaries: int = RUN["canaries"]  # of the agreement prompts, re-sent inside every load phase (harness/agreement.Canaries)
-    eval_tasks: list[str] = field(default_factory=list)  # lm-eval tasks at rest / at load / during load (harness/quality)
+    canaries: int = RUN[
+        "canaries"
+    ]  # of the agreement prompts, re-sent inside every load phase (harness/agreement.Canaries)
+    eval_tasks: list[str] = field(
+        default_factory=list
+    )  # lm-eval tasks at rest / at load / during load (harness/quality)
     eval_limit: int | None = None  # first N items of each task (None: all)
     accuracy_budget_points: float = 1.0  # the most accuracy a dtype may lose vs auto and still be recommended
     accuracy_budgets: dict[str, float] = field(default_factory=dict)  # per task, overriding it (nightly [quality])
@@ -148,9 +152,17 @@ class RunPlan:
             "stall_timeout_s": self.stall_timeout_s,
             "unsupported": self.unsupported,
             "client_realtime": self.client_realtime,
-            "agreement": {"prompts": self.agreement_prompts, "tokens": self.agreement_tokens, "canaries": self.canaries},
-            "eval": {"tasks": self.eval_tasks, "limit": self.eval_limit, "budget_points": self.accuracy_budget_points,
-                     "budgets": self.accuracy_budgets},
+            "agreement": {
+                "prompts": self.agreement_prompts,
+                "tokens": self.agreement_tokens,
+                "canaries": self.canaries,
+            },
+            "eval": {
+                "tasks": self.eval_tasks,
+                "limit": self.eval_limit,
+                "budget_points": self.accuracy_budget_points,
+                "budgets": self.accuracy_budgets,
+            },
             "notes": self.notes,
         }
 
@@ -208,7 +220,10 @@ class Runner:
             async with asyncio.timeout(deadline_s):
                 await self._all_dtypes()
         except TimeoutError:
-            stop = Stop(reason=StopReason.DEADLINE, detail=deadline_note or f"stopped: the deadline of {deadline_s:.0f} s passed")
+            stop = Stop(
+                reason=StopReason.DEADLINE,
+                detail=deadline_note or f"stopped: the deadline of {deadline_s:.0f} s passed",
+            )
         except (KeyboardInterrupt, asyncio.CancelledError):
             stop = Stop(reason=StopReason.SIGNAL, detail="interrupted (Ctrl-C or SIGTERM)")
             raise
@@ -252,10 +267,15 @@ class Runner:
                 if f.dtype in gates and "NOT honoured" in f.text:
                     g = gates[f.dtype]
                     kept = g["reason"] if not g["eligible"] else ""
-                    gates[f.dtype] = {"eligible": False,
-                                      "reason": "; ".join(x for x in ("probably not honoured by the engine", kept) if x)}
-            rec.quality = {"budget_points": self.plan.accuracy_budget_points, "gate": gates,
-                           "recommendation": quality.recommend(rec, gates)}
+                    gates[f.dtype] = {
+                        "eligible": False,
+                        "reason": "; ".join(x for x in ("probably not honoured by the engine", kept) if x),
+                    }
+            rec.quality = {
+                "budget_points": self.plan.accuracy_budget_points,
+                "gate": gates,
+                "recommendation": quality.recommend(rec, gates),
+            }
             rec.findings = [*rec.findings, *_quality_findings(gates)]
         except Exception as exc:  # what is derived must never cost what was measured
             rec.findings = [*rec.findings, Finding(level="error", text=f"findings not derived: {_one_line(exc)}")]
@@ -289,7 +309,9 @@ class Runner:
             result.kv_dtype_confirmed = None if served is None else served == dtype
             if served is not None and served != dtype:
                 if server is None:  # it said otherwise at the start: it was replaced since; do not mislabel
-                    raise RuntimeError(f"the server at {facts.redacted} now runs kv-cache-dtype {served!r}, not {dtype!r}")
+                    raise RuntimeError(
+                        f"the server at {facts.redacted} now runs kv-cache-dtype {served!r}, not {dtype!r}"
+                    )
                 result.warnings.append(f"server reports cache_dtype {served!r}, asked for {dtype!r}")
 
             before = await asyncio.to_thread(fetch_metrics, endpoint.url, 5.0, headers)
@@ -297,8 +319,13 @@ class Runner:
             engine = (server.capacity() if server else None) or capacity_from_metrics(before)
             result.capacity = self._capacity(dtype, engine, before.cache_config, facts)
 
-            backend = OpenAIBackend(endpoint.url, facts.served_model, api=plan.workload.api,
-                                    request_timeout_s=plan.request_timeout_s, headers=headers)
+            backend = OpenAIBackend(
+                endpoint.url,
+                facts.served_model,
+                api=plan.workload.api,
+                request_timeout_s=plan.request_timeout_s,
+                headers=headers,
+            )
             sampler_http = MetricsSampler(endpoint.url, interval_s=1.0, headers=headers)
             sampler_http.start()
             try:
@@ -319,7 +346,9 @@ class Runner:
         finally:
             telemetry = sampler.stop()
             result.telemetry = records.TelemetrySummary(
-                available=telemetry.available, reason=telemetry.reason, interval_s=telemetry.interval_s,
+                available=telemetry.available,
+                reason=telemetry.reason,
+                interval_s=telemetry.interval_s,
                 samples=self.samples.add_telemetry(dtype, telemetry),
             )
             if server is not None:
@@ -349,8 +378,9 @@ class Runner:
         out = Capacity(engine=EngineCapacityRecord(**vars(engine)) if engine else None)
         context = self._model_capacity(out, dtype, engine, cache_config, facts)
         if self.plan.workload_spec is not None and context:
-            out.distribution = self._capacity_under_distribution(engine, out.model, _int(cache_config.get("block_size")),
-                                                                 context)
+            out.distribution = self._capacity_under_distribution(
+                engine, out.model, _int(cache_config.get("block_size")), context
+            )
         return out
 
     def _model_capacity(self, out: Capacity, dtype: str, engine, cache_config: dict, facts: ServerFacts) -> int | None:
@@ -359,8 +389,16 @@ class Runner:
         budget_bytes = _kv_budget_bytes(engine, cache_config)
         block = _int(cache_config.get("block_size"))
         context = facts.max_model_len or self.plan.max_model_len or (engine.tokens_per_request if engine else None)
-        missing = [what for what, have in (("the model's config.json", spec), ("the engine's KV budget", budget_bytes),
-                                           ("its block size", block), ("max_model_len", context)) if not have]
+        missing = [
+            what
+            for what, have in (
+                ("the model's config.json", spec),
+                ("the engine's KV budget", budget_bytes),
+                ("its block size", block),
+                ("max_model_len", context),
+            )
+            if not have
+        ]
         if missing:
             out.model_note = "no capacity-model prediction: unknown " + ", ".join(missing)
             return context
@@ -370,7 +408,9 @@ class Runner:
             out.model_note = f"no capacity-model prediction: kvbench has no format for {dtype!r}"
             return context
         gpu = self._catalog_gpu()
-        row = capacity_row(spec, fmt, context, budget_from_bytes(budget_bytes, "engine's KV memory"), gpu, block_size=block)
+        row = capacity_row(
+            spec, fmt, context, budget_from_bytes(budget_bytes, "engine's KV memory"), gpu, block_size=block
+        )
         out.model = ModelCapacity(
             kv_tokens=row.kv_tokens,
             max_concurrency=row.max_concurrency,
@@ -380,7 +420,9 @@ class Runner:
             context=context,
             format=fmt.key,
             gpu=gpu.key if gpu else None,
-            activation_overhead_bytes=self._overhead(spec, budget_bytes, cache_config) if not self.plan.endpoints else None,
+            activation_overhead_bytes=self._overhead(spec, budget_bytes, cache_config)
+            if not self.plan.endpoints
+            else None,
         )
         if gpu is not None and not self.plan.endpoints:
             out.non_kv = self._non_kv(spec, gpu, cache_config, context)
@@ -388,11 +430,19 @@ class Runner:
 
     def _non_kv(self, spec, gpu, cache_config: dict, context: int) -> dict:
         log = self.server.log_path.read_text(errors="replace") if self.server else None
-        return non_kv_report(spec, gpu, cache_config, context, self.plan.extra_args,
-                             (self.record.environment.get("vllm") or {}).get("version"), log)
+        return non_kv_report(
+            spec,
+            gpu,
+            cache_config,
+            context,
+            self.plan.extra_args,
+            (self.record.environment.get("vllm") or {}).get("version"),
+            log,
+        )
 
-    def _capacity_under_distribution(self, engine: EngineCapacity | None, model: ModelCapacity | None,
-                                     block: int | None, context: int) -> dict | None:
+    def _capacity_under_distribution(
+        self, engine: EngineCapacity | None, model: ModelCapacity | None, block: int | None, context: int
+    ) -> dict | None:
         """How many requests of the workload's own sequence lengths (prompt + output, what a request holds
         when it finishes) fit at their mean, P90 and P99, beside the max_model_len figure the engine reports:
         the engine's token pool where it said it, else the capacity model's; whole blocks per request."""
@@ -402,19 +452,32 @@ class Runner:
         block = (engine.block_size if engine and engine.block_size else None) or block or 1
         if not pool:
             return None
-        stats = build(self.plan.workload_spec, self._tokenizer, seed=self.plan.workload.seed, stream=0,
-                      max_model_len=context, api=self.plan.workload.api).stats["sequence_tokens"]
+        stats = build(
+            self.plan.workload_spec,
+            self._tokenizer,
+            seed=self.plan.workload.seed,
+            stream=0,
+            max_model_len=context,
+            api=self.plan.workload.api,
+        ).stats["sequence_tokens"]
 
         def fits(tokens: int) -> int:
             return (pool // block) // max(1, math.ceil(tokens / block))
 
         worst = fits(context)
-        out = {"source": "engine" if engine and engine.kv_tokens else "model", "pool_tokens": pool, "block_size": block,
-               "max_model_len": {"tokens": context, "max_concurrency": worst}}
+        out = {
+            "source": "engine" if engine and engine.kv_tokens else "model",
+            "pool_tokens": pool,
+            "block_size": block,
+            "max_model_len": {"tokens": context, "max_concurrency": worst},
+        }
         for key in ("mean", "p90", "p99"):
             tokens = max(1, int(round(stats[key])))
-            out[key] = {"tokens": tokens, "max_concurrency": fits(tokens),
-                        "vs_max_model_len": fits(tokens) / worst if worst else None}
+            out[key] = {
+                "tokens": tokens,
+                "max_concurrency": fits(tokens),
+                "vs_max_model_len": fits(tokens) / worst if worst else None,
+            }
         return out
 
     def _catalog_gpu(self):
@@ -454,16 +517,26 @@ class Runner:
                 return prompts(stream, n), plan.workload.output_tokens, load
             from kvbench.harness.workloads import build
 
-            rp = build(spec, self._tokenizer, seed=plan.workload.seed, stream=stream, max_model_len=max_len,
-                       api=plan.workload.api, num_requests=n)
+            rp = build(
+                spec,
+                self._tokenizer,
+                seed=plan.workload.seed,
+                stream=stream,
+                max_model_len=max_len,
+                api=plan.workload.api,
+                num_requests=n,
+            )
             if rp.timed:
                 load = Timed(tuple(r.send_at_s or 0.0 for r in rp.requests))
             elif rp.sessions:
                 think = [0.0] * len(rp.requests)
                 for r in rp.requests:
                     think[r.index] = r.think_s or 0.0
-                load = Sessions(tuple(tuple(t.index for t in s.turns) for s in rp.sessions), tuple(think),
-                                rp.max_concurrent_sessions or len(rp.sessions))
+                load = Sessions(
+                    tuple(tuple(t.index for t in s.turns) for s in rp.sessions),
+                    tuple(think),
+                    rp.max_concurrent_sessions or len(rp.sessions),
+                )
             return rp.prompts, rp.output_tokens, load
 
         async def phase(name: str, kind: PhaseKind, load, n: int | None, stream: int, repeat: int = 0):
@@ -498,13 +571,24 @@ class Runner:
             rate = getattr(load, "rate", None)
             start = load_result.started_at_monotonic
             spent = self._energy(start, start + load_result.duration_s, rapl_before)
-            spent.per_token(run_summary.total_completion_tokens,
-                            run_summary.total_prompt_tokens + run_summary.total_completion_tokens)
-            ph = Phase(name=name, kind=kind, concurrency=getattr(load, "concurrency", None),
-                       rate_rps=rate if rate is not None and math.isfinite(rate) else None,
-                       mode=load.describe(), summary=PhaseSummary.model_validate(summary), requests=count,
-                       repeat=repeat, started_s=start, energy=spent.as_dict(), canaries=canary,
-                       prefix_cache=await self._prefix_cache(backend, headers, counters, load_result) if counters else None)
+            spent.per_token(
+                run_summary.total_completion_tokens,
+                run_summary.total_prompt_tokens + run_summary.total_completion_tokens,
+            )
+            ph = Phase(
+                name=name,
+                kind=kind,
+                concurrency=getattr(load, "concurrency", None),
+                rate_rps=rate if rate is not None and math.isfinite(rate) else None,
+                mode=load.describe(),
+                summary=PhaseSummary.model_validate(summary),
+                requests=count,
+                repeat=repeat,
+                started_s=start,
+                energy=spent.as_dict(),
+                canaries=canary,
+                prefix_cache=await self._prefix_cache(backend, headers, counters, load_result) if counters else None,
+            )
             result.phases.append(ph)
             if load_result.interrupted:  # run_load keeps what it measured on Ctrl-C; the run stops here
                 raise asyncio.CancelledError
@@ -524,12 +608,16 @@ class Runner:
             # Light load first: a dtype whose engine later dies under load still gets its accuracy measured.
             at_rest = await self._agreement(dtype, backend, result, headers)
             if at_rest and plan.canaries:
-                canaries = Canaries(backend.base_url, backend.model, at_rest[: plan.canaries], headers, plan.stall_timeout_s)
+                canaries = Canaries(
+                    backend.base_url, backend.model, at_rest[: plan.canaries], headers, plan.stall_timeout_s
+                )
 
         knee, cap = None, plan.search_cap
         paced = spec is not None and spec.kind in ("trace", "multi-turn")  # its own timing: no ladder
         if paced and (plan.slo is not None or plan.sweep):
-            result.warnings.append(f"a {spec.kind} workload keeps its own timing: no SLO search or sweep (fixed phase only)")
+            result.warnings.append(
+                f"a {spec.kind} workload keeps its own timing: no SLO search or sweep (fixed phase only)"
+            )
         if plan.slo is not None and not paced:
             engine_conc = result.capacity.engine.max_concurrency if result.capacity.engine else None
             model_conc = result.capacity.model.max_concurrency if result.capacity.model else None
@@ -538,7 +626,9 @@ class Runner:
             probe_streams = iter(range(PROBE_STREAM, PROBE_STREAM + 1000))
 
             async def probe(c: int):
-                return await phase(f"slo-c{c}", PhaseKind.SLO_PROBE, Concurrency(c), ladder_size(c), next(probe_streams))
+                return await phase(
+                    f"slo-c{c}", PhaseKind.SLO_PROBE, Concurrency(c), ladder_size(c), next(probe_streams)
+                )
 
             found = await search(probe, plan.slo, cap=cap, hints=[engine_conc, model_conc], max_probes=plan.max_probes)
             result.capacity.measured = MeasuredCapacity(
@@ -578,7 +668,9 @@ class Runner:
             result.fixed_stats = repeats.stats(headline_runs)
         result.front = self._front(result)
 
-    async def _evaluate(self, dtype: str, backend, result: DtypeResult, headers: dict, at_load: int, load, prompts) -> None:
+    async def _evaluate(
+        self, dtype: str, backend, result: DtypeResult, headers: dict, at_load: int, load, prompts
+    ) -> None:
         """lm-eval at rest (1 request at a time), at load (`at_load` in flight) and during load (1 at a time while
         the first fixed load's traffic runs). A failure (an engine that dies mid-eval) is recorded, not raised:
         the load phases that follow find out for themselves."""
@@ -589,11 +681,23 @@ class Runner:
         result.eval = evals
 
         def job(concurrency: int) -> quality.EvalJob:
-            return quality.EvalJob(backend.base_url, backend.model, tokenizer, tuple(plan.eval_tasks), concurrency,
-                                   plan.eval_limit, headers or None, max_len)
+            return quality.EvalJob(
+                backend.base_url,
+                backend.model,
+                tokenizer,
+                tuple(plan.eval_tasks),
+                concurrency,
+                plan.eval_limit,
+                headers or None,
+                max_len,
+                plan.stall_timeout_s,
+                plan.client_realtime,
+            )
 
         async def one(condition: str, concurrency: int) -> None:
-            self.reporter.phase(dtype, f"eval {condition.replace('_', ' ')} ({', '.join(plan.eval_tasks)}, concurrency {concurrency})")
+            self.reporter.phase(
+                dtype, f"eval {condition.replace('_', ' ')} ({', '.join(plan.eval_tasks)}, concurrency {concurrency})"
+            )
             res = await self._evaluator.run(job(concurrency))
             evals[condition] = quality.condition_summary(res, concurrency)
             self._eval_items[(dtype, condition)] = quality.items_by_task(res)
@@ -603,17 +707,29 @@ class Runner:
             await one("rest", 1)
             await one("load", max(1, at_load))
             if load is not None:
-                background = asyncio.ensure_future(run_load(
-                    backend, prompts(EVAL_LOAD_STREAM, 100_000), plan.workload.output_tokens, load,
-                    stall_timeout_s=plan.stall_timeout_s, realtime=plan.client_realtime))
+                background = asyncio.ensure_future(
+                    sustain_load(  # for as long as the evaluation takes, in chunks of fresh prompts
+                        backend,
+                        lambda k, n: prompts(EVAL_LOAD_STREAM + k, n),
+                        plan.workload.output_tokens,
+                        load,
+                        stall_timeout_s=plan.stall_timeout_s,
+                        realtime=plan.client_realtime,
+                    )
+                )
                 try:
                     await one("during_load", 1)
                 finally:
                     background.cancel()
                     traffic = await background
                 s = summarize(traffic, None)
-                evals["during_load"]["traffic"] = {"mode": load.describe(), "completed": s.completed, "failed": s.failed,
-                                                   "ttft_p95_ms": s.ttft_ms.get("p95"), "tpot_p95_ms": s.tpot_ms.get("p95")}
+                evals["during_load"]["traffic"] = {
+                    "mode": load.describe(),
+                    "completed": s.completed,
+                    "failed": s.failed,
+                    "ttft_p95_ms": s.ttft_ms.get("p95"),
+                    "tpot_p95_ms": s.tpot_ms.get("p95"),
+                }
         except Exception as exc:  # lm-eval's own errors, a server gone mid-eval
             evals["error"] = _one_line(exc)
         result.eval = dict(evals)
@@ -640,9 +756,16 @@ class Runner:
         known = [r for r in done if r.cached_tokens is not None]
         hit = [r.ttft_s * 1e3 for r in known if r.cached_tokens > 0]
         miss = [r.ttft_s * 1e3 for r in known if r.cached_tokens == 0]
-        return {"queries_tokens": queries, "hits_tokens": hits, "hit_rate": hits / queries if queries else None,
-                "preemptions": delta("preemptions"), "requests_with_cached_tokens": len(hit),
-                "requests_reporting": len(known), "ttft_hit_ms": distribution(hit), "ttft_miss_ms": distribution(miss)}
+        return {
+            "queries_tokens": queries,
+            "hits_tokens": hits,
+            "hit_rate": hits / queries if queries else None,
+            "preemptions": delta("preemptions"),
+            "requests_with_cached_tokens": len(hit),
+            "requests_reporting": len(known),
+            "ttft_hit_ms": distribution(hit),
+            "ttft_miss_ms": distribution(miss),
+        }
 
     def _energy(self, start: float, end: float, rapl_before) -> energy.Energy:
         """Energy of the phase just measured: NVML on a GPU, RAPL on a CPU that exposes it, else unavailable."""
@@ -676,10 +799,18 @@ class Runner:
         best = front.best_under_slo(pts)
         at_target = front.at_interactivity(pts, target) if target else None
         if at_target is not None and plan.price_per_gpu_hour is not None:
-            at_target["usd_per_m_output"] = front.usd_per_million(at_target["output_tps_per_gpu"], plan.price_per_gpu_hour)
-        return Front(gpus=plan.gpus, price_per_gpu_hour=plan.price_per_gpu_hour, price_key=plan.price_key,
-                     points=[p.as_dict() for p in pts], at_slo=best.as_dict() if best else None, at_target=at_target,
-                     target_user_tps=target)
+            at_target["usd_per_m_output"] = front.usd_per_million(
+                at_target["output_tps_per_gpu"], plan.price_per_gpu_hour
+            )
+        return Front(
+            gpus=plan.gpus,
+            price_per_gpu_hour=plan.price_per_gpu_hour,
+            price_key=plan.price_key,
+            points=[p.as_dict() for p in pts],
+            at_slo=best.as_dict() if best else None,
+            at_target=at_target,
+            target_user_tps=target,
+        )
 
     async def _agreement(self, dtype: str, backend, result: DtypeResult, headers: dict) -> list[dict] | None:
         plan = self.plan
@@ -690,15 +821,23 @@ class Runner:
             # Scoring sends prompt + continuation + 1 new token: all of it must fit in max_model_len.
             tokens = min(tokens, max(1, max_len // 4))
             prompt_tokens = max(1, min(prompt_tokens, max_len - tokens - 1))
-        w = Workload(**{**plan.workload.as_dict(), "prompt_tokens": prompt_tokens, "num_requests": plan.agreement_prompts,
-                        "api": "completions"})
+        w = Workload(
+            **{
+                **plan.workload.as_dict(),
+                "prompt_tokens": prompt_tokens,
+                "num_requests": plan.agreement_prompts,
+                "api": "completions",
+            }
+        )
         prompts = [p.content for p in make_prompts(w, self._tokenizer, stream=AGREEMENT_STREAM)]
         agreement = Agreement(prompts=len(prompts), prompt_tokens=prompt_tokens, tokens=tokens)
         result.agreement = agreement
         try:
             reference = [Sample(**r) for r in self._reference] if self._reference is not None else None
-            data = await collect(backend.base_url, backend.model, prompts, tokens, reference, plan.stall_timeout_s, headers)
-        except (aiohttp.ClientError, asyncio.TimeoutError, KeyError, ValueError) as exc:
+            data = await collect(
+                backend.base_url, backend.model, prompts, tokens, reference, plan.stall_timeout_s, headers
+            )
+        except (TimeoutError, aiohttp.ClientError, KeyError, ValueError) as exc:
             # This part failed; the load phases still run (and find out for themselves if the server is gone).
             agreement.error = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
             return None
@@ -757,8 +896,9 @@ def _load_name(load) -> str:
     return f"c{load.concurrency}" if isinstance(load, Concurrency) else f"r{load.rate:g}"
 
 
-def non_kv_report(spec, gpu, cache_config: dict, context: int, vllm_args: list[str], vllm_version: str | None,
-                  log_text: str | None) -> dict:
+def non_kv_report(
+    spec, gpu, cache_config: dict, context: int, vllm_args: list[str], vllm_version: str | None, log_text: str | None
+) -> dict:
     """kvbench's prediction of every non-KV term (kvbench.vllm_memory) beside what the server's own start-up
     log says, per rank: weights, activation peak, non-torch memory, CUDA graphs, the KV pool (GiB)."""
     from kvbench.startuplog import parse_startup_log
@@ -766,16 +906,29 @@ def non_kv_report(spec, gpu, cache_config: dict, context: int, vllm_args: list[s
 
     try:
         util = cache_config.get("gpu_memory_utilization")
-        predicted = predict_non_kv(spec, gpu, utilization=float(util) if util else None,
-                                   tensor_parallel_size=_tensor_parallel(vllm_args),
-                                   pipeline_parallel_size=_tensor_parallel(vllm_args, ("--pipeline-parallel-size", "-pp")),
-                                   vllm_version=vllm_version, max_model_len=context).as_dict()
+        predicted = predict_non_kv(
+            spec,
+            gpu,
+            utilization=float(util) if util else None,
+            tensor_parallel_size=_tensor_parallel(vllm_args),
+            pipeline_parallel_size=_tensor_parallel(vllm_args, ("--pipeline-parallel-size", "-pp")),
+            vllm_version=vllm_version,
+            max_model_len=context,
+        ).as_dict()
     except Exception as exc:  # a prediction kvbench cannot make is a note, never a lost run
         return {"error": _one_line(exc)}
     log = parse_startup_log(log_text) if log_text else None
-    measured = None if log is None else {
-        "weights_gib": log.weights_gib, "activation_gib": log.activation_gib, "non_torch_gib": log.non_torch_gib,
-        "cudagraph_gib": log.cudagraph_actual_gib, "kv_pool_gib": log.available_kv_gib}
+    measured = (
+        None
+        if log is None
+        else {
+            "weights_gib": log.weights_gib,
+            "activation_gib": log.activation_gib,
+            "non_torch_gib": log.non_torch_gib,
+            "cudagraph_gib": log.cudagraph_actual_gib,
+            "kv_pool_gib": log.available_kv_gib,
+        }
+    )
     return {"predicted": predicted, "measured_from_log": measured}
 
 
@@ -838,9 +991,9 @@ def findings(record: RunRecord, spec) -> list[Finding]:
                     engine_ratio=actual,
                     format_ratio=expected,
                     text=(
-                        f"{dtype} was probably NOT honoured on this platform: the engine holds {actual:.2f}x the tokens of "
-                        f"auto, but the {dtype} format implies {expected:.2f}x ({abs(actual / expected - 1) * 100:.0f}% off; "
-                        f"tolerance {HONOURED_TOLERANCE * 100:.0f}%)."
+                        f"{dtype} was probably NOT honoured on this platform: the engine holds "
+                        f"{actual:.2f}x the tokens of auto, but the {dtype} format implies {expected:.2f}x "
+                        f"({abs(actual / expected - 1) * 100:.0f}% off; tolerance {HONOURED_TOLERANCE * 100:.0f}%)."
                     ),
                 )
             )
@@ -848,8 +1001,11 @@ def findings(record: RunRecord, spec) -> list[Finding]:
 
 
 def _quality_findings(gates: dict[str, dict]) -> list[Finding]:
-    return [Finding(level="warning", dtype=dtype, text=f"{dtype} excluded from the recommendation: {g['reason']}")
-            for dtype, g in gates.items() if not g["eligible"] and g["reason"].startswith("accuracy")]
+    return [
+        Finding(level="warning", dtype=dtype, text=f"{dtype} excluded from the recommendation: {g['reason']}")
+        for dtype, g in gates.items()
+        if not g["eligible"] and g["reason"].startswith("accuracy")
+    ]
 
 
 def comparisons(record: RunRecord) -> list[dict]:
@@ -876,10 +1032,14 @@ def comparisons(record: RunRecord) -> list[dict]:
                     saving = front.saving_pct(mine.get("usd_per_m_output"), theirs.get("usd_per_m_output"))
                     a, b = mine.get("output_tps_per_gpu"), theirs.get("output_tps_per_gpu")
                     gain = (a / b - 1) * 100 if a and b else None
-                    row["cost"][where] = {"usd_per_m_output": mine.get("usd_per_m_output"),
-                                          "auto_usd_per_m_output": theirs.get("usd_per_m_output"),
-                                          "saving_pct": saving, "throughput_gain_pct": gain,
-                                          "user_tps": mine.get("user_tps"), "concurrency": mine.get("concurrency")}
+                    row["cost"][where] = {
+                        "usd_per_m_output": mine.get("usd_per_m_output"),
+                        "auto_usd_per_m_output": theirs.get("usd_per_m_output"),
+                        "saving_pct": saving,
+                        "throughput_gain_pct": gain,
+                        "user_tps": mine.get("user_tps"),
+                        "concurrency": mine.get("concurrency"),
+                    }
         out.append(row)
     return out
 
@@ -894,14 +1054,17 @@ def _starved_client(record: RunRecord) -> list[Finding]:
     frac, dtype, name = worst
     if frac <= STARVED_CLIENT_FRACTION:
         return []
-    return [Finding(
-        level="warning",
-        dtype=dtype,
-        text=(
-            f"the load generator waited for a CPU {frac:.0%} of phase {name} ({dtype}): its latencies include its own "
-            "queueing. Run on a quieter machine, or with --realtime (SCHED_FIFO; needs root or CAP_SYS_NICE)."
-        ),
-    )]
+    return [
+        Finding(
+            level="warning",
+            dtype=dtype,
+            text=(
+                f"the load generator waited for a CPU {frac:.0%} of phase {name} ({dtype}): "
+                "its latencies include its own queueing. Run on a quieter machine, "
+                "or with --realtime (SCHED_FIFO; needs root or CAP_SYS_NICE)."
+            ),
+        )
+    ]
 
 
 # -- the one entry point ------------------------------------------------------------------------------

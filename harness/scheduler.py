@@ -30,7 +30,6 @@ from kvbench.harness.clientsched import Realtime, policy_name, thread_cpu_and_wa
 from kvbench.harness.waketimer import WakeTimer
 from kvbench.harness.workload import Prompt
 
-
 # With automatic collection suspended for a run (run_load's freeze_gc), the young generation is collected
 # once it holds this many objects, when a request fails (only failures leave cycles): a bound on memory.
 GC_YOUNG_BOUND = 1_000_000
@@ -130,8 +129,12 @@ class Timed:
         return self.max_concurrency
 
     def describe(self) -> dict[str, Any]:
-        return {"kind": "timed", "requests": len(self.times), "duration_s": self.times[-1] if self.times else 0.0,
-                "max_concurrency": self.max_concurrency}
+        return {
+            "kind": "timed",
+            "requests": len(self.times),
+            "duration_s": self.times[-1] if self.times else 0.0,
+            "max_concurrency": self.max_concurrency,
+        }
 
 
 @dataclass(frozen=True)
@@ -152,8 +155,13 @@ class Sessions:
         return self.max_concurrent
 
     def describe(self) -> dict[str, Any]:
-        return {"kind": "sessions", "sessions": len(self.sessions), "turns": sum(len(s) for s in self.sessions),
-                "max_concurrent": self.max_concurrent, "concurrency": self.max_concurrent}
+        return {
+            "kind": "sessions",
+            "sessions": len(self.sessions),
+            "turns": sum(len(s) for s in self.sessions),
+            "max_concurrent": self.max_concurrent,
+            "concurrency": self.max_concurrent,
+        }
 
 
 def arrival_schedule(n: int, rate: Rate | Timed) -> np.ndarray:
@@ -420,8 +428,11 @@ async def run_load(
         warm_result = None
         if warm:
             warm_mode = Concurrency(min(mode.max_in_flight or len(warm), len(warm)))
-            warm_out = output_tokens if isinstance(output_tokens, int) else [output_tokens[i % len(output_tokens)]
-                                                                            for i in range(len(warm))]
+            warm_out = (
+                output_tokens
+                if isinstance(output_tokens, int)
+                else [output_tokens[i % len(output_tokens)] for i in range(len(warm))]
+            )
             warm_result = await _run(backend, warm, warm_out, warm_mode, stall_timeout_s, None)
             if warm_result.interrupted or warm_result.stalled:
                 warm_result.warmup, warm_result.results = warm_result.results, []
@@ -472,7 +483,11 @@ async def _run(backend, items, output_tokens, mode, stall_timeout_s, on_progress
         await asyncio.gather(driver, watchdog, *list(run.tasks), return_exceptions=True)
     results = [run.results[i] for i in sorted(run.results)]
     sched_after = thread_cpu_and_wait_s()
-    cpu_wait = [b - a for a, b in zip(sched_before, sched_after)] if sched_before and sched_after else [None, None]
+    cpu_wait = (
+        [b - a for a, b in zip(sched_before, sched_after, strict=False)]
+        if sched_before and sched_after
+        else [None, None]
+    )
     return LoadResult(
         results=results,
         duration_s=end - run.origin,
@@ -527,3 +542,65 @@ async def run_sweep(
         if owns:
             await asyncio.shield(backend.close())
     return out
+
+
+async def sustain_load(
+    backend: OpenAIBackend,
+    prompts: Callable[[int, int], Sequence],
+    output_tokens: int,
+    mode: Concurrency | Rate,
+    *,
+    stall_timeout_s: float | None = 60.0,
+    realtime: bool = False,
+) -> LoadResult:
+    """`mode`'s traffic for as long as the caller needs it: until this task is cancelled.
+
+    It goes out in chunks of fresh prompts, `prompts(chunk_index, n)`, so a load that must outlast something
+    of unknown length (an evaluation while the server is busy) never builds its prompts up front. Each chunk
+    holds enough requests (eight times the concurrency, or 30 s of arrivals) that the brief drain between
+    chunks is a small part of it. Returns every chunk's requests as one LoadResult, `interrupted` (as
+    expected) once cancelled; a chunk that stalls ends it early, `stalled`.
+    """
+    if isinstance(mode, Rate) and math.isfinite(mode.rate):
+        size = max(64, math.ceil(mode.rate * 30))
+    else:
+        size = max(64, 8 * (mode.max_in_flight or 8))
+    chunks: list[LoadResult] = []
+    owns = not backend.is_open
+    await backend.open(mode.max_in_flight or 0)
+    interrupted = False
+    try:
+        for k in range(1_000_000):
+            try:
+                lr = await run_load(
+                    backend, prompts(k, size), output_tokens, mode, stall_timeout_s=stall_timeout_s, realtime=realtime
+                )
+            except asyncio.CancelledError:  # between two chunks' requests: nothing of this chunk was sent
+                task = asyncio.current_task()
+                if task is not None:
+                    task.uncancel()
+                interrupted = True
+                break
+            chunks.append(lr)
+            if lr.interrupted or lr.stalled:
+                break
+    finally:
+        if owns:
+            await asyncio.shield(backend.close())
+    first = chunks[0] if chunks else None
+    return LoadResult(
+        results=[r for c in chunks for r in c.results],
+        duration_s=sum(c.duration_s for c in chunks),
+        started_at_monotonic=first.started_at_monotonic if first else time.perf_counter(),
+        interrupted=interrupted or bool(chunks and chunks[-1].interrupted),
+        stalled=bool(chunks and chunks[-1].stalled),
+        mode={**mode.describe(), "chunks": len(chunks), "chunk_requests": size},
+        requested=sum(c.requested for c in chunks),
+        not_sent=sum(c.not_sent for c in chunks),
+        output_tokens=output_tokens,
+        api=backend.api,
+        stall_timeout_s=stall_timeout_s,
+        started_at_unix=first.started_at_unix if first else None,
+        prompt_lengths_exact=first.prompt_lengths_exact if first else None,
+        client_policy=first.client_policy if first else None,
+    )

@@ -16,7 +16,7 @@ import pytest
 from kvbench.harness.backend import OpenAIBackend
 from kvbench.harness.fakeserver import FakeConfig, FakeServer
 from kvbench.harness.metrics import summarize
-from kvbench.harness.scheduler import Concurrency, LoadResult, Rate, run_load, run_sweep
+from kvbench.harness.scheduler import Concurrency, LoadResult, Rate, run_load, run_sweep, sustain_load
 
 P = [[5, 6, 7, 8]] * 12
 
@@ -169,10 +169,36 @@ def test_cancel_returns_partial_results_and_closes_the_session(server):
     assert not backend.is_open
 
 
+def test_sustained_load_goes_on_in_fresh_chunks_until_cancelled(server):
+    # A background load for as long as something else takes (an evaluation): never built up front.
+    server.configure(ttft_s=0.001, itl_s=0.001)
+    asked = []
+
+    def prompts(k, n):
+        asked.append((k, n))
+        return [[10 + k, 11, 12, 13]] * n
+
+    async def main():
+        backend = OpenAIBackend(server.base_url, "kvbench-fake")
+        task = asyncio.ensure_future(sustain_load(backend, prompts, 4, Concurrency(2)))
+        while len(asked) < 3:  # past two whole chunks
+            await asyncio.sleep(0.01)
+        task.cancel()
+        return await task, backend
+
+    lr, backend = asyncio.run(main())
+    s = summarize(lr)
+    assert [k for k, _ in asked] == list(range(len(asked))) and {n for _, n in asked} == {64}  # 8 x concurrency 2
+    assert lr.interrupted and not lr.stalled and lr.mode["chunks"] >= 2
+    assert s.completed >= 2 * 64 and s.completed + s.failed + s.not_sent == lr.requested
+    assert not backend.is_open
+
+
 def test_ctrl_c_under_asyncio_run_returns_what_was_measured(server, tmp_path):
     server.configure(ttft_s=0.01, itl_s=0.05)
     script = tmp_path / "ctrlc.py"
-    script.write_text(textwrap.dedent(f"""
+    script.write_text(
+        textwrap.dedent(f"""
         import asyncio, json, sys
         from kvbench.harness.backend import OpenAIBackend
         from kvbench.harness.scheduler import Concurrency, run_load
@@ -181,12 +207,14 @@ def test_ctrl_c_under_asyncio_run_returns_what_was_measured(server, tmp_path):
         def progress(done, total):
             print("progress", done, total, flush=True)
 
-        lr = asyncio.run(run_load(OpenAIBackend({server.base_url!r}, "m"), [[1, 2]] * 40, 8, Concurrency(2), on_progress=progress))
+        lr = asyncio.run(run_load(OpenAIBackend({server.base_url!r}, "m"), [[1, 2]] * 40, 8, Concurrency(2),
+                                  on_progress=progress))
         s = summarize(lr)
         print(json.dumps({{"interrupted": lr.interrupted, "completed": s.completed, "failed": s.failed,
                           "not_sent": s.not_sent, "reasons": s.failure_reasons}}), flush=True)
         sys.exit(130 if lr.interrupted else 0)
-    """))
+    """)
+    )
     proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         for line in proc.stdout:  # wait until two requests have finished
@@ -206,7 +234,11 @@ def test_ctrl_c_under_asyncio_run_returns_what_was_measured(server, tmp_path):
 
 def test_sweep_gives_one_result_per_point(server):
     seen = []
-    points = run_sweep_sync(server.base_url, [Concurrency(1), Concurrency(4), Rate(100.0, seed=1)], on_progress=lambda k, d, t: seen.append(k))
+    points = run_sweep_sync(
+        server.base_url,
+        [Concurrency(1), Concurrency(4), Rate(100.0, seed=1)],
+        on_progress=lambda k, d, t: seen.append(k),
+    )
     assert [p.mode["kind"] for p in points] == ["concurrency", "concurrency", "rate"]
     assert [summarize(p).concurrency["max"] for p in points][:2] == [1, 4]
     assert all(summarize(p).completed == 6 for p in points)
@@ -238,7 +270,12 @@ def test_warmup_is_kept_apart(server):
 
 
 def test_fake_server_cli_serves_models_and_metrics(tmp_path):
-    proc = subprocess.Popen([sys.executable, "-m", "kvbench.harness.fakeserver", "--port", "0", "--ttft-ms", "1"], stdout=subprocess.PIPE, text=True, start_new_session=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "kvbench.harness.fakeserver", "--port", "0", "--ttft-ms", "1"],
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     try:
         url = proc.stdout.readline().split()[-1]
         import urllib.request

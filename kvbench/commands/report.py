@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from kvbench.harness.records import fixed_phase, headline, load_record, workload_label
+from kvbench.harness.records import conditions, fixed_phase, headline, load_record, workload_label
 from kvbench.output import console, num, print_json
 
 NAME = "report"
@@ -30,31 +30,58 @@ def render(doc: dict, path: Path | None = None) -> None:
     )
     served = {(d.get("server") or {}).get("vllm_version") for d in doc.get("dtypes", []) if d.get("server")}
     served = sorted(v for v in served if v)
-    engine = (f"vLLM {', '.join(served) or 'version unknown'} (endpoint)" if cfg.get("endpoint")
-              else f"{vllm.get('package')} {vllm.get('version')}")
+    engine = (
+        f"vLLM {', '.join(served) or 'version unknown'} (endpoint)"
+        if cfg.get("endpoint")
+        else f"{vllm.get('package')} {vllm.get('version')}"
+    )
     console.print(
         f"model {cfg.get('model_name')}, {engine}; "
-        + (f"workload {workload_label(cfg)}; " if cfg.get("workload_spec") else
-           f"{w.get('prompt_tokens')} prompt + {w.get('output_tokens')} output tokens per request; ")
+        + (
+            f"workload {workload_label(cfg)}; "
+            if cfg.get("workload_spec")
+            else f"{w.get('prompt_tokens')} prompt + {w.get('output_tokens')} output tokens per request; "
+        )
         + f"max_model_len {cfg.get('max_model_len')}"
     )
     for d in doc.get("dtypes", []):
         server = d.get("server") or {}
         if server and not server.get("managed", True):
-            confirmed = {True: "confirmed by the server", False: "CONTRADICTED by the server",
-                         None: "not stated by the server (unchecked)"}[d.get("kv_dtype_confirmed")]
-            console.print(f"{d['kv_cache_dtype']}: endpoint {server.get('base_url')} serving {server.get('served_model')} "
-                          f"({server.get('model_root')}), vLLM {server.get('vllm_version') or 'unknown'}; KV dtype {confirmed}")
+            confirmed = {
+                True: "confirmed by the server",
+                False: "CONTRADICTED by the server",
+                None: "not stated by the server (unchecked)",
+            }[d.get("kv_dtype_confirmed")]
+            console.print(
+                f"{d['kv_cache_dtype']}: endpoint {server.get('base_url')} serving {server.get('served_model')} "
+                f"({server.get('model_root')}), vLLM {server.get('vllm_version') or 'unknown'}; KV dtype {confirmed}"
+            )
     slo = cfg.get("slo")
     if slo:
-        console.print(f"SLO for measured capacity: TTFT P95 <= {slo.get('ttft_p95_ms')} ms, TPOT P95 <= {slo.get('tpot_p95_ms')} ms")
+        console.print(
+            f"SLO for measured capacity: TTFT P95 <= {slo.get('ttft_p95_ms')} ms, "
+            f"TPOT P95 <= {slo.get('tpot_p95_ms')} ms"
+        )
 
-    probes = {d["kv_cache_dtype"]: len(((d.get("capacity") or {}).get("measured") or {}).get("probes") or []) for d in doc.get("dtypes", [])}
+    probes = {
+        d["kv_cache_dtype"]: len(((d.get("capacity") or {}).get("measured") or {}).get("probes") or [])
+        for d in doc.get("dtypes", [])
+    }
     probes = {k: v for k, v in probes.items() if v}
-    cap = Table(title="Max concurrent requests of max_model_len tokens, three ways"
-                + (f" (SLO search: {', '.join(f'{k} {v}' for k, v in probes.items())} probes)" if probes else ""),
-                title_justify="left")
-    for col in ("KV dtype", "status", "engine reports", "measured under SLO", "capacity model", "engine KV tokens", "model KV tokens"):
+    cap = Table(
+        title="Max concurrent requests of max_model_len tokens, three ways"
+        + (f" (SLO search: {', '.join(f'{k} {v}' for k, v in probes.items())} probes)" if probes else ""),
+        title_justify="left",
+    )
+    for col in (
+        "KV dtype",
+        "status",
+        "engine reports",
+        "measured under SLO",
+        "capacity model",
+        "engine KV tokens",
+        "model KV tokens",
+    ):
         cap.add_column(col, justify="left" if col in ("KV dtype", "status") else "right")
     lat = Table(title="Fixed-load phase", title_justify="left")
     for col in (
@@ -72,7 +99,7 @@ def render(doc: dict, path: Path | None = None) -> None:
         lat.add_column(col, justify="left" if col in ("KV dtype", "load") else "right")
     for d in doc.get("dtypes", []):
         h = headline(d)
-        measured = ((d.get("capacity") or {}).get("measured") or {})
+        measured = (d.get("capacity") or {}).get("measured") or {}
         m = h["measured_max_concurrency"]
         m_text = "—" if m is None else f"{m}{'+' if measured.get('capped') else ''}"
         cap.add_row(
@@ -89,7 +116,7 @@ def render(doc: dict, path: Path | None = None) -> None:
         load = _load_text(mode)
         reps = d.get("fixed_stats") or {}
 
-        def cell(key: str, digits: int) -> str:
+        def cell(key: str, digits: int, reps=reps, h=h) -> str:
             st = reps.get(key)
             if st and st.get("ci_low") is not None:
                 return f"{num(st['mean'], digits)} ±{num((st['ci_high'] - st['ci_low']) / 2, digits)}"
@@ -109,7 +136,10 @@ def render(doc: dict, path: Path | None = None) -> None:
             f"{h['completed'] or 0} / {h['failed'] or 0}" if fixed else "—",
         )
     console.print(cap)
-    overheads = {d["kv_cache_dtype"]: ((d.get("capacity") or {}).get("model") or {}).get("activation_overhead_bytes") for d in doc.get("dtypes", [])}
+    overheads = {
+        d["kv_cache_dtype"]: ((d.get("capacity") or {}).get("model") or {}).get("activation_overhead_bytes")
+        for d in doc.get("dtypes", [])
+    }
     overheads = {k: v for k, v in overheads.items() if v is not None}
     if overheads:
         console.print(
@@ -135,11 +165,21 @@ def render(doc: dict, path: Path | None = None) -> None:
     if agree:
         first = next(d.get("agreement") for d in doc["dtypes"] if (d.get("agreement") or {}).get("vs_auto"))
         acc = Table(
-            title=(f"End-to-end accuracy vs auto: {first['vs_auto']['sequences']} prompts of {first.get('prompt_tokens', '?')} tokens, "
-                   f"{first.get('tokens', '?')} greedy tokens each"),
+            title=(
+                f"End-to-end accuracy vs auto: {first['vs_auto']['sequences']} prompts of "
+                f"{first.get('prompt_tokens', '?')} tokens, "
+                f"{first.get('tokens', '?')} greedy tokens each"
+            ),
             title_justify="left",
         )
-        for col in ("KV dtype", "same greedy token", "identical outputs", "first difference at token", "|Δ logprob| mean (teacher-forced)", "|Δ logprob| max"):
+        for col in (
+            "KV dtype",
+            "same greedy token",
+            "identical outputs",
+            "first difference at token",
+            "|Δ logprob| mean (teacher-forced)",
+            "|Δ logprob| max",
+        ):
             acc.add_column(col, justify="left" if col == "KV dtype" else "right")
         for dtype, a in agree:
             acc.add_row(
@@ -165,7 +205,7 @@ def render(doc: dict, path: Path | None = None) -> None:
         if d.get("status") != "ok":
             console.print(f"[red]{d['kv_cache_dtype']}: {d.get('status')}[/] — {d.get('error')}")
             # uvicorn's access lines ("POST /v1/completions ... 500") say nothing the error does not
-            tail = [line for line in d.get("log_tail") or [] if '" 200 OK' not in line and "HTTP/1.1\"" not in line]
+            tail = [line for line in d.get("log_tail") or [] if '" 200 OK' not in line and 'HTTP/1.1"' not in line]
             for line in tail[-5:]:
                 console.print("    " + line, markup=False, highlight=False)  # log text is not rich markup
         for warning in d.get("warnings", []):
@@ -191,35 +231,62 @@ def render_workload_capacity(doc: dict) -> None:
     rows = [(k, v) for k, v in rows if v]
     if not rows:
         return
-    table = Table(title="Requests that fit at the workload's own lengths (prompt + output tokens; whole KV blocks)",
-                  title_justify="left")
+    table = Table(
+        title="Requests that fit at the workload's own lengths (prompt + output tokens; whole KV blocks)",
+        title_justify="left",
+    )
     for col in ("KV dtype", "pool", "max_model_len", "P99", "P90", "mean"):
         table.add_column(col, justify="left" if col == "KV dtype" else "right")
     for dtype, dist in rows:
-        def cell(key):
+
+        def cell(key, dist=dist):
             c = dist.get(key) or {}
             ratio = c.get("vs_max_model_len")
-            return (f"{c.get('max_concurrency')} @ {c.get('tokens')} tok"
-                    + (f" ({ratio:.1f}x)" if ratio and key != "max_model_len" else ""))
-        table.add_row(dtype, f"{dist.get('pool_tokens'):,} tok ({dist.get('source')})", *(cell(k) for k in ("max_model_len", "p99", "p90", "mean")))
+            return f"{c.get('max_concurrency')} @ {c.get('tokens')} tok" + (
+                f" ({ratio:.1f}x)" if ratio and key != "max_model_len" else ""
+            )
+
+        table.add_row(
+            dtype,
+            f"{dist.get('pool_tokens'):,} tok ({dist.get('source')})",
+            *(cell(k) for k in ("max_model_len", "p99", "p90", "mean")),
+        )
     console.print(table)
 
 
 def render_prefix_cache(doc: dict) -> None:
     """vLLM's prefix-cache hit rate over each fixed phase and the TTFT of requests that hit it or missed."""
-    rows = [(d["kv_cache_dtype"], p) for d in doc.get("dtypes", []) for p in d.get("phases") or [] if p.get("prefix_cache")]
+    rows = [
+        (d["kv_cache_dtype"], p) for d in doc.get("dtypes", []) for p in d.get("phases") or [] if p.get("prefix_cache")
+    ]
     if not rows or all((p["prefix_cache"].get("queries_tokens") or 0) == 0 for _, p in rows):
         return
-    table = Table(title="Prefix cache over the fixed load (vLLM /metrics; TTFT split by usage cached_tokens)", title_justify="left")
-    for col in ("KV dtype", "phase", "hit rate (tokens)", "preemptions", "requests hit / reporting", "TTFT P50 hit (ms)",
-                "TTFT P50 miss (ms)"):
+    table = Table(
+        title="Prefix cache over the fixed load (vLLM /metrics; TTFT split by usage cached_tokens)",
+        title_justify="left",
+    )
+    for col in (
+        "KV dtype",
+        "phase",
+        "hit rate (tokens)",
+        "preemptions",
+        "requests hit / reporting",
+        "TTFT P50 hit (ms)",
+        "TTFT P50 miss (ms)",
+    ):
         table.add_column(col, justify="left" if col in ("KV dtype", "phase") else "right")
     for dtype, p in rows:
         pc = p["prefix_cache"]
         rate = pc.get("hit_rate")
-        table.add_row(dtype, p["name"], "—" if rate is None else f"{rate:.1%}", num(pc.get("preemptions"), 0),
-                      f"{pc.get('requests_with_cached_tokens')} / {pc.get('requests_reporting')}",
-                      num((pc.get("ttft_hit_ms") or {}).get("p50"), 1), num((pc.get("ttft_miss_ms") or {}).get("p50"), 1))
+        table.add_row(
+            dtype,
+            p["name"],
+            "—" if rate is None else f"{rate:.1%}",
+            num(pc.get("preemptions"), 0),
+            f"{pc.get('requests_with_cached_tokens')} / {pc.get('requests_reporting')}",
+            num((pc.get("ttft_hit_ms") or {}).get("p50"), 1),
+            num((pc.get("ttft_miss_ms") or {}).get("p50"), 1),
+        )
     console.print(table)
 
 
@@ -233,67 +300,143 @@ def render_non_kv(doc: dict) -> None:
             console.print(f"{d['kv_cache_dtype']}: no non-KV prediction: {nk['error']}")
             continue
         stage, log = nk["predicted"]["stages"][0], nk.get("measured_from_log") or {}
-        pairs = [("weights", "weights_gib"), ("activation", "activation_gib"), ("non_torch", "non_torch_gib"),
-                 ("cudagraph", "cudagraph_gib"), ("kv_pool", "kv_pool_gib")]
-        console.print(f"{d['kv_cache_dtype']} memory per GPU, predicted / vLLM's log (GiB): "
-                      + ", ".join(f"{t} {num(stage[t]['gib'], 2)} / {num(log.get(k), 2)}" for t, k in pairs))
+        pairs = [
+            ("weights", "weights_gib"),
+            ("activation", "activation_gib"),
+            ("non_torch", "non_torch_gib"),
+            ("cudagraph", "cudagraph_gib"),
+            ("kv_pool", "kv_pool_gib"),
+        ]
+        console.print(
+            f"{d['kv_cache_dtype']} memory per GPU, predicted / vLLM's log (GiB): "
+            + ", ".join(f"{t} {num(stage[t]['gib'], 2)} / {num(log.get(k), 2)}" for t, k in pairs)
+        )
 
 
 def render_comparisons(doc: dict) -> None:
     """Each dtype vs auto over the repeats: the paired difference with its 95% CI and whether it is beyond noise."""
-    rows = [(c["kv_cache_dtype"], m, v) for c in doc.get("comparisons") or [] for m, v in (c.get("metrics") or {}).items()]
+    rows = [
+        (c["kv_cache_dtype"], m, v) for c in doc.get("comparisons") or [] for m, v in (c.get("metrics") or {}).items()
+    ]
     if not rows:
         return
     table = Table(title="vs auto, paired by repeat (same prompts): difference and 95% CI", title_justify="left")
     for col in ("KV dtype", "metric", "difference", "95% CI", "relative", "beyond noise?"):
         table.add_column(col, justify="left" if col in ("KV dtype", "metric") else "right")
     for dtype, metric, v in rows:
-        if metric not in ("ttft_p95_ms", "tpot_p95_ms", "output_throughput_tps", "request_throughput_rps", "e2e_p95_ms"):
+        if metric not in (
+            "ttft_p95_ms",
+            "tpot_p95_ms",
+            "output_throughput_tps",
+            "request_throughput_rps",
+            "e2e_p95_ms",
+        ):
             continue
-        table.add_row(dtype, metric, num(v["mean"], 2), f"{num(v['ci_low'], 2)} .. {num(v['ci_high'], 2)}",
-                      f"{v['relative_pct']:+.1f}%" if v.get("relative_pct") is not None else "—",
-                      "yes" if v.get("beyond_noise") else "no (within noise)")
+        table.add_row(
+            dtype,
+            metric,
+            num(v["mean"], 2),
+            f"{num(v['ci_low'], 2)} .. {num(v['ci_high'], 2)}",
+            f"{v['relative_pct']:+.1f}%" if v.get("relative_pct") is not None else "—",
+            "yes" if v.get("beyond_noise") else "no (within noise)",
+        )
     console.print(table)
 
 
 def render_quality(doc: dict) -> None:
     """Task accuracy per dtype at rest / at load / during load with 95% CIs, the paired test against auto and
     against itself at rest, and the recommendation the quality gate allows."""
-    rows = [(d["kv_cache_dtype"], cond, task, e) for d in doc.get("dtypes", []) for cond, summary in (d.get("eval") or {}).items()
-            if cond != "error" for task, e in (summary.get("tasks") or {}).items()]
+    rows = [
+        (d["kv_cache_dtype"], cond, task, e)
+        for d in doc.get("dtypes", [])
+        for cond, summary in conditions(d.get("eval"))
+        for task, e in (summary.get("tasks") or {}).items()
+    ]
     if rows:
-        table = Table(title="Task accuracy through lm-evaluation-harness (temperature 0; Wilson 95% CI; paired McNemar test)",
-                      title_justify="left")
-        for col in ("KV dtype", "task", "condition", "accuracy", "95% CI", "items", "vs auto (same items)", "vs itself at rest"):
-            table.add_column(col, justify="left" if col in ("KV dtype", "task", "condition", "vs auto (same items)", "vs itself at rest") else "right")
+        table = Table(
+            title="Task accuracy through lm-evaluation-harness (temperature 0; Wilson 95% CI; paired McNemar test)",
+            title_justify="left",
+        )
+        for col in (
+            "KV dtype",
+            "task",
+            "condition",
+            "accuracy",
+            "95% CI",
+            "items",
+            "vs auto (same items)",
+            "vs itself at rest",
+        ):
+            table.add_column(
+                col,
+                justify="left"
+                if col in ("KV dtype", "task", "condition", "vs auto (same items)", "vs itself at rest")
+                else "right",
+            )
         for dtype, cond, task, e in rows:
-            conc = next((summary.get("concurrency") for d in doc["dtypes"] if d["kv_cache_dtype"] == dtype
-                         for c, summary in (d.get("eval") or {}).items() if c == cond), None)
-            label = {"rest": "at rest (1 at a time)", "load": f"at load ({conc} in flight)",
-                     "during_load": "during the fixed load"}.get(cond, cond)
+            conc = next(
+                (
+                    summary.get("concurrency")
+                    for d in doc["dtypes"]
+                    if d["kv_cache_dtype"] == dtype
+                    for c, summary in (d.get("eval") or {}).items()
+                    if c == cond
+                ),
+                None,
+            )
+            label = {
+                "rest": "at rest (1 at a time)",
+                "load": f"at load ({conc} in flight)",
+                "during_load": "during the fixed load",
+            }.get(cond, cond)
             ci = e.get("ci95")
-            table.add_row(dtype, task, label, f"{e['accuracy'] * 100:.1f}%" if e.get("accuracy") is not None else "—",
-                          f"{ci[0] * 100:.1f}..{ci[1] * 100:.1f}%" if ci else "—", str(e.get("n")),
-                          _verdict(e.get("vs_auto")), _verdict(e.get("vs_rest")))
+            table.add_row(
+                dtype,
+                task,
+                label,
+                f"{e['accuracy'] * 100:.1f}%" if e.get("accuracy") is not None else "—",
+                f"{ci[0] * 100:.1f}..{ci[1] * 100:.1f}%" if ci else "—",
+                str(e.get("n")),
+                _verdict(e.get("vs_auto")),
+                _verdict(e.get("vs_rest")),
+            )
         console.print(table)
-        drops = [e["vs_auto"]["detectable_drop"] for *_, e in rows if e.get("vs_auto") and e["vs_auto"].get("detectable_drop")]
+        drops = [
+            e["vs_auto"]["detectable_drop"]
+            for *_, e in rows
+            if e.get("vs_auto") and e["vs_auto"].get("detectable_drop")
+        ]
         if drops:
-            console.print(f"with these items a drop of {min(drops) * 100:.1f} points or more would have been detected "
-                          "(80% power, alpha 0.05)")
+            console.print(
+                f"with these items a drop of {min(drops) * 100:.1f} points or more would have been detected "
+                "(80% power, alpha 0.05)"
+            )
     for d in doc.get("dtypes", []):
         if (d.get("eval") or {}).get("error"):
             console.print(f"[red]{d['kv_cache_dtype']}: evaluation failed[/] — {d['eval']['error']}")
-    canaries = [(d["kv_cache_dtype"], sum((p.get("canaries") or {}).get("sent", 0) for p in d.get("phases", [])),
-                 sum((p.get("canaries") or {}).get("differ", 0) for p in d.get("phases", []))) for d in doc.get("dtypes", [])]
+    canaries = [
+        (
+            d["kv_cache_dtype"],
+            sum((p.get("canaries") or {}).get("sent", 0) for p in d.get("phases", [])),
+            sum((p.get("canaries") or {}).get("differ", 0) for p in d.get("phases", [])),
+        )
+        for d in doc.get("dtypes", [])
+    ]
     canaries = [c for c in canaries if c[1]]
     if canaries:
-        console.print("canaries (at-rest greedy outputs re-sent inside every load phase): "
-                      + ", ".join(f"{k} {differ} of {sent} differed" for k, sent, differ in canaries))
+        console.print(
+            "canaries (at-rest greedy outputs re-sent inside every load phase): "
+            + ", ".join(f"{k} {differ} of {sent} differed" for k, sent, differ in canaries)
+        )
     q = doc.get("quality") or {}
     rec = q.get("recommendation")
     if rec:
         pick = rec.get("dtype")
-        console.print(f"[bold]recommended: {pick}[/] — {rec.get('why')}" if pick else f"[bold red]no dtype recommended[/] — {rec.get('why')}")
+        console.print(
+            f"[bold]recommended: {pick}[/] — {rec.get('why')}"
+            if pick
+            else f"[bold red]no dtype recommended[/] — {rec.get('why')}"
+        )
         for dtype, g in (q.get("gate") or {}).items():
             state = "eligible" if g.get("eligible") else "[yellow]excluded[/]"
             console.print(f"  {dtype}: {state} — {g.get('reason')}")
@@ -313,17 +456,34 @@ def render_fronts(doc: dict) -> None:
     priced = any(f.get("price_per_gpu_hour") is not None for _, f in fronts)
     gpus = fronts[0][1].get("gpus", 1)
     per = "GPU" if (doc.get("environment") or {}).get("gpus") else "device"
-    table = Table(title=f"Throughput vs interactivity (* on the Pareto front; per {per}, {gpus} per server)", title_justify="left")
-    cols = ["KV dtype", "concurrency", f"output tok/s per {per}", "tok/s per user (1000/TPOT P50)", "tok/s per user (E2E)",
-            "TTFT P95 (ms)", "TPOT P95 (ms)", "SLO"] + (["USD / M output tok"] if priced else [])
+    table = Table(
+        title=f"Throughput vs interactivity (* on the Pareto front; per {per}, {gpus} per server)", title_justify="left"
+    )
+    cols = [
+        "KV dtype",
+        "concurrency",
+        f"output tok/s per {per}",
+        "tok/s per user (1000/TPOT P50)",
+        "tok/s per user (E2E)",
+        "TTFT P95 (ms)",
+        "TPOT P95 (ms)",
+        "SLO",
+    ] + (["USD / M output tok"] if priced else [])
     for col in cols:
         table.add_column(col, justify="left" if col == "KV dtype" else "right")
     for dtype, f in fronts:
         for p in f.get("points") or []:
             met = {True: "met", False: "missed", None: "—"}[p.get("meets_slo")]
-            row = [dtype, f"{p['concurrency']}{'*' if p.get('on_front') else ''}", num(p.get("output_tps_per_gpu"), 0),
-                   num(p.get("user_tps"), 1), num(p.get("user_tps_e2e"), 1), num(p.get("ttft_p95_ms"), 1),
-                   num(p.get("tpot_p95_ms"), 2), met]
+            row = [
+                dtype,
+                f"{p['concurrency']}{'*' if p.get('on_front') else ''}",
+                num(p.get("output_tps_per_gpu"), 0),
+                num(p.get("user_tps"), 1),
+                num(p.get("user_tps_e2e"), 1),
+                num(p.get("ttft_p95_ms"), 1),
+                num(p.get("tpot_p95_ms"), 2),
+                met,
+            ]
             if priced:
                 row.append(num(p.get("usd_per_m_output"), 3))
             table.add_row(*row)
@@ -332,11 +492,21 @@ def render_fronts(doc: dict) -> None:
         best, target = f.get("at_slo"), f.get("at_target")
         parts = []
         if best:
-            cost = f", USD {best['usd_per_m_output']:.3f} per million output tokens" if best.get("usd_per_m_output") is not None else ""
-            parts.append(f"under the SLO best at concurrency {best['concurrency']}: {best['output_tps_per_gpu']:,.0f} tok/s per {per}{cost}")
+            cost = (
+                f", USD {best['usd_per_m_output']:.3f} per million output tokens"
+                if best.get("usd_per_m_output") is not None
+                else ""
+            )
+            parts.append(
+                f"under the SLO best at concurrency {best['concurrency']}: "
+                f"{best['output_tps_per_gpu']:,.0f} tok/s per {per}{cost}"
+            )
         if target:
             cost = f", USD {target['usd_per_m_output']:.3f}/M" if target.get("usd_per_m_output") is not None else ""
-            parts.append(f"at {target['user_tps']:.1f} tok/s per user (front, PCHIP): {target['output_tps_per_gpu']:,.0f} tok/s per {per}{cost}")
+            parts.append(
+                f"at {target['user_tps']:.1f} tok/s per user (front, PCHIP): "
+                f"{target['output_tps_per_gpu']:,.0f} tok/s per {per}{cost}"
+            )
         elif f.get("target_user_tps"):
             parts.append(f"its front does not reach {f['target_user_tps']:.1f} tok/s per user")
         if parts:
@@ -346,20 +516,27 @@ def render_fronts(doc: dict) -> None:
             v = (c.get("cost") or {}).get(where)
             if v and v.get("saving_pct") is not None:
                 more = "less" if v["saving_pct"] >= 0 else "more"
-                console.print(f"{c['kv_cache_dtype']} costs {abs(v['saving_pct']):.1f}% {more} than auto {label} "
-                              f"(USD {v['usd_per_m_output']:.3f} vs {v['auto_usd_per_m_output']:.3f} per million output tokens, "
-                              f"at {v['user_tps']:.1f} tok/s per user)")
+                console.print(
+                    f"{c['kv_cache_dtype']} costs {abs(v['saving_pct']):.1f}% {more} than auto {label} "
+                    f"(USD {v['usd_per_m_output']:.3f} vs {v['auto_usd_per_m_output']:.3f} per million output tokens, "
+                    f"at {v['user_tps']:.1f} tok/s per user)"
+                )
             elif v and v.get("throughput_gain_pct") is not None:
-                console.print(f"{c['kv_cache_dtype']} serves {v['throughput_gain_pct']:+.1f}% output tokens/s vs auto {label} "
-                              "(pass --price-per-hour for the cost)")
+                console.print(
+                    f"{c['kv_cache_dtype']} serves {v['throughput_gain_pct']:+.1f}% output tokens/s vs auto {label} "
+                    "(pass --price-per-hour for the cost)"
+                )
     energy = [(d["kv_cache_dtype"], (fixed_phase(d) or {}).get("energy")) for d in doc.get("dtypes", [])]
     energy = [(k, e) for k, e in energy if e]
     if energy and all(not e.get("valid") for _, e in energy):
         console.print(f"energy: not measured ({energy[0][1].get('reason')})")
     for dtype, e in energy:
         if e.get("valid"):
-            console.print(f"energy {dtype} ({e['source']}): {e['avg_watts']:.0f} W average, "
-                          f"{num(e.get('j_per_output_token'), 3)} J per output token, {num(e.get('j_per_total_token'), 4)} J per token")
+            console.print(
+                f"energy {dtype} ({e['source']}): {e['avg_watts']:.0f} W average, "
+                f"{num(e.get('j_per_output_token'), 3)} J per output token, "
+                f"{num(e.get('j_per_total_token'), 4)} J per token"
+            )
 
 
 def command(
@@ -368,6 +545,13 @@ def command(
 ) -> None:
     doc = load_record(record)
     if as_json:
-        print_json({"run_id": doc["run_id"], "status": doc["status"], "dtypes": {d["kv_cache_dtype"]: headline(d) for d in doc["dtypes"]}, "findings": doc.get("findings", [])})
+        print_json(
+            {
+                "run_id": doc["run_id"],
+                "status": doc["status"],
+                "dtypes": {d["kv_cache_dtype"]: headline(d) for d in doc["dtypes"]},
+                "findings": doc.get("findings", []),
+            }
+        )
         return
     render(doc, record)
