@@ -25,6 +25,25 @@ from kvbench.harness.logparse import EngineCapacity, parse_capacity, startup_err
 # Every live server, so an interrupted run never leaves orphans (see stop_all).
 _LIVE: weakref.WeakSet[VllmServer] = weakref.WeakSet()
 
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent(parent: int):
+    """A preexec_fn: the server gets SIGTERM (and shuts its engine down) if kvbench itself is killed outright
+    (SIGKILL, a CI timeout), when no stop() or signal handler of kvbench's can run. Linux only."""
+
+    def preexec() -> None:
+        try:
+            import ctypes
+
+            ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+        except (OSError, AttributeError):
+            return
+        if os.getppid() != parent:  # kvbench died before the prctl took effect
+            os._exit(1)
+
+    return preexec
+
 
 class ServerStartError(KvbenchError):
     """The server exited or never became ready; carries the tail of its log."""
@@ -106,6 +125,7 @@ class VllmServer:
                 stdin=subprocess.DEVNULL,
                 env=env,
                 start_new_session=True,  # own process group: stop() takes the whole tree
+                preexec_fn=_die_with_parent(os.getpid()) if sys.platform == "linux" else None,
             )
         self.started_at = time.monotonic()
         _LIVE.add(self)
@@ -118,7 +138,9 @@ class VllmServer:
         while True:
             if self.proc.poll() is not None:
                 reason = startup_error(self.log_lines()) or f"exited with status {self.proc.returncode}"
-                raise ServerStartError(f"vLLM server ({self.config.kv_cache_dtype}) failed to start: {reason}", self.log_tail())
+                raise ServerStartError(
+                    f"vLLM server ({self.config.kv_cache_dtype}) failed to start: {reason}", self.log_tail()
+                )
             if healthy(self.base_url):
                 self.ready_after_s = time.monotonic() - self.started_at
                 return
