@@ -32,6 +32,8 @@ class ProgressReporter(Reporter):
     def phase(self, dtype: str, text: str, total: int | None = None) -> None:
         if self.task is not None:
             self.progress.update(self.task, visible=False)
+        if not self.progress.console.is_terminal:  # a log (CI, a pipe) gets no live bars: one line per phase
+            self.progress.console.print(f"{dtype}: {text}", highlight=False)
         self.task = self.progress.add_task(f"{dtype}: {text}", total=total)
 
     def advance(self, done: int, total: int) -> None:
