@@ -13,21 +13,23 @@ from pathlib import Path
 import pytest
 
 from kvbench.datafiles import load_toml
+from kvbench.errors import UsageError
 from kvbench.harness import records
 from kvbench.harness.endpoint import check_url, parse_endpoints, redact_url, with_credentials
 from kvbench.harness.fakeserver import FakeConfig, FakeServer
-from kvbench.errors import UsageError
 
 CPU = load_toml("run_defaults.toml")["cpu"]
 KEY = "sk-kvbench-test-0123456789"
 SMALL = ["--num-requests", "8", "--concurrency", "4", "--search-cap", "4"]
-LEAN = ["--no-sweep", "--repeat", "1"]  # these tests are about what a server is, not about the front
+LEAN = ["--no-sweep", "--repeat", "1", "--no-eval"]  # these tests are about what a server is, not the front or eval
 
 
 def kvbench(*args, env=None, timeout=900):
     full = {k: v for k, v in os.environ.items() if k != "OPENAI_API_KEY"}
     full.update(COLUMNS="200", **(env or {}))
-    return subprocess.run([sys.executable, "-m", "kvbench", *args], capture_output=True, text=True, env=full, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "kvbench", *args], capture_output=True, text=True, env=full, timeout=timeout
+    )
 
 
 def one_line_error(out) -> str:
@@ -47,10 +49,19 @@ def everything_under(path: Path) -> str:
 def test_urls_are_redacted_and_credentials_become_headers():
     assert redact_url("http://user:pw@h:8000/v1?api_key=s3cret&x=1") == "http://h:8000/v1?api_key=REDACTED&x=1"
     ep = with_credentials("http://user:pw@h:8000", {"X-Team": "a"})
-    assert ep.url == "http://h:8000" and ep.headers["Authorization"].startswith("Basic ") and ep.headers["X-Team"] == "a"
+    assert (
+        ep.url == "http://h:8000" and ep.headers["Authorization"].startswith("Basic ") and ep.headers["X-Team"] == "a"
+    )
     assert parse_endpoints("http://h:1") == {None: "http://h:1"}
     assert parse_endpoints("auto=http://h:1,fp8=http://h:2") == {"auto": "http://h:1", "fp8": "http://h:2"}
-    for bad in ("localhost:8000", "ftp://h", "http://", "http://h:1/?api_key=x", "auto=http://h:1,auto=http://h:2", "auto=http://h:1,fp8"):
+    for bad in (
+        "localhost:8000",
+        "ftp://h",
+        "http://",
+        "http://h:1/?api_key=x",
+        "auto=http://h:1,auto=http://h:2",
+        "auto=http://h:1,fp8",
+    ):
         with pytest.raises(UsageError) as exc:
             parse_endpoints(bad) if "," in bad else check_url(bad)
         assert "\n" not in str(exc.value) and "api_key=x" not in str(exc.value)
@@ -61,8 +72,19 @@ def test_urls_are_redacted_and_credentials_become_headers():
 
 def test_a_server_that_does_not_say_its_dtype_is_recorded_unknown_without_findings(tmp_path, tiny_model):
     with FakeServer(FakeConfig(ttft_s=0.002, itl_s=0.001, max_model_len=512)) as srv:
-        out = kvbench("run", "--endpoint", srv.base_url, "--model", str(tiny_model), "--no-search", *LEAN, *SMALL[:4],
-                      "--results", str(tmp_path), "--json")
+        out = kvbench(
+            "run",
+            "--endpoint",
+            srv.base_url,
+            "--model",
+            str(tiny_model),
+            "--no-search",
+            *LEAN,
+            *SMALL[:4],
+            "--results",
+            str(tmp_path),
+            "--json",
+        )
     assert out.returncode == 0, out.stderr[-2000:]
     summary = json.loads(out.stdout)  # exactly one JSON document on stdout
     assert list(summary["dtypes"]) == ["unknown"] and summary["dtypes"]["unknown"]["kv_dtype_confirmed"] is None
@@ -74,14 +96,34 @@ def test_a_server_that_does_not_say_its_dtype_is_recorded_unknown_without_findin
 
 
 def test_each_dtype_on_its_own_server_and_a_contradicting_label_is_refused(tmp_path, tiny_model):
-    with FakeServer(FakeConfig(kv_cache_dtype="auto", max_model_len=512, vllm_version="0.32.0")) as a, \
-            FakeServer(FakeConfig(kv_cache_dtype="fp8", max_model_len=512, vllm_version="0.32.0")) as b:
-        swapped = kvbench("run", "--endpoint", f"auto={b.base_url},fp8={a.base_url}", "--model", str(tiny_model),
-                          "--results", str(tmp_path))
+    with (
+        FakeServer(FakeConfig(kv_cache_dtype="auto", max_model_len=512, vllm_version="0.32.0")) as a,
+        FakeServer(FakeConfig(kv_cache_dtype="fp8", max_model_len=512, vllm_version="0.32.0")) as b,
+    ):
+        swapped = kvbench(
+            "run",
+            "--endpoint",
+            f"auto={b.base_url},fp8={a.base_url}",
+            "--model",
+            str(tiny_model),
+            "--results",
+            str(tmp_path),
+        )
         assert "runs --kv-cache-dtype fp8, not auto" in one_line_error(swapped)
         assert not tmp_path.exists() or not any(tmp_path.rglob("*.json"))  # refused before anything was written
-        out = kvbench("run", "--endpoint", f"auto={a.base_url},fp8={b.base_url}", "--model", str(tiny_model), "--no-search",
-                      *SMALL[:4], "--results", str(tmp_path), "--json")
+        out = kvbench(
+            "run",
+            "--endpoint",
+            f"auto={a.base_url},fp8={b.base_url}",
+            "--model",
+            str(tiny_model),
+            "--no-search",
+            *LEAN,
+            *SMALL[:4],
+            "--results",
+            str(tmp_path),
+            "--json",
+        )
     assert out.returncode == 0, out.stderr[-2000:]
     summary = json.loads(out.stdout)
     assert {d: v["kv_dtype_confirmed"] for d, v in summary["dtypes"].items()} == {"auto": True, "fp8": True}
@@ -93,20 +135,41 @@ def test_api_key_and_headers_reach_the_server_and_never_the_record(tmp_path, tin
     with FakeServer(FakeConfig(kv_cache_dtype="auto", max_model_len=512, api_key=KEY)) as srv:
         refused = kvbench("run", "--endpoint", srv.base_url, "--model", str(tiny_model), "--results", str(tmp_path))
         assert "HTTP 401" in one_line_error(refused) and "--api-key" in refused.stderr
-        out = kvbench("run", "--endpoint", srv.base_url, "--model", str(tiny_model), "--no-search", *LEAN, *SMALL[:4],
-                      "--header", "X-Secret-Team: hush-hush-42", "--results", str(tmp_path), "--json",
-                      env={"OPENAI_API_KEY": KEY})
+        out = kvbench(
+            "run",
+            "--endpoint",
+            srv.base_url,
+            "--model",
+            str(tiny_model),
+            "--no-search",
+            *LEAN,
+            *SMALL[:4],
+            "--header",
+            "X-Secret-Team: hush-hush-42",
+            "--results",
+            str(tmp_path),
+            "--json",
+            env={"OPENAI_API_KEY": KEY},
+        )
     assert out.returncode == 0, out.stderr[-2000:]
     summary = json.loads(out.stdout)
     assert summary["dtypes"]["auto"]["completed"] == 8  # every request passed the key check
     written = everything_under(tmp_path)
     assert KEY not in written and "hush-hush-42" not in written and KEY not in out.stdout + out.stderr
-    assert sorted(records.load_record(summary["record"])["config"]["headers_sent"]) == ["Authorization", "X-Secret-Team"]
+    assert sorted(records.load_record(summary["record"])["config"]["headers_sent"]) == [
+        "Authorization",
+        "X-Secret-Team",
+    ]
 
 
 def test_an_endpoint_that_is_not_an_openai_server_is_refused(tmp_path):
-    srv = subprocess.Popen([sys.executable, "-m", "http.server", "0", "--bind", "127.0.0.1"], cwd=tmp_path,
-                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    srv = subprocess.Popen(
+        [sys.executable, "-m", "http.server", "0", "--bind", "127.0.0.1"],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         line = srv.stdout.readline()
         port = int(line.split("port ")[1].split(" ")[0])
@@ -126,9 +189,14 @@ def fp8_server(tiny_model, tmp_path_factory):
     pytest.importorskip("vllm")
     from kvbench.harness.server import ServerConfig, VllmServer
 
-    cfg = ServerConfig(model=str(tiny_model), kv_cache_dtype="fp8", max_model_len=CPU["max_model_len"],
-                       extra_args=[*CPU["extra_args"], "--kv-cache-memory-bytes", "67108864", "--api-key", KEY],
-                       env={"HF_HUB_OFFLINE": "1"}, startup_timeout_s=CPU["startup_timeout_s"])
+    cfg = ServerConfig(
+        model=str(tiny_model),
+        kv_cache_dtype="fp8",
+        max_model_len=CPU["max_model_len"],
+        extra_args=[*CPU["extra_args"], "--kv-cache-memory-bytes", "67108864", "--api-key", KEY],
+        env={"HF_HUB_OFFLINE": "1"},
+        startup_timeout_s=CPU["startup_timeout_s"],
+    )
     server = VllmServer(cfg, tmp_path_factory.mktemp("endpoint") / "vllm-fp8.log").start()
     try:
         server.wait_ready()
@@ -140,15 +208,22 @@ def fp8_server(tiny_model, tmp_path_factory):
 @pytest.mark.vllm
 def test_real_endpoint_records_exactly_its_dtype_with_engine_equal_model(fp8_server, tmp_path):
     url = fp8_server.base_url
-    wrong = kvbench("run", "--endpoint", url, "--kv-dtypes", "auto,fp8", "--results", str(tmp_path), env={"OPENAI_API_KEY": KEY})
+    wrong = kvbench(
+        "run", "--endpoint", url, "--kv-dtypes", "auto,fp8", "--results", str(tmp_path), env={"OPENAI_API_KEY": KEY}
+    )
     assert "it runs --kv-cache-dtype fp8" in one_line_error(wrong)
-    mislabel = kvbench("run", "--endpoint", url, "--kv-dtypes", "auto", "--results", str(tmp_path), env={"OPENAI_API_KEY": KEY})
+    mislabel = kvbench(
+        "run", "--endpoint", url, "--kv-dtypes", "auto", "--results", str(tmp_path), env={"OPENAI_API_KEY": KEY}
+    )
     assert "it runs --kv-cache-dtype fp8" in one_line_error(mislabel)
     assert "unknown KV-cache dtype 'fp9'" in one_line_error(
-        kvbench("run", "--endpoint", url, "--kv-dtypes", "fp9", "--results", str(tmp_path), env={"OPENAI_API_KEY": KEY}))
+        kvbench("run", "--endpoint", url, "--kv-dtypes", "fp9", "--results", str(tmp_path), env={"OPENAI_API_KEY": KEY})
+    )
     assert not tmp_path.exists() or not any(tmp_path.rglob("*.json"))
 
-    out = kvbench("run", "--endpoint", url, *SMALL, *LEAN, "--results", str(tmp_path), "--json", env={"OPENAI_API_KEY": KEY})
+    out = kvbench(
+        "run", "--endpoint", url, *SMALL, *LEAN, "--results", str(tmp_path), "--json", env={"OPENAI_API_KEY": KEY}
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     summary = json.loads(out.stdout)  # `| python -m json.tool` works
     assert list(summary["dtypes"]) == ["fp8"]

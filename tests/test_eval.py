@@ -36,16 +36,18 @@ def _cache(tmp_path_factory, monkeypatch):
 
 def kvbench(*args: str, **kw) -> subprocess.CompletedProcess:
     env = {**os.environ, "COLUMNS": "220"}  # pytest narrows the terminal to 80 columns: the table would wrap
-    return subprocess.run([sys.executable, "-m", "kvbench", *args], capture_output=True, text=True, timeout=300,
-                          cwd=REPO, env=env, **kw)
+    return subprocess.run(
+        [sys.executable, "-m", "kvbench", *args], capture_output=True, text=True, timeout=300, cwd=REPO, env=env, **kw
+    )
 
 
 def test_fake_server_answers_pass_keys():
     from kvbench.harness.fakeserver import passkey_answer
 
     assert passkey_answer("x The pass key is 12345. Remember it. y\nWhat is the pass key? The pass key is") == "12345"
-    prompt = ("The pass key of bo is 11111. The pass key of ka is 22222.\n"
-              "What is the pass key of ka? The pass key of ka is")
+    prompt = (
+        "The pass key of bo is 11111. The pass key of ka is 22222.\nWhat is the pass key of ka? The pass key of ka is"
+    )
     assert passkey_answer(prompt) == "22222"
     assert passkey_answer("hello") is None
 
@@ -54,11 +56,24 @@ def test_evaluate_keeps_every_item(tok_dir):
     from kvbench.harness.evaluation import evaluate
 
     with FakeServer(FakeConfig(answers="passkey", api_key="sekret")) as srv:
-        res = evaluate(srv.base_url, "kvbench-fake", tok_dir, ["kvbench_passkey_512"], num_concurrent=2, limit=8,
-                       headers={"Authorization": "Bearer sekret"})
+        res = evaluate(
+            srv.base_url,
+            "kvbench-fake",
+            tok_dir,
+            ["kvbench_passkey_512"],
+            num_concurrent=2,
+            limit=8,
+            headers={"Authorization": "Bearer sekret"},
+        )
         with pytest.raises(KvbenchError, match="401|Unauthorized"):
-            evaluate(srv.base_url, "kvbench-fake", tok_dir, ["kvbench_passkey_512"], limit=1,
-                     headers={"Authorization": "Bearer wrong"})
+            evaluate(
+                srv.base_url,
+                "kvbench-fake",
+                tok_dir,
+                ["kvbench_passkey_512"],
+                limit=1,
+                headers={"Authorization": "Bearer wrong"},
+            )
     task = res.tasks["kvbench_passkey_512"]
     assert task.metric == "exact_match,exact" and task.value == 1.0 and task.n == 8
     jsonl = evaltasks.tasks_dir(tok_dir) / "kvbench_passkey_512.jsonl"
@@ -89,8 +104,11 @@ def test_hub_tasks_offline_are_one_line(tok_dir, monkeypatch):
     from kvbench.harness.evaluation import evaluate
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    with pytest.raises(UsageError, match="gsm8k needs its dataset from the Hugging Face hub; on an offline machine "
-                                         "use the bundled tasks: kvbench_passkey_512"):
+    with pytest.raises(
+        UsageError,
+        match="gsm8k needs its dataset from the Hugging Face hub; on an offline machine "
+        "use the bundled tasks: kvbench_passkey_512",
+    ):
         evaluate("http://127.0.0.1:9", "m", tok_dir, ["gsm8k"])
     with pytest.raises(UsageError, match="unknown task 'no_such_task'"):
         evaluate("http://127.0.0.1:9", "m", tok_dir, ["no_such_task"])
@@ -98,10 +116,24 @@ def test_hub_tasks_offline_are_one_line(tok_dir, monkeypatch):
 
 def test_eval_cli_json_and_record(tok_dir, tmp_path):
     before = subprocess.run(["git", "status", "--porcelain"], cwd=REPO, capture_output=True, text=True).stdout
-    with FakeServer(FakeConfig(answers="passkey", kv_cache_dtype="auto")) as good, \
-         FakeServer(FakeConfig(answers="passkey", kv_cache_dtype="fp8", corrupt_above=2, ttft_s=0.05)) as bad:
-        out = kvbench("eval", "--endpoint", f"auto={good.base_url},fp8={bad.base_url}", "--model", str(tok_dir),
-                      "--limit", "16", "--concurrency", "8", "--results", str(tmp_path), "--json")
+    with (
+        FakeServer(FakeConfig(answers="passkey", kv_cache_dtype="auto")) as good,
+        FakeServer(FakeConfig(answers="passkey", kv_cache_dtype="fp8", corrupt_above=2, ttft_s=0.05)) as bad,
+    ):
+        out = kvbench(
+            "eval",
+            "--endpoint",
+            f"auto={good.base_url},fp8={bad.base_url}",
+            "--model",
+            str(tok_dir),
+            "--limit",
+            "16",
+            "--concurrency",
+            "8",
+            "--results",
+            str(tmp_path),
+            "--json",
+        )
     assert out.returncode == 0, out.stderr[-3000:]
     doc = json.loads(out.stdout)  # exactly one JSON document on stdout
     s = doc["summary"]["kvbench_passkey_512"]
@@ -121,21 +153,35 @@ def test_eval_cli_json_and_record(tok_dir, tmp_path):
 
 def test_eval_cli_text_output(tok_dir, tmp_path):
     with FakeServer(FakeConfig(answers="passkey", kv_cache_dtype="auto")) as srv:
-        out = kvbench("eval", "--endpoint", srv.base_url, "--model", str(tok_dir), "--limit", "5", "--concurrency", "2",
-                      "--results", str(tmp_path))
+        out = kvbench(
+            "eval",
+            "--endpoint",
+            srv.base_url,
+            "--model",
+            str(tok_dir),
+            "--limit",
+            "5",
+            "--concurrency",
+            "2",
+            "--results",
+            str(tmp_path),
+        )
     assert out.returncode == 0, out.stderr[-3000:]
     assert "kvbench_passkey_512" in out.stdout and "100.0%" in out.stdout and "56.6..100.0%" in out.stdout
     assert "record:" in out.stdout
 
 
-@pytest.mark.parametrize(("args", "message"), [
-    (["--tasks", "kvbench_passkey_7"], "unknown kvbench task 'kvbench_passkey_7'; choose from:"),
-    (["--limit", "0"], "--limit must be at least 1"),
-    (["--concurrency", "0"], "--concurrency must be at least 1"),
-    (["--kv-dtypes", "fp3"], "unknown KV-cache dtype 'fp3'"),
-    (["--endpoint", "ftp://host:21"], "is not an http(s) URL"),
-    (["--header", "X: y"], "--api-key/--header are for --endpoint servers"),
-])
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--tasks", "kvbench_passkey_7"], "unknown kvbench task 'kvbench_passkey_7'; choose from:"),
+        (["--limit", "0"], "--limit must be a whole number >= 1, got 0"),
+        (["--concurrency", "0"], "--concurrency must be a whole number >= 1, got 0"),
+        (["--kv-dtypes", "fp3"], "unknown KV-cache dtype 'fp3'"),
+        (["--endpoint", "ftp://host:21"], "is not an http(s) URL"),
+        (["--header", "X: y"], "--api-key/--header are for --endpoint servers"),
+    ],
+)
 def test_bad_input_is_one_line(args, message, tmp_path):
     out = kvbench("eval", *args, "--results", str(tmp_path))
     assert out.returncode == 2, out.stderr
@@ -152,7 +198,8 @@ def test_trained_model_retrieves_through_vllm(vllm_servers, trained_model):
     from kvbench.harness.evaluation import evaluate
 
     server = vllm_servers.get("auto", model=trained_model)
-    res = evaluate(server.base_url, str(trained_model), trained_model, ["kvbench_passkey_512"], num_concurrent=4,
-                   limit=40)
+    res = evaluate(
+        server.base_url, str(trained_model), trained_model, ["kvbench_passkey_512"], num_concurrent=4, limit=40
+    )
     task = res.tasks["kvbench_passkey_512"]
     assert task.n == 40 and task.value >= 0.9, [(i.target, i.response) for i in task.items if not i.score]

@@ -24,7 +24,7 @@ from kvbench.harness.runner import Reporter, Runner
 CPU = load_toml("run_defaults.toml")["cpu"]
 KVBENCH = [sys.executable, "-m", "kvbench"]
 SMALL = ["--num-requests", "16", "--concurrency", "4", "--search-cap", "8"]
-LEAN = ["--no-sweep", "--repeat", "1"]  # for tests about something else than the front and the repeats
+LEAN = ["--no-sweep", "--repeat", "1", "--no-eval"]  # for tests about something else than the front, repeats, eval
 
 
 def kvbench(*args, timeout=900):
@@ -53,9 +53,25 @@ def test_hung_server_ends_by_no_progress_timeout(tmp_path, tiny_model):
     # Every request hangs after two chunks: the phase must end by the stall timeout, not hang kvbench.
     with FakeServer(FakeConfig(ttft_s=0.01, itl_s=0.01, hang_every=1, hang_after_chunks=2)) as srv:
         t0 = time.monotonic()
-        out = kvbench("run", "--endpoint", srv.base_url, "--model", str(tiny_model), "--kv-dtypes", "auto",
-                      "--no-search", "--no-sweep", "--repeat", "1", "--num-requests", "4", "--concurrency", "2", "--stall-timeout", "2",
-                      "--results", str(tmp_path))
+        out = kvbench(
+            "run",
+            "--endpoint",
+            srv.base_url,
+            "--model",
+            str(tiny_model),
+            "--kv-dtypes",
+            "auto",
+            "--no-search",
+            *LEAN,
+            "--num-requests",
+            "4",
+            "--concurrency",
+            "2",
+            "--stall-timeout",
+            "2",
+            "--results",
+            str(tmp_path),
+        )
         elapsed = time.monotonic() - t0
     assert elapsed < 60, out.stdout[-2000:]
     doc = only_record(tmp_path)
@@ -73,7 +89,8 @@ def test_hung_server_ends_by_no_progress_timeout(tmp_path, tiny_model):
 @pytest.mark.vllm
 def test_cli_end_to_end_with_not_honoured_nvfp4(tmp_path):
     """The CPU default's path, smaller: two dtypes, servers started and stopped by kvbench."""
-    out = kvbench("run", "--kv-dtypes", "auto,nvfp4", *SMALL, "--results", str(tmp_path))
+    # the eval phase too, on the first 40 items of the pass-key task (the CPU default takes all 500)
+    out = kvbench("run", "--kv-dtypes", "auto,nvfp4", *SMALL, "--eval-limit", "40", "--results", str(tmp_path))
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     doc = only_record(tmp_path)
     auto, nvfp4 = doc["dtypes"]
@@ -84,10 +101,14 @@ def test_cli_end_to_end_with_not_honoured_nvfp4(tmp_path):
     probes = cap["measured"]["probes"]
     # the search starts at the engine's capacity (16), held to --search-cap 8, and takes at most 5 probes
     assert probes and probes[0]["concurrency"] == 8 and len(probes) <= 5 and cap["measured"]["max_concurrency"] >= 0
-    assert len([p for p in auto["phases"] if p["kind"] == "fixed"]) == 3  # the CPU default repeats its fixed load 3 times
+    assert (
+        len([p for p in auto["phases"] if p["kind"] == "fixed"]) == 3
+    )  # the CPU default repeats its fixed load 3 times
     points = auto["front"]["points"]
     assert [p["concurrency"] for p in points] == sorted({1, 2, 4, 8, *(p["concurrency"] for p in probes)})
     assert any(p["on_front"] for p in points) and all(p["output_tps_per_gpu"] > 0 for p in points)
+    rest = auto["eval"]["rest"]["tasks"]["kvbench_passkey_512"]  # the trained model solves its task at auto
+    assert rest["n"] == 40 and rest["accuracy"] >= 0.9, auto["eval"]
     fixed = records.headline(auto)
     assert fixed["completed"] == 16 and fixed["ttft_p50_ms"] > 0 and fixed["output_throughput_tps"] > 0
     # end-to-end accuracy: nvfp4 answered the light agreement prompts before any heavy load
@@ -119,19 +140,46 @@ def test_cli_end_to_end_with_not_honoured_nvfp4(tmp_path):
 @pytest.mark.vllm
 def test_endpoint_mode_reads_capacity_from_metrics(vllm_servers, tiny_model, tmp_path):
     server = vllm_servers.get("fp8")
-    out = kvbench("run", "--endpoint", server.base_url, "--model", str(tiny_model), "--kv-dtypes", "fp8", *LEAN,
-                  "--no-search", "--num-requests", "8", "--concurrency", "2", "--results", str(tmp_path))
+    out = kvbench(
+        "run",
+        "--endpoint",
+        server.base_url,
+        "--model",
+        str(tiny_model),
+        "--kv-dtypes",
+        "fp8",
+        *LEAN,
+        "--no-search",
+        "--num-requests",
+        "8",
+        "--concurrency",
+        "2",
+        "--results",
+        str(tmp_path),
+    )
     assert out.returncode == 0, out.stdout[-2000:]
     d = only_record(tmp_path)["dtypes"][0]
     assert d["status"] == "ok"
     assert d["capacity"]["engine"]["source"] == "metrics"
     assert d["capacity"]["engine"]["kv_tokens"] == 16384
-    assert d["metrics"]["after"]["values"]["generation_tokens"] > d["metrics"]["before"]["values"].get("generation_tokens", 0)
+    assert d["metrics"]["after"]["values"]["generation_tokens"] > d["metrics"]["before"]["values"].get(
+        "generation_tokens", 0
+    )
     assert server.alive()  # endpoint mode never stops a server it did not start
 
 
 def plan_for(tmp_path, dtypes, **kw):
-    return build_plan(CPU, on_gpu=False, kv_dtypes=dtypes.split(","), slo=None, results_dir=tmp_path, sweep=False, repeat=1, **kw)
+    return build_plan(
+        CPU,
+        on_gpu=False,
+        kv_dtypes=dtypes.split(","),
+        slo=None,
+        results_dir=tmp_path,
+        sweep=False,
+        repeat=1,
+        eval_tasks=[],
+        **kw,
+    )
 
 
 @pytest.mark.vllm
@@ -191,9 +239,25 @@ def test_server_killed_mid_run_keeps_partial_results(tmp_path):
 
 @pytest.mark.vllm
 def test_ctrl_c_leaves_no_orphans_and_flushes_a_partial_record(tmp_path):
-    proc = subprocess.Popen([*KVBENCH, "run", "--kv-dtypes", "auto,fp8", "--no-search", *LEAN, "--num-requests", "400",
-                             "--concurrency", "2", "--results", str(tmp_path)],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        [
+            *KVBENCH,
+            "run",
+            "--kv-dtypes",
+            "auto,fp8",
+            "--no-search",
+            *LEAN,
+            "--num-requests",
+            "400",
+            "--concurrency",
+            "2",
+            "--results",
+            str(tmp_path),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     log_dir = tmp_path
     deadline = time.monotonic() + 300
     children = []
