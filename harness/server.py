@@ -7,6 +7,7 @@ engine core, workers) can be stopped together on completion, error, Ctrl-C or SI
 
 from __future__ import annotations
 
+import ctypes
 import os
 import signal
 import socket
@@ -26,6 +27,10 @@ from kvbench.harness.logparse import EngineCapacity, parse_capacity, startup_err
 _LIVE: weakref.WeakSet[VllmServer] = weakref.WeakSet()
 
 _PR_SET_PDEATHSIG = 1
+try:  # looked up here, in the parent: a preexec_fn must not import (another thread may hold the import lock)
+    _prctl = ctypes.CDLL(None, use_errno=True).prctl if sys.platform == "linux" else None
+except (OSError, AttributeError):
+    _prctl = None
 
 
 def _die_with_parent(parent: int):
@@ -33,12 +38,7 @@ def _die_with_parent(parent: int):
     (SIGKILL, a CI timeout), when no stop() or signal handler of kvbench's can run. Linux only."""
 
     def preexec() -> None:
-        try:
-            import ctypes
-
-            ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
-        except (OSError, AttributeError):
-            return
+        _prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
         if os.getppid() != parent:  # kvbench died before the prctl took effect
             os._exit(1)
 
@@ -125,7 +125,7 @@ class VllmServer:
                 stdin=subprocess.DEVNULL,
                 env=env,
                 start_new_session=True,  # own process group: stop() takes the whole tree
-                preexec_fn=_die_with_parent(os.getpid()) if sys.platform == "linux" else None,
+                preexec_fn=_die_with_parent(os.getpid()) if _prctl is not None else None,
             )
         self.started_at = time.monotonic()
         _LIVE.add(self)
