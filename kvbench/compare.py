@@ -59,6 +59,26 @@ def _version(doc: dict) -> tuple[str | None, str | None]:
 VERSION = re.compile(r"(?:([A-Za-z][\w.-]*?)(?:==|\s+))?v?(\d+\.\d+[\w.+-]*)")
 
 
+def resolve_pair(a: str, b: str, results_dir: Path, machine: str | None = None) -> tuple[Side, Side]:
+    """Both sides of a comparison. Two vLLM versions without --machine are compared on the machine where both
+    ran, when exactly one did (versions on different machines are not comparable); otherwise as given."""
+    if machine is None and VERSION.fullmatch(a.strip()) and VERSION.fullmatch(b.strip()):
+        docs = [d for _, d in _records(results_dir, None)]
+
+        def machines(spec: str) -> set:
+            package, number = VERSION.fullmatch(spec.strip()).groups()
+            return {
+                d.get("machine")
+                for d in docs
+                if _version(d)[1] == number and (package is None or _version(d)[0] == package)
+            }
+
+        shared = machines(a) & machines(b)
+        if len(shared) == 1:
+            machine = shared.pop()
+    return resolve(a, results_dir, machine), resolve(b, results_dir, machine)
+
+
 def resolve(spec: str, results_dir: Path, machine: str | None = None) -> Side:
     path = Path(spec)
     if path.suffix == ".json" and path.is_file():

