@@ -16,25 +16,8 @@ import pandas as pd
 from kvbench.errors import KvbenchError
 from kvbench.harness import records as run_records
 from kvbench.harness.records import PhaseKind, conditions, workload_label
+from kvbench.history import SHAPE as HISTORY_COLUMNS
 
-HISTORY_COLUMNS = [
-    "machine",
-    "commit",
-    "commit_date",
-    "run_id",
-    "run_started",
-    "vllm_package",
-    "vllm_version",
-    "gpu",
-    "driver",
-    "cuda",
-    "metric",
-    "label",
-    "kv_dtype",
-    "value",
-    "unit",
-    "direction",
-]
 REGRESSION_COLUMNS = [
     "machine",
     "metric",

@@ -17,7 +17,8 @@ from pathlib import Path
 from kvbench.harness.records import linked_records
 from kvbench.tracked import by_benchmark
 
-COLUMNS = [
+# The agreed shape of a history row (the dashboards' history frame has these); COLUMNS adds the rest.
+SHAPE = [
     "machine",
     "commit",
     "commit_date",
@@ -34,6 +35,9 @@ COLUMNS = [
     "value",
     "unit",
     "direction",
+]
+COLUMNS = [
+    *SHAPE,
     # beyond the agreed shape:
     "state",
     "dtype_status",
@@ -224,18 +228,5 @@ def _typed(frame):
 
 def points(frame):
     """One row per history point (machine, commit, env) with its run, vLLM and machine columns, in order."""
-    cols = [
-        "machine",
-        "commit",
-        "commit_date",
-        "run_id",
-        "run_started",
-        "vllm_package",
-        "vllm_version",
-        "gpu",
-        "driver",
-        "cuda",
-        "run_status",
-        "env_name",
-    ]
+    cols = [*SHAPE[: SHAPE.index("metric")], "run_status", "env_name"]  # the shape's per-point columns
     return frame[cols].drop_duplicates(["machine", "commit", "env_name"]).reset_index(drop=True)
