@@ -923,6 +923,7 @@ def summary_rows(doc: dict, path: Path | None = None) -> list[dict]:
                 "error": d.get("error"),
                 "context": model.get("context") or config.get("max_model_len"),
                 "budget_bytes": model.get("budget_bytes"),  # the engine's KV memory
+                "workload_kind": (config.get("workload_spec") or {}).get("kind") or "fixed",
                 **headline(d),
                 "path": str(path) if path else None,
             }

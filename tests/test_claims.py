@@ -95,6 +95,78 @@ def test_measured_values_only_from_matching_runs():
     assert measured_values(load_claims(), None) == {}
 
 
+def _measured_row(dtype, run, when, **values):
+    import pandas as pd
+
+    return {
+        "run_id": run,
+        "created_at": pd.Timestamp(when),
+        "model": "tiny-llama",
+        "context": 1024,
+        "budget_bytes": 67108864,
+        "kv_cache_dtype": dtype,
+        "status": "ok",
+        **values,
+    }
+
+
+def test_ttft_from_cache_hits_is_measured_on_the_newest_prefix_sharing_run_with_both_dtypes():
+    import pandas as pd
+
+    from kvbench.claims import measured_values
+
+    def row(dtype, ttft, run, when, kind="shared-prefix"):
+        return _measured_row(dtype, run, when, workload_kind=kind, ttft_p50_ms=ttft)
+
+    runs = pd.DataFrame(
+        [
+            row("fp8", 30.0, "old", "2026-11-01T00:00:00Z"),  # older prefix-sharing run: ignored
+            row("nvfp4", 10.0, "old", "2026-11-01T00:00:00Z"),
+            row("fp8", 40.0, "mt", "2026-11-02T00:00:00Z", kind="multi-turn"),  # the newest with both dtypes
+            row("nvfp4", 25.0, "mt", "2026-11-02T00:00:00Z", kind="multi-turn"),
+            row("fp8", 90.0, "fixed", "2026-11-03T00:00:00Z", kind="fixed"),  # no shared prefixes: ignored
+            row("nvfp4", 9.0, "fixed", "2026-11-03T00:00:00Z", kind="fixed"),
+            row("fp8", 20.0, "fp8-only", "2026-11-04T00:00:00Z"),  # nvfp4 did not serve it: ignored
+        ]
+    )
+    assert measured_values(load_claims(), runs)["nvidia-nvfp4-ttft-cache-hits"] == pytest.approx(40 / 25)
+
+
+@pytest.mark.parametrize("speedup, verdict", [(1.6, "fails"), (2.9, "holds"), (2.75, "off"), (3.4, "holds")])
+def test_an_up_to_ttft_claim_holds_when_a_run_reaches_it(speedup, verdict):
+    v = {v.id: v for v in evaluate(load_claims(), {"nvidia-nvfp4-ttft-cache-hits": speedup})}
+    got = v["nvidia-nvfp4-ttft-cache-hits"]
+    assert (got.verdict, got.unit, got.measured) == (verdict, "x", speedup)
+    assert f"measured {speedup:.2f}x (fp8 TTFT P50 / nvfp4 TTFT P50)" in got.derivation
+    assert {v.id: v for v in evaluate(load_claims())}["nvidia-nvfp4-ttft-cache-hits"].verdict == "not checkable"
+
+
+def test_accuracy_loss_is_measured_against_auto_on_the_newest_run_that_evaluated_both():
+    import pandas as pd
+
+    from kvbench.claims import measured_values
+
+    def row(dtype, acc, run, when, model="meta-llama/Llama-3.1-8B"):
+        return {**_measured_row(dtype, run, when, task_accuracy_rest=acc), "model": model}
+
+    runs = pd.DataFrame(
+        [
+            row("auto", 0.90, "r1", "2026-11-01T00:00:00Z"),
+            row("nvfp4", 0.80, "r1", "2026-11-01T00:00:00Z"),
+            row("auto", 0.95, "r2", "2026-11-02T00:00:00Z"),
+            row("nvfp4", 0.945, "r2", "2026-11-02T00:00:00Z"),
+            row("auto", 0.50, "other", "2026-11-03T00:00:00Z", model="tiny-llama"),  # not the claim's model
+            row("nvfp4", 0.10, "other", "2026-11-03T00:00:00Z", model="tiny-llama"),
+        ]
+    )
+    drop = measured_values(load_claims(), runs)["nvidia-nvfp4-accuracy"]
+    assert drop == pytest.approx(0.5)
+    v = {v.id: v for v in evaluate(load_claims(), {"nvidia-nvfp4-accuracy": drop})}["nvidia-nvfp4-accuracy"]
+    assert v.verdict == "holds"
+    v = {v.id: v for v in evaluate(load_claims(), {"nvidia-nvfp4-accuracy": 1.5})}["nvidia-nvfp4-accuracy"]
+    assert v.verdict == "fails"
+
+
 CLAIM = '[[claims]]\nid = "x"\ntext = "t"\nquantity = "bytes_per_element"\ndtype = "fp8"\nclaimed = 1\n'
 
 
@@ -134,3 +206,15 @@ def test_safe_sources_are_kept(tmp_path):
 def test_the_shipped_claims_name_their_article():
     src = load_claims()["source"]
     assert src.title and src.publisher.startswith("Spheron") and src.date == "2026-10-29" and src.file is None
+
+
+def test_the_committed_prefix_cache_run_is_read_as_prefix_sharing():
+    # The records in results/ say their workload's kind: the prefix-cache scenario is a shared-prefix run.
+    from pathlib import Path
+
+    from kvbench.harness.records import summary_frame
+
+    frame = summary_frame(Path(__file__).parent.parent / "results", problems=[])
+    kinds = frame.groupby("run_id")["workload_kind"].first()
+    assert {"fixed", "shared-prefix", "multi-turn", "trace"} <= set(kinds)
+    assert kinds[kinds.index.str.endswith("e9e05d")].tolist() == ["shared-prefix"]
