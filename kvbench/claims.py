@@ -200,7 +200,8 @@ def _budget(claim: dict, model):
         return budget_from_bytes(claim["kv_budget_gb"] * GB, "the claim's stated budget")
     util = claim.get("utilization", "vllm-default")
     util = VLLM_DEFAULT_GPU_MEMORY_UTILIZATION if util == "vllm-default" else float(util)
-    return budget_from_gpu(get_gpu(claim["gpu"]), model, utilization=util)
+    # the claim's context is the server's max_model_len: vLLM's profiling run, and so its peak, depends on it
+    return budget_from_gpu(get_gpu(claim["gpu"]), model, utilization=util, max_model_len=claim.get("context"))
 
 
 def derive(claim: dict) -> tuple[float | None, str]:
@@ -220,7 +221,7 @@ def derive(claim: dict) -> tuple[float | None, str]:
         return ratio, f"{fmt.bytes_per_element(model):g} / {base.bytes_per_element(model):g} B per element"
     if quantity == "kv_budget_gb":
         budget = _budget(claim, model)
-        return budget.kv_bytes / GB, budget.derivation + "; activation and CUDA-graph memory not modelled"
+        return budget.kv_bytes / GB, budget.derivation
 
     fmt = get_format(claim["dtype"])
     budget = _budget(claim, model)
