@@ -228,6 +228,30 @@ def test_run_plan_is_the_harness_plan(tmp_path, monkeypatch):
     assert any("not in the local Hugging Face cache" in n for n in rp.notes)
 
 
+def test_a_workload_spec_in_the_config_is_what_the_entry_sends_and_prices_reach_its_front(tmp_path, monkeypatch):
+    monkeypatch.setattr("kvbench.harness.defaults.accepted_kv_dtypes", lambda python=None: ("auto", "fp8"))
+    monkeypatch.setattr(nmatrix, "local_snapshot", lambda hf_id: None)
+    h200 = {"name": "NVIDIA H200", "memory_bytes": 150_117_105_664, "index": 0}
+    monkeypatch.setattr("kvbench.harness.machine.nvml_gpus", lambda: ([h200], None))
+    changes = {"machines.h200.workloads": ["system-prompts"], "machines.h200.slos": [], "machines.h200.overrides": None}
+    cfg = nconfig.parse(shipped(**changes))
+    (entry,) = nmatrix.expand(cfg, "h200").entries
+    assert entry.workload_spec.startswith("shared-prefix:") and entry.as_dict()["workload_spec"] == entry.workload_spec
+    rp = nmatrix.run_plan(entry, True, tmp_path, "h200-test", prices={"h200": 3.5})
+    assert rp.workload_spec.kind == "shared-prefix"
+    assert (rp.workload_spec.groups, rp.workload_spec.prefix_tokens, rp.workload_requests) == (64, 4096, 1024)
+    assert "--enable-prompt-tokens-details" in rp.extra_args  # hit / miss TTFT per request
+    assert (rp.price_key, rp.price_per_gpu_hour) == ("h200", 3.5)
+    assert nmatrix.run_plan(entry, True, tmp_path, "h200-test").price_per_gpu_hour is None
+
+
+def test_a_bad_workload_spec_is_refused_when_the_config_loads():
+    msg = parse_error(shipped(**{"workloads.system-prompts.spec": "shared-prefix:groups=0"}))
+    assert "[workloads.system-prompts] spec 'shared-prefix:groups=0'" in msg
+    msg = parse_error(shipped(**{"workloads.system-prompts.spec": "no-such-workload"}))
+    assert "no-such-workload" in msg and "choose from" in msg
+
+
 # -- estimates, cost and the dry run ----------------------------------------------------------------------
 
 
@@ -448,10 +472,10 @@ def test_an_entry_that_cannot_start_fails_and_the_next_one_runs(tmp_path, monkey
     night, progress = fake_night(tmp_path, monkeypatch, two_entries())
     real = nmatrix.run_plan
 
-    def run_plan(entry, on_gpu, results_dir, machine=None):
+    def run_plan(entry, on_gpu, results_dir, machine=None, prices=None):
         if entry.workload == "cpu-small":
             raise OSError("tokenizer.json: no such file")
-        return real(entry, on_gpu, results_dir, machine)
+        return real(entry, on_gpu, results_dir, machine, prices)
 
     monkeypatch.setattr(nmatrix, "run_plan", run_plan)
     doc = night.run(progress)

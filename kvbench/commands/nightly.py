@@ -281,7 +281,8 @@ def render_plan(cfg, plan, est, detected: bool) -> None:
         table.add_row(
             entry.name,
             ",".join(entry.kv_dtypes),
-            f"{entry.prompt_tokens:,}+{entry.output_tokens:,}",
+            f"{entry.prompt_tokens:,}+{entry.output_tokens:,}"
+            + (f" ({escape(entry.workload_spec)})" if entry.workload_spec else ""),
             f"{entry.num_requests:,} x {','.join(map(str, entry.concurrency))}",
             _slo_text(entry.slo),
             probes,

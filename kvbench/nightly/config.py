@@ -12,7 +12,9 @@ Layout (kvbench/data/nightly.toml is the shipped example):
     [gate]           kvbench regress settings
     [dashboard]      kvbench dashboard settings
     [slos.NAME]      ttft_p95_ms, tpot_p95_ms
-    [workloads.NAME] prompt_tokens, output_tokens, num_requests, concurrency, api
+    [workloads.NAME] prompt_tokens, output_tokens, num_requests, concurrency, api; spec = a --workload
+                     value (shared-prefix:..., multi-turn, trace:FILE, a name in workloads.toml) sends
+                     that traffic instead, its prompt/output tokens then being the estimate's means
     [machines.KEY]   KEY is a GPU of kvbench/data/gpus.toml (or "cpu" for a machine without one):
                      models x workloads x slos, kv_dtypes, per-GPU overrides, budget, estimate inputs
 """
@@ -80,11 +82,12 @@ class SloConfig(Strict):
 
 
 class WorkloadConfig(Strict):
-    prompt_tokens: Positive
+    prompt_tokens: Positive  # with `spec`: the mean the dry-run estimate assumes; the spec decides what is sent
     output_tokens: Positive
     num_requests: Positive
     concurrency: Annotated[list[Positive], Field(min_length=1)]
     api: Literal["completions", "chat"] = "completions"
+    spec: str | None = None  # a `kvbench run --workload` value: variable lengths, shared prefixes, sessions, traces
 
 
 class WorkloadOverride(Strict):
@@ -285,6 +288,15 @@ def check(cfg: NightlyConfig) -> list[str]:
     for name, slo in cfg.slos.items():
         if slo.ttft_p95_ms is None and slo.tpot_p95_ms is None:
             out.append(f"[slos.{name}] sets no bound; give ttft_p95_ms and/or tpot_p95_ms")
+    for name, w in cfg.workloads.items():
+        if w.spec is not None:  # refused now, not when the night reaches the entry
+            from kvbench.errors import UsageError
+            from kvbench.harness.workloads import parse_workload
+
+            try:
+                parse_workload(w.spec)
+            except UsageError as exc:
+                out.append(f"[workloads.{name}] spec {w.spec!r}: {exc}")
     labels: dict[str, str] = {}
     for key, m in cfg.machines.items():
         table = f"[machines.{key}]"

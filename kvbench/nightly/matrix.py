@@ -56,6 +56,7 @@ class Entry:
     eval_tasks: tuple[str, ...] | None = None  # None: the backend default
     budget_points: float = 1.0
     budgets: tuple[tuple[str, float], ...] = ()  # (task, points) for this entry's model
+    workload_spec: str | None = None  # a --workload value; None: the fixed prompt/output lengths above
 
     @property
     def context(self) -> int:
@@ -79,6 +80,7 @@ class Entry:
             "search_cap": self.search_cap,
             "extra_args": list(self.extra_args),
             "notes": list(self.notes),
+            "workload_spec": self.workload_spec,
         }
 
 
@@ -130,7 +132,8 @@ def expand(cfg: NightlyConfig, key: str) -> MachinePlan:
             if m.max_concurrency is not None and max(conc) > m.max_concurrency:
                 notes.append(f"concurrency {conc} capped at max_concurrency {m.max_concurrency}")
                 conc = list(dict.fromkeys(min(c, m.max_concurrency) for c in conc))
-            if m.max_model_len is not None and w["prompt_tokens"] + w["output_tokens"] > m.max_model_len:
+            too_long = w["spec"] is None and m.max_model_len is not None  # a spec's lengths are checked when built
+            if too_long and w["prompt_tokens"] + w["output_tokens"] > m.max_model_len:
                 raise UsageError(
                     f"[machines.{key}] workload {wname!r}: "
                     f"prompt + output tokens ({w['prompt_tokens'] + w['output_tokens']}) "
@@ -167,15 +170,22 @@ def expand(cfg: NightlyConfig, key: str) -> MachinePlan:
                             for k, v in cfg.quality.budgets.items()
                             if k.split("/", 1)[0] == model.name and "/" in k
                         ),
+                        workload_spec=w["spec"],
                     )
                 )
     return plan
 
 
-def run_plan(entry: Entry, on_gpu: bool, results_dir: Path, machine: str | None = None):
+def run_plan(
+    entry: Entry,
+    on_gpu: bool,
+    results_dir: Path,
+    machine: str | None = None,
+    prices: dict[str, float] | None = None,
+):
     """The harness RunPlan of one entry: build_plan with the backend's defaults and the entry's values.
     Dtypes the installed vLLM does not accept are recorded as unsupported, not fatal (one bad dtype must not
-    cost the night)."""
+    cost the night). `prices` (USD per GPU-hour by GPU key) put the bill on the run's fronts."""
     from kvbench.datafiles import load_toml
     from kvbench.harness.defaults import build_plan
 
@@ -189,8 +199,9 @@ def run_plan(entry: Entry, on_gpu: bool, results_dir: Path, machine: str | None 
         concurrency=list(entry.concurrency),
         slo=entry.slo,
         search_cap=entry.search_cap,
-        prompt_tokens=entry.prompt_tokens,
-        output_tokens=entry.output_tokens,
+        prompt_tokens=None if entry.workload_spec else entry.prompt_tokens,
+        output_tokens=None if entry.workload_spec else entry.output_tokens,
+        workload=entry.workload_spec,
         num_requests=entry.num_requests,
         max_model_len=entry.max_model_len,
         api=entry.api,
@@ -200,6 +211,7 @@ def run_plan(entry: Entry, on_gpu: bool, results_dir: Path, machine: str | None 
         machine=machine,
         eval_tasks=list(entry.eval_tasks) if entry.eval_tasks is not None else None,
         accuracy_budget_points=entry.budget_points,
+        prices=prices,
     )
     plan.accuracy_budgets = dict(entry.budgets)
     if entry.model.name != TINY:

@@ -290,7 +290,9 @@ class Nightly:
             )
             t0 = time.monotonic()
             try:
-                rp = run_plan(entry, self.plan.on_gpu, self.results_dir, self.target.machine)
+                price = self.estimate.price_per_hour
+                prices = {self.plan.key: price} if price is not None and self.plan.on_gpu else None
+                rp = run_plan(entry, self.plan.on_gpu, self.results_dir, self.target.machine, prices)
             except KvbenchError as exc:
                 result.status, result.error = "failed", str(exc)
                 continue
