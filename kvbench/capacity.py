@@ -17,10 +17,10 @@ import math
 from dataclasses import asdict, dataclass, replace
 
 from kvbench.formats import CacheFormat, get_format
-from kvbench.gpus import GpuSpec, server_defaults
+from kvbench.gpus import GpuSpec
 from kvbench.models import LayerKind, ModelSpec
 from kvbench.units import fmt_both, fmt_gib
-from kvbench.vllm_memory import NonKvEstimate, predict_non_kv
+from kvbench.vllm_memory import NonKvEstimate, predict_non_kv, release, scheduler_knobs
 
 # vLLM 0.32 defaults (vllm/config/cache.py): --gpu-memory-utilization 0.92, block size 16 on
 # CUDA, 128 on CPU (vllm/platforms/cpu.py). Async scheduling keeps 2 batches in flight.
@@ -188,7 +188,8 @@ def capacity_row(
     if context <= 0:
         raise ValueError("context must be a positive number of tokens")
     reason = fmt.unsupported_reason(model, gpu)
-    defaults = server_defaults(gpu) if gpu else None
+    # vLLM's scheduler defaults for this device (kvbench/data/vllm.toml, the installed or newest release)
+    defaults = scheduler_knobs(release(), gpu) if gpu else None
     batched = max_num_batched_tokens or (defaults.max_num_batched_tokens if defaults else 8192)
     in_flight = VLLM_MAX_CONCURRENT_BATCHES * batched
 

@@ -45,14 +45,6 @@ class GpuSpec:
         return self.memory_gb * 1e9
 
 
-@dataclass(frozen=True)
-class ServerDefaults:
-    """vLLM OpenAI-server scheduler defaults that depend on the device."""
-
-    max_num_seqs: int
-    max_num_batched_tokens: int
-
-
 def catalog() -> dict[str, GpuSpec]:
     raw = load_toml("gpus.toml")
     return {
@@ -88,16 +80,6 @@ def parse_gpu_list(text: str, flag: str = "--gpus") -> list[GpuSpec]:
     from kvbench import cliargs
 
     return [get_gpu(name) for name in cliargs.names(text, flag, "h100-sxm,h200")]
-
-
-def server_defaults(gpu: GpuSpec) -> ServerDefaults:
-    for rule in load_toml("gpus.toml")["vllm_server_defaults"]:
-        if gpu.device_memory_bytes < rule["min_device_memory_gib"] * GiB:
-            continue
-        if rule.get("exclude_name_substring", "\0") in gpu.name.lower():
-            continue
-        return ServerDefaults(rule["max_num_seqs"], rule["max_num_batched_tokens"])
-    raise AssertionError("gpus.toml: the last vllm_server_defaults rule must match every device")
 
 
 def match_nvml_name(nvml_name: str) -> GpuSpec | None:

@@ -6,9 +6,10 @@ import pytest
 
 from kvbench.capacity import budget_from_bytes, budget_from_gpu, capacity_row, capacity_table
 from kvbench.formats import get_format, parse_format_list
-from kvbench.gpus import get_gpu, server_defaults
+from kvbench.gpus import get_gpu
 from kvbench.models import load_model
 from kvbench.units import GB, GiB
+from kvbench.vllm_memory import release, scheduler_knobs
 
 LLAMA = load_model("llama-3.1-8b")
 
@@ -40,7 +41,7 @@ def test_vllm_style_tokens_and_concurrency():
 def test_sliding_window_caps_blocks():
     mistral = load_model("mistral-7b")
     row = capacity_row(mistral, get_format("auto"), 32768, budget_from_bytes(50 * GB), get_gpu("h100-sxm"))
-    in_flight = 2 * server_defaults(get_gpu("h100-sxm")).max_num_batched_tokens
+    in_flight = 2 * scheduler_knobs(release(), get_gpu("h100-sxm")).max_num_batched_tokens
     assert row.blocks_per_request == math.ceil((4096 - 1 + in_flight) / 16) + 1 == 1281
     # a short context is never rounded past itself
     short = capacity_row(mistral, get_format("auto"), 1024, budget_from_bytes(50 * GB), get_gpu("h100-sxm"))
@@ -77,7 +78,9 @@ def rope_bytes(model):
 
 
 def test_scheduler_defaults_by_device():
-    assert server_defaults(get_gpu("a100-80gb")).max_num_seqs == 256  # vLLM excludes A100 from the large defaults
-    assert server_defaults(get_gpu("h100-sxm")).max_num_seqs == 1024
-    assert server_defaults(get_gpu("b200")).max_num_batched_tokens == 16384
-    assert server_defaults(get_gpu("l40s")).max_num_seqs == 256
+    v032 = release("0.32.0")
+    assert scheduler_knobs(v032, get_gpu("a100-80gb")).max_num_seqs == 256  # vLLM keeps A100 off the large defaults
+    assert scheduler_knobs(v032, get_gpu("h100-sxm")).max_num_seqs == 1024
+    assert scheduler_knobs(v032, get_gpu("b200")).max_num_batched_tokens == 16384
+    assert scheduler_knobs(release("0.19.0"), get_gpu("b200")).max_num_batched_tokens == 8192  # before 0.32's rule
+    assert scheduler_knobs(v032, get_gpu("l40s")).max_num_seqs == 256
