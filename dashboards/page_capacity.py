@@ -26,6 +26,7 @@ from kvbench.dashboards.data import SiteData, model_spec, newest_record_per_mach
 from kvbench.dashboards.theme import color, dash, esc, log_ticks, ordered, style, symbol
 from kvbench.errors import KvbenchError
 from kvbench.formats import get_format
+from kvbench.harness.records import workload_label
 
 SLUG, TITLE = "capacity", "Capacity"
 POINTS_PER_LINE = 48
@@ -282,6 +283,7 @@ def build(data: SiteData) -> Page:
                 "warn",
             )
         inner += run_table(rows)
-        parts.append(section(f"{machine} — run {doc.get('run_id')}", inner, anchor=f"m-{machine}"))
+        title = f"{machine} — run {doc.get('run_id')}, {workload_label(doc.get('config') or {})}"
+        parts.append(section(title, inner, anchor=f"m-{machine}"))
     page.body = "\n".join(parts)
     return page

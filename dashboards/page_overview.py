@@ -266,10 +266,13 @@ def build(data: SiteData) -> Page:
             rows = rows.set_index("kv_cache_dtype").loc[ordered(rows["kv_cache_dtype"])].reset_index()
             first = rows.iloc[0]
             ctx = fmt(first["context"], 0)
+            shape = (  # a workload spec's lengths vary per request: its kind and parameters say what was sent
+                f"{fmt(first['prompt_tokens'], 0)} prompt + {fmt(first['output_tokens'], 0)} output tokens per request"
+                if str(first.get("workload") or "fixed").startswith("fixed")
+                else f"workload {esc(first['workload'])}"
+            )
             head = (
-                f"<p>{esc(first['gpu'])}; model <code>{esc(first['model'])}</code>, "
-                f"{fmt(first['prompt_tokens'], 0)} prompt + "
-                f"{fmt(first['output_tokens'], 0)} output tokens per request, "
+                f"<p>{esc(first['gpu'])}; model <code>{esc(first['model'])}</code>, {shape}, "
                 f"fixed load {esc(text(first['fixed_load']) or '—')}; "
                 f"{run_line(rows)}. Capacity is in concurrent requests of {esc(ctx)} tokens (the run's max_model_len); "
                 "latency and throughput are from the fixed load.</p>"

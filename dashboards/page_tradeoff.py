@@ -12,7 +12,6 @@ from kvbench.dashboards.data import SiteData
 from kvbench.dashboards.theme import color, esc, ordered, style, symbol
 
 SLUG, TITLE = "tradeoff", "Trade-off"
-SETUP = ["model", "prompt_tokens", "output_tokens"]
 DASH = ("solid", "dash", "dot", "dashdot")  # one per machine
 
 

@@ -15,6 +15,8 @@ import pytest
 
 from kvbench.dashboards import data as site_data
 from kvbench.dashboards import derive, site, theme
+from kvbench.dashboards.theme import esc
+from kvbench.harness.records import workload_label
 
 REPO = Path(__file__).resolve().parents[1]
 _spec = importlib.util.spec_from_file_location("dashboard_sample", Path(__file__).with_name("dashboard_sample.py"))
@@ -76,6 +78,23 @@ def test_builds_from_committed_results(tmp_path):
     if loaded.records:
         for slug in ("index", "gpus", "capacity", "latency"):
             assert pages[slug].figures, slug
+
+
+def test_workload_runs_are_named_by_their_workload_not_placeholder_lengths():
+    # The committed Intel records hold one run of each workload kind; a spec's lengths vary per request, so
+    # the overview names the workload where a fixed run gives its lengths, and the capacity page titles say it.
+    loaded = site_data.load(REPO / "results", asv_conf=REPO / "asv.conf.json")
+    pages = {p.slug: p for p in site.build_pages(loaded)}
+    overview = pages["index"].body
+    assert "workload shared-prefix (prefix-cache)" in overview
+    assert "workload trace (" in overview and "workload multi-turn (" in overview
+    heads = re.findall(r"<p>[^<]*; model <code>.*?</p>", overview)
+    spec_heads = [h for h in heads if "workload " in h]
+    assert len(spec_heads) >= 5 and not any("prompt +" in h for h in spec_heads)  # no placeholder lengths
+    assert any("384 prompt + 128 output tokens per request" in h for h in heads)  # the fixed CPU default
+    newest = max((d for d in loaded.records if d["machine"] == "cpu-intel-xeon"), key=lambda d: d["created_at"])
+    label = workload_label(newest["config"])
+    assert not label.startswith("fixed") and f"run {newest['run_id']}, {esc(label)}</h2>" in pages["capacity"].body
 
 
 def test_builds_from_empty_results_with_instructions(tmp_path):
