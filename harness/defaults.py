@@ -263,7 +263,7 @@ def build_plan(
         eval_tasks=tasks,
         eval_limit=eval_limit,
         accuracy_budget_points=(
-            defaults.get("accuracy_budget_points", 1.0) if accuracy_budget_points is None else accuracy_budget_points
+            defaults["accuracy_budget_points"] if accuracy_budget_points is None else accuracy_budget_points
         ),
         notes=notes,
     )

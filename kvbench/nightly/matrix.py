@@ -54,7 +54,7 @@ class Entry:
     extra_args: tuple[str, ...]
     notes: tuple[str, ...] = ()
     eval_tasks: tuple[str, ...] | None = None  # None: the backend default
-    budget_points: float = 1.0
+    budget_points: float | None = None  # None: the backend default
     budgets: tuple[tuple[str, float], ...] = ()  # (task, points) for this entry's model
     workload_spec: str | None = None  # a --workload value; None: the fixed prompt/output lengths above
 
