@@ -105,24 +105,34 @@ def check_offline(tasks: list[str], task_manager) -> None:
 
 
 def task_manager(
-    tasks: list[str], tokenizer: str | Path, n_items: int = evaltasks.DEFAULT_ITEMS, seed: int = evaltasks.SEED
+    tasks: list[str],
+    tokenizer: str | Path,
+    n_items: int = evaltasks.DEFAULT_ITEMS,
+    seed: int = evaltasks.SEED,
+    max_seq_lengths: list[int] | None = None,
 ):
-    """lm-eval's TaskManager with kvbench's retrieval tasks (those in `tasks`) written and included."""
+    """lm-eval's TaskManager with kvbench's retrieval tasks (those in `tasks`) written and included.
+
+    `max_seq_lengths`: the context lengths lm-eval's synthetic long-context tasks (RULER's niah, cwe, fwe, qa,
+    vt) generate items at, as lm-eval's `--metadata '{"max_seq_lengths": [...]}'`; they size their prompts with
+    the tokenizer, which goes with it."""
     ours = [t for t in tasks if t.startswith(evaltasks.PREFIX)]
     for t in ours:
         evaltasks.parse_task(t)  # one line naming the bundled tasks if misspelt
-    return _task_manager(tuple(tasks), str(tokenizer), n_items, seed)
+    lengths = tuple(max_seq_lengths) if max_seq_lengths else None
+    return _task_manager(tuple(tasks), str(tokenizer), n_items, seed, lengths)
 
 
 @functools.lru_cache(maxsize=8)
-def _task_manager(tasks: tuple[str, ...], tokenizer: str, n_items: int, seed: int):
+def _task_manager(tasks: tuple[str, ...], tokenizer: str, n_items: int, seed: int, lengths: tuple[int, ...] | None):
     # Indexing lm-eval's own task folder takes ~9 s on 2 cores: a run evaluates each dtype in three conditions,
     # so its worker builds the index once, and not at all when every task is kvbench's own.
     from lm_eval.tasks import TaskManager
 
     ours = [t for t in tasks if t.startswith(evaltasks.PREFIX)]
     include = [str(evaltasks.write_tasks(tokenizer, ours, seed=seed, n=n_items))] if ours else None
-    return TaskManager(include_path=include, include_defaults=len(ours) < len(tasks))
+    metadata = {"tokenizer": tokenizer, "max_seq_lengths": list(lengths)} if lengths else None
+    return TaskManager(include_path=include, include_defaults=len(ours) < len(tasks), metadata=metadata)
 
 
 def evaluate(
@@ -138,12 +148,14 @@ def evaluate(
     timeout_s: float = 300.0,
     n_items: int = evaltasks.DEFAULT_ITEMS,
     seed: int = evaltasks.SEED,
+    max_seq_lengths: list[int] | None = None,
 ) -> EvalResult:
     """Run `tasks` against the OpenAI-compatible server at `base_url` (no /v1 suffix).
 
     `tokenizer`: a local folder with the served model's tokenizer. `headers`: sent with every request (an
     API key as `Authorization: Bearer ...`); without them lm-eval sends `Bearer $OPENAI_API_KEY`. `limit`:
-    the first `limit` items of each task. Raises UsageError for unknown tasks or hub-only data offline.
+    the first `limit` items of each task. `max_seq_lengths`: for lm-eval's RULER tasks (see task_manager).
+    Raises UsageError for unknown tasks or hub-only data offline.
     """
     import lm_eval
     from lm_eval.evaluator import simple_evaluate
@@ -158,7 +170,7 @@ def evaluate(
     if limit is not None and limit < 1:
         raise UsageError(f"--limit must be at least 1, got {limit}")
     _quiet_lm_eval()
-    tm = task_manager(tasks, tokenizer, n_items, seed)
+    tm = task_manager(tasks, tokenizer, n_items, seed, max_seq_lengths)
     check_tasks(tasks, tm)
     check_offline(tasks, tm)
     lm = LocalCompletionsAPI(

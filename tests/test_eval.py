@@ -114,6 +114,16 @@ def test_hub_tasks_offline_are_one_line(tok_dir, monkeypatch):
         evaluate("http://127.0.0.1:9", "m", tok_dir, ["no_such_task"])
 
 
+def test_max_seq_lengths_reach_lm_evals_synthetic_tasks_with_the_tokenizer(tok_dir):
+    # lm-eval's RULER tasks read `max_seq_lengths` and a tokenizer from the TaskManager's metadata (lm-eval's
+    # --metadata); without them they generate at their default lengths or stop on a missing tokenizer.
+    from kvbench.harness.evaluation import task_manager
+
+    tm = task_manager(["kvbench_passkey_512"], tok_dir, n_items=8, max_seq_lengths=[1024, 2048])
+    assert tm.metadata == {"tokenizer": str(tok_dir), "max_seq_lengths": [1024, 2048]}
+    assert task_manager(["kvbench_passkey_512"], tok_dir, n_items=8).metadata is None
+
+
 def test_eval_cli_json_and_record(tok_dir, tmp_path):
     before = subprocess.run(["git", "status", "--porcelain"], cwd=REPO, capture_output=True, text=True).stdout
     with (
@@ -180,6 +190,8 @@ def test_eval_cli_text_output(tok_dir, tmp_path):
         (["--kv-dtypes", "fp3"], "unknown KV-cache dtype 'fp3'"),
         (["--endpoint", "ftp://host:21"], "is not an http(s) URL"),
         (["--header", "X: y"], "--api-key/--header are for --endpoint servers"),
+        (["--tasks", "ruler", "--max-seq-lengths", "0"], "--max-seq-lengths needs whole numbers of at least 1"),
+        (["--tasks", "ruler", "--max-seq-lengths", "4k"], "--max-seq-lengths takes comma-separated whole numbers"),
     ],
 )
 def test_bad_input_is_one_line(args, message, tmp_path):

@@ -80,6 +80,16 @@ def command(
             help=(f"First N items of each task (default: all; bundled tasks have {evaltasks.DEFAULT_ITEMS})."),
         ),
     ] = None,
+    max_seq_lengths: Annotated[
+        str | None,
+        typer.Option(
+            "--max-seq-lengths",
+            help=(
+                "Comma-separated context lengths in tokens at which lm-eval's synthetic long-context tasks (ruler, "
+                "niah_*) generate their items, e.g. 4096,8192 (lm-eval's metadata max_seq_lengths)."
+            ),
+        ),
+    ] = None,
     concurrency: Annotated[
         int | None,
         typer.Option(
@@ -139,6 +149,7 @@ def command(
     for t in task_list:
         if t.startswith(evaltasks.PREFIX):
             evaltasks.parse_task(t)
+    lengths = cliargs.int_list(max_seq_lengths, "--max-seq-lengths", "4096,8192") if max_seq_lengths else None
     cliargs.at_least_one(limit, "--limit")
     cliargs.at_least_one(concurrency, "--concurrency")
     cliargs.at_least_one(max_model_len, "--max-model-len")
@@ -166,6 +177,7 @@ def command(
                 "choose shorter bundled tasks (e.g. kvbench_passkey_512) or restart the server"
             )
         plan = _Plan(task_list, limit, conc, results, machine, model_name, tokenizer, None, notes, headers)
+        plan.max_seq_lengths = lengths
         return _run(plan, endpoint_runs=runs, as_json=as_json)
 
     from kvbench.harness.defaults import _dtype_choices, known_dtype  # noqa: PLC2701 - shared validation
@@ -206,6 +218,7 @@ def command(
         "offline": not gpus,
     }
     plan = _Plan(task_list, limit, conc, results, machine, model_name, model_path, server, notes, {})
+    plan.max_seq_lengths = lengths
     return _run(plan, endpoint_runs=None, as_json=as_json)
 
 
@@ -242,6 +255,7 @@ class _Plan:
         self.tasks, self.limit, self.concurrency, self.results = tasks, limit, concurrency, results
         self.machine, self.model_name, self.tokenizer, self.server = machine, model_name, tokenizer, server
         self.notes, self.headers = notes, headers
+        self.max_seq_lengths: list[int] | None = None
 
     @property
     def levels(self) -> list[int]:
@@ -271,6 +285,7 @@ def _run(plan: _Plan, endpoint_runs: dict | None, as_json: bool) -> int:
                 limit=plan.limit,
                 headers=headers or None,
                 max_length=max_len,
+                max_seq_lengths=plan.max_seq_lengths,
             )
 
     if endpoint_runs is not None:
@@ -327,6 +342,7 @@ def _run(plan: _Plan, endpoint_runs: dict | None, as_json: bool) -> int:
         eval_id, plan.machine, plan.model_name, plan.tasks, plan.limit, plan.levels, servers, results, plan.notes
     )
     doc["failures"] = failures
+    doc["max_seq_lengths"] = plan.max_seq_lengths  # what lm-eval's synthetic long-context tasks were sized to
     path = write_eval_record(eval_path(plan.results, plan.machine, eval_id), doc, results)
     if as_json:
         print_json(
