@@ -902,17 +902,23 @@ def non_kv_report(
     """kvbench's prediction of every non-KV term (kvbench.vllm_memory) beside what the server's own start-up
     log says, per rank: weights, activation peak, non-torch memory, CUDA graphs, the KV pool (GiB)."""
     from kvbench.startuplog import parse_startup_log
-    from kvbench.vllm_memory import predict_non_kv
+    from kvbench.vllm_memory import VLLM_DTYPE_ARGS, VLLM_QUANTIZATION_WEIGHTS, predict_non_kv
 
     try:
         util = cache_config.get("gpu_memory_utilization")
+        dtype = _flag(vllm_args, ("--dtype",))
         predicted = predict_non_kv(
             spec,
             gpu,
             utilization=float(util) if util else None,
             tensor_parallel_size=_tensor_parallel(vllm_args),
             pipeline_parallel_size=_tensor_parallel(vllm_args, ("--pipeline-parallel-size", "-pp")),
+            # what the server was started with changes the terms: the profiling batch, the weights' format
+            weights=VLLM_QUANTIZATION_WEIGHTS.get((_flag(vllm_args, ("--quantization", "-q")) or "").lower(), "auto"),
+            dtype=VLLM_DTYPE_ARGS.get(dtype.lower()) if dtype else None,
             vllm_version=vllm_version,
+            max_num_seqs=_int(_flag(vllm_args, ("--max-num-seqs",))),
+            max_num_batched_tokens=_int(_flag(vllm_args, ("--max-num-batched-tokens",))),
             max_model_len=context,
         ).as_dict()
     except Exception as exc:  # a prediction kvbench cannot make is a note, never a lost run
@@ -932,15 +938,30 @@ def non_kv_report(
     return {"predicted": predicted, "measured_from_log": measured}
 
 
-def _tensor_parallel(args: list[str], flags: tuple[str, ...] = ("--tensor-parallel-size", "-tp")) -> int:
-    """--tensor-parallel-size / -tp (or the given flags) from the vLLM arguments (1 when absent)."""
+# vLLM's --dtype spellings -> the torch names kvbench.vllm_memory takes ("auto": the config's own)
+_TORCH_DTYPES = {
+    "bfloat16": "bfloat16",
+    "float16": "float16",
+    "half": "float16",
+    "float32": "float32",
+    "float": "float32",
+}
+
+
+def _flag(args: list[str], flags: tuple[str, ...]) -> str | None:
+    """The value of the first of `flags` in the vLLM arguments (`--flag V` or `--flag=V`), else None."""
     for i, arg in enumerate(args):
         for flag in flags:
             if arg == flag and i + 1 < len(args):
-                return max(1, _int(args[i + 1]) or 1)
+                return args[i + 1]
             if arg.startswith(flag + "="):
-                return max(1, _int(arg.split("=", 1)[1]) or 1)
-    return 1
+                return arg.split("=", 1)[1]
+    return None
+
+
+def _tensor_parallel(args: list[str], flags: tuple[str, ...] = ("--tensor-parallel-size", "-tp")) -> int:
+    """--tensor-parallel-size / -tp (or the given flags) from the vLLM arguments (1 when absent)."""
+    return max(1, _int(_flag(args, flags)) or 1)
 
 
 def _int(text) -> int | None:

@@ -31,6 +31,17 @@ from kvbench.models import DTYPE_BYTES, ModelSpec
 from kvbench.units import GiB, fmt_gib
 from kvbench.weights import WeightPlan, pp_layer_ranges, weight_bytes_per_rank, weight_plan
 
+# vLLM's --dtype spellings -> the torch dtype names predict_non_kv takes ("auto", absent: the config's own)
+VLLM_DTYPE_ARGS = {
+    "bfloat16": "bfloat16",
+    "float16": "float16",
+    "half": "float16",
+    "float32": "float32",
+    "float": "float32",
+}
+# vLLM's --quantization values whose weight format kvbench models -> predict_non_kv's `weights`
+VLLM_QUANTIZATION_WEIGHTS = {"fp8": "fp8"}
+
 
 @dataclass(frozen=True)
 class Term:

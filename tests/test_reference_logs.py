@@ -155,3 +155,21 @@ def test_a_gpu_run_records_the_predicted_non_kv_terms_beside_the_servers_log():
     assert stage["kv_pool"]["gib"] == pytest.approx(measured["kv_pool_gib"], abs=POOL_TOLERANCE_GIB)
     assert report["predicted"]["tensor_parallel_size"] == 1
     assert "error" in non_kv_report(spec_for("llama-3.1-8b"), get_gpu("h100-sxm"), {}, 8192, [], "0.1.0", None)
+
+
+def test_a_gpu_runs_prediction_follows_the_servers_own_arguments():
+    # A server started with --max-num-seqs, --max-num-batched-tokens or --dtype profiles and loads differently;
+    # the run's prediction takes them from the vLLM arguments it started the server with.
+    from kvbench.gpus import get_gpu
+    from kvbench.harness.runner import non_kv_report
+    from kvbench.models import spec_for
+
+    def stage(args):
+        report = non_kv_report(spec_for("llama-3.1-8b"), get_gpu("h100-sxm"), {}, 8192, args, "0.19.0", None)
+        return report["predicted"]["stages"][0]
+
+    default = stage([])
+    small = stage(["--max-num-seqs", "8", "--max-num-batched-tokens=1024"])
+    assert small["activation"]["gib"] < default["activation"]["gib"]
+    assert stage(["--dtype", "float32"])["weights"]["gib"] == pytest.approx(2 * default["weights"]["gib"], rel=0.01)
+    assert stage(["--dtype", "auto"]) == default

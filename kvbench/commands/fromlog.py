@@ -14,10 +14,7 @@ from kvbench.gpus import GpuSpec, catalog, get_gpu
 from kvbench.output import console, print_json
 from kvbench.startuplog import StartupLog, parse_startup_log
 from kvbench.units import GiB
-from kvbench.vllm_memory import NonKvEstimate, predict_non_kv
-
-_DTYPES = {"bfloat16": "bf16", "float16": "fp16", "half": "fp16", "float32": "fp32", "float": "fp32"}
-_QUANT = {"fp8": "fp8"}
+from kvbench.vllm_memory import VLLM_DTYPE_ARGS, VLLM_QUANTIZATION_WEIGHTS, NonKvEstimate, predict_non_kv
 
 
 @dataclass(frozen=True)
@@ -74,12 +71,8 @@ def predict_for_log(
     args = log.args
     if weights in (None, "auto"):
         dtype_arg = str(args.get("dtype", "auto")).lower()
-        weights = _QUANT.get(str(args.get("quantization", "")).lower()) or "auto"
-        dtype = (
-            None
-            if dtype_arg == "auto"
-            else {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}.get(_DTYPES.get(dtype_arg, ""))
-        )
+        weights = VLLM_QUANTIZATION_WEIGHTS.get(str(args.get("quantization", "")).lower()) or "auto"
+        dtype = None if dtype_arg == "auto" else VLLM_DTYPE_ARGS.get(dtype_arg)
     else:
         dtype = None
     fmt = get_format(kv_dtype or str(args.get("kv_cache_dtype", "auto")))
