@@ -11,6 +11,7 @@ from plotly.subplots import make_subplots
 from kvbench.dashboards.components import Page, date_text, dtype_chip, empty, fmt, note, section, slug, table, text
 from kvbench.dashboards.data import REGRESSION, SiteData
 from kvbench.dashboards.theme import REGRESSION_COLOR, color, dash, dtype_sort_key, esc, ordered, style, symbol
+from kvbench.harness.repeats import half_width
 
 SLUG, TITLE = "history", "History"
 # Latency metrics are stored in seconds (asv's unit); people read them in ms.
@@ -91,6 +92,19 @@ def regressions_table(flagged: pd.DataFrame, link: str = "") -> str:
     )
 
 
+def _repeat_bars(pts: pd.DataFrame, factor: float) -> dict | None:
+    """Error bars where a point's run repeated its fixed load: the 95% t interval of the mean of the repeats."""
+    if "repeat_std" not in pts or "repeat_n" not in pts:
+        return None
+    half = [
+        half_width(s, int(n)) * factor if n == n and n >= 2 and s == s else math.nan
+        for s, n in zip(pts["repeat_std"], pts["repeat_n"], strict=False)
+    ]
+    if all(h != h for h in half):
+        return None
+    return {"type": "data", "array": half, "visible": True, "thickness": 1.2, "width": 4}
+
+
 def metric_figure(frame: pd.DataFrame, regressions: pd.DataFrame, title: str, unit: str) -> go.Figure:
     metric = frame["metric"].iloc[0]
     shown_unit, factor = display_unit(unit)
@@ -124,6 +138,7 @@ def metric_figure(frame: pd.DataFrame, regressions: pd.DataFrame, title: str, un
                 go.Scatter(
                     x=pts["when"],
                     y=pts["value"] * factor,
+                    error_y=_repeat_bars(pts, factor),
                     mode="lines+markers",
                     name=esc(dtype),
                     legendgroup=dtype,
@@ -243,6 +258,7 @@ def glance_figure(frame: pd.DataFrame, regressions: pd.DataFrame, metrics: list[
                 go.Scatter(
                     x=pts["when"],
                     y=pts["value"] * factor,
+                    error_y=_repeat_bars(pts, factor),
                     mode="lines+markers",
                     name=esc(dtype),
                     legendgroup=dtype,

@@ -30,16 +30,21 @@ def value(summary, metric: str) -> float | None:
     return float(v) if v is not None and math.isfinite(float(v)) else None
 
 
-def interval(values: list[float]) -> dict:
-    """{n, mean, std, ci_low, ci_high, values}: the mean and its 95% t interval (no interval for n = 1)."""
+def half_width(std: float, n: int) -> float:
+    """Half the 95% t interval of a mean of `n` values whose sample standard deviation is `std` (n >= 2)."""
     from scipy.stats import t
 
+    return float(t.ppf(0.975, n - 1)) * std / math.sqrt(n)
+
+
+def interval(values: list[float]) -> dict:
+    """{n, mean, std, ci_low, ci_high, values}: the mean and its 95% t interval (no interval for n = 1)."""
     n = len(values)
     mean = sum(values) / n
     if n < 2:
         return {"n": n, "mean": mean, "std": None, "ci_low": None, "ci_high": None, "values": values}
     std = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1))
-    half = float(t.ppf(0.975, n - 1)) * std / math.sqrt(n)
+    half = half_width(std, n)
     return {"n": n, "mean": mean, "std": std, "ci_low": mean - half, "ci_high": mean + half, "values": values}
 
 

@@ -11,6 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
 from kvbench.dashboards import data as site_data
@@ -455,3 +456,27 @@ def test_quality_page_shows_accuracy_with_intervals_per_condition(sample_pages):
     assert fp8 and list(fp8[0].x) == ["at rest", "at load", "during load"]
     assert all(v > 0 for v in fp8[0].error_y.array)  # the Wilson interval is drawn
     assert "drop of 1.0 points" in page.body and "99.0%" in page.body
+
+
+def test_history_points_with_repeats_get_95pct_error_bars():
+    from kvbench.dashboards import page_history
+    from kvbench.harness.repeats import half_width
+
+    loaded = site_data.load(REPO / "results", asv_conf=REPO / "asv.conf.json")
+    ttft = loaded.history[loaded.history["metric"] == loaded.history["metric"].iloc[0]].copy()
+    unit = ttft["unit"].iloc[0]
+    _, factor = page_history.display_unit(unit)
+    newest = ttft["when"].idxmax()
+    ttft.loc[newest, ["repeat_std", "repeat_n"]] = [2.0, 3]  # as a run with --repeat 3 records it
+    fig = page_history.metric_figure(ttft, pd.DataFrame(), "t", unit)
+    dtype = ttft.loc[newest, "kv_dtype"]
+    trace = next(t for t in fig.data if t.name == dtype and t.error_y is not None and t.error_y.array is not None)
+    bars = [b for b in trace.error_y.array if b == b]
+    assert bars == [pytest.approx(half_width(2.0, 3) * factor)]  # only the repeated point, t interval of its mean
+    assert all(
+        t.error_y.array is None
+        for t in page_history.metric_figure(
+            loaded.history[loaded.history["metric"] == ttft["metric"].iloc[0]], pd.DataFrame(), "t", unit
+        ).data
+        if t.error_y is not None
+    )  # the committed points were not repeated: no bars
