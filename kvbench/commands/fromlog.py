@@ -189,7 +189,9 @@ def compare_log(
     console.print(
         f"[bold]{path}[/]: {log.model or spec.name} on {card.name}, TP {est.tensor_parallel_size} PP "
         f"{est.pipeline_parallel_size}, max_model_len {max_len:,}, utilization {est.utilization:g}; "
-        f"vLLM {log.vllm_version or 'version not in log'} (kvbench models {est.release.version})"
+        f"vLLM {log.vllm_version or 'version not in log'} (kvbench models {est.release.version}"
+        + ("" if log.vllm_version or vllm_version else "; pass --vllm-version if the server ran another")
+        + ")"
     )
     table = Table(title="vLLM's figures vs kvbench's prediction (GiB = 2^30 bytes, per GPU)", title_justify="left")
     for col in ("term", "vLLM logged", "kvbench", "error", "error %", "kvbench's source"):
