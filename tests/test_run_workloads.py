@@ -78,6 +78,23 @@ def test_random_lengths_go_out_per_request_and_capacity_reads_the_distribution(t
     assert "workload random" in shown and "Requests that fit at the workload's own lengths" in shown
 
 
+@pytest.mark.parametrize(
+    "workload, kind",
+    [
+        ("sharegpt:kvbench/data/workloads/sharegpt-small.json,requests=16", "sharegpt"),
+        ("jsonl:kvbench/data/workloads/requests-small.jsonl,requests=16", "jsonl"),
+    ],
+)
+def test_dataset_files_run_each_conversation_at_its_own_lengths(tmp_path, tiny_model, workload, kind):
+    with FakeServer(FakeConfig(**FAST)) as srv:
+        doc, samples = run_against(srv.base_url, tiny_model, workload, tmp_path, "--no-search", "--concurrency", "4")
+    assert doc["config"]["workload_spec"]["kind"] == kind
+    fixed = samples[(samples.phase == "fixed") & ~samples.warmup]
+    assert len(fixed) == 16 and fixed.ok.all()
+    assert fixed.expected_prompt_tokens.nunique() > 3  # the file's own prompts, not one fixed length
+    assert (fixed.completion_tokens == fixed.requested_output_tokens).all()
+
+
 def test_a_trace_replays_on_its_send_times_without_a_search(tmp_path, tiny_model):
     with FakeServer(FakeConfig(**FAST)) as srv:
         doc, samples = run_against(srv.base_url, tiny_model, "trace-small", tmp_path)
