@@ -93,6 +93,12 @@ def test_dataset_files_run_each_conversation_at_its_own_lengths(tmp_path, tiny_m
     assert len(fixed) == 16 and fixed.ok.all()
     assert fixed.expected_prompt_tokens.nunique() > 3  # the file's own prompts, not one fixed length
     assert (fixed.completion_tokens == fixed.requested_output_tokens).all()
+    # the samples folder is queryable as it lies, e.g. by DuckDB over a glob, with no kvbench code
+    import duckdb
+
+    glob = str(tmp_path / "**" / "*.requests.parquet")
+    n = duckdb.sql(f"select count(*) from read_parquet('{glob}') where phase = 'fixed' and not warmup").fetchall()[0][0]
+    assert n == len(fixed)
 
 
 def test_a_trace_replays_on_its_send_times_without_a_search(tmp_path, tiny_model):
