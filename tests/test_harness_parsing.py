@@ -271,3 +271,18 @@ def test_capacity_block_on_a_gpu_measures_the_overhead(tmp_path):
     assert model["activation_overhead_bytes"] == pytest.approx(expected, abs=1)
     # 50 GiB / (16 tokens x 32 layers x 4 KiB = 2 MiB) = 25,600 blocks; 256 blocks per 4,096-token request
     assert model["max_concurrency"] == 25_600 / 256
+
+
+def test_committed_v2_records_are_summaries_small_enough_for_git():
+    # issue 11: a CPU-default record was 3.5 MB with every request inline; v2 keeps samples in Parquet.
+    from pathlib import Path
+
+    from kvbench.datafiles import read_json
+
+    v2 = [
+        p
+        for p in records.find_records(Path(__file__).parent.parent / "results")
+        if read_json(p).get("schema") == records.SCHEMA
+    ]
+    assert len(v2) >= 6
+    assert max(p.stat().st_size for p in v2) <= 200_000
