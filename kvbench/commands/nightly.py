@@ -15,6 +15,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from kvbench.errors import UsageError
+from kvbench.nightly.orchestrate import EntryStatus, NightStatus, StepStatus
 from kvbench.output import console, print_json
 
 NAME = "nightly"
@@ -173,7 +174,7 @@ def _run(cfg, cfg_path, gpu, estimates, plans, asv_config: Path, out: Path | Non
     render_summary(doc, night.path)
     if night.interrupted:
         return 130
-    return 0 if doc["status"] == "ok" else 1
+    return 0 if doc["status"] == NightStatus.OK else 1
 
 
 # -- printing -----------------------------------------------------------------------------------------
@@ -473,13 +474,13 @@ def _plan_json(cfg, plan, est) -> dict:
     }
 
 
-STATUS_STYLE = {
-    "ok": "green",
-    "failed": "bold red",
-    "interrupted": "red",
-    "skipped": "yellow",
-    "regression": "bold red",
-    "not run": "yellow",
+STATUS_STYLE = {  # step and entry statuses (kvbench.nightly.orchestrate)
+    StepStatus.OK: "green",
+    StepStatus.FAILED: "bold red",
+    EntryStatus.INTERRUPTED: "red",
+    StepStatus.SKIPPED: "yellow",
+    StepStatus.REGRESSION: "bold red",
+    StepStatus.NOT_RUN: "yellow",
 }
 
 
@@ -522,7 +523,7 @@ def render_summary(doc: dict, path: Path) -> None:
         f"{doc['minutes']:.1f} min of max_minutes {doc['budget_minutes']:g} "
         f"(estimate {doc['estimate_minutes']:.1f}); summary: {path}"
     )
-    if doc["status"] == "ok":
+    if doc["status"] == NightStatus.OK:
         console.print("[bold green]nightly OK[/]")
         return
     console.print(f"[bold red]nightly {doc['status'].upper()}[/], because:")

@@ -22,12 +22,13 @@ import subprocess
 import sys
 import time
 from dataclasses import asdict, dataclass, field
+from enum import StrEnum
 from pathlib import Path
 
 from rich.markup import escape
 
 from kvbench.errors import KvbenchError, UsageError
-from kvbench.harness.records import linked_records, load_record
+from kvbench.harness.records import DtypeStatus, linked_records, load_record
 from kvbench.nightly.config import CPU, NightlyConfig
 from kvbench.nightly.estimate import MachineEstimate
 from kvbench.nightly.matrix import Entry, MachinePlan, served_model
@@ -83,10 +84,36 @@ def results_dir_of(asv_conf: Path) -> Path:
 # -- results of the night -----------------------------------------------------------------------------
 
 
+class StepStatus(StrEnum):
+    """A step of the night (history point, gate, dashboard)."""
+
+    OK = "ok"
+    FAILED = "failed"
+    SKIPPED = "skipped"  # disabled in the config, or the budget was spent
+    REGRESSION = "regression"  # the gate found one
+    NOT_RUN = "not run"  # the gate could not judge
+
+
+class EntryStatus(StrEnum):
+    """One matrix entry (one kvbench run)."""
+
+    RUNNING = "running"
+    OK = "ok"
+    FAILED = "failed"
+    INTERRUPTED = "interrupted"
+    SKIPPED = "skipped"
+
+
+class NightStatus(StrEnum):
+    OK = "ok"
+    REGRESSION = "regression"  # only regressions: every run itself went fine
+    FAILED = "failed"
+
+
 @dataclass
 class StepResult:
     name: str
-    status: str  # ok | failed | skipped | regression | not run
+    status: StepStatus
     detail: str = ""
     seconds: float = 0.0
     log: str | None = None
@@ -96,7 +123,7 @@ class StepResult:
 @dataclass
 class EntryResult:
     name: str
-    status: str  # ok | failed | interrupted | skipped
+    status: EntryStatus
     estimate_s: float
     seconds: float = 0.0
     record: str | None = None
@@ -192,9 +219,9 @@ class Nightly:
 
     def history(self) -> StepResult:
         if not self.cfg.history.enabled:
-            return StepResult("history", "skipped", "disabled in [history]")
+            return StepResult("history", StepStatus.SKIPPED, "disabled in [history]")
         if self.remaining_s() <= 0:
-            return StepResult("history", "skipped", f"budget of {self.plan.cfg.max_minutes:g} min spent")
+            return StepResult("history", StepStatus.SKIPPED, f"budget of {self.plan.cfg.max_minutes:g} min spent")
         args = [
             "history",
             "run",
@@ -218,13 +245,17 @@ class Nightly:
         )
         if rc is None:
             return StepResult(
-                "history", "failed", f"stopped: the budget of {self.plan.cfg.max_minutes:g} min ran out", secs, str(log)
+                "history",
+                StepStatus.FAILED,
+                f"stopped: the budget of {self.plan.cfg.max_minutes:g} min ran out",
+                secs,
+                str(log),
             )
         if rc != 0:
             tail = self._tail(log, 8)
             return StepResult(
                 "history",
-                "failed",
+                StepStatus.FAILED,
                 f"kvbench history run exited {rc}: {_last_line(tail)}",
                 secs,
                 str(log),
@@ -233,18 +264,24 @@ class Nightly:
         # asv calls a point whose dtype failed a success (the metric is n/a); the night does not
         record = self._history_record(started)
         if record is None:
-            return StepResult("history", "ok", "history point added (its run record was not found)", secs, str(log))
+            return StepResult(
+                "history", StepStatus.OK, "history point added (its run record was not found)", secs, str(log)
+            )
         try:
             doc = load_record(record)
         except UsageError as exc:
             return StepResult(
-                "history", "failed", f"history point added, but its run record is unreadable: {exc}", secs, str(log)
+                "history",
+                StepStatus.FAILED,
+                f"history point added, but its run record is unreadable: {exc}",
+                secs,
+                str(log),
             )
         dtypes = {d["kv_cache_dtype"]: d["status"] for d in doc.get("dtypes", [])}
         errors = {
             d["kv_cache_dtype"]: _last_line(str(d.get("error") or d["status"]))
             for d in doc.get("dtypes", [])
-            if d["status"] != "ok"
+            if d["status"] != DtypeStatus.OK
         }
         expected = {d: self.plan.cfg.expected_failures[d] for d in errors if d in self.plan.cfg.expected_failures}
         data = {"record": str(record), "dtypes": dtypes, "errors": errors, "expected": expected}
@@ -252,11 +289,11 @@ class Nightly:
         if bad:
             why = "; ".join(f"{d} {dtypes[d]}: {e}" for d, e in bad.items())
             return StepResult(
-                "history", "failed", f"history point added, but its run failed for {why}", secs, str(log), data
+                "history", StepStatus.FAILED, f"history point added, but its run failed for {why}", secs, str(log), data
             )
         return StepResult(
             "history",
-            "ok",
+            StepStatus.OK,
             "history point added" + (f" ({', '.join(expected)} failed as expected)" if expected else ""),
             secs,
             str(log),
@@ -278,10 +315,10 @@ class Nightly:
 
         estimates = {e.name: e.total_s for e in self.estimate.entries}
         for i, entry in enumerate(self.plan.entries):
-            result = EntryResult(entry.name, "running", estimates.get(entry.name, 0.0))
+            result = EntryResult(entry.name, EntryStatus.RUNNING, estimates.get(entry.name, 0.0))
             self.entries.append(result)
             if self.remaining_s() <= 0:
-                result.status = "skipped"
+                result.status = EntryStatus.SKIPPED
                 result.error = f"budget of {self.plan.cfg.max_minutes:g} min spent before it started"
                 continue
             self.console.print(
@@ -294,10 +331,10 @@ class Nightly:
                 prices = {self.plan.key: price} if price is not None and self.plan.on_gpu else None
                 rp = run_plan(entry, self.plan.on_gpu, self.results_dir, self.target.machine, prices)
             except KvbenchError as exc:
-                result.status, result.error = "failed", str(exc)
+                result.status, result.error = EntryStatus.FAILED, str(exc)
                 continue
             except Exception as exc:  # e.g. a tokenizer that will not load: this entry fails, the night goes on
-                result.status, result.error = "failed", f"{type(exc).__name__}: {exc}"
+                result.status, result.error = EntryStatus.FAILED, f"{type(exc).__name__}: {exc}"
                 continue
             extra = {
                 "nightly": {
@@ -322,12 +359,12 @@ class Nightly:
                 result.record = str(path)
             except RunInterrupted as exc:
                 record, result.record = exc.record, str(exc.path)
-                result.status, result.error = "interrupted", exc.record.stopped.detail
+                result.status, result.error = EntryStatus.INTERRUPTED, exc.record.stopped.detail
                 if exc.reason == StopReason.SIGNAL:
                     self.interrupted = True
                     raise KeyboardInterrupt from None
             except Exception as exc:  # a harness bug must not cost the rest of the night
-                result.status, result.error = "failed", f"{type(exc).__name__}: {exc}"
+                result.status, result.error = EntryStatus.FAILED, f"{type(exc).__name__}: {exc}"
             finally:
                 result.seconds = time.monotonic() - t0
             if record is not None:
@@ -338,7 +375,7 @@ class Nightly:
         for d in doc.get("dtypes", []):
             dtype, status = d["kv_cache_dtype"], d["status"]
             result.dtypes[dtype] = status
-            if status != "ok":
+            if status != DtypeStatus.OK:
                 result.errors[dtype] = _last_line(str(d.get("error") or status))
                 if dtype in expected:
                     result.expected[dtype] = expected[dtype]
@@ -347,19 +384,21 @@ class Nightly:
             if not g.get("eligible") and str(g.get("reason", "")).startswith("accuracy") and dtype not in expected:
                 result.errors[dtype] = f"quality gate: {g['reason']}"
                 result.quality_breach = True
-        if result.status != "running":
+        if result.status != EntryStatus.RUNNING:
             return
         unexpected = [
-            d for d, s in result.dtypes.items() if (s != "ok" or d in result.errors) and d not in result.expected
+            d
+            for d, s in result.dtypes.items()
+            if (s != DtypeStatus.OK or d in result.errors) and d not in result.expected
         ]
         missing = [d for d in entry.kv_dtypes if d not in result.dtypes]
-        result.status = "failed" if unexpected or missing else "ok"
+        result.status = EntryStatus.FAILED if unexpected or missing else EntryStatus.OK
         if missing:
             result.error = f"no result for {', '.join(missing)}"
 
     def gate(self) -> StepResult:
         if not self.cfg.gate.enabled:
-            return StepResult("gate", "skipped", "disabled in [gate]")
+            return StepResult("gate", StepStatus.SKIPPED, "disabled in [gate]")
         args = [
             "regress",
             "--machine",
@@ -386,19 +425,19 @@ class Nightly:
             )
             return StepResult(
                 "gate",
-                "regression" if bad else "ok",
+                StepStatus.REGRESSION if bad else StepStatus.OK,
                 detail,
                 secs,
                 str(log),
                 {"regressions": bad, "window": report.get("window"), "threshold_pct": report.get("threshold_pct")},
             )
         return StepResult(
-            "gate", "not run", f"kvbench regress exited {rc}: {_last_line(self._tail(log, 5))}", secs, str(log)
+            "gate", StepStatus.NOT_RUN, f"kvbench regress exited {rc}: {_last_line(self._tail(log, 5))}", secs, str(log)
         )
 
     def dashboard(self) -> StepResult:
         if not self.cfg.dashboard.enabled:
-            return StepResult("dashboard", "skipped", "disabled in [dashboard]")
+            return StepResult("dashboard", StepStatus.SKIPPED, "disabled in [dashboard]")
         args = ["dashboard", "--results", str(self.results_dir), "--out", str(self.site_out)]
         if self.asv_conf.exists():
             args += ["--asv-conf", str(self.asv_conf)]
@@ -406,14 +445,14 @@ class Nightly:
         if rc != 0:
             return StepResult(
                 "dashboard",
-                "failed",
+                StepStatus.FAILED,
                 f"kvbench dashboard exited {rc}: {_last_line(self._tail(log, 5))}",
                 secs,
                 str(log),
             )
         index = self.site_out / "index.html"
         return StepResult(
-            "dashboard", "ok", f"{index}" if index.exists() else f"written to {self.site_out}", secs, str(log)
+            "dashboard", StepStatus.OK, f"{index}" if index.exists() else f"written to {self.site_out}", secs, str(log)
         )
 
     # -- the whole night ----------------------------------------------------------------------------
@@ -428,7 +467,9 @@ class Nightly:
         except KeyboardInterrupt:
             self.interrupted = True
         for entry in self.plan.entries[len(self.entries) :]:  # never started (Ctrl-C)
-            self.entries.append(EntryResult(entry.name, "skipped", 0.0, error="not started: the night was interrupted"))
+            self.entries.append(
+                EntryResult(entry.name, EntryStatus.SKIPPED, 0.0, error="not started: the night was interrupted")
+            )
         if not self.interrupted:
             self.steps["gate"] = self.gate()
             self.steps["dashboard"] = self.dashboard()
@@ -439,20 +480,21 @@ class Nightly:
         if self.interrupted:
             out.append("interrupted (Ctrl-C or SIGTERM)")
         for e in self.entries:
-            if e.status == "skipped":
+            if e.status == EntryStatus.SKIPPED:
                 out.append(f"{e.name}: skipped ({e.error})")
-            elif e.status != "ok":
+            elif e.status != EntryStatus.OK:
                 bad = {d: msg for d, msg in e.errors.items() if d not in e.expected}
                 why = "; ".join(f"{d} {e.dtypes.get(d, '?')}: {msg}" for d, msg in bad.items()) or e.error or e.status
                 out.append(f"{e.name}: {e.status} ({why})")
         for s in self.steps.values():
-            if s.status == "regression":
+            if s.status == StepStatus.REGRESSION:
                 for r in s.data.get("regressions", []):
                     out.append(
                         f"regression: {r.get('label') or r.get('metric')} [{r.get('kv_dtype')}] {_fmt_change(r)}"
                     )
-            elif s.status in ("failed", "not run") and not (
-                s.name == "gate" and self.steps.get("history", StepResult("", "")).status == "failed"
+            elif s.status in (StepStatus.FAILED, StepStatus.NOT_RUN) and not (
+                s.name == "gate"
+                and self.steps.get("history", StepResult("", StepStatus.SKIPPED)).status == StepStatus.FAILED
             ):
                 out.append(f"{s.name}: {s.status} ({s.detail})")
         return out
@@ -461,9 +503,13 @@ class Nightly:
         from kvbench.harness.records import utc_iso, write_atomic
 
         reasons = self.reasons()
-        regressed = any(s.status == "regression" for s in self.steps.values())
+        regressed = any(s.status == StepStatus.REGRESSION for s in self.steps.values())
         failed = [r for r in reasons if not r.startswith("regression:")]
-        status = "ok" if not reasons else ("regression" if regressed and not failed else "failed")
+        status = (
+            NightStatus.OK
+            if not reasons
+            else (NightStatus.REGRESSION if regressed and not failed else NightStatus.FAILED)
+        )
         doc = {
             "schema": SCHEMA,
             "id": self.id,
