@@ -265,6 +265,7 @@ def test_a_workload_spec_in_the_config_is_what_the_entry_sends_and_prices_reach_
     assert rp.workload_spec.kind == "shared-prefix"
     assert (rp.workload_spec.groups, rp.workload_spec.prefix_tokens, rp.workload_requests) == (64, 4096, 1024)
     assert "--enable-prompt-tokens-details" in rp.extra_args  # hit / miss TTFT per request
+    assert rp.max_model_len == 4096 + 256 + 256  # prefix + suffix + output: the server holds the longest request
     assert (rp.price_key, rp.price_per_gpu_hour) == ("h200", 3.5)
     assert nmatrix.run_plan(entry, True, tmp_path, "h200-test").price_per_gpu_hour is None
 

@@ -14,7 +14,8 @@ Layout (kvbench/data/nightly.toml is the shipped example):
     [slos.NAME]      ttft_p95_ms, tpot_p95_ms
     [workloads.NAME] prompt_tokens, output_tokens, num_requests, concurrency, api; spec = a --workload
                      value (shared-prefix:..., multi-turn, trace:FILE, a name in workloads.toml) sends
-                     that traffic instead, its prompt/output tokens then being the estimate's means
+                     that traffic instead, its prompt/output tokens then being the longest it sends
+                     (they size max_model_len unless the machine sets it, and the estimate)
     [machines.KEY]   KEY is a GPU of kvbench/data/gpus.toml (or "cpu" for a machine without one):
                      models x workloads x slos, kv_dtypes, per-GPU overrides, budget, estimate inputs
 """
@@ -83,7 +84,7 @@ class SloConfig(Strict):
 
 
 class WorkloadConfig(Strict):
-    prompt_tokens: Positive  # with `spec`: the mean the dry-run estimate assumes; the spec decides what is sent
+    prompt_tokens: Positive  # with `spec`: the longest prompt it sends (max_model_len, estimate); it decides what
     output_tokens: Positive
     num_requests: Positive
     concurrency: Annotated[list[Positive], Field(min_length=1)]

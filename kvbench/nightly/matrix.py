@@ -132,8 +132,7 @@ def expand(cfg: NightlyConfig, key: str) -> MachinePlan:
             if m.max_concurrency is not None and max(conc) > m.max_concurrency:
                 notes.append(f"concurrency {conc} capped at max_concurrency {m.max_concurrency}")
                 conc = list(dict.fromkeys(min(c, m.max_concurrency) for c in conc))
-            too_long = w["spec"] is None and m.max_model_len is not None  # a spec's lengths are checked when built
-            if too_long and w["prompt_tokens"] + w["output_tokens"] > m.max_model_len:
+            if m.max_model_len is not None and w["prompt_tokens"] + w["output_tokens"] > m.max_model_len:
                 raise UsageError(
                     f"[machines.{key}] workload {wname!r}: "
                     f"prompt + output tokens ({w['prompt_tokens'] + w['output_tokens']}) "
@@ -203,7 +202,8 @@ def run_plan(
         output_tokens=None if entry.workload_spec else entry.output_tokens,
         workload=entry.workload_spec,
         num_requests=entry.num_requests,
-        max_model_len=entry.max_model_len,
+        # a spec's own lengths vary: its table's prompt + output tokens (the longest it sends) size the server
+        max_model_len=entry.max_model_len or (entry.context if entry.workload_spec else None),
         api=entry.api,
         extra_args=list(entry.extra_args),
         unknown_dtypes="record",
