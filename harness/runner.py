@@ -938,16 +938,6 @@ def non_kv_report(
     return {"predicted": predicted, "measured_from_log": measured}
 
 
-# vLLM's --dtype spellings -> the torch names kvbench.vllm_memory takes ("auto": the config's own)
-_TORCH_DTYPES = {
-    "bfloat16": "bfloat16",
-    "float16": "float16",
-    "half": "float16",
-    "float32": "float32",
-    "float": "float32",
-}
-
-
 def _flag(args: list[str], flags: tuple[str, ...]) -> str | None:
     """The value of the first of `flags` in the vLLM arguments (`--flag V` or `--flag=V`), else None."""
     for i, arg in enumerate(args):

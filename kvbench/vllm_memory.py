@@ -21,6 +21,7 @@ Every term carries its unit (bytes) and its source; none is fitted to one model.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import asdict, dataclass, field
 
@@ -152,6 +153,7 @@ def _vkey(version: str) -> tuple[int, ...]:
     return tuple(parts)
 
 
+@functools.cache  # what is installed does not change under a running process; capacity tables ask per row
 def installed_vllm_version() -> str | None:
     """The vLLM installed next to kvbench, if any (its version string, not imported)."""
     from importlib import metadata
