@@ -556,12 +556,23 @@ class Runner:
                 warmup_prompts=warm,
                 realtime=plan.client_realtime,
             )
+            # From here the load is measured: a Ctrl-C while the canaries or /metrics are awaited must not lose
+            # the phase, so it is noted, the phase is recorded, and the run stops after that.
+            interrupted = load_result.interrupted
             canary = None
             if riding is not None:
                 try:
                     canary = await asyncio.wait_for(riding, timeout=plan.stall_timeout_s)
                 except (TimeoutError, aiohttp.ClientError) as exc:
                     canary = {"error": _one_line(exc)}
+                except asyncio.CancelledError:
+                    interrupted, canary = True, {"error": "interrupted before the canaries came back"}
+            prefix = None
+            if counters:
+                try:
+                    prefix = await self._prefix_cache(backend, headers, counters, load_result)
+                except asyncio.CancelledError:
+                    interrupted = True
             run_summary = summarize(load_result, slo)
             summary = run_summary.as_dict()
             summary.pop("definitions", None)  # once per record, not per phase
@@ -587,10 +598,10 @@ class Runner:
                 started_s=start,
                 energy=spent.as_dict(),
                 canaries=canary,
-                prefix_cache=await self._prefix_cache(backend, headers, counters, load_result) if counters else None,
+                prefix_cache=prefix,
             )
             result.phases.append(ph)
-            if load_result.interrupted:  # run_load keeps what it measured on Ctrl-C; the run stops here
+            if interrupted:  # run_load keeps what it measured on Ctrl-C; the run stops here
                 raise asyncio.CancelledError
             alive = server.alive() if server else True
             if not alive or not await asyncio.to_thread(healthy, backend.base_url, 10.0, headers):

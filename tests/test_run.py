@@ -248,7 +248,7 @@ def test_ctrl_c_leaves_no_orphans_and_flushes_a_partial_record(tmp_path):
             "--no-search",
             *LEAN,
             "--num-requests",
-            "400",
+            "2000",  # far more than it sends before the signal: a poller starved of CPU still lands mid-load
             "--concurrency",
             "2",
             "--results",
@@ -277,3 +277,34 @@ def test_ctrl_c_leaves_no_orphans_and_flushes_a_partial_record(tmp_path):
     doc = only_record(tmp_path)
     assert doc["status"] == "interrupted"
     assert doc["dtypes"][0]["status"] == "partial" and doc["dtypes"][0]["phases"]
+
+
+def test_ctrl_c_while_a_phase_waits_for_its_canaries_keeps_the_measured_phase(tmp_path, monkeypatch, tiny_model):
+    # The load has finished and been measured; Ctrl-C lands while the phase awaits its canaries (seen in CI
+    # when the signal came late). The phase must be in the record, and the dtype partial, not failed.
+    from kvbench.harness import agreement
+    from kvbench.harness.fakeserver import FakeConfig, FakeServer
+
+    async def interrupted_ride(self):
+        raise asyncio.CancelledError  # what the awaiting phase sees when asyncio.run cancels it on SIGINT
+
+    monkeypatch.setattr(agreement.Canaries, "ride", interrupted_ride)
+    with FakeServer(FakeConfig(kv_cache_dtype="auto", max_model_len=512, ttft_s=0.002, itl_s=0.0005)) as srv:
+        plan = plan_for(
+            tmp_path,
+            "auto",
+            model=str(tiny_model),
+            endpoints={None: srv.base_url},
+            concurrency=[2],
+            num_requests=12,
+            machine="cpu-test",
+        )
+        runner = Runner(plan)
+        with pytest.raises(asyncio.CancelledError):
+            asyncio.run(runner.run())
+    doc = json.loads(runner.path.read_text())
+    d = doc["dtypes"][0]
+    assert doc["status"] == "interrupted" and d["status"] == "partial"
+    (phase,) = d["phases"]
+    assert phase["requests"] == 12 and phase["summary"]["completed"] == 12
+    assert phase["canaries"] == {"error": "interrupted before the canaries came back"}
