@@ -59,21 +59,19 @@ def _version(doc: dict) -> tuple[str | None, str | None]:
 VERSION = re.compile(r"(?:([A-Za-z][\w.-]*?)(?:==|\s+))?v?(\d+\.\d+[\w.+-]*)")
 
 
+def _of_version(docs: list[dict], version: re.Match) -> list[dict]:
+    """The records that ran the vLLM version a VERSION match names (its package too, where it names one)."""
+    package, number = version.groups()
+    return [d for d in docs if _version(d)[1] == number and (package is None or _version(d)[0] == package)]
+
+
 def resolve_pair(a: str, b: str, results_dir: Path, machine: str | None = None) -> tuple[Side, Side]:
     """Both sides of a comparison. Two vLLM versions without --machine are compared on the machine where both
     ran, when exactly one did (versions on different machines are not comparable); otherwise as given."""
-    if machine is None and VERSION.fullmatch(a.strip()) and VERSION.fullmatch(b.strip()):
+    va, vb = VERSION.fullmatch(a.strip()), VERSION.fullmatch(b.strip())
+    if machine is None and va and vb:
         docs = [d for _, d in _records(results_dir, None)]
-
-        def machines(spec: str) -> set:
-            package, number = VERSION.fullmatch(spec.strip()).groups()
-            return {
-                d.get("machine")
-                for d in docs
-                if _version(d)[1] == number and (package is None or _version(d)[0] == package)
-            }
-
-        shared = machines(a) & machines(b)
+        shared = {d.get("machine") for d in _of_version(docs, va)} & {d.get("machine") for d in _of_version(docs, vb)}
         if len(shared) == 1:
             machine = shared.pop()
     return resolve(a, results_dir, machine), resolve(b, results_dir, machine)
@@ -92,8 +90,8 @@ def resolve(spec: str, results_dir: Path, machine: str | None = None) -> Side:
     if runs and not version:
         raise UsageError(f"{spec!r} matches {len(runs)} runs; choose from: {', '.join(d['run_id'] for d in runs)}")
     if version:
-        package, number = version.groups()
-        same = [d for d in found if _version(d)[1] == number and (package is None or _version(d)[0] == package)]
+        number = version.group(2)
+        same = _of_version(found, version)
         if same:
             machines = sorted({d.get("machine") for d in same})
             if len(machines) > 1:
