@@ -20,7 +20,7 @@ from kvbench.formats import CacheFormat, get_format
 from kvbench.gpus import GpuSpec
 from kvbench.models import LayerKind, ModelSpec
 from kvbench.units import fmt_both, fmt_gib
-from kvbench.vllm_memory import NonKvEstimate, predict_non_kv, release, scheduler_knobs
+from kvbench.vllm_memory import NonKvEstimate, SchedulerKnobs, predict_non_kv, release, scheduler_knobs
 
 # vLLM 0.32 defaults (vllm/config/cache.py): --gpu-memory-utilization 0.92, block size 16 on
 # CUDA, 128 on CPU (vllm/platforms/cpu.py). Async scheduling keeps 2 batches in flight.
@@ -184,12 +184,14 @@ def capacity_row(
     gpu: GpuSpec | None = None,
     block_size: int = VLLM_DEFAULT_BLOCK_SIZE,
     max_num_batched_tokens: int | None = None,
+    scheduler: SchedulerKnobs | None = None,
 ) -> CapacityRow:
+    """`scheduler`: the server's max_num_seqs / max_num_batched_tokens where the caller knows them (a
+    NonKvEstimate's); else vLLM's defaults for `gpu` (kvbench/data/vllm.toml, the installed or newest release)."""
     if context <= 0:
         raise ValueError("context must be a positive number of tokens")
     reason = fmt.unsupported_reason(model, gpu)
-    # vLLM's scheduler defaults for this device (kvbench/data/vllm.toml, the installed or newest release)
-    defaults = scheduler_knobs(release(), gpu) if gpu else None
+    defaults = scheduler or (scheduler_knobs(release(), gpu) if gpu else None)
     batched = max_num_batched_tokens or (defaults.max_num_batched_tokens if defaults else 8192)
     in_flight = VLLM_MAX_CONCURRENT_BATCHES * batched
 
@@ -260,7 +262,6 @@ def capacity_for_ranks(
     for their own KV heads and layers, the group keeps the smallest block count of its stages, and kv_tokens
     counts the whole group. `pool_bytes` (per rank) or `overhead_bytes` (per GPU) override the derived pool."""
     tp = estimate.tensor_parallel_size
-    batched = estimate.scheduler.max_num_batched_tokens
     stage_pools = []
     for stage in estimate.stages:
         if pool_bytes is not None:
@@ -275,10 +276,11 @@ def capacity_for_ranks(
         best = None
         for stage, pool in stage_pools:
             part = rank_model(model, tp, stage.layers, estimate.dtype)
-            row = capacity_row(part, fmt, context, budget_from_bytes(max(pool, 0.0)), gpu, block_size, batched)
+            budget = budget_from_bytes(max(pool, 0.0))
+            row = capacity_row(part, fmt, context, budget, gpu, block_size, scheduler=estimate.scheduler)
             if best is None or row.num_blocks < best.num_blocks:
                 best = row
-        return replace(best, scheduler_cap=estimate.scheduler.max_num_seqs)
+        return best
 
     auto = row_for(get_format("auto"))
     rows = []
