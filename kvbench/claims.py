@@ -345,6 +345,12 @@ def measured_values(doc: dict, runs) -> dict[str, float]:
     return {k: v for k, v in out.items() if v == v}  # drop NaN
 
 
+def _newest_first(match, column: str):
+    """`column` by KV dtype for each run in `match`, the newest run first."""
+    for run_id in reversed(list(dict.fromkeys(match.sort_values("created_at")["run_id"]))):
+        yield match[match["run_id"] == run_id].set_index("kv_cache_dtype")[column]
+
+
 def _accuracy_drop(runs, claim: dict, models: dict) -> float | None:
     """Points of task accuracy the claim's dtype lost against auto at rest, in the newest run of the claim's
     model that evaluated both (on the same items: kvbench.harness.quality)."""
@@ -352,8 +358,7 @@ def _accuracy_drop(runs, claim: dict, models: dict) -> float | None:
         return None
     names = {claim.get("model"), (models.get(claim.get("model")) or {}).get("hf_id")} - {None}
     match = runs[runs["model"].isin(names) & runs["task_accuracy_rest"].notna()]
-    for run_id in reversed(list(dict.fromkeys(match.sort_values("created_at")["run_id"]))):
-        by = match[match["run_id"] == run_id].set_index("kv_cache_dtype")["task_accuracy_rest"]
+    for by in _newest_first(match, "task_accuracy_rest"):
         if {claim.get("dtype"), "auto"} <= set(by.index):
             return float((by["auto"] - by[claim["dtype"]]) * 100)
     return None
@@ -365,8 +370,7 @@ def _prefix_cache_ttft_speedup(runs, claim: dict) -> float | None:
     if "workload_kind" not in runs:
         return None
     match = runs[runs["workload_kind"].isin(PREFIX_SHARING_WORKLOADS) & runs["ttft_p50_ms"].notna()]
-    for run_id in reversed(list(dict.fromkeys(match.sort_values("created_at")["run_id"]))):
-        by = match[match["run_id"] == run_id].set_index("kv_cache_dtype")["ttft_p50_ms"]
+    for by in _newest_first(match, "ttft_p50_ms"):
         if {claim.get("dtype"), claim.get("baseline")} <= set(by.index) and by[claim["dtype"]] > 0:
             return float(by[claim["baseline"]] / by[claim["dtype"]])
     return None
