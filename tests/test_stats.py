@@ -86,3 +86,12 @@ def test_verdicts():
     assert drop.significant and drop.verdict.startswith("drop of 10.0 points (95% CI -") and "p = 0.002" in drop.verdict
     gain = stats.compare([1] * 90 + [0] * 10, [1] * 100)
     assert gain.verdict.startswith("gain of 10.0 points")
+
+
+def test_newcombe_interval_matches_the_published_paired_example():
+    # Fagerland, Lydersen & Laake (2017), Statistical Analysis of Contingency Tables, ch. 8: complete response
+    # before and after consolidation therapy (Cavo et al. 2012), 59 / 6 / 16 / 80 pairs; the Newcombe
+    # square-and-add interval for p1+ - p+1 is -0.0621 (95% CI -0.1186 to -0.0046). Here the candidate is the
+    # first measurement: 6 gains, 16 losses.
+    diff, lo, hi = stats.paired_difference_ci(stats.PairedTable(both=59, ref_only=16, cand_only=6, neither=80))
+    assert (diff, lo, hi) == pytest.approx((-0.0621, -0.1186, -0.0046), abs=5e-5)
