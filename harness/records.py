@@ -31,10 +31,11 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from kvbench.datafiles import read_json
 from kvbench.errors import UsageError
+from kvbench.harness.findings import FindingKind, parse_kind
 from kvbench.output import jsonable
 
 SCHEMA = "kvbench.run/2"
@@ -266,6 +267,8 @@ class DtypeResult(_Model):
     # task accuracy by condition (rest / load / during_load): harness/quality.py; items in the evals Parquet
     eval: dict[str, Any] | None = None
     front: Front | None = None
+    emulated: bool = False
+    implementation: dict | None = None
 
     def phase(self, kind: PhaseKind) -> Phase | None:
         """The first phase of a kind (for FIXED: the headline load)."""
@@ -300,6 +303,14 @@ class Finding(_Model):
     level: str
     text: str
     dtype: str | None = None
+    kind: FindingKind = FindingKind.OTHER  # what readers switch on (harness/findings.py), never the text
+
+    @model_validator(mode="before")
+    @classmethod
+    def _kind(cls, data):
+        if isinstance(data, dict):  # a record from before kinds gets one from what the finding holds
+            data = {**data, "kind": parse_kind(data)}
+        return data
 
 
 class Stop(_Model):
