@@ -57,6 +57,7 @@ def build_plan(
     eval_tasks: list[str] | None = None,
     eval_limit: int | None = None,
     accuracy_budget_points: float | None = None,
+    accuracy_confidence: float | None = None,
     workload: str | None = None,
     workloads_file: Path | None = None,
 ) -> RunPlan:
@@ -86,6 +87,8 @@ def build_plan(
     cliargs.positive(target_user_tps, "--target-user-tps", "tokens/s per user")
     cliargs.at_least_one(eval_limit, "--eval-limit")
     cliargs.number(accuracy_budget_points, "--accuracy-budget", low=0, high=100, unit="points")
+    # a one-sided bound at 50% or less is no bound; at 1 it is infinitely wide
+    cliargs.number(accuracy_confidence, "--accuracy-confidence", low=0.5, high=0.9999, low_open=True)
     for key, price in (prices or {}).items():
         cliargs.number(price, f"--price-per-hour {key}", low=0, unit="USD per GPU-hour")
     for c in concurrency or []:
@@ -265,6 +268,7 @@ def build_plan(
         accuracy_budget_points=(
             defaults["accuracy_budget_points"] if accuracy_budget_points is None else accuracy_budget_points
         ),
+        accuracy_confidence=RUN["accuracy_confidence"] if accuracy_confidence is None else accuracy_confidence,
         notes=notes,
     )
 

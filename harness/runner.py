@@ -22,6 +22,7 @@ from pathlib import Path
 
 import aiohttp
 
+from kvbench import verdict
 from kvbench.capacity import VLLM_DEFAULT_GPU_MEMORY_UTILIZATION, budget_from_bytes, capacity_row
 from kvbench.datafiles import load_toml
 from kvbench.errors import KvbenchError, UsageError
@@ -30,6 +31,7 @@ from kvbench.harness import energy, front, quality, records, repeats
 from kvbench.harness.agreement import Canaries, Sample, collect, compare
 from kvbench.harness.backend import OpenAIBackend
 from kvbench.harness.endpoint import Endpoint, ServerFacts, describe, redact_url
+from kvbench.harness.findings import FindingKind
 from kvbench.harness.logparse import EngineCapacity, engine_failure
 from kvbench.harness.machine import environment
 from kvbench.harness.metrics import DEFINITIONS, distribution, summarize
@@ -116,6 +118,7 @@ class RunPlan:
     )  # lm-eval tasks at rest / at load / during load (harness/quality)
     eval_limit: int | None = None  # first N items of each task (None: all)
     accuracy_budget_points: float = 1.0  # the most accuracy a dtype may lose vs auto and still be recommended
+    accuracy_confidence: float = RUN["accuracy_confidence"]  # of the one-sided non-inferiority bound (kvbench.verdict)
     accuracy_budgets: dict[str, float] = field(default_factory=dict)  # per task, overriding it (nightly [quality])
     notes: list[str] = field(default_factory=list)
 
@@ -162,6 +165,7 @@ class RunPlan:
                 "limit": self.eval_limit,
                 "budget_points": self.accuracy_budget_points,
                 "budgets": self.accuracy_budgets,
+                "confidence": self.accuracy_confidence,
             },
             "notes": self.notes,
         }
@@ -262,23 +266,12 @@ class Runner:
             for d in rec.dtypes:
                 if d.kv_cache_dtype in evals:
                     d.eval = evals[d.kv_cache_dtype]
-            gates = quality.gate(rec, self.plan.accuracy_budget_points, self.plan.accuracy_budgets)
-            for f in rec.findings:  # a dtype the engine did not honour has another dtype's numbers
-                if f.dtype in gates and "NOT honoured" in f.text:
-                    g = gates[f.dtype]
-                    kept = g["reason"] if not g["eligible"] else ""
-                    gates[f.dtype] = {
-                        "eligible": False,
-                        "reason": "; ".join(x for x in ("probably not honoured by the engine", kept) if x),
-                    }
-            rec.quality = {
-                "budget_points": self.plan.accuracy_budget_points,
-                "gate": gates,
-                "recommendation": quality.recommend(rec, gates),
-            }
-            rec.findings = [*rec.findings, *_quality_findings(gates)]
+            decision = verdict.decide(rec)  # the one recommendation (kvbench/verdict.py), from the typed record
+            rec.quality = decision.as_dict()
+            rec.findings = [*rec.findings, *decision.findings()]
         except Exception as exc:  # what is derived must never cost what was measured
-            rec.findings = [*rec.findings, Finding(level="error", text=f"findings not derived: {_one_line(exc)}")]
+            error = Finding(level="error", kind=FindingKind.ERROR, text=f"findings not derived: {_one_line(exc)}")
+            rec.findings = [*rec.findings, error]
         rec.finished_at = records.utc_iso()
         self.flush()
 
@@ -1009,6 +1002,7 @@ def findings(record: RunRecord, spec) -> list[Finding]:
             out.append(
                 Finding(
                     level="warning",
+                    kind=FindingKind.NOT_HONOURED,
                     dtype=dtype,
                     engine_ratio=actual,
                     format_ratio=expected,
@@ -1020,14 +1014,6 @@ def findings(record: RunRecord, spec) -> list[Finding]:
                 )
             )
     return out
-
-
-def _quality_findings(gates: dict[str, dict]) -> list[Finding]:
-    return [
-        Finding(level="warning", dtype=dtype, text=f"{dtype} excluded from the recommendation: {g['reason']}")
-        for dtype, g in gates.items()
-        if not g["eligible"] and g["reason"].startswith("accuracy")
-    ]
 
 
 def comparisons(record: RunRecord) -> list[dict]:
@@ -1079,6 +1065,7 @@ def _starved_client(record: RunRecord) -> list[Finding]:
     return [
         Finding(
             level="warning",
+            kind=FindingKind.STARVED_CLIENT,
             dtype=dtype,
             text=(
                 f"the load generator waited for a CPU {frac:.0%} of phase {name} ({dtype}): "

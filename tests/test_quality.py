@@ -1,5 +1,5 @@
 """Quality under load inside `kvbench run`: a dtype whose outputs are right one request at a time and wrong
-under load is excluded from the recommendation ("accuracy at load"), and its canaries say so too. The fake
+under load is excluded from the recommendation (accuracy inferior at load), and its canaries say so too. The fake
 server stands in for such an engine (it answers kvbench's pass-key task, wrongly above a concurrency)."""
 
 from __future__ import annotations
@@ -57,8 +57,9 @@ def test_a_dtype_wrong_only_under_load_is_excluded_and_its_canaries_report_it(tm
     assert out.returncode == 0, out.stderr[-3000:]
     summary = json.loads(out.stdout)
     gate = summary["quality"]["gate"]
-    assert gate["auto"]["eligible"] and not gate["fp8"]["eligible"]
-    assert "accuracy at load" in gate["fp8"]["reason"]
+    assert gate["auto"]["eligible"] and not gate["fp8"]["eligible"] and gate["fp8"]["breach"]
+    assert gate["fp8"]["kind"] == "accuracy" and gate["fp8"]["accuracy"] == "inferior"
+    assert "at load (8 in flight on both)" in gate["fp8"]["reason"]
     assert summary["quality"]["recommendation"]["dtype"] == "auto"
     fp8 = summary["eval"]["fp8"]
     task = "kvbench_passkey_512"
@@ -70,6 +71,8 @@ def test_a_dtype_wrong_only_under_load_is_excluded_and_its_canaries_report_it(tm
     doc = records.load_record(summary["record"])
     canaries = {d["kv_cache_dtype"]: [p["canaries"] for p in d["phases"]] for d in doc["dtypes"]}
     assert all(c["differ"] == 0 for c in canaries["auto"]) and any(c["differ"] > 0 for c in canaries["fp8"])
-    assert any(f.get("dtype") == "fp8" and "accuracy at load" in f["text"] for f in doc["findings"])
+    assert any(f.get("dtype") == "fp8" and f["kind"] == "accuracy" for f in doc["findings"])
+    # every condition's answers are fingerprinted, so identical ones can be told from equal counts
+    assert all(len(t["scores_sha256"]) == 64 for c in ("rest", "load") for t in fp8[c]["tasks"].values())
     items = records.samples_frame(records.find_records(tmp_path), "evals")
     assert set(items.condition) == {"rest", "load", "during_load"} and len(items) == 2 * 3 * 60  # every item kept

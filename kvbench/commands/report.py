@@ -6,10 +6,13 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
-from kvbench.harness.records import conditions, fixed_phase, headline, load_record, workload_label
+from kvbench.harness.records import RunRecord, conditions, fixed_phase, headline, load_record, workload_label
 from kvbench.output import console, num, print_json
+from kvbench.verdict import decide, shown_in_lines
+from kvbench.verdict_speed import cost_lines
 
 NAME = "report"
 HELP = "Print the tables of a run record: capacity (engine / SLO-measured / model), TTFT, TPOT, throughput."
@@ -158,8 +161,10 @@ def render(doc: dict, path: Path | None = None) -> None:
     render_prefix_cache(doc)
     render_non_kv(doc)
     render_comparisons(doc)
-    render_fronts(doc)
-    render_quality(doc)
+    record = RunRecord.model_validate(doc)  # `doc` is load_record's: upgraded to the v2 shape and validated
+    decision = decide(record)
+    render_fronts(doc, record)
+    render_quality(doc, decision)
     agree = [(d["kv_cache_dtype"], (d.get("agreement") or {}).get("vs_auto")) for d in doc.get("dtypes", [])]
     agree = [(dtype, a) for dtype, a in agree if a]
     if agree:
@@ -211,7 +216,8 @@ def render(doc: dict, path: Path | None = None) -> None:
         for warning in d.get("warnings", []):
             console.print(f"[yellow]{d['kv_cache_dtype']}: {warning}[/]")
     for finding in doc.get("findings", []):
-        console.print(f"[bold yellow]!! {finding['text']}[/]")
+        if not shown_in_lines(finding, decision):  # a dtype's reasons are printed once, in its line
+            console.print(f"[bold yellow]!! {escape(finding['text'])}[/]")
 
 
 def _load_text(mode: dict) -> str:
@@ -343,77 +349,40 @@ def render_comparisons(doc: dict) -> None:
     console.print(table)
 
 
-def render_quality(doc: dict) -> None:
-    """Task accuracy per dtype at rest / at load / during load with 95% CIs, the paired test against auto and
-    against itself at rest, and the recommendation the quality gate allows."""
+def render_quality(doc: dict, decision) -> None:
+    """Task accuracy per dtype and condition (Wilson 95% CI) with its verdict against auto, then the
+    recommendation: one line per dtype, each reason once (kvbench.verdict, the one place it is decided)."""
     rows = [
-        (d["kv_cache_dtype"], cond, task, e)
+        (d["kv_cache_dtype"], cond, summary, task, e)
         for d in doc.get("dtypes", [])
         for cond, summary in conditions(d.get("eval"))
         for task, e in (summary.get("tasks") or {}).items()
     ]
     if rows:
         table = Table(
-            title="Task accuracy through lm-evaluation-harness (temperature 0; Wilson 95% CI; paired McNemar test)",
+            title="Task accuracy through lm-evaluation-harness (temperature 0; Wilson 95% CI; vs auto on the same "
+            "items: non-inferiority against the budget)",
             title_justify="left",
         )
-        for col in (
-            "KV dtype",
-            "task",
-            "condition",
-            "accuracy",
-            "95% CI",
-            "items",
-            "vs auto (same items)",
-            "vs itself at rest",
-        ):
-            table.add_column(
-                col,
-                justify="left"
-                if col in ("KV dtype", "task", "condition", "vs auto (same items)", "vs itself at rest")
-                else "right",
-            )
-        for dtype, cond, task, e in rows:
-            conc = next(
-                (
-                    summary.get("concurrency")
-                    for d in doc["dtypes"]
-                    if d["kv_cache_dtype"] == dtype
-                    for c, summary in (d.get("eval") or {}).items()
-                    if c == cond
-                ),
-                None,
-            )
-            label = {
-                "rest": "at rest (1 at a time)",
-                "load": f"at load ({conc} in flight)",
-                "during_load": "during the fixed load",
-            }.get(cond, cond)
+        for col in ("KV dtype", "task", "condition", "accuracy", "95% CI", "items", "vs auto", "vs itself at rest"):
+            table.add_column(col, justify="right" if col in ("accuracy", "95% CI", "items") else "left")
+        for dtype, cond, summary, task, e in rows:
             ci = e.get("ci95")
+            acc = decision.dtypes[dtype].accuracy if dtype in decision.dtypes else None
             table.add_row(
                 dtype,
                 task,
-                label,
+                _condition(cond, summary),
                 f"{e['accuracy'] * 100:.1f}%" if e.get("accuracy") is not None else "—",
                 f"{ci[0] * 100:.1f}..{ci[1] * 100:.1f}%" if ci else "—",
                 str(e.get("n")),
-                _verdict(e.get("vs_auto")),
-                _verdict(e.get("vs_rest")),
+                _test_cell(acc.tests if acc else (), task, cond),
+                _test_cell(acc.under_load if acc else (), task, cond),
             )
-        console.print(table)
-        drops = [
-            e["vs_auto"]["detectable_drop"]
-            for *_, e in rows
-            if e.get("vs_auto") and e["vs_auto"].get("detectable_drop")
-        ]
-        if drops:
-            console.print(
-                f"with these items a drop of {min(drops) * 100:.1f} points or more would have been detected "
-                "(80% power, alpha 0.05)"
-            )
+        console.print(table, markup=False)
     for d in doc.get("dtypes", []):
         if (d.get("eval") or {}).get("error"):
-            console.print(f"[red]{d['kv_cache_dtype']}: evaluation failed[/] — {d['eval']['error']}")
+            console.print(f"[red]{d['kv_cache_dtype']}: evaluation failed[/] — {escape(str(d['eval']['error']))}")
     canaries = [
         (
             d["kv_cache_dtype"],
@@ -428,27 +397,48 @@ def render_quality(doc: dict) -> None:
             "canaries (at-rest greedy outputs re-sent inside every load phase): "
             + ", ".join(f"{k} {differ} of {sent} differed" for k, sent, differ in canaries)
         )
-    q = doc.get("quality") or {}
-    rec = q.get("recommendation")
-    if rec:
-        pick = rec.get("dtype")
-        console.print(
-            f"[bold]recommended: {pick}[/] — {rec.get('why')}"
-            if pick
-            else f"[bold red]no dtype recommended[/] — {rec.get('why')}"
-        )
-        for dtype, g in (q.get("gate") or {}).items():
-            state = "eligible" if g.get("eligible") else "[yellow]excluded[/]"
-            console.print(f"  {dtype}: {state} — {g.get('reason')}")
+    render_decision(decision)
 
 
-def _verdict(v: dict | None) -> str:
-    if not v:
-        return "—"
-    return v.get("verdict") or f"{v['difference'] * 100:+.1f} points"
+def render_decision(decision) -> None:
+    """The recommendation, then one line per dtype."""
+    p = decision.policy
+    console.print(
+        f"[bold]{escape(decision.headline())}[/]"
+        if decision.recommended
+        else f"[bold red]{escape(decision.headline())}[/]"
+    )
+    for line in decision.lines():
+        console.print("  " + line, markup=False, highlight=False)
+    console.print(
+        f"how: accuracy must be non-inferior to auto within {p.budget:g} points"
+        + (f" ({', '.join(f'{k} {v:g}' for k, v in p.budgets.items())})" if p.budgets else "")
+        + f" at one-sided {p.confidence:.0%} confidence; {decision.method}",
+        markup=False,
+        highlight=False,
+    )
 
 
-def render_fronts(doc: dict) -> None:
+def _condition(cond: str, summary: dict) -> str:
+    c = summary.get("concurrency")
+    return {
+        "rest": "at rest (1 at a time)",
+        "load": f"at load ({c} in flight)",
+        "during_load": "during load (1 at a time beside the fixed load)",
+    }.get(cond, cond)
+
+
+def _test_cell(tests, task: str, cond: str) -> str:
+    """The verdict on one condition: its drop, the one-sided bound and the test's verdict."""
+    for t in tests:
+        if t.task == task and cond in t.conditions:
+            r = t.result
+            bound = -r.upper if r.verdict == "inferior" else -r.lower
+            return f"{r.verdict}: drop {t.drop:+.1f}, bound {bound * 100:.1f} vs budget {t.budget:g}"
+    return "—"
+
+
+def render_fronts(doc: dict, record) -> None:
     """The trade-off curve per dtype (points, the Pareto front, cost) and what it says against auto."""
     fronts = [(d["kv_cache_dtype"], d["front"]) for d in doc.get("dtypes", []) if d.get("front")]
     if not fronts:
@@ -511,21 +501,8 @@ def render_fronts(doc: dict) -> None:
             parts.append(f"its front does not reach {f['target_user_tps']:.1f} tok/s per user")
         if parts:
             console.print(f"{dtype}: " + "; ".join(parts))
-    for c in doc.get("comparisons") or []:
-        for where, label in (("at_slo", "under the SLO"), ("at_target", "at the target interactivity")):
-            v = (c.get("cost") or {}).get(where)
-            if v and v.get("saving_pct") is not None:
-                more = "less" if v["saving_pct"] >= 0 else "more"
-                console.print(
-                    f"{c['kv_cache_dtype']} costs {abs(v['saving_pct']):.1f}% {more} than auto {label} "
-                    f"(USD {v['usd_per_m_output']:.3f} vs {v['auto_usd_per_m_output']:.3f} per million output tokens, "
-                    f"at {v['user_tps']:.1f} tok/s per user)"
-                )
-            elif v and v.get("throughput_gain_pct") is not None:
-                console.print(
-                    f"{c['kv_cache_dtype']} serves {v['throughput_gain_pct']:+.1f}% output tokens/s vs auto {label} "
-                    "(pass --price-per-hour for the cost)"
-                )
+    for line in cost_lines(record):  # each with the interval its throughput's uncertainty allows
+        console.print(line, markup=False, highlight=False)
     energy = [(d["kv_cache_dtype"], (fixed_phase(d) or {}).get("energy")) for d in doc.get("dtypes", [])]
     energy = [(k, e) for k, e in energy if e]
     if energy and all(not e.get("valid") for _, e in energy):
@@ -551,6 +528,7 @@ def command(
                 "status": doc["status"],
                 "dtypes": {d["kv_cache_dtype"]: headline(d) for d in doc["dtypes"]},
                 "findings": doc.get("findings", []),
+                "quality": decide(RunRecord.model_validate(doc)).as_dict(),
             }
         )
         return

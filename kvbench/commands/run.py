@@ -259,6 +259,16 @@ def command(
             help="Most accuracy points a dtype may lose vs auto and still be recommended (default 1).",
         ),
     ] = None,
+    accuracy_confidence: Annotated[
+        float | None,
+        typer.Option(
+            "--accuracy-confidence",
+            help=(
+                "Confidence of the one-sided non-inferiority bound that must stay inside the budget (default "
+                "0.95, run_defaults.toml [run]; Tango's score test, Holm over tasks x conditions)."
+            ),
+        ),
+    ] = None,
     strict: Annotated[
         bool, typer.Option("--strict", help="Exit 1 if any dtype failed (default: only if none succeeded).")
     ] = False,
@@ -318,6 +328,7 @@ def command(
         else (cliargs.names(eval_tasks, "--eval-tasks", "kvbench_passkey_512") if eval_tasks else None),
         eval_limit=eval_limit,
         accuracy_budget_points=accuracy_budget,
+        accuracy_confidence=accuracy_confidence,
         workload=workload,
         workloads_file=workloads_file,
     )

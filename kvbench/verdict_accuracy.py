@@ -1,0 +1,260 @@
+"""The accuracy half of a verdict: is each dtype non-inferior to auto within the budget, on a run record?
+
+For every task and condition a dtype was evaluated in, its paired comparison with auto (the `vs_auto` block
+harness/quality.py stores: n, losses, gains) is tested against the budget with Tango's score test
+(kvbench.noninferiority), Holm-adjusted over the tests the dtype's verdict rests on. Conditions whose
+answers are identical item by item (the same score fingerprint on both sides) are one test, printed once;
+records from before fingerprints merge conditions with the same counts and say "same counts".
+
+Verdicts: `non-inferior` (every test's bound inside the budget), `inferior` (some test's bound beyond it),
+`undecided` (neither: too few items; the items that would decide it at 80% power are given), `no eval`,
+`eval failed`; auto is the `reference`. Only `non-inferior` (and the reference) make a dtype eligible.
+
+Separately, each dtype at load is tested against itself at rest (`vs_rest`): a dtype that is inferior under
+load to its own at-rest answers is excluded too, and auto doing so is reported (every comparison is then
+against a reference that degrades under load).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from kvbench import noninferiority as ni
+from kvbench.harness.records import RunRecord, conditions
+
+REFERENCE = "auto"
+REFERENCE_STATE, NO_EVAL, EVAL_FAILED = "reference", "no eval", "eval failed"
+NON_INFERIOR, INFERIOR, UNDECIDED = ni.NON_INFERIOR, ni.INFERIOR, ni.UNDECIDED
+SHORT = {"rest": "at rest", "load": "at load", "during_load": "during load"}
+
+
+@dataclass(frozen=True)
+class Test:
+    """One paired comparison a verdict rests on (identical conditions merged)."""
+
+    task: str
+    against: str  # "auto" or "itself at rest"
+    conditions: tuple[str, ...]
+    labels: tuple[str, ...]  # what each condition was, with each side's concurrency
+    merged: str | None  # "identical" (item by item) or "same counts" (an older record), when several
+    accuracy: float | None
+    reference_accuracy: float | None
+    budget: float  # points
+    result: ni.Result
+
+    @property
+    def drop(self) -> float:
+        """Points lost against the reference (negative: gained)."""
+        return -self.result.difference * 100
+
+    def where(self) -> str:
+        """'at rest (...)', or 'identical at rest (...), at load (...) and during load (...)'."""
+        if len(self.labels) == 1:
+            return self.labels[0]
+        return f"{self.merged} " + ", ".join(self.labels[:-1]) + f" and {self.labels[-1]}"
+
+    def text(self) -> str:
+        """'kvbench_passkey_512 99.6% vs 100.0%, drop 0.4 points (one-sided 95% bound 1.1 > budget 1.0; ...)'."""
+        r = self.result
+        level = f"one-sided {100 * (1 - r.alpha_used):.4g}%"
+        if r.verdict == INFERIOR:  # the smallest drop the data allow is beyond the budget
+            bound = f"{level} bound {-r.upper * 100:.1f} > budget {self.budget:.1f}, Tango p = {_p(r.p_inferior)}"
+        else:
+            sign = "<=" if r.verdict == NON_INFERIOR else ">"
+            bound = (
+                f"{level} bound {-r.lower * 100:.1f} {sign} budget {self.budget:.1f}, Tango p = {_p(r.p_noninferior)}"
+            )
+        acc = ""
+        if self.accuracy is not None and self.reference_accuracy is not None:
+            ref = "at rest" if self.against != REFERENCE else REFERENCE
+            acc = f" {self.accuracy * 100:.1f}% vs {ref} {self.reference_accuracy * 100:.1f}%,"
+        word = "drop" if self.drop >= 0 else "gain"
+        out = f"{self.task}{acc} {word} {abs(self.drop):.1f} points ({bound}; {self.where()})"
+        if r.items_needed is not None:
+            out += f"; about {r.items_needed:,} items would decide it at 80% power"
+        elif r.verdict == UNDECIDED:
+            out += "; the observed drop equals the budget: no number of items decides it"
+        return out
+
+
+@dataclass(frozen=True)
+class AccuracyVerdict:
+    dtype: str
+    state: str
+    tests: tuple[Test, ...] = ()
+    under_load: tuple[Test, ...] = ()  # this dtype at load vs itself at rest
+    note: str | None = None  # why there is no verdict (no eval, failed eval, no paired comparison)
+    gaps: tuple[str, ...] = field(default=())  # tasks without a 0/1 paired comparison
+
+    @property
+    def eligible(self) -> bool:
+        return self.state in (REFERENCE_STATE, NON_INFERIOR) and not self.degrades_under_load
+
+    @property
+    def degrades_under_load(self) -> bool:
+        return any(t.result.verdict == INFERIOR for t in self.under_load)
+
+    def reason(self) -> str:
+        """The accuracy part of the dtype's line, each fact once."""
+        head = self.state if self.state in (NO_EVAL, EVAL_FAILED, REFERENCE_STATE) else f"accuracy {self.state}"
+        if self.note:
+            return f"{head}: {self.note}"
+        deciding = [t for t in self.tests if t.result.verdict == self.state] or list(self.tests)
+        parts = [f"{head}: " + "; ".join(t.text() for t in deciding)] if deciding else [head]
+        if self.gaps:
+            parts.append(f"no paired 0/1 comparison for {', '.join(self.gaps)}")
+        if self.degrades_under_load:  # the excluding reason comes first
+            parts.insert(0 if self.state != INFERIOR else 1, self.under_load_text())
+        return "; ".join(p for p in parts if p != REFERENCE_STATE)
+
+    def under_load_text(self) -> str:
+        worse = [t for t in self.under_load if t.result.verdict == INFERIOR]
+        return "accuracy inferior under load to its own at rest: " + "; ".join(t.text() for t in worse)
+
+
+@dataclass(frozen=True)
+class Policy:
+    """What a verdict is held to: the budget in points (per task where given) and the confidence."""
+
+    budget: float
+    budgets: dict[str, float]
+    confidence: float
+
+    def margin(self, task: str) -> float:
+        return self.budgets.get(task, self.budget)
+
+
+def settings(record: RunRecord) -> Policy:
+    """The policy the run was planned with (run_defaults.toml for records that did not store it)."""
+    from kvbench.datafiles import load_toml
+
+    ev = (record.config or {}).get("eval") or {}
+    defaults = load_toml("run_defaults.toml")
+    backend = defaults["gpu" if (record.environment or {}).get("gpus") else "cpu"]
+    budget = ev.get("budget_points")
+    confidence = ev.get("confidence")
+    return Policy(
+        float(backend["accuracy_budget_points"] if budget is None else budget),
+        {str(k): float(v) for k, v in (ev.get("budgets") or {}).items()},
+        float(defaults["run"]["accuracy_confidence"] if confidence is None else confidence),
+    )
+
+
+def _label(cond: str, mine: dict, ref: dict | None, dtype: str, against: str) -> str:
+    """What a condition was, with the concurrency each side ran at: 'at load (fp8 33 in flight, auto 16)'."""
+    c, rc = mine.get("concurrency"), (ref or {}).get("concurrency")
+    name = SHORT.get(cond, cond)
+    if cond == "rest":
+        return f"{name} (1 request at a time)"
+    if cond == "during_load":
+        mode = (mine.get("traffic") or {}).get("mode") or {}
+        beside = f"concurrency-{mode['concurrency']} traffic" if "concurrency" in mode else "the fixed load"
+        return f"{name} (1 request at a time beside {beside})"
+    if against != REFERENCE:
+        return f"{name} ({c} in flight, vs 1 at rest)"
+    if rc is not None and rc != c:
+        return f"{name} ({dtype} {c} in flight, {REFERENCE} {rc})"
+    return f"{name} ({c} in flight on both)"
+
+
+def _tests(pairs: list[tuple], dtype: str, against: str, policy: Policy) -> tuple[Test, ...]:
+    """Group identical comparisons, then Holm over the groups. pairs: (task, condition, entry, the
+    reference's entry, own condition summary, the reference's condition summary); entry["vs_auto"] or
+    entry["vs_rest"] is the stored comparison."""
+    key_name = "vs_auto" if against == REFERENCE else "vs_rest"
+    groups: dict[tuple, list] = {}
+    for task, cond, entry, ref_entry, summary, ref_summary in pairs:
+        vs = entry[key_name]
+        mine, theirs = entry.get("scores_sha256"), (ref_entry or {}).get("scores_sha256")
+        key = (
+            (task, "identical", mine, theirs)
+            if mine and theirs
+            else (task, "same counts", vs["n"], vs["losses"], vs["gains"], entry.get("correct"))
+        )
+        groups.setdefault(key, []).append((cond, entry, ref_entry, summary, ref_summary))
+    tables = []
+    for key, members in groups.items():
+        vs = members[0][1][key_name]
+        tables.append((vs["losses"], vs["gains"], vs["n"], policy.margin(key[0]) / 100))
+    results = ni.decide(tables, policy.confidence) if tables else []
+    out = []
+    for (key, members), result in zip(groups.items(), results, strict=True):
+        _, entry, ref_entry, *_ = members[0]
+        out.append(
+            Test(
+                task=key[0],
+                against=against,
+                conditions=tuple(m[0] for m in members),
+                labels=tuple(_label(m[0], m[3], m[4], dtype, against) for m in members),
+                merged=key[1] if len(members) > 1 else None,
+                accuracy=entry.get("accuracy"),
+                reference_accuracy=(ref_entry or {}).get("accuracy"),
+                budget=policy.margin(key[0]),
+                result=result,
+            )
+        )
+    return tuple(out)
+
+
+def judge(record: RunRecord, policy: Policy) -> dict[str, AccuracyVerdict]:
+    """{dtype: AccuracyVerdict} for every dtype of the record."""
+    auto = record.dtype(REFERENCE)
+    ref_evals = dict(conditions(auto.eval)) if auto is not None else {}
+    out = {}
+    for d in record.dtypes:
+        evals = dict(conditions(d.eval))
+        error = (d.eval or {}).get("error")
+        under = _under_load(d.kv_cache_dtype, evals, policy)
+        if d.kv_cache_dtype == REFERENCE:
+            out[d.kv_cache_dtype] = AccuracyVerdict(d.kv_cache_dtype, REFERENCE_STATE, under_load=under)
+        elif error:
+            out[d.kv_cache_dtype] = AccuracyVerdict(d.kv_cache_dtype, EVAL_FAILED, note=str(error)[:300])
+        elif not evals:
+            out[d.kv_cache_dtype] = AccuracyVerdict(
+                d.kv_cache_dtype, NO_EVAL, note="not evaluated in this run, so its accuracy against auto is unknown"
+            )
+        elif not ref_evals:
+            out[d.kv_cache_dtype] = AccuracyVerdict(
+                d.kv_cache_dtype, NO_EVAL, note="auto was not evaluated, so there is nothing to compare with"
+            )
+        else:
+            out[d.kv_cache_dtype] = _against_auto(d.kv_cache_dtype, evals, ref_evals, under, policy)
+    return out
+
+
+def _against_auto(dtype: str, evals: dict, ref_evals: dict, under: tuple, policy: Policy) -> AccuracyVerdict:
+    pairs, gaps = [], []
+    for cond, summary in evals.items():
+        for task, entry in (summary.get("tasks") or {}).items():
+            ref_summary = ref_evals.get(cond) or {}
+            if _usable(entry.get("vs_auto")):
+                pairs.append((task, cond, entry, (ref_summary.get("tasks") or {}).get(task), summary, ref_summary))
+            elif task not in gaps:
+                gaps.append(task)
+    tests = _tests(pairs, dtype, REFERENCE, policy)
+    if not tests:
+        return AccuracyVerdict(dtype, UNDECIDED, note="no paired 0/1 comparison with auto", gaps=tuple(gaps))
+    states = {t.result.verdict for t in tests}
+    state = INFERIOR if INFERIOR in states else UNDECIDED if UNDECIDED in states or gaps else NON_INFERIOR
+    return AccuracyVerdict(dtype, state, tests, under, gaps=tuple(gaps))
+
+
+def _under_load(dtype: str, evals: dict, policy: Policy) -> tuple[Test, ...]:
+    rest = evals.get("rest") or {}
+    pairs = [
+        (task, cond, entry, (rest.get("tasks") or {}).get(task), summary, rest)
+        for cond, summary in evals.items()
+        if cond != "rest"
+        for task, entry in (summary.get("tasks") or {}).items()
+        if _usable(entry.get("vs_rest"))
+    ]
+    return _tests(pairs, dtype, "itself at rest", policy)
+
+
+def _usable(vs: dict | None) -> bool:
+    """A stored paired comparison with its counts (not one that holds only a verdict string)."""
+    return bool(vs) and all(isinstance(vs.get(k), int) for k in ("n", "losses", "gains")) and vs["n"] > 0
+
+
+def _p(p: float) -> str:
+    return "< 0.001" if p < 0.001 else f"{p:.3f}"
