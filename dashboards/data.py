@@ -15,6 +15,7 @@ import pandas as pd
 
 from kvbench.errors import KvbenchError
 from kvbench.harness import records as run_records
+from kvbench.harness.findings import FindingKind
 from kvbench.harness.records import PhaseKind, conditions, workload_label
 from kvbench.history import SHAPE as HISTORY_COLUMNS
 
@@ -94,7 +95,9 @@ def run_rows(doc: dict, path: Path | None) -> list[dict]:
     cfg = doc.get("config") or {}
     workload = cfg.get("workload") or {}
     slo = cfg.get("slo") or {}
-    flagged = {f.get("dtype"): f.get("text") for f in doc.get("findings") or [] if f.get("dtype")}
+    flagged = {  # by the finding's kind: a CPU-wait warning about a dtype says nothing about what it ran
+        f.get("dtype"): f.get("text") for f in doc.get("findings") or [] if f.get("kind") == FindingKind.NOT_HONOURED
+    }
     spec = model_spec(cfg.get("model_name"), cfg.get("model"))
     rows = []
     for base, d in zip(run_records.summary_rows(doc, path), doc.get("dtypes") or [], strict=False):
@@ -345,6 +348,7 @@ def load_runs(results_dir: Path, data: SiteData) -> None:
                     "created_at": doc.get("created_at"),
                     "kv_cache_dtype": f.get("dtype"),
                     "level": f.get("level"),
+                    "kind": f.get("kind"),
                     "text": f.get("text"),
                 }
             )

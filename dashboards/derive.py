@@ -7,9 +7,6 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
-from kvbench.dashboards.components import is_missing
-from kvbench.dashboards.theme import dtype_sort_key
-
 # Accuracy rows to show beside a serving dtype: attention on real K/V, with vLLM's default tensor scale
 # (1.0: what `--kv-cache-dtype fp8|nvfp4` does without calibrated scales in the checkpoint).
 ACCURACY_KIND = "real K/V"
@@ -22,39 +19,28 @@ class Recommendation:
     dtype: str | None
     concurrency: int | None
     why: str
-    excluded: list[str] = field(default_factory=list)
+    lines: list[str] = field(default_factory=list)  # one per dtype, each reason once (kvbench.verdict)
+    run_id: str | None = None
+    decision: object | None = None  # the kvbench.verdict.Decision it came from
 
 
-def recommend(rows: pd.DataFrame, machine: str) -> Recommendation:
-    """The dtype with the highest SLO-measured concurrency among those that ran ok, were honoured and passed
-    the run's quality gate (not significantly less accurate than auto, within the budget, also under load).
+def recommend(rows: pd.DataFrame, machine: str, records: list[dict]) -> Recommendation:
+    """What kvbench.verdict.decide recommends for the newest run among `rows` (the function `kvbench report`
+    calls, on the same typed record), with its line per dtype."""
+    from kvbench.harness.records import RunRecord
+    from kvbench.verdict import decide
 
-    Ties go to the more precise dtype (auto before fp8 before nvfp4): equal capacity buys nothing for the
-    accuracy given up. A dtype the engine probably did not honour is excluded: its numbers are another
-    dtype's."""
-    excluded, candidates = [], []
-    for _, r in rows.iterrows():
-        d = r["kv_cache_dtype"]
-        if r.get("status") != "ok":
-            excluded.append(f"{d}: run {r.get('status')} (see failures)")
-        elif not r.get("honoured", True):
-            excluded.append(f"{d}: probably not honoured by the engine")
-        elif r.get("quality_eligible") is False:  # the run's quality gate (accuracy vs auto, at load, canaries)
-            excluded.append(f"{d}: excluded: {r.get('quality_reason')}")
-        elif is_missing(r.get("measured_max_concurrency")):
-            excluded.append(f"{d}: no SLO search in this run")
-        elif r["measured_max_concurrency"] <= 0:
-            excluded.append(f"{d}: misses the SLO even at concurrency 1")
-        else:
-            candidates.append((int(r["measured_max_concurrency"]), d))
-    if not candidates:
-        return Recommendation(machine, None, None, "no dtype ran ok and met the SLO at any concurrency", excluded)
-    best = max(c for c, _ in candidates)
-    tied = sorted((d for c, d in candidates if c == best), key=dtype_sort_key)
-    why = "most concurrent requests within the SLO"
-    if len(tied) > 1:
-        why += f" (tied with {', '.join(tied[1:])}; the more precise dtype wins the tie)"
-    return Recommendation(machine, tied[0], best, why, excluded)
+    newest = rows.sort_values("created_at").iloc[-1]["run_id"] if len(rows) else None
+    doc = next((d for d in records if d.get("run_id") == newest), None)
+    if doc is None:
+        return Recommendation(machine, None, None, "no run record to decide from")
+    # the pages hold records as load_record gave them: already upgraded to the v2 shape and validated
+    record = RunRecord.model_validate({k: v for k, v in doc.items() if not k.startswith("_")})
+    decision = decide(record)
+    chosen = record.dtype(decision.recommended) if decision.recommended else None
+    measured = chosen.capacity.measured if chosen is not None else None
+    knee = measured.max_concurrency if measured is not None else None
+    return Recommendation(machine, decision.recommended, knee, decision.why, decision.lines(), newest, decision)
 
 
 def accuracy_format(dtype: str, activation: str = "bf16") -> str:

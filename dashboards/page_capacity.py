@@ -26,6 +26,7 @@ from kvbench.dashboards.data import SiteData, model_spec, newest_record_per_mach
 from kvbench.dashboards.theme import color, dash, esc, log_ticks, ordered, style, symbol
 from kvbench.errors import KvbenchError
 from kvbench.formats import get_format
+from kvbench.harness.findings import FindingKind
 from kvbench.harness.records import workload_label
 
 SLUG, TITLE = "capacity", "Capacity"
@@ -152,6 +153,8 @@ def capacity_figure(doc: dict, lines: pd.DataFrame, runs: pd.DataFrame) -> go.Fi
             )
     # The finding, on the plot: the engine point of a dtype that was probably not honoured.
     for f in doc.get("findings") or []:
+        if f.get("kind") != FindingKind.NOT_HONOURED:
+            continue
         hit = rows[rows["kv_cache_dtype"] == f.get("dtype")]
         if hit.empty or is_missing(hit["engine_max_concurrency"].iloc[0]) or is_missing(hit["context"].iloc[0]):
             continue

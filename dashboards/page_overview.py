@@ -27,6 +27,7 @@ from kvbench.dashboards.components import (
 from kvbench.dashboards.data import REGRESSION, SiteData, latest_runs, setups
 from kvbench.dashboards.page_history import regressions_table
 from kvbench.dashboards.theme import STATUS_BAD, STATUS_OK, color, esc, ordered, style
+from kvbench.harness.findings import FindingKind
 
 SLUG, TITLE = "overview", "Overview"
 NO_RUNS = (
@@ -72,7 +73,9 @@ def run_line(rows: pd.DataFrame) -> str:
     )
 
 
-def machine_table(rows: pd.DataFrame, accuracy: pd.DataFrame) -> str:
+def machine_table(rows: pd.DataFrame, accuracy: pd.DataFrame, decided_run: str | None = None) -> str:
+    """The newest row per dtype. Rows of the run the recommendation was decided on leave their reasons to its
+    lines (each reason is printed once); rows of older runs say theirs here."""
     view = rows.copy()
     view["dtype_html"] = [dtype_chip(d) for d in view["kv_cache_dtype"]]
     view["status_html"] = [_status(r) for _, r in view.iterrows()]
@@ -90,11 +93,14 @@ def machine_table(rows: pd.DataFrame, accuracy: pd.DataFrame) -> str:
     notes = []
     for _, r in view.iterrows():
         bits = []
-        if text(r.get("finding")):
-            bits.append("<b>probably not honoured</b> (see above)")
-        if r.get("status") != "ok" and text(r.get("error")):
-            bits.append(esc(r["error"]))
-        notes.append("<br>".join(bits))
+        if r.get("run_id") == decided_run:
+            bits.append("see its line above" if r.get("status") != "ok" or not r.get("honoured", True) else "")
+        else:
+            if not r.get("honoured", True):
+                bits.append("<b>probably not honoured</b> (older run)")
+            if r.get("status") != "ok" and text(r.get("error")):
+                bits.append(esc(r["error"]))
+        notes.append("<br>".join(b for b in bits if b))
     view["notes"] = notes
     columns = {
         "dtype_html": "KV dtype",
@@ -118,35 +124,57 @@ def machine_table(rows: pd.DataFrame, accuracy: pd.DataFrame) -> str:
     )
 
 
+HOW = (
+    "Chosen in code by <code>kvbench.verdict</code>, the function <code>kvbench report</code> calls on the same "
+    "record: a dtype is eligible when it ran ok, the engine honoured it and the server confirmed it, its task "
+    "accuracy is <i>non-inferior</i> to auto within the budget (a one-sided bound: Tango's score test, Holm over "
+    "tasks × conditions; <i>undecided</i> and no eval are not eligible) and its canaries are clean; an emulated "
+    "dtype's speed never ranks. Among the eligible, a less precise dtype wins only on SLO capacity or throughput "
+    "beyond noise; within noise it is a tie, and ties go to the more precise dtype (docs/verdict.md)."
+)
+
+
 def recommendation_html(rec: derive.Recommendation, rows: pd.DataFrame, accuracy: pd.DataFrame) -> str:
-    how = (
-        "Chosen in code: among the dtypes that ran <i>ok</i>, "
-        "that the engine honoured and that passed the run's quality "
-        "gate (task accuracy not significantly below auto and "
-        "within the budget, at rest and under load; canaries clean), "
-        "the one with the highest concurrency meeting the SLO (the "
-        "knee of the SLO search); ties go to the more precise dtype."
-    )
     slo = esc(_slo_text(rows.iloc[0])) if len(rows) else "no SLO"
-    excluded = f"<br>Not eligible: {esc('; '.join(rec.excluded))}." if rec.excluded else ""
+    lines = "".join(f"<li>{esc(line)}</li>" for line in rec.lines)
+    lines = f'<ul class="verdict-lines">{lines}</ul>' if lines else ""
+    run = f" Decided on run <code>{esc(rec.run_id)}</code>." if rows["run_id"].nunique() > 1 and rec.run_id else ""
     if rec.dtype is None:
         return (
             f'<div class="recommend" style="border-color:{STATUS_BAD}"><span class="pick">No dtype recommended</span> '
-            f"— {esc(rec.why)} (SLO: {slo}).{excluded}<br><small>{how}</small></div>"
+            f"— {esc(rec.why)} (SLO: {slo}).{run}{lines}<small>{HOW}</small></div>"
         )
     activation = rows.set_index("kv_cache_dtype").at[rec.dtype, "activation"] or "bf16"
     acc = derive.accuracy_for(accuracy, rec.dtype, activation)
     acc_text = (
-        f" Accuracy cost: attention rel. L2 error {acc['rel_l2']:.4f} vs fp32 on real K/V ({esc(_acc_label(acc))})."
+        f" Attention error of its format: rel. L2 {acc['rel_l2']:.4f} vs fp32 on real K/V ({esc(_acc_label(acc))})."
         if acc
-        else " No accuracy record for it yet (run <code>kvbench accuracy</code>)."
+        else ""
     )
     ctx = rows["context"].dropna()
     at = f" of {int(ctx.iloc[0]):,} tokens" if len(ctx) else ""
+    knee = f" {rec.concurrency} requests{at} at once under the SLO ({slo})." if rec.concurrency else f" (SLO: {slo})."
     return (
-        f'<div class="recommend"><span class="pick">Recommended: {dtype_chip(rec.dtype)}</span> — {esc(rec.why)}: '
-        f"{rec.concurrency} requests{at} at once (SLO: {slo}).{acc_text}{excluded}<br><small>{how}</small></div>"
+        f'<div class="recommend"><span class="pick">Recommended: {dtype_chip(rec.dtype)}</span> — {esc(rec.why)}.'
+        f"{knee}{acc_text}{run}{lines}<small>{HOW}</small></div>"
     )
+
+
+def findings_html(rec: derive.Recommendation, rows: pd.DataFrame, records: list[dict]) -> str:
+    """Findings the dtype lines do not already say (switching on each finding's kind, never its text)."""
+    from kvbench.verdict import shown_in_lines
+
+    out = ""
+    for doc in records:
+        if doc.get("run_id") not in set(rows["run_id"]):
+            continue
+        for f in doc.get("findings") or []:
+            if doc.get("run_id") == rec.run_id and rec.decision is not None and shown_in_lines(f, rec.decision):
+                continue
+            if doc.get("run_id") != rec.run_id and f.get("kind") != FindingKind.NOT_HONOURED:
+                continue  # an older run's row: only what bears on the numbers shown
+            out += note(f"⚠ {esc(f.get('text'))}", "finding")
+    return out
 
 
 def capacity_figure(latest: pd.DataFrame) -> go.Figure:
@@ -277,11 +305,9 @@ def build(data: SiteData) -> Page:
                 f"{run_line(rows)}. Capacity is in concurrent requests of {esc(ctx)} tokens (the run's max_model_len); "
                 "latency and throughput are from the fixed load.</p>"
             )
-            inner = head + recommendation_html(derive.recommend(rows, machine), rows, data.accuracy)
-            for _, r in rows.iterrows():
-                if text(r.get("finding")):
-                    inner += note(f"⚠ {esc(r['finding'])}", "finding")
-            inner += machine_table(rows, data.accuracy)
+            rec = derive.recommend(rows, machine, data.records)
+            inner = head + recommendation_html(rec, rows, data.accuracy) + findings_html(rec, rows, data.records)
+            inner += machine_table(rows, data.accuracy, rec.run_id)
             anchor = (
                 f"m-{machine}" if title == machine else f"m-{machine}-" + hashlib.sha1(setup.encode()).hexdigest()[:8]
             )

@@ -62,11 +62,12 @@ def build(data: SiteData) -> Page:
         '<p class="lead">Task accuracy per KV dtype through '
         "lm-evaluation-harness (temperature 0), measured one request at a "
         "time, at the run's serving concurrency and while its fixed load runs; every item is compared with auto's "
-        "answer to the same item (McNemar's exact test). A dtype "
-        "significantly below auto, more than the budget below it, "
-        "or worse under load than at rest is excluded from the recommendation. "
-        "Canaries (greedy outputs recorded at rest) "
-        "ride inside every load phase.</p>",
+        "answer to the same item. The verdict is non-inferiority: a dtype is eligible only when the one-sided "
+        "bound on its drop against auto (Tango's score test, Holm over tasks × conditions) stays inside the "
+        "budget; <i>undecided</i> (too few items to tell) and <i>inferior</i> are not; the Overview's line per "
+        "dtype gives the bound, the budget and the items that would decide it (docs/verdict.md). The "
+        "<i>vs auto</i> column here is the two-sided McNemar description of the same pairs. Canaries (greedy "
+        "outputs recorded at rest) ride inside every load phase.</p>",
     ]
     if data.quality.empty:
         parts.append(
@@ -101,7 +102,7 @@ def build(data: SiteData) -> Page:
                 "accuracy_t": "accuracy",
                 "ci": "95% CI",
                 "n": "items",
-                "vs_auto": "vs auto (paired)",
+                "vs_auto": "vs auto (paired, McNemar)",
                 "vs_rest": "vs itself at rest",
             },
             numeric={"concurrency", "accuracy_t", "n"},

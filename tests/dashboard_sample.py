@@ -176,6 +176,7 @@ def _sample_eval(dtype: str, machine_scale: float) -> dict:
         entry = {"metric": "exact_match,exact", "n": 500, "correct": k, "accuracy": k / 500, "ci95": [lo, hi]}
         if dtype != "auto":
             entry["vs_auto"] = {
+                "n": 500,
                 "difference": (k - 500) / 500,
                 "ci95": [-0.03, 0.0],
                 "p_value": 0.01,

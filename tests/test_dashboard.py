@@ -263,28 +263,38 @@ def test_recommendation_is_derived_and_explained(sample_pages, sample_data):
     html = sample_pages["index"].body
     assert "Recommended:" in html and "Chosen in code" in html
     h100 = sample_data.runs[sample_data.runs["machine"] == "h100-sxm-80gb"]
-    rec = derive.recommend(site_data.latest_runs(h100), "h100-sxm-80gb")
-    assert rec.dtype == "fp8" and rec.concurrency == 28  # nvfp4 crashed; fp8's knee beats auto's 24
-    assert any(e.startswith("nvfp4: run partial") for e in rec.excluded)
+    rec = derive.recommend(site_data.latest_runs(h100), "h100-sxm-80gb", sample_data.records)
+    # fp8's knee (28) beats auto's (24), but its evaluation loses 5 and 10 of 500 items against a 1-point budget:
+    # not shown non-inferior, so not eligible; nvfp4 crashed
+    assert rec.dtype == "auto" and rec.concurrency == 24
+    lines = {line.split(":")[0]: line for line in rec.lines}
+    assert lines["fp8"].startswith("fp8: excluded: accuracy ") and "budget 1.0" in lines["fp8"]
+    assert lines["nvfp4"].startswith("nvfp4: excluded: run partial")
+    for line in rec.lines:  # the page prints each dtype's line, as report does
+        assert esc(line) in html
     cpu = sample_data.runs[sample_data.runs["machine"] == "cpu-amd-epyc"]
-    rec = derive.recommend(site_data.latest_runs(cpu), "cpu-amd-epyc")
-    assert rec.dtype == "auto"  # 3 > fp8's 2; nvfp4 not honoured and partial
+    rec = derive.recommend(site_data.latest_runs(cpu), "cpu-amd-epyc", sample_data.records)
+    assert rec.dtype == "auto" and any("no eval" in line for line in rec.lines)  # fp8 was never evaluated
 
 
-def test_recommendation_rules():
-    import pandas as pd
-
-    def rows(*specs):
-        return pd.DataFrame(
-            [{"kv_cache_dtype": d, "status": s, "honoured": h, "measured_max_concurrency": m} for d, s, h, m in specs]
-        )
-
-    tie = derive.recommend(rows(("nvfp4", "ok", True, 8), ("fp8", "ok", True, 8), ("auto", "ok", True, 4)), "m")
-    assert tie.dtype == "fp8" and "tied with nvfp4" in tie.why
-    dishonoured = derive.recommend(rows(("auto", "ok", True, 4), ("nvfp4", "ok", False, 9)), "m")
-    assert dishonoured.dtype == "auto" and "not honoured" in dishonoured.excluded[0]
-    none = derive.recommend(rows(("auto", "ok", True, 0), ("fp8", "failed", True, None)), "m")
-    assert none.dtype is None and len(none.excluded) == 2
+def test_pages_switch_on_the_finding_kind_not_its_text(tmp_path):
+    """Issue 24, BAD 6: a CPU-wait warning or an accuracy exclusion about fp8 (any finding with a dtype) made the
+    overview call fp8 'probably not honoured' and changed its recommendation."""
+    doc = sample.cpu_record()
+    doc["findings"] += [
+        {"level": "warning", "dtype": "fp8", "text": "fp8 excluded from the recommendation: accuracy: -2 points"},
+        {"level": "warning", "dtype": "fp8", "text": "the load generator waited for a CPU 30% of phase fixed (fp8)"},
+    ]
+    (tmp_path / "m" / "runs").mkdir(parents=True)
+    (tmp_path / "m" / "runs" / "r.json").write_text(json.dumps(doc))
+    data = site_data.load(tmp_path)
+    rows = data.runs.set_index("kv_cache_dtype")
+    assert rows.at["fp8", "honoured"] and not rows.at["nvfp4", "honoured"]
+    kinds = dict(zip(data.findings["text"].str[:12], data.findings["kind"], strict=True))
+    assert kinds["fp8 excluded"] == "accuracy" and kinds["the load gen"] == "starved-client"
+    html = next(p for p in site.build_pages(data) if p.slug == "index").body
+    assert "fp8: excluded: no eval" in html and "fp8: excluded: probably not honoured" not in html
+    assert html.count("probably not honoured") == 1  # nvfp4's line, once
 
 
 def test_capacity_page_shows_the_not_honoured_finding(sample_pages):
