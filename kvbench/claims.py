@@ -346,22 +346,39 @@ def measured_values(doc: dict, runs) -> dict[str, float]:
 
 
 def _newest_first(match, column: str):
-    """`column` by KV dtype for each run in `match`, the newest run first."""
+    """`column` by KV dtype for each run in `match`, the newest run first (each named by its run id)."""
     for run_id in reversed(list(dict.fromkeys(match.sort_values("created_at")["run_id"]))):
-        yield match[match["run_id"] == run_id].set_index("kv_cache_dtype")[column]
+        yield match[match["run_id"] == run_id].set_index("kv_cache_dtype")[column].rename(run_id)
 
 
 def _accuracy_drop(runs, claim: dict, models: dict) -> float | None:
-    """Points of task accuracy the claim's dtype lost against auto at rest, in the newest run of the claim's
-    model that evaluated both (on the same items: kvbench.harness.quality)."""
+    """Points of task accuracy the claim's dtype lost against auto, in the newest run of the claim's model
+    that evaluated both: the largest paired drop among the comparisons its verdict rests on (kvbench.verdict,
+    the function report and the pages use), else the difference at rest."""
     if "task_accuracy_rest" not in runs:
         return None
     names = {claim.get("model"), (models.get(claim.get("model")) or {}).get("hf_id")} - {None}
     match = runs[runs["model"].isin(names) & runs["task_accuracy_rest"].notna()]
     for by in _newest_first(match, "task_accuracy_rest"):
         if {claim.get("dtype"), "auto"} <= set(by.index):
+            path = match[match["run_id"] == by.name]["path"].iloc[0] if "path" in match else None
+            tests = _verdict_tests(path, claim["dtype"])
+            if tests:
+                return max(t.drop for t in tests)
             return float((by["auto"] - by[claim["dtype"]]) * 100)
     return None
+
+
+def _verdict_tests(path: str | None, dtype: str) -> tuple:
+    """The paired comparisons kvbench.verdict judged `dtype` on, in the record at `path` (none if unreadable)."""
+    from kvbench.harness.records import read_record
+    from kvbench.verdict import decide
+
+    try:
+        verdicts = decide(read_record(path)).dtypes if path else {}
+    except UsageError:
+        return ()
+    return verdicts[dtype].accuracy.tests if dtype in verdicts else ()
 
 
 def _prefix_cache_ttft_speedup(runs, claim: dict) -> float | None:

@@ -180,3 +180,15 @@ def compare(a: dict, b: dict, threshold_pct: float | None = None, kind: str = "c
                     verdict = "worse" if m.is_worse(vb, va) else "better"
             rows.append(Row(m.name, m.label, m.unit, m.direction, d, va, vb, change, verdict))
     return rows
+
+
+def recommendations(side: Side) -> list[dict]:
+    """What each run of a side recommends (kvbench.verdict.decide, the one function that decides)."""
+    from kvbench.harness.records import RunRecord
+    from kvbench.verdict import decide
+
+    out = []
+    for doc in side.records:  # load_record's documents: already the validated v2 shape
+        d = decide(RunRecord.model_validate(doc))
+        out.append({"run_id": doc.get("run_id"), "dtype": d.recommended, "headline": d.headline(), "lines": d.lines()})
+    return out

