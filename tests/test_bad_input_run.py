@@ -41,6 +41,9 @@ BAD_PLANS = [
     ({"concurrency": [4], "rates": [2.0]}, "give either --concurrency or --rate, not both"),
     ({"api": "grpc"}, "unknown --api 'grpc'; choose from: completions, chat"),
     ({"kv_dtypes": []}, "--kv-dtypes is empty"),
+    ({"accuracy_confidence": 0.5}, "--accuracy-confidence must be a finite number > 0.5 and <= 0.9999, got 0.5"),
+    ({"accuracy_confidence": float("nan")}, "--accuracy-confidence must be a finite number > 0.5"),
+    ({"accuracy_budget_points": -1.0}, "--accuracy-budget must be a finite number >= 0 and <= 100 points, got -1"),
     ({"prompt_tokens": 500, "output_tokens": 100, "max_model_len": 512}, "exceed max_model_len 512"),
 ]
 
