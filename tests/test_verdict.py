@@ -280,3 +280,41 @@ def test_each_line_says_each_reason_once():
     d = verdict.decide(record(dtype("auto", ev=AUTO_EVAL), dtype("nvfp4", status="partial", ev=ni), findings=findings))
     text = line(d, "nvfp4")
     assert text.count("not honoured") == 1 and text.count("run partial") == 1
+
+
+# --- through the harness's own summaries (what a run stores), without lm-eval ----------------------------------
+
+
+def _result(scores: list[float], conc: int):
+    from kvbench.harness.evaluation import EvalResult, ItemResult, TaskResult
+
+    items = [ItemResult(i, "h", "t", "r", "r", s) for i, s in enumerate(scores)]
+    task = TaskResult(TASK, "exact_match,exact", sum(scores) / len(scores), len(scores), items)
+    return EvalResult({TASK: task}, "http://x", "m", conc, None, "0", 1.0)
+
+
+def test_a_runs_eval_blocks_merge_conditions_by_their_fingerprints():
+    """harness/quality.py's summaries and paired comparisons, as the runner builds them, into decide(): fp8 loses
+    the same 2 items in every condition (one test, 'identical'), nvfp4 the same count but other items at load."""
+    from kvbench.harness import quality
+
+    right = [1.0] * 500
+    lose_2 = [0.0, 0.0] + [1.0] * 498
+    other_2 = [1.0] * 498 + [0.0, 0.0]
+    runs = {
+        "auto": {"rest": right, "load": right, "during_load": right},
+        "fp8": {"rest": lose_2, "load": lose_2, "during_load": lose_2},
+        "nvfp4": {"rest": lose_2, "load": other_2, "during_load": lose_2},
+    }
+    evals, items = {}, {}
+    for name, conds in runs.items():
+        for c, scores in conds.items():
+            res = _result(scores, 16 if c == "load" else 1)
+            evals.setdefault(name, {})[c] = quality.condition_summary(res, res.num_concurrent)
+            items[(name, c)] = quality.items_by_task(res)
+    quality.compare_conditions(evals, items)
+    d = verdict.decide(record(*(dtype(n, ev=e) for n, e in evals.items())))
+    fp8, nvfp4 = d.dtypes["fp8"].accuracy.tests, d.dtypes["nvfp4"].accuracy.tests
+    assert len(fp8) == 1 and fp8[0].merged == "identical" and fp8[0].conditions == ("rest", "load", "during_load")
+    assert sorted(len(t.conditions) for t in nvfp4) == [1, 2]  # load's answers differ: its own test
+    assert "identical at rest" in line(d, "fp8") and "same counts" not in line(d, "fp8")
