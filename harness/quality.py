@@ -171,18 +171,21 @@ def recommend(record, gates: dict[str, dict]) -> dict:
     """The dtype with the highest SLO-measured concurrency among the eligible ones (ties to the more precise
     dtype), the best measured throughput under the SLO breaking a missing search; and why each other is not."""
     order = {"auto": 0, "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 2, "nvfp4": 3}
-    candidates = []
+    candidates, unranked = [], {}
     for d in record.dtypes:
         g = gates.get(d.kv_cache_dtype) or {}
         if not g.get("eligible"):
             continue
         if d.kv_dtype_confirmed is False:
             continue
+        if d.emulated:  # its speed is the emulation's: nothing to rank it by
+            unranked[d.kv_cache_dtype] = "emulated on this machine: its speed is not ranked"
+            continue
         measured = d.capacity.measured.max_concurrency if d.capacity.measured else None
         best = (d.front.at_slo or {}).get("output_tps_per_gpu") if d.front and d.front.at_slo else None
         fixed = next((p.summary.output_throughput_tps for p in d.phases if p.kind.value == "fixed"), None)
         candidates.append((measured or 0, best or 0.0, fixed or 0.0, -order.get(d.kv_cache_dtype, 9), d.kv_cache_dtype))
-    excluded = {k: v["reason"] for k, v in gates.items() if not v.get("eligible")}
+    excluded = {k: v["reason"] for k, v in gates.items() if not v.get("eligible")} | unranked
     if not candidates:
         return {"dtype": None, "why": "no dtype ran ok and passed the quality gate", "excluded": excluded}
     measured, tput, fixed, _, dtype = max(candidates)

@@ -105,6 +105,7 @@ class RunPlan:
     warmup_requests: int = RUN["warmup_requests"]
     model_name: str | None = None  # how records name the model (the tiny model's short name, an HF id, the served id)
     unsupported: dict[str, str] = field(default_factory=dict)  # dtype -> why it is recorded, not run
+    emulated: dict[str, dict] = field(default_factory=dict)  # dtype -> the emulation that serves it (kvsupport)
     client_realtime: bool = False  # SCHED_FIFO for the client (see harness/clientsched.py), where permitted
     agreement_prompts: int = RUN["agreement_prompts"]  # end-to-end accuracy vs auto (harness/agreement.py); 0: off
     agreement_tokens: int = RUN["agreement_tokens"]
@@ -151,6 +152,7 @@ class RunPlan:
             "max_model_len": self.max_model_len,
             "stall_timeout_s": self.stall_timeout_s,
             "unsupported": self.unsupported,
+            "emulated": self.emulated,
             "client_realtime": self.client_realtime,
             "agreement": {
                 "prompts": self.agreement_prompts,
@@ -241,6 +243,8 @@ class Runner:
             if dtype in self.plan.unsupported:
                 result.status, result.error = DtypeStatus.UNSUPPORTED, self.plan.unsupported[dtype]
             else:
+                if dtype in self.plan.emulated:
+                    result.emulated, result.implementation = True, dict(self.plan.emulated[dtype])
                 await self._one_dtype(dtype, result)
             self.flush()
 
@@ -300,6 +304,8 @@ class Runner:
                     await asyncio.to_thread(server.wait_ready, None, None)
                 except ServerStartError as exc:
                     result.status, result.error, result.log_tail = DtypeStatus.FAILED, str(exc), exc.log_tail
+                    return
+                if result.emulated and not _emulation_active(server, result):
                     return
                 endpoint = Endpoint(server.base_url)
             headers = endpoint.headers
@@ -896,6 +902,21 @@ def _server_info(facts: ServerFacts, server: VllmServer | None) -> ServerInfo:
         block_size=_int(cc.get("block_size")),
         num_gpu_blocks=_int(cc.get("num_gpu_blocks")),
     )
+
+
+def _emulation_active(server: VllmServer, result: DtypeResult) -> bool:
+    """The server's log says kvbench's emulation built its layers; else the dtype fails here (the stock
+    code would have served it, wrongly)."""
+    from kvbench.kernels.vllm_plugin import ACTIVE_MARK
+
+    line = next((x for x in server.log_lines() if ACTIVE_MARK in x and " active: " in x), None)
+    if line is None:
+        result.status, result.log_tail = DtypeStatus.FAILED, server.log_tail()
+        name = result.implementation["name"]
+        result.error = f"{name} did not load in the server (no '{ACTIVE_MARK} ... active' line in its log)"
+        return False
+    result.implementation["log"] = line.split("] ", 1)[-1].strip()
+    return True
 
 
 def _one_line(exc: BaseException) -> str:
