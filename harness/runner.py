@@ -810,6 +810,8 @@ class Runner:
             summary = ph.summary.model_dump()
             met = plan.slo.check(ph.summary)[0] if plan.slo else None
             pts.append(front.point(c, ph.name, summary, plan.gpus, met))
+        if result.emulated:  # the emulation's speed: its points are kept, but it has no front, best point or cost
+            return Front(gpus=plan.gpus, points=[p.as_dict() for p in pts])
         front.mark_front(pts)
         front.price(pts, plan.price_per_gpu_hour)
         target = plan.target_user_tps or (1000.0 / plan.slo.tpot_ms if plan.slo and plan.slo.tpot_ms else None)
@@ -1059,7 +1061,7 @@ def comparisons(record: RunRecord) -> list[dict]:
         return []
     out = []
     for d in record.dtypes:
-        if d.kv_cache_dtype == "auto" or d.status != DtypeStatus.OK:
+        if d.kv_cache_dtype == "auto" or d.status != DtypeStatus.OK or d.emulated:  # emulated speed: not compared
             continue
         row: dict = {"kv_cache_dtype": d.kv_cache_dtype, "metrics": {}, "cost": {}}
         for metric, st in (d.fixed_stats or {}).items():
