@@ -132,6 +132,8 @@ def test_bad_shard_flags_are_one_line_and_exit_2():
         (("--wait", "10"), "--wait 10 needs --launch"),
         (("--launch", "sky", "--bucket", "bucket-without-scheme"), "not a bucket URL"),
         (("--yes",), "--yes confirms a --launch"),
+        (("--shards", "3"), "--shards N goes with --dry-run"),
+        (("--night", "n1"), "go with --shard I"),
     ):
         out = kvbench("nightly", *args)
         assert out.returncode == 2, (args, out.stdout, out.stderr)

@@ -248,6 +248,10 @@ def _run(cfg, cfg_path, gpu, estimates, plans, asv_config: Path, out: Path | Non
     )
     render_plan(cfg, plan, est, True)
     night = Nightly(cfg, cfg_path, plan, target, est, asv_config, out or Path(cfg.dashboard.out), console, installed)
+    if plan.cfg.nodes > 1:  # a multi-node server: wait for every node, and name them in every record
+        from kvbench.nightly.nodes import cluster
+
+        night.nodes = cluster(plan.cfg.nodes)
     doc = _execute(night)
     render_summary(doc, night.path)
     if night.interrupted:
