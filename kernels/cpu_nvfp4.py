@@ -191,37 +191,16 @@ class Nvfp4CpuAttentionImpl(CPUAttentionBackendImpl):
             return CPUAttentionBackendImpl(*args, **kwargs)  # not an instance of cls: __init__ is not run again
         return super().__new__(cls)
 
-    def __init__(
-        self,
-        num_heads,
-        head_size,
-        scale,
-        num_kv_heads,
-        alibi_slopes,
-        sliding_window,
-        kv_cache_dtype,
-        logits_soft_cap=None,
-        attn_type=AttentionType.DECODER,
-        kv_sharing_target_layer_name=None,
-        sinks=None,
-    ):
-        why = _refusal(get_current_vllm_config(), attn_type, kv_sharing_target_layer_name)
+    def __init__(self, *args, **kwargs):
+        bound = _IMPL_SIGNATURE.bind(self, *args, **kwargs)
+        bound.apply_defaults()
+        arg = bound.arguments
+        kv_cache_dtype = arg["kv_cache_dtype"]
+        why = _refusal(get_current_vllm_config(), arg["attn_type"], arg["kv_sharing_target_layer_name"])
         if why is not None:
             raise NotImplementedError(f"{ACTIVE_MARK}: {kv_cache_dtype} is not supported with {why}")
-        # The stock implementation attends over the decoded copy, which is an "auto" cache.
-        super().__init__(
-            num_heads,
-            head_size,
-            scale,
-            num_kv_heads,
-            alibi_slopes,
-            sliding_window,
-            "auto",
-            logits_soft_cap,
-            attn_type,
-            kv_sharing_target_layer_name,
-            sinks,
-        )
+        arg["kv_cache_dtype"] = "auto"  # the stock implementation attends over the decoded copy: an auto cache
+        super().__init__(*bound.args[1:], **bound.kwargs)
         self.stored_dtype = kv_cache_dtype
         self.four_over_six = kv_cache_dtype == "nvfp4_4over6"
         self.verify = os.environ.get(ENV_VERIFY, "0").strip() == "1"
@@ -234,7 +213,7 @@ class Nvfp4CpuAttentionImpl(CPUAttentionBackendImpl):
             ACTIVE_MARK,
             spec()["version"],
             kv_cache_dtype,
-            nvfp4_kv_cache_full_dim(head_size),
+            nvfp4_kv_cache_full_dim(self.head_size),
             "on" if self.verify else "off",
         )
 
