@@ -3,12 +3,14 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.kvbench-installed
+# NO_MKDOCS_2_WARNING: Material 9.7+ prints a banner about its end of life (May 2027) on every build.
+MKDOCS := NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs
 
-.PHONY: setup run test
+.PHONY: setup run docs test
 
 setup: $(STAMP)
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml setup.py
 	python3 -m venv $(VENV)
 	$(PY) -m pip install --upgrade pip
 	$(PY) -m pip install -e '.[cpu,dev]'
@@ -20,8 +22,14 @@ run: setup
 	$(VENV)/bin/kvbench run
 	$(VENV)/bin/kvbench claims
 
+# The docs site (mkdocs.yml) into build/docs; --strict fails on a broken link or anchor, or a page left out of
+# the nav.
+docs: setup
+	$(MKDOCS) build --strict
+
 test: setup
-	@# the tree stays formatted and lint-clean (pyproject.toml [tool.ruff]); the tests follow
+	@# the tree stays formatted and lint-clean (pyproject.toml [tool.ruff]), the docs build; the tests follow
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+	$(MKDOCS) build --strict
 	$(PY) -m pytest

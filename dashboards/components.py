@@ -133,5 +133,30 @@ def dtype_chip(dtype: str) -> str:
     return f'<span class="chip" style="background:{color(dtype)}"></span>{esc(dtype)}'
 
 
+def speed(value_text: str, emulated) -> str:
+    """A speed cell (HTML): greyed, with the reason on hover, where the dtype was emulated."""
+    from kvbench.harness.records import EMULATED_SPEED_REASON
+
+    if not emulated or value_text == "—":
+        return esc(value_text)
+    return f'<span class="emulated" title="{esc(EMULATED_SPEED_REASON)}">{esc(value_text)}</span>'
+
+
+def emulated_note(frame: pd.DataFrame) -> str:
+    """Which dtypes on the page were emulated, and why their speed is greyed out (empty when none were)."""
+    from kvbench.harness.records import EMULATED_SPEED_REASON
+
+    if frame.empty or "emulated" not in frame or not frame["emulated"].fillna(False).astype(bool).any():
+        return ""
+    rows = frame[frame["emulated"].fillna(False).astype(bool)]
+    which = sorted({f"{d} on {m}" for d, m in zip(rows["kv_cache_dtype"], rows["machine"], strict=False)})
+    return note(
+        f"<b>Emulated:</b> {esc(', '.join(which))}. Greyed-out numbers are "
+        f"{esc(EMULATED_SPEED_REASON.removeprefix('emulated: '))}; they are kept but never compared, tracked, "
+        "drawn as a front or used to recommend. Capacity, prefix-cache hits and accuracy are the format's own.",
+        "warn",
+    )
+
+
 def slug(text: str) -> str:
     return "".join(ch if ch.isalnum() else "-" for ch in str(text).lower()).strip("-") or "x"

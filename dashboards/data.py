@@ -244,6 +244,7 @@ def front_rows(doc: dict) -> list[dict]:
                     "vllm_version": ((env.get("vllm") or {}).get("version")),
                     "gpu": gpu_of(env),
                     "kv_cache_dtype": d.get("kv_cache_dtype"),
+                    "emulated": bool(d.get("emulated")),
                     "model": cfg.get("model_name") or cfg.get("model"),
                     "prompt_tokens": workload.get("prompt_tokens"),
                     "workload": workload_label(cfg),
@@ -299,6 +300,7 @@ def probe_rows(doc: dict) -> list[dict]:
                     "machine": doc.get("machine"),
                     "vllm_version": vllm.get("version"),
                     "kv_cache_dtype": d.get("kv_cache_dtype"),
+                    "emulated": bool(d.get("emulated")),
                     "dtype_status": d.get("status"),
                     "order": i,
                     "phase": name,
@@ -570,7 +572,8 @@ def load_claims_data(data: SiteData, claims_file: Path | None = None) -> None:
         data.problems.append(f"claims not read: {exc}")
         return
     data.claims = doc
-    data.verdicts = evaluate(doc, measured_values(doc, data.runs))
+    notes: dict[str, str] = {}
+    data.verdicts = evaluate(doc, measured_values(doc, data.runs, notes), notes)
 
 
 # --- everything ---------------------------------------------------------------------------------------------

@@ -14,11 +14,13 @@ from kvbench.dashboards.components import (
     date_text,
     dtype_chip,
     empty,
+    emulated_note,
     fmt,
     is_missing,
     note,
     section,
     slug,
+    speed,
     table,
     text,
 )
@@ -133,13 +135,15 @@ def capacity_figure(doc: dict, lines: pd.DataFrame, runs: pd.DataFrame) -> go.Fi
             )
         m = r["measured_max_concurrency"]
         if not is_missing(m) and m > 0:
+            emulated = bool(r.get("emulated"))
             fig.add_trace(
                 go.Scatter(
                     x=[ctx],
                     y=[m],
                     mode="markers",
-                    name=f"{esc(dtype)}: measured under the SLO",
+                    name=f"{esc(dtype)}: measured under the SLO" + (" (emulated speed)" if emulated else ""),
                     legendgroup=dtype,
+                    opacity=0.4 if emulated else 1.0,
                     marker={
                         "color": color(dtype),
                         "symbol": f"{symbol(dtype)}-open",
@@ -209,9 +213,10 @@ def run_table(rows: pd.DataFrame) -> str:
     view["ctx"] = [fmt(v, 0) for v in view["context"]]
     view["model_c"] = [fmt(v, 2) for v in view["model_max_concurrency"]]
     view["engine_c"] = [fmt(v, 2) for v in view["engine_max_concurrency"]]
+    emu = view["emulated"] if "emulated" in view else [False] * len(view)
     view["measured_c"] = [
-        "—" if is_missing(v) else ("0 (misses the SLO at 1)" if v == 0 else f"{int(v)}{'+' if c else ''}")
-        for v, c in zip(view["measured_max_concurrency"], view["measured_capped"], strict=False)
+        speed("—" if is_missing(v) else ("0 (misses the SLO at 1)" if v == 0 else f"{int(v)}{'+' if c else ''}"), e)
+        for v, c, e in zip(view["measured_max_concurrency"], view["measured_capped"], emu, strict=False)
     ]
     view["engine_model"] = [
         fmt(e / m, 2, "x") if not (is_missing(e) or is_missing(m) or not m) else "—"
@@ -231,7 +236,7 @@ def run_table(rows: pd.DataFrame) -> str:
             "budget": "engine KV budget (10^6 B)",
             "block_size": "block (tokens)",
         },
-        raw={"dtype_html"},
+        raw={"dtype_html", "measured_c"},
         numeric={"ctx", "model_c", "engine_c", "engine_model", "measured_c", "budget", "block_size"},
     )
 
@@ -285,7 +290,7 @@ def build(data: SiteData) -> Page:
                 + (f"<pre>{esc(r['log_tail'])}</pre>" if text(r.get("log_tail")) else ""),
                 "warn",
             )
-        inner += run_table(rows)
+        inner += emulated_note(rows) + run_table(rows)
         title = f"{machine} — run {doc.get('run_id')}, {workload_label(doc.get('config') or {})}"
         parts.append(section(title, inner, anchor=f"m-{machine}"))
     page.body = "\n".join(parts)

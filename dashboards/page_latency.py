@@ -10,7 +10,17 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from kvbench.dashboards.components import Page, date_text, dtype_chip, empty, is_missing, note, section, slug
+from kvbench.dashboards.components import (
+    Page,
+    date_text,
+    dtype_chip,
+    empty,
+    emulated_note,
+    is_missing,
+    note,
+    section,
+    slug,
+)
 from kvbench.dashboards.data import SiteData, newest_record_per_machine
 from kvbench.dashboards.theme import SLO_COLOR, color, dash, esc, log_ticks, ordered, style, symbol
 
@@ -32,6 +42,7 @@ def latency_figure(doc: dict, probes: pd.DataFrame, x: str = "concurrency") -> g
     for col, (key, title, slo_key) in enumerate(PANELS, start=1):
         for dtype in ordered(probes["kv_cache_dtype"]):
             pts = probes[probes["kv_cache_dtype"] == dtype].sort_values([x, "order"])
+            emulated = bool(pts["emulated"].fillna(False).astype(bool).any()) if "emulated" in pts else False
             custom = [
                 [
                     esc(r["run_id"]),
@@ -52,9 +63,10 @@ def latency_figure(doc: dict, probes: pd.DataFrame, x: str = "concurrency") -> g
                     x=pts[x],
                     y=pts[key],
                     mode="lines+markers",
-                    name=esc(dtype),
+                    name=esc(f"{dtype} (emulated)" if emulated else dtype),
                     legendgroup=dtype,
                     showlegend=col == 1,
+                    opacity=0.4 if emulated else 1.0,  # the emulation's latency: kept, greyed
                     line={"color": color(dtype), "dash": dash(dtype), "width": 1.5},
                     marker={
                         "color": color(dtype),
@@ -202,6 +214,7 @@ def build(data: SiteData) -> Page:
         if not slo:
             inner += note("This run set no SLO, so there is no search and no knee.", "warn")
         inner += knee_text(doc)
+        inner += emulated_note(probes.drop_duplicates("kv_cache_dtype")) if not probes.empty else ""
         closed = probes[probes["concurrency"].notna()] if not probes.empty else probes
         opened = probes[probes["rate_rps"].notna()] if not probes.empty else probes
         if closed.empty and opened.empty:

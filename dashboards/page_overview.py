@@ -15,12 +15,14 @@ from kvbench.dashboards.components import (
     date_text,
     dtype_chip,
     empty,
+    emulated_note,
     fmt,
     hover_data,
     hover_template,
     is_missing,
     note,
     section,
+    speed,
     table,
     text,
 )
@@ -79,12 +81,13 @@ def machine_table(rows: pd.DataFrame, accuracy: pd.DataFrame, decided_run: str |
     view = rows.copy()
     view["dtype_html"] = [dtype_chip(d) for d in view["kv_cache_dtype"]]
     view["status_html"] = [_status(r) for _, r in view.iterrows()]
-    view["measured"] = [_measured_text(r) for _, r in view.iterrows()]
+    emu = view["emulated"] if "emulated" in view else [False] * len(view)
+    view["measured"] = [speed(_measured_text(r), e) for (_, r), e in zip(view.iterrows(), emu, strict=True)]
     view["engine"] = [fmt(v, 2) for v in view["engine_max_concurrency"]]
     view["model_pred"] = [fmt(v, 2) for v in view["model_max_concurrency"]]
-    view["ttft"] = [fmt(v, 1) for v in view["ttft_p95_ms"]]
-    view["tpot"] = [fmt(v, 2) for v in view["tpot_p95_ms"]]
-    view["tput"] = [fmt(v, 0) for v in view["output_throughput_tps"]]
+    view["ttft"] = [speed(fmt(v, 1), e) for v, e in zip(view["ttft_p95_ms"], emu, strict=True)]
+    view["tpot"] = [speed(fmt(v, 2), e) for v, e in zip(view["tpot_p95_ms"], emu, strict=True)]
+    view["tput"] = [speed(fmt(v, 0), e) for v, e in zip(view["output_throughput_tps"], emu, strict=True)]
     acc = [
         derive.accuracy_for(accuracy, r["kv_cache_dtype"], r.get("activation") or "bf16") for _, r in view.iterrows()
     ]
@@ -119,7 +122,7 @@ def machine_table(rows: pd.DataFrame, accuracy: pd.DataFrame, decided_run: str |
     return table(
         view,
         columns,
-        raw={"dtype_html", "status_html", "notes"},
+        raw={"dtype_html", "status_html", "notes", "measured", "ttft", "tpot", "tput"},
         numeric={"measured", "engine", "model_pred", "ttft", "tpot", "tput", "accuracy"},
     )
 
@@ -201,9 +204,14 @@ def capacity_figure(latest: pd.DataFrame) -> go.Figure:
             ]
             if col == "measured_max_concurrency":
                 labels = [
-                    t if t != "—" or r["status"] == "ok" else f"— ({r['status']})"
+                    (f"{t} (emulated)" if r.get("emulated") and t != "—" else t)
+                    if t != "—" or r["status"] == "ok"
+                    else f"— ({r['status']})"
                     for t, (_, r) in zip(labels, rows.iterrows(), strict=False)
                 ]
+                opacity = [0.35 if r.get("emulated") else 1.0 for _, r in rows.iterrows()]
+            else:
+                opacity = [1.0] * len(rows)
             fig.add_trace(
                 go.Bar(
                     x=x,
@@ -213,6 +221,7 @@ def capacity_figure(latest: pd.DataFrame) -> go.Figure:
                     offsetgroup=name,
                     marker={
                         "color": colors,
+                        "opacity": opacity,
                         "pattern": {"shape": pattern, "fgcolor": "#fff", "solidity": 0.3},
                         "line": {"color": "#333", "width": 1},
                     },
@@ -307,7 +316,7 @@ def build(data: SiteData) -> Page:
             )
             rec = derive.recommend(rows, machine, data.records)
             inner = head + recommendation_html(rec, rows, data.accuracy) + findings_html(rec, rows, data.records)
-            inner += machine_table(rows, data.accuracy, rec.run_id)
+            inner += emulated_note(rows) + machine_table(rows, data.accuracy, rec.run_id)
             anchor = (
                 f"m-{machine}" if title == machine else f"m-{machine}-" + hashlib.sha1(setup.encode()).hexdigest()[:8]
             )

@@ -7,7 +7,18 @@ from __future__ import annotations
 import pandas as pd
 import plotly.graph_objects as go
 
-from kvbench.dashboards.components import Page, empty, fmt, hover_data, hover_template, note, section, slug, table
+from kvbench.dashboards.components import (
+    Page,
+    empty,
+    emulated_note,
+    fmt,
+    hover_data,
+    hover_template,
+    note,
+    section,
+    slug,
+    table,
+)
 from kvbench.dashboards.data import SiteData
 from kvbench.dashboards.theme import color, esc, ordered, style, symbol
 
@@ -36,8 +47,11 @@ def front_figure(rows: pd.DataFrame, title: str, y: str, y_title: str) -> go.Fig
             ]
             if pts.empty:
                 continue
-            name = esc(f"{dtype} · {machine}") if len(machines) > 1 else esc(dtype)
-            on = pts[pts["on_front"]].sort_values("user_tps")
+            emulated = bool(pts["emulated"].fillna(False).astype(bool).any()) if "emulated" in pts else False
+            label = f"{dtype} (emulated)" if emulated else dtype
+            name = esc(f"{label} · {machine}") if len(machines) > 1 else esc(label)
+            # An emulated dtype's points are the emulation's speed: drawn grey and hollow, never as a front.
+            on = pts.iloc[0:0] if emulated else pts[pts["on_front"]].sort_values("user_tps")
             custom = hover_data(pts, extra=["concurrency", "kv_cache_dtype", "phase"])
             fig.add_trace(
                 go.Scatter(
@@ -46,10 +60,13 @@ def front_figure(rows: pd.DataFrame, title: str, y: str, y_title: str) -> go.Fig
                     mode="markers",
                     name=name,
                     legendgroup=name,
-                    showlegend=False,
+                    showlegend=emulated,
+                    opacity=0.4 if emulated else 1.0,
                     marker={
                         "color": color(dtype),
-                        "symbol": [symbol(dtype) if f else f"{symbol(dtype)}-open" for f in pts["on_front"]],
+                        "symbol": [
+                            symbol(dtype) if f and not emulated else f"{symbol(dtype)}-open" for f in pts["on_front"]
+                        ],
                         "size": 9,
                         "line": {"width": 1.5, "color": color(dtype)},
                     },
@@ -152,7 +169,9 @@ def build(data: SiteData) -> Page:
             inner += note(
                 "Energy per token: not measured on these machines (no NVML GPU power, no readable RAPL counters)."
             )
-        best = group[group["on_front"]].sort_values(["machine", "kv_cache_dtype", "concurrency"]).copy()
+        inner += emulated_note(group)
+        emulated = group["emulated"].fillna(False).astype(bool) if "emulated" in group else False
+        best = group[group["on_front"] & ~emulated].sort_values(["machine", "kv_cache_dtype", "concurrency"]).copy()
         best["usd"] = [fmt(v, 4) for v in best["usd_per_m_output"]]
         best["slo"] = [{True: "met", False: "missed"}.get(v, "—") for v in best["meets_slo"]]
         for col, digits in (("user_tps", 1), ("output_tps_per_gpu", 0), ("ttft_p95_ms", 1), ("tpot_p95_ms", 2)):

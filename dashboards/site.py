@@ -75,6 +75,7 @@ table.data td.num { text-align:right; font-variant-numeric:tabular-nums; }
 .recommend .pick { font-size:20px; font-weight:700; }
 .badge { display:inline-block; border:1.5px solid; border-radius:10px; padding:0 8px; \
 font-size:12px; font-weight:600; background:#fff; }
+.emulated { color:#9aa1a9; font-style:italic; text-decoration:underline dotted; cursor:help; }
 .chip { display:inline-block; width:11px; height:11px; border-radius:2px; margin-right:6px; vertical-align:-1px; }
 code, pre { font-family:ui-monospace,SFMono-Regular,Menlo,Consolas,monospace; font-size:12.5px; }
 pre { background:#f3f4f6; padding:8px; border-radius:4px; white-space:pre-wrap; max-height:220px; overflow:auto; }

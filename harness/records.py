@@ -267,8 +267,12 @@ class DtypeResult(_Model):
     # task accuracy by condition (rest / load / during_load): harness/quality.py; items in the evals Parquet
     eval: dict[str, Any] | None = None
     front: Front | None = None
+    # True where the dtype ran through an emulation that stores the real format but computes differently
+    # from a GPU (kvbench's CPU NVFP4 backend): its capacity, admission, prefix caching and accuracy count;
+    # its speed numbers (SPEED_FIELDS, the front, cost, energy) are kept but never compared or tracked.
     emulated: bool = False
-    implementation: dict | None = None
+    # what served the dtype when it was not the installed vLLM's own code: {"name", "version", "why", ...}
+    implementation: dict[str, Any] | None = None
 
     def phase(self, kind: PhaseKind) -> Phase | None:
         """The first phase of a kind (for FIXED: the headline load)."""
@@ -822,6 +826,36 @@ def fixed_phase(dtype_result: dict) -> dict | None:
     return next((p for p in dtype_result.get("phases") or [] if p.get("kind") == PhaseKind.FIXED), None)
 
 
+# Headline numbers that measure speed (latency, throughput, and the SLO-measured concurrency, which latency
+# decides): for an emulated dtype they describe the emulation, not the format, so claims, regress, the asv
+# series and the recommendation's speed ranking never use them (representative()).
+SPEED_FIELDS = frozenset(
+    {
+        "measured_max_concurrency",
+        "ttft_p50_ms",
+        "ttft_p95_ms",
+        "tpot_p50_ms",
+        "tpot_p95_ms",
+        "itl_p95_ms",
+        "e2e_p95_ms",
+        "request_throughput_rps",
+        "output_throughput_tps",
+        "goodput_rps",
+    }
+)
+EMULATED_SPEED_REASON = (
+    "emulated: speed of kvbench's CPU NVFP4 backend (torch quantization on write, bf16 attention over a decoded "
+    "copy; none of NVFP4's 3.56x memory-traffic saving), not what a GPU shows"
+)
+
+
+def representative(numbers: dict, emulated: bool) -> dict:
+    """Headline numbers with the speed ones blanked (None) for an emulated dtype."""
+    if not emulated:
+        return dict(numbers)
+    return {k: (None if k in SPEED_FIELDS else v) for k, v in numbers.items()}
+
+
 def headline(dtype_result: dict) -> dict:
     """The numbers a reader compares across dtypes, from the fixed-load phase and the capacity block."""
     cap = dtype_result.get("capacity") or {}
@@ -930,6 +964,7 @@ def summary_rows(doc: dict, path: Path | None = None) -> list[dict]:
                 "model": config.get("model_name") or config.get("model"),
                 "kv_cache_dtype": d.get("kv_cache_dtype"),
                 "kv_dtype_confirmed": d.get("kv_dtype_confirmed"),
+                "emulated": bool(d.get("emulated")),
                 "status": d.get("status"),
                 "error": d.get("error"),
                 "context": model.get("context") or config.get("max_model_len"),

@@ -107,6 +107,7 @@ class RunPlan:
     warmup_requests: int = RUN["warmup_requests"]
     model_name: str | None = None  # how records name the model (the tiny model's short name, an HF id, the served id)
     unsupported: dict[str, str] = field(default_factory=dict)  # dtype -> why it is recorded, not run
+    emulated: dict[str, dict] = field(default_factory=dict)  # dtype -> the emulation that serves it (kvsupport)
     client_realtime: bool = False  # SCHED_FIFO for the client (see harness/clientsched.py), where permitted
     agreement_prompts: int = RUN["agreement_prompts"]  # end-to-end accuracy vs auto (harness/agreement.py); 0: off
     agreement_tokens: int = RUN["agreement_tokens"]
@@ -154,6 +155,7 @@ class RunPlan:
             "max_model_len": self.max_model_len,
             "stall_timeout_s": self.stall_timeout_s,
             "unsupported": self.unsupported,
+            "emulated": self.emulated,
             "client_realtime": self.client_realtime,
             "agreement": {
                 "prompts": self.agreement_prompts,
@@ -245,6 +247,8 @@ class Runner:
             if dtype in self.plan.unsupported:
                 result.status, result.error = DtypeStatus.UNSUPPORTED, self.plan.unsupported[dtype]
             else:
+                if dtype in self.plan.emulated:
+                    result.emulated, result.implementation = True, dict(self.plan.emulated[dtype])
                 await self._one_dtype(dtype, result)
             self.flush()
 
@@ -293,6 +297,8 @@ class Runner:
                     await asyncio.to_thread(server.wait_ready, None, None)
                 except ServerStartError as exc:
                     result.status, result.error, result.log_tail = DtypeStatus.FAILED, str(exc), exc.log_tail
+                    return
+                if result.emulated and not _emulation_active(server, result):
                     return
                 endpoint = Endpoint(server.base_url)
             headers = endpoint.headers
@@ -797,6 +803,8 @@ class Runner:
             summary = ph.summary.model_dump()
             met = plan.slo.check(ph.summary)[0] if plan.slo else None
             pts.append(front.point(c, ph.name, summary, plan.gpus, met))
+        if result.emulated:  # the emulation's speed: its points are kept, but it has no front, best point or cost
+            return Front(gpus=plan.gpus, points=[p.as_dict() for p in pts])
         front.mark_front(pts)
         front.price(pts, plan.price_per_gpu_hour)
         target = plan.target_user_tps or (1000.0 / plan.slo.tpot_ms if plan.slo and plan.slo.tpot_ms else None)
@@ -889,6 +897,21 @@ def _server_info(facts: ServerFacts, server: VllmServer | None) -> ServerInfo:
         block_size=_int(cc.get("block_size")),
         num_gpu_blocks=_int(cc.get("num_gpu_blocks")),
     )
+
+
+def _emulation_active(server: VllmServer, result: DtypeResult) -> bool:
+    """The server's log says kvbench's emulation built its layers; else the dtype fails here (the stock
+    code would have served it, wrongly)."""
+    from kvbench.kernels.vllm_plugin import ACTIVE_MARK
+
+    line = next((x for x in server.log_lines() if ACTIVE_MARK in x and " active: " in x), None)
+    if line is None:
+        result.status, result.log_tail = DtypeStatus.FAILED, server.log_tail()
+        name = result.implementation["name"]
+        result.error = f"{name} did not load in the server (no '{ACTIVE_MARK} ... active' line in its log)"
+        return False
+    result.implementation["log"] = line.split("] ", 1)[-1].strip()
+    return True
 
 
 def _one_line(exc: BaseException) -> str:
@@ -1024,7 +1047,7 @@ def comparisons(record: RunRecord) -> list[dict]:
         return []
     out = []
     for d in record.dtypes:
-        if d.kv_cache_dtype == "auto" or d.status != DtypeStatus.OK:
+        if d.kv_cache_dtype == "auto" or d.status != DtypeStatus.OK or d.emulated:  # emulated speed: not compared
             continue
         row: dict = {"kv_cache_dtype": d.kv_cache_dtype, "metrics": {}, "cost": {}}
         for metric, st in (d.fixed_stats or {}).items():

@@ -51,6 +51,10 @@ UNITS = {
     "ttft_speedup": "x",
     "external": "",
 }
+# Which runs may supply a claim's measured value: only runs of the claim's model (at its context and budget), or
+# runs of any model, for claims about the format itself (a capacity ratio, an accuracy loss "across benchmarks");
+# the value then names the model and run it came from.
+MEASURED_ON = ("claim-model", "any-model")
 # Workloads whose requests share prefixes, so vLLM's prefix cache can hit (harness/workload.py kinds).
 PREFIX_SHARING_WORKLOADS = ("shared-prefix", "multi-turn", "trace")
 
@@ -175,6 +179,8 @@ def load_claims(path: str | Path | None = None) -> dict:
                 raise UsageError(f"{file}: claim #{i + 1} lacks '{key}'")
         if claim["quantity"] not in QUANTITIES:
             raise unknown_choice(f"quantity in claim {claim['id']!r}:", claim["quantity"], QUANTITIES)
+        if claim.get("measured_on", MEASURED_ON[0]) not in MEASURED_ON:
+            raise unknown_choice(f"measured_on in claim {claim['id']!r}:", str(claim["measured_on"]), MEASURED_ON)
         for key, value in defaults.items():
             claim.setdefault(key, value)
         if "source" in claim:  # a claim quoted from another publication than the file's
@@ -250,9 +256,12 @@ def derive(claim: dict) -> tuple[float | None, str]:
     raise AssertionError(quantity)
 
 
-def evaluate(doc: dict, measured: Mapping[str, float] | None = None) -> list[Verdict]:
-    """Verdicts for every claim; `measured` maps a claim id to a value a kvbench run measured."""
-    measured = measured or {}
+def evaluate(
+    doc: dict, measured: Mapping[str, float] | None = None, notes: Mapping[str, str] | None = None
+) -> list[Verdict]:
+    """Verdicts for every claim; `measured` maps a claim id to a value a kvbench run measured, `notes` to why a
+    run that matched it gave none (measured_values fills both)."""
+    measured, notes = measured or {}, notes or {}
     out = []
     for claim in doc["claims"]:
         derived, how = derive(claim)
@@ -277,6 +286,8 @@ def evaluate(doc: dict, measured: Mapping[str, float] | None = None) -> list[Ver
             verdict, delta = _verdict(
                 float(claim["claimed"]), derived, claim["tolerance_pct"], claim.get("exact", False)
             )
+        if claim["id"] in notes:
+            how = f"{how}; {notes[claim['id']]}"
         out.append(
             Verdict(
                 id=claim["id"],
@@ -297,7 +308,7 @@ def evaluate(doc: dict, measured: Mapping[str, float] | None = None) -> list[Ver
     return out
 
 
-def measured_values(doc: dict, runs) -> dict[str, float]:
+def measured_values(doc: dict, runs, notes: dict[str, str] | None = None) -> dict[str, float]:
     """Claim id -> the value a kvbench run measured, where a run matches the claim's conditions.
 
     `runs` is `kvbench.harness.records.summary_frame(...)`. Only the engine's own numbers count
@@ -307,19 +318,26 @@ def measured_values(doc: dict, runs) -> dict[str, float]:
     from kvbench.models import catalog as model_catalog
 
     out: dict[str, float] = {}
+    notes = {} if notes is None else notes  # claim id -> why a run did not give a value (kept for the output)
     if runs is None or runs.empty:
         return out
     ok = runs[runs["status"] == "ok"]
     models = model_catalog()
     for claim in doc.get("claims", []):
         measure, budget_gb = claim.get("measure"), claim.get("kv_budget_gb")
+        any_model = claim.get("measured_on") == "any-model"
         if measure == "accuracy_drop_points":
-            drop = _accuracy_drop(ok, claim, models)
+            drop = _accuracy_drop(ok, claim, models, notes if any_model else None)
             if drop is not None:
                 out[claim["id"]] = drop
             continue
+        if any_model and measure == "engine_capacity_ratio":
+            ratio = _capacity_ratio_any_model(ok, claim, notes)
+            if ratio is not None:
+                out[claim["id"]] = ratio
+            continue
         if measure == "prefix_cache_ttft_speedup":
-            speedup = _prefix_cache_ttft_speedup(ok, claim)
+            speedup = _prefix_cache_ttft_speedup(ok, claim, notes)
             if speedup is not None:
                 out[claim["id"]] = speedup
             continue
@@ -345,23 +363,29 @@ def measured_values(doc: dict, runs) -> dict[str, float]:
     return {k: v for k, v in out.items() if v == v}  # drop NaN
 
 
-def _newest_first(match, column: str):
-    """`column` by KV dtype for each run in `match`, the newest run first (each named by its run id)."""
+def _newest_first(match):
+    """Each run's rows in `match` indexed by KV dtype, the newest run first."""
     for run_id in reversed(list(dict.fromkeys(match.sort_values("created_at")["run_id"]))):
-        yield match[match["run_id"] == run_id].set_index("kv_cache_dtype")[column].rename(run_id)
+        yield match[match["run_id"] == run_id].set_index("kv_cache_dtype")
 
 
-def _accuracy_drop(runs, claim: dict, models: dict) -> float | None:
-    """Points of task accuracy the claim's dtype lost against auto, in the newest run of the claim's model
-    that evaluated both: the largest paired drop among the comparisons its verdict rests on (kvbench.verdict,
-    the function report and the pages use), else the difference at rest."""
+def _accuracy_drop(runs, claim: dict, models: dict, notes: dict | None) -> float | None:
+    """Points of task accuracy the claim's dtype lost against auto, in the newest run that evaluated both (a
+    run of the claim's model, or of any model when `notes` is given: it then says which model and run): the
+    largest paired drop among the comparisons kvbench.verdict judged it on (the function report and the pages
+    use), else the difference at rest when the record is not at hand."""
     if "task_accuracy_rest" not in runs:
         return None
-    names = {claim.get("model"), (models.get(claim.get("model")) or {}).get("hf_id")} - {None}
-    match = runs[runs["model"].isin(names) & runs["task_accuracy_rest"].notna()]
-    for by in _newest_first(match, "task_accuracy_rest"):
+    match = runs[runs["task_accuracy_rest"].notna()]
+    if notes is None:
+        names = {claim.get("model"), (models.get(claim.get("model")) or {}).get("hf_id")} - {None}
+        match = match[match["model"].isin(names)]
+    for run in _newest_first(match):
+        by = run["task_accuracy_rest"]
         if {claim.get("dtype"), "auto"} <= set(by.index):
-            path = match[match["run_id"] == by.name]["path"].iloc[0] if "path" in match else None
+            if notes is not None:
+                notes[claim["id"]] = _measured_where(run, claim)
+            path = run["path"].iloc[0] if "path" in run else None
             tests = _verdict_tests(path, claim["dtype"])
             if tests:
                 return max(t.drop for t in tests)
@@ -374,20 +398,63 @@ def _verdict_tests(path: str | None, dtype: str) -> tuple:
     from kvbench.harness.records import read_record
     from kvbench.verdict import decide
 
+    if not isinstance(path, str):  # a frame built without paths (or a NaN)
+        return ()
     try:
-        verdicts = decide(read_record(path)).dtypes if path else {}
+        verdicts = decide(read_record(path)).dtypes
     except UsageError:
         return ()
     return verdicts[dtype].accuracy.tests if dtype in verdicts else ()
 
 
-def _prefix_cache_ttft_speedup(runs, claim: dict) -> float | None:
+def _capacity_ratio_any_model(runs, claim: dict, notes: dict) -> float | None:
+    """The engine's max concurrency of the claim's dtype over its baseline's, in the newest run with both."""
+    pair = [claim.get("dtype"), claim.get("baseline")]
+    if "engine_max_concurrency" not in runs:
+        return None
+    for run in _newest_first(runs[runs["engine_max_concurrency"].notna()]):
+        if set(pair) <= set(run.index) and run.at[pair[1], "engine_max_concurrency"] > 0:
+            notes[claim["id"]] = _measured_where(run, claim)
+            return float(run.at[pair[0], "engine_max_concurrency"] / run.at[pair[1], "engine_max_concurrency"])
+    return None
+
+
+def _measured_where(run, claim: dict) -> str:
+    """Which run a format-level claim's measured value came from (and that it was emulated, where it was)."""
+    row = run.loc[claim.get("dtype")]
+    emulated = " (emulated on CPU: capacity and accuracy are what the format stores)" if row.get("emulated") else ""
+    where = " ".join(str(x) for x in (row.get("machine"), "run", row.get("run_id")) if x is not None)
+    return f"measured on {row.get('model')}, {where}{emulated}"
+
+
+def _prefix_cache_ttft_speedup(runs, claim: dict, notes: dict[str, str]) -> float | None:
     """The baseline's TTFT P50 over the claim's dtype's, in the newest run of a prefix-sharing workload where
-    both served it (any model: such a claim names none). Where a cache holds more prefixes, more requests hit."""
+    both served it (any model: such a claim names none). Where a cache holds more prefixes, more requests hit.
+    A run where either side was emulated has no speed to compare: it leaves a note with the two prefix-cache hit
+    rates instead (what the emulation does measure) and the search goes on to older runs."""
     if "workload_kind" not in runs:
         return None
     match = runs[runs["workload_kind"].isin(PREFIX_SHARING_WORKLOADS) & runs["ttft_p50_ms"].notna()]
-    for by in _newest_first(match, "ttft_p50_ms"):
-        if {claim.get("dtype"), claim.get("baseline")} <= set(by.index) and by[claim["dtype"]] > 0:
-            return float(by[claim["baseline"]] / by[claim["dtype"]])
+    pair = [claim.get("dtype"), claim.get("baseline")]
+    for run in _newest_first(match):
+        if not set(pair) <= set(run.index) or not run.at[pair[0], "ttft_p50_ms"] > 0:
+            continue
+        if "emulated" in run and run.loc[pair, "emulated"].astype(bool).any():
+            if claim["id"] not in notes:
+                notes[claim["id"]] = _emulated_hit_note(run, pair)
+            continue
+        return float(run.at[pair[1], "ttft_p50_ms"] / run.at[pair[0], "ttft_p50_ms"])
     return None
+
+
+def _emulated_hit_note(run, pair: list[str]) -> str:
+    emulated = [d for d in pair if bool(run.at[d, "emulated"])]
+    hits = {d: run.at[d, "prefix_hit_rate"] if "prefix_hit_rate" in run else None for d in pair}
+    text = f"not checkable on {', '.join(emulated)}: its TTFT is emulated (run {run['run_id'].iloc[0]})"
+    if all(h is not None and h == h for h in hits.values()):
+        ratio = f"{hits[pair[0]] / hits[pair[1]]:.2f}x" if hits[pair[1]] else "n/a"
+        text += (
+            f"; prefix-cache hit rate {pair[0]} {hits[pair[0]]:.1%} vs {pair[1]} {hits[pair[1]]:.1%} "
+            f"({ratio}), which the emulation measures"
+        )
+    return text

@@ -96,7 +96,6 @@ def serving_numbers(root: Path, model: str | None = None) -> dict:
     from kvbench.datafiles import load_toml
     from kvbench.harness.defaults import build_plan
     from kvbench.harness.machine import nvml_gpus
-    from kvbench.harness.records import headline
     from kvbench.harness.runner import execute
     from kvbench.harness.vllm_info import accepted_kv_dtypes
 
@@ -127,8 +126,22 @@ def serving_numbers(root: Path, model: str | None = None) -> dict:
     # asv's timeout terminates us: execute() turns SIGTERM into a clean stop and keeps the partial record
     record, path = execute(plan, extra=extra, on_finish=after)
     doc = record.as_doc()
-    by_dtype = {d["kv_cache_dtype"]: {"status": d["status"], **headline(d)} for d in doc["dtypes"]}
-    return {"run_id": doc["run_id"], "record": str(path), "status": doc["status"], "dtypes": by_dtype}
+    return {"run_id": doc["run_id"], "record": str(path), "status": doc["status"], "dtypes": _tracked(doc)}
+
+
+def _tracked(doc: dict) -> dict:
+    """{dtype: {"status", "emulated", **headline}} as the asv tracks read them: an emulated dtype's speed numbers
+    are blanked, so its speed series stay n/a and never reach `kvbench regress`."""
+    from kvbench.harness.records import headline, representative
+
+    return {
+        d["kv_cache_dtype"]: {
+            "status": d["status"],
+            "emulated": bool(d.get("emulated")),
+            **representative(headline(d), bool(d.get("emulated"))),
+        }
+        for d in doc["dtypes"]
+    }
 
 
 def prefix_numbers(root: Path, model: str | None = None) -> dict:
@@ -137,7 +150,6 @@ def prefix_numbers(root: Path, model: str | None = None) -> dict:
     from kvbench.datafiles import load_toml
     from kvbench.harness.defaults import build_plan
     from kvbench.harness.machine import nvml_gpus
-    from kvbench.harness.records import headline
     from kvbench.harness.runner import execute
 
     gpus, _ = nvml_gpus()
@@ -158,11 +170,7 @@ def prefix_numbers(root: Path, model: str | None = None) -> dict:
         eval_tasks=[],
     )
     record, path = execute(plan, extra={"asv": asv_link(root)})
-    doc = record.as_doc()
-    return {
-        "record": str(path),
-        "dtypes": {d["kv_cache_dtype"]: {"status": d["status"], **headline(d)} for d in doc["dtypes"]},
-    }
+    return {"record": str(path), "dtypes": _tracked(record.as_doc())}
 
 
 def accuracy_numbers() -> dict:

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from kvbench import verdict_accuracy as acc
 from kvbench import verdict_speed as speed
 from kvbench.harness.findings import FindingKind
-from kvbench.harness.records import DtypeResult, DtypeStatus, Finding, RunRecord
+from kvbench.harness.records import EMULATED_SPEED_REASON, DtypeResult, DtypeStatus, Finding, RunRecord
 
 REFERENCE = "auto"
 TIE_BREAK = "ties go to the more precise dtype (auto, then fp8, then nvfp4)"
@@ -229,7 +229,7 @@ def _verdict(record: RunRecord, d: DtypeResult, accuracy: acc.AccuracyVerdict, p
     if d.kv_cache_dtype == REFERENCE and accuracy.degrades_under_load:
         notes.append(accuracy.under_load_text())
     if d.emulated:
-        note = "emulated: its speed is the emulation's, not a GPU's, and does not rank"
+        note = EMULATED_SPEED_REASON + "; not ranked on speed"
         if reasons:
             notes.append(note)
         else:

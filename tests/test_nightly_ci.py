@@ -106,15 +106,38 @@ def test_workflow_runs_the_nightly_on_every_configured_gpu_then_merges_and_publi
     uploads = [s for s in gpu["steps"] if str(s.get("uses", "")).startswith("actions/upload-artifact")]
     assert any("results/${{ steps.machine.outputs.name }}/" in s["with"]["path"] for s in uploads)
     assert all(s.get("if", "").startswith("always()") for s in uploads)  # a failed night still uploads
+    assert gpu["if"] == "(inputs.runner || vars.KVBENCH_RUNNER || 'sky') == 'self-hosted'"  # the option kept
     merge = wf["jobs"]["merge"]
-    assert merge["needs"] == "gpu" and merge["if"] == "always()"
+    assert merge["needs"] == "gpu" and merge["if"] == "always() && needs.gpu.result != 'skipped'"
     merge_runs = "\n".join(s.get("run", "") for s in merge["steps"])
     assert "kvbench regress" in merge_runs and "kvbench dashboard" in merge_runs and "git push" in merge_runs
     assert any(str(s.get("uses", "")).startswith("actions/upload-pages-artifact") for s in merge["steps"])
     pages = wf["jobs"]["pages"]
-    assert pages["needs"] == "merge" and pages["permissions"] == {"pages": "write", "id-token": "write"}
+    assert pages["needs"] == ["fleet", "merge"] and pages["permissions"] == {"pages": "write", "id-token": "write"}
     assert pages["steps"][0]["uses"].startswith("actions/deploy-pages")
     assert wf["permissions"] == {"contents": "read"}  # write only where a job needs it
+
+
+def test_the_default_night_needs_no_gpu_runner_launches_waits_merges_gates_and_publishes():
+    wf = load_yaml(WORKFLOW)
+    assert wf["on"]["workflow_dispatch"]["inputs"]["runner"]["options"] == ["sky", "self-hosted"]
+    fleet = wf["jobs"]["fleet"]
+    assert fleet["runs-on"] == "ubuntu-latest" and fleet["if"].endswith("== 'sky'")
+    assert fleet["timeout-minutes"] <= 360  # GitHub-hosted runners stop at 6 hours
+    env = fleet["env"]
+    assert env["HF_TOKEN"] == "${{ secrets.HF_TOKEN }}" and env["AWS_SECRET_ACCESS_KEY"].startswith("${{ secrets.")
+    runs = "\n".join(s.get("run", "") for s in fleet["steps"])
+    assert "skypilot" in runs and "kvbench nightly --config" in runs and "--launch sky" in runs
+    wait = int(runs.split("--wait ", 1)[1].split()[0])
+    assert wait < fleet["timeout-minutes"]  # the wait gives up (and cancels the shards) before the job is killed
+    assert "kvbench nightly --merge fleet/plan.json" in runs and "git push" in runs and "commits.bundle" in runs
+    steps = {s.get("id"): s for s in fleet["steps"] if s.get("id")}
+    assert steps["launch"]["continue-on-error"] and steps["merge"]["continue-on-error"]  # pages go out anyway
+    assert any(str(s.get("uses", "")).startswith("actions/upload-pages-artifact") for s in fleet["steps"])
+    assert "exit 1" in fleet["steps"][-1]["run"]  # ... and then the job fails on a regression or a failed shard
+    assert fleet["permissions"] == {"contents": "write"}
+    pages = wf["jobs"]["pages"]
+    assert "needs.fleet.outputs.pages == 'true'" in pages["if"]
 
 
 def test_workflow_and_sky_call_only_existing_nightly_options():
@@ -128,7 +151,7 @@ def test_workflow_and_sky_call_only_existing_nightly_options():
         for p in typer.main.get_command_from_info(cmd, pretty_exceptions_short=True, rich_markup_mode=None).params
         for o in p.opts
     }
-    for path in (WORKFLOW, SKY_TASK):
+    for path in (WORKFLOW, SKY_TASK, ROOT / "sky" / "shard.sh"):
         for line in path.read_text().splitlines():
             if "kvbench nightly" in line and not line.lstrip().startswith("#"):
                 for word in line.split("kvbench nightly", 1)[1].split():

@@ -588,9 +588,8 @@ def test_bundled_files_regenerate_to_the_same_bytes_and_match_bundle_toml(tok):
     assert measured["trace"]["requests"] == recipe["trace"]["requests"]
 
 
-def test_the_readme_examples_are_valid_specs(tmp_path):
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-    section = readme.split("## Traffic like production: workloads", 1)[1].split("\n## ", 1)[0]
+def test_the_documented_examples_are_valid_specs(tmp_path):
+    section = (Path(__file__).resolve().parents[1] / "docs" / "guide" / "workloads.md").read_text()
     toml = section.split("```toml\n", 1)[1].split("```", 1)[0]
     bundled = {"sharegpt": "sharegpt-small.json", "jsonl": "requests-small.jsonl", "trace": "trace-small.jsonl"}
     lines = []

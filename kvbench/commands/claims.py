@@ -57,7 +57,8 @@ def command(
     ] = Path("results"),
 ) -> int:
     doc = load_claims(file)
-    verdicts = evaluate(doc, measured_values(doc, _runs(results)))
+    notes: dict[str, str] = {}
+    verdicts = evaluate(doc, measured_values(doc, _runs(results), notes), notes)
     failed = [v for v in verdicts if v.verdict == "fails"]
     if as_json:
         print_json({"title": doc.get("title"), "source": doc["source"].as_dict(), "claims": verdicts})

@@ -1,7 +1,8 @@
 """`kvbench nightly`: detect the GPU, run the configured matrix through the harness, add the asv history
 point, gate regressions, build the dashboard; exit 1 on a regression or a failed run, with the reasons.
 `--dry-run` checks the config and prints every machine's plan with its estimated minutes, GPU-hours and
-cost, and starts nothing. The config, the matrix and the estimate are kvbench.nightly."""
+cost (and its shards), and starts nothing. The config, the matrix and the estimate are kvbench.nightly.
+The fleet (`--shards`/`--shard`, `--launch sky`, `--merge`) is kvbench/commands/nightly_fleet.py."""
 
 from __future__ import annotations
 
@@ -22,7 +23,8 @@ NAME = "nightly"
 HELP = (
     "One night on this machine: the configured models x workloads x SLOs through the harness, an asv history point, "
     "the regression gate and the dashboard; exit 1 on a regression or a failed run. --dry-run prints every machine's "
-    "plan with estimated GPU-hours and cost."
+    "plan with estimated GPU-hours and cost. On a rented fleet: --launch sky runs the night's shards as SkyPilot "
+    "managed jobs, --shard I runs one, --merge gathers them into results/."
 )
 PRINTS = ("machine", "install-args", "models")
 
@@ -69,11 +71,78 @@ def command(
         ),
     ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="With --dry-run: the plans as JSON.")] = False,
+    shards: Annotated[
+        int | None,
+        typer.Option(
+            "--shards",
+            help="Cut each section's night into N shards that run on N machines at once (default: [fleet] shards); "
+            "--dry-run prints them with minutes, cost and the night's wall-clock.",
+        ),
+    ] = None,
+    shard: Annotated[
+        int | None, typer.Option("--shard", help="Run shard I (1-based) of --shards N here, into a shard folder.")
+    ] = None,
+    shard_plan: Annotated[
+        Path | None,
+        typer.Option("--shard-plan", help="The partition the launcher computed (plan.json): who owns which entry."),
+    ] = None,
+    shard_out: Annotated[
+        Path | None,
+        typer.Option("--shard-out", help="The shard's folder (default shards/<night>/<section>/shard-I-of-N)."),
+    ] = None,
+    night: Annotated[
+        str | None, typer.Option("--night", help="The night's id, the same on every shard (default: today, UTC).")
+    ] = None,
+    launch: Annotated[
+        str | None,
+        typer.Option(
+            "--launch",
+            help="sky: write one SkyPilot task per shard (sky/nightly.yaml) and submit them as managed jobs; "
+            "with --dry-run only the task files.",
+        ),
+    ] = None,
+    yes: Annotated[bool, typer.Option("--yes", help="Launch even when the estimate exceeds [fleet]'s budget.")] = False,
+    wait: Annotated[
+        float | None,
+        typer.Option("--wait", help="With --launch: wait up to this many minutes for the shards, cancel the rest."),
+    ] = None,
+    bucket: Annotated[
+        str | None,
+        typer.Option("--bucket", help="With --launch: where shards write (s3://... or gs://...); overrides [fleet]."),
+    ] = None,
+    fleet_dir: Annotated[
+        Path | None, typer.Option("--fleet-dir", help="Where --launch writes the task files (default fleet/<night>).")
+    ] = None,
+    merge: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--merge",
+            help="Merge a night's shards into results/: shard folders, a bucket path (s3://, gs://) or the "
+            "launcher's plan.json; then the gate, the dashboard and the summary. Repeatable.",
+        ),
+    ] = None,
 ) -> int:
+    from kvbench.commands import nightly_fleet as fleet
     from kvbench.nightly import config as nconfig
     from kvbench.nightly.estimate import estimate_machine, fits, model_spec
     from kvbench.nightly.matrix import expand
 
+    fleet.check_flags(
+        shards=shards,
+        shard=shard,
+        shard_plan=shard_plan,
+        shard_out=shard_out,
+        night=night,
+        launch=launch,
+        merge=merge,
+        wait=wait,
+        yes=yes,
+        bucket=bucket,
+        dry_run=dry_run,
+        print_what=print_what,
+    )
+    if merge:
+        return fleet.merge(merge, asv_config, out)
     cfg, cfg_path = nconfig.load(config)
     if gpu is not None and gpu not in cfg.machines:
         raise UsageError(
@@ -90,6 +159,11 @@ def command(
             if (why := fits(model_spec(model), plan)) is not None:
                 raise UsageError(f"[machines.{plan.key}]: {why}")
     estimates = {k: estimate_machine(cfg, p, prices) for k, p in plans.items()}
+    if launch:
+        ctx = {"cfg": cfg, "cfg_path": cfg_path, "plans": plans, "estimates": estimates, "gpu": gpu, "bucket": bucket}
+        return fleet.launch(ctx, keys, shards, yes, wait, fleet_dir, dry_run)
+    n_shards = shards or (cfg.fleet.shards if cfg.fleet.shards > 1 else None)
+    sharded = fleet.shard_plans(plans, estimates, n_shards) if dry_run and n_shards else {}
 
     if dry_run:
         detected = _detected_key(cfg)
@@ -98,7 +172,13 @@ def command(
                 {
                     "config": str(cfg_path),
                     "detected": detected,
-                    "machines": [_plan_json(cfg, plans[k], estimates[k]) for k in keys],
+                    "machines": [
+                        {
+                            **_plan_json(cfg, plans[k], estimates[k]),
+                            **({"shards": fleet.shards_json(sharded[k])} if k in sharded else {}),
+                        }
+                        for k in keys
+                    ],
                     "assumptions": assumptions(cfg),
                 }
             )
@@ -109,6 +189,8 @@ def command(
             )
             for k in keys:
                 render_plan(cfg, plans[k], estimates[k], k == detected)
+                if k in sharded:
+                    fleet.render_shards(sharded[k], plans[k])
             console.print("[bold]assumptions[/]")
             for line in assumptions(cfg):
                 console.print(escape(f"  - {line}"))
@@ -127,13 +209,14 @@ def command(
 
     if as_json:
         raise UsageError("--json goes with --dry-run (a run writes its summary to results/<machine>/nightly/)")
-    return _run(cfg, cfg_path, gpu, estimates, plans, asv_config, out)
+    one = {"shards": shards, "shard": shard, "shard_plan": shard_plan, "shard_out": shard_out, "night": night}
+    return _run(cfg, cfg_path, gpu, estimates, plans, asv_config, out, one if shard is not None else None)
 
 
 # -- the run ------------------------------------------------------------------------------------------
 
 
-def _run(cfg, cfg_path, gpu, estimates, plans, asv_config: Path, out: Path | None) -> int:
+def _run(cfg, cfg_path, gpu, estimates, plans, asv_config: Path, out: Path | None, one: dict | None = None) -> int:
     from kvbench.nightly import vllm
     from kvbench.nightly.estimate import estimate_machine
     from kvbench.nightly.matrix import expand
@@ -144,6 +227,10 @@ def _run(cfg, cfg_path, gpu, estimates, plans, asv_config: Path, out: Path | Non
         raise UsageError(f"--gpu {gpu} does not match this machine ({target.key}); a run measures the GPU it is on")
     plan = plans.get(target.key) or expand(cfg, target.key)
     est = estimates.get(target.key) or estimate_machine(cfg, plan)
+    if one is not None:  # one shard: its own budget check, its own folder
+        from kvbench.commands.nightly_fleet import run_shard_here
+
+        return run_shard_here(cfg, cfg_path, plan, est, target, asv_config, out, one, _execute)
     if est.over_budget:
         raise UsageError(
             f"refused: [machines.{target.key}] estimate {est.minutes:.1f} min exceeds max_minutes {est.max_minutes:g} "
@@ -161,6 +248,19 @@ def _run(cfg, cfg_path, gpu, estimates, plans, asv_config: Path, out: Path | Non
     )
     render_plan(cfg, plan, est, True)
     night = Nightly(cfg, cfg_path, plan, target, est, asv_config, out or Path(cfg.dashboard.out), console, installed)
+    if plan.cfg.nodes > 1:  # a multi-node server: wait for every node, and name them in every record
+        from kvbench.nightly.nodes import cluster
+
+        night.nodes = cluster(plan.cfg.nodes)
+    doc = _execute(night)
+    render_summary(doc, night.path)
+    if night.interrupted:
+        return 130
+    return 0 if doc["status"] == NightStatus.OK else 1
+
+
+def _execute(night) -> dict:
+    """The night, with progress; CI's SIGTERM stops it like Ctrl-C (servers down, records kept)."""
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
 
     def _sigterm(*_):  # CI cancels with SIGTERM: stop like Ctrl-C, servers down, records kept
@@ -168,13 +268,9 @@ def _run(cfg, cfg_path, gpu, estimates, plans, asv_config: Path, out: Path | Non
 
     previous = signal.signal(signal.SIGTERM, _sigterm)
     try:
-        doc = night.run(lambda: Progress(*columns, console=console, transient=False))
+        return night.run(lambda: Progress(*columns, console=console, transient=False))
     finally:
         signal.signal(signal.SIGTERM, previous)
-    render_summary(doc, night.path)
-    if night.interrupted:
-        return 130
-    return 0 if doc["status"] == NightStatus.OK else 1
 
 
 # -- printing -----------------------------------------------------------------------------------------
@@ -226,15 +322,9 @@ def _describe_detected(key: str | None) -> str:
 
 
 def machine_folder(plan) -> str:
-    """The results folder a section's machine writes to (as kvbench.harness.machine names it)."""
-    from kvbench.harness.machine import cpu_model, gpu_machine_name, slug
+    from kvbench.nightly.matrix import machine_folder as folder
 
-    if not plan.on_gpu:
-        return f"cpu-{slug(cpu_model())}"
-    gpu = plan.gpu
-    return gpu_machine_name(
-        gpu.nvml_names[0] if gpu.nvml_names else gpu.name, gpu.device_memory_bytes, plan.cfg.tensor_parallel_size
-    )
+    return folder(plan)
 
 
 def _slo_text(slo: dict | None) -> str:

@@ -22,6 +22,29 @@ def _conc(value) -> str:
     return "—" if value is None else f"{value:,.2f}"
 
 
+def _name(d: dict) -> str:
+    """A dtype's row label: "nvfp4 (emulated)" where an emulation served it."""
+    return f"{d['kv_cache_dtype']} (emulated)" if d.get("emulated") else d["kv_cache_dtype"]
+
+
+def _speed(d: dict, text: str) -> str:
+    """A speed cell: dimmed where the dtype was emulated (kept, never compared)."""
+    return f"[dim]{text}[/]" if d.get("emulated") and text != "—" else text
+
+
+def render_emulated(doc: dict) -> None:
+    for d in doc.get("dtypes", []):
+        impl = d.get("implementation") or {}
+        if d.get("emulated"):
+            console.print(
+                f"[yellow]{d['kv_cache_dtype']} emulated[/] by {impl.get('name')} v{impl.get('version')}: it stores "
+                f"{impl.get('stores')}; attention: {impl.get('computes')}. Capacity, admission, preemptions, "
+                "prefix-cache hits and accuracy count; its speed numbers (dimmed) are "
+                + escape(str(impl.get("not_representative") or "not representative")).removeprefix("emulated: ")
+                + ", and are never compared, tracked or used to recommend."
+            )
+
+
 def render(doc: dict, path: Path | None = None) -> None:
     cfg = doc.get("config", {})
     env = doc.get("environment", {})
@@ -106,10 +129,10 @@ def render(doc: dict, path: Path | None = None) -> None:
         m = h["measured_max_concurrency"]
         m_text = "—" if m is None else f"{m}{'+' if measured.get('capped') else ''}"
         cap.add_row(
-            d["kv_cache_dtype"],
+            _name(d),
             d.get("status", "?"),
             _conc(h["engine_max_concurrency"]),
-            m_text,
+            _speed(d, m_text),
             _conc(h["model_max_concurrency"]),
             f"{h['engine_kv_tokens']:,}" if h["engine_kv_tokens"] else "—",
             f"{h['model_kv_tokens']:,}" if h["model_kv_tokens"] else "—",
@@ -119,15 +142,15 @@ def render(doc: dict, path: Path | None = None) -> None:
         load = _load_text(mode)
         reps = d.get("fixed_stats") or {}
 
-        def cell(key: str, digits: int, reps=reps, h=h) -> str:
+        def cell(key: str, digits: int, reps=reps, h=h, d=d) -> str:
             st = reps.get(key)
             if st and st.get("ci_low") is not None:
-                return f"{num(st['mean'], digits)} ±{num((st['ci_high'] - st['ci_low']) / 2, digits)}"
-            return num(h[key], digits)
+                return _speed(d, f"{num(st['mean'], digits)} ±{num((st['ci_high'] - st['ci_low']) / 2, digits)}")
+            return _speed(d, num(h[key], digits))
 
         n = max((st["n"] for st in reps.values()), default=1)
         lat.add_row(
-            d["kv_cache_dtype"],
+            _name(d),
             load + (f" x{n}" if n > 1 else ""),
             cell("ttft_p50_ms", 1),
             cell("ttft_p95_ms", 1),
@@ -155,6 +178,7 @@ def render(doc: dict, path: Path | None = None) -> None:
         "('+': the search cap was reached); model: kvbench's page-accurate prediction for the engine's KV budget."
     )
     console.print(lat)
+    render_emulated(doc)
     if any(d.get("fixed_stats") for d in doc.get("dtypes", [])):
         console.print("xN: the fixed load ran N times with fresh prompts; mean ±half-width of its 95% t interval.")
     render_workload_capacity(doc)
@@ -329,6 +353,7 @@ def render_comparisons(doc: dict) -> None:
     table = Table(title="vs auto, paired by repeat (same prompts): difference and 95% CI", title_justify="left")
     for col in ("KV dtype", "metric", "difference", "95% CI", "relative", "beyond noise?"):
         table.add_column(col, justify="left" if col in ("KV dtype", "metric") else "right")
+    emulated = {d["kv_cache_dtype"] for d in doc.get("dtypes", []) if d.get("emulated")}
     for dtype, metric, v in rows:
         if metric not in (
             "ttft_p95_ms",
@@ -344,7 +369,9 @@ def render_comparisons(doc: dict) -> None:
             num(v["mean"], 2),
             f"{num(v['ci_low'], 2)} .. {num(v['ci_high'], 2)}",
             f"{v['relative_pct']:+.1f}%" if v.get("relative_pct") is not None else "—",
-            "yes" if v.get("beyond_noise") else "no (within noise)",
+            "emulated: not compared"
+            if dtype in emulated
+            else ("yes" if v.get("beyond_noise") else "no (within noise)"),
         )
     console.print(table)
 
@@ -443,6 +470,7 @@ def render_fronts(doc: dict, record) -> None:
     fronts = [(d["kv_cache_dtype"], d["front"]) for d in doc.get("dtypes", []) if d.get("front")]
     if not fronts:
         return
+    emulated = {d["kv_cache_dtype"] for d in doc.get("dtypes", []) if d.get("emulated")}
     priced = any(f.get("price_per_gpu_hour") is not None for _, f in fronts)
     gpus = fronts[0][1].get("gpus", 1)
     per = "GPU" if (doc.get("environment") or {}).get("gpus") else "device"
@@ -466,7 +494,7 @@ def render_fronts(doc: dict, record) -> None:
             met = {True: "met", False: "missed", None: "—"}[p.get("meets_slo")]
             row = [
                 dtype,
-                f"{p['concurrency']}{'*' if p.get('on_front') else ''}",
+                f"{p['concurrency']}{'*' if p.get('on_front') and dtype not in emulated else ''}",
                 num(p.get("output_tps_per_gpu"), 0),
                 num(p.get("user_tps"), 1),
                 num(p.get("user_tps_e2e"), 1),
@@ -476,6 +504,8 @@ def render_fronts(doc: dict, record) -> None:
             ]
             if priced:
                 row.append(num(p.get("usd_per_m_output"), 3))
+            if dtype in emulated:  # the emulation's speed: kept, never a front to choose from
+                row = [f"[dim]{x}[/]" for x in [f"{dtype} (emulated)", *row[1:]]]
             table.add_row(*row)
     console.print(table)
     for dtype, f in fronts:
@@ -500,7 +530,11 @@ def render_fronts(doc: dict, record) -> None:
         elif f.get("target_user_tps"):
             parts.append(f"its front does not reach {f['target_user_tps']:.1f} tok/s per user")
         if parts:
-            console.print(f"{dtype}: " + "; ".join(parts))
+            note = " (emulated: not representative)" if dtype in emulated else ""
+            console.print(f"{dtype}{note}: " + "; ".join(parts))
+    for c in doc.get("comparisons") or []:
+        if c["kv_cache_dtype"] in emulated:
+            console.print(f"{c['kv_cache_dtype']}: no cost or throughput comparison with auto (its speed is emulated)")
     for line in cost_lines(record):  # each with the interval its throughput's uncertainty allows
         console.print(line, markup=False, highlight=False)
     energy = [(d["kv_cache_dtype"], (fixed_phase(d) or {}).get("energy")) for d in doc.get("dtypes", [])]

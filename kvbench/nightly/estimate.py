@@ -133,6 +133,8 @@ def predicted_capacity(spec, dtype: str, context: int, plan: MachinePlan) -> tup
         fmt = get_format(dtype)
     except UsageError:
         return None, f"{dtype}: not in kvbench's format catalog"
+    if plan.on_gpu and plan.cfg.nodes > 1:
+        return _pipelined_capacity(spec, fmt, context, plan)
     if plan.on_gpu:
         budget = budget_from_gpu(
             plan.gpu, spec, VLLM_DEFAULT_GPU_MEMORY_UTILIZATION, num_gpus=plan.cfg.tensor_parallel_size
@@ -144,6 +146,26 @@ def predicted_capacity(spec, dtype: str, context: int, plan: MachinePlan) -> tup
     if budget.kv_bytes <= 0:
         return 0, f"the weights leave no KV room on {plan.gpus} GPU(s)"
     row = capacity_row(spec, fmt, context, budget, plan.gpu, block)
+    users = row.users if row.scheduler_cap is None else min(row.users, row.scheduler_cap)
+    return users, row.reason
+
+
+def _pipelined_capacity(spec, fmt, context: int, plan: MachinePlan) -> tuple[int | None, str | None]:
+    """A multi-node server: tensor parallel inside each node, one pipeline stage per node; each stage sizes
+    its own pool and the group keeps the smallest (kvbench.capacity.capacity_for_ranks, as `kvbench plan`)."""
+    from kvbench.capacity import VLLM_DEFAULT_GPU_MEMORY_UTILIZATION, capacity_for_ranks
+    from kvbench.vllm_memory import predict_non_kv
+
+    est = predict_non_kv(
+        spec,
+        plan.gpu,
+        utilization=VLLM_DEFAULT_GPU_MEMORY_UTILIZATION,
+        tensor_parallel_size=plan.cfg.tensor_parallel_size,
+        pipeline_parallel_size=plan.cfg.nodes,
+    )
+    if min(stage.kv_pool.bytes for stage in est.stages) <= 0:
+        return 0, f"the weights leave no KV room on {plan.cfg.nodes} nodes x {plan.cfg.tensor_parallel_size} GPU(s)"
+    row = capacity_for_ranks(spec, [fmt], context, est, plan.gpu)[0]
     users = row.users if row.scheduler_cap is None else min(row.users, row.scheduler_cap)
     return users, row.reason
 
@@ -280,14 +302,22 @@ def estimate_machine(cfg: NightlyConfig, plan: MachinePlan, prices: dict[str, fl
 def fits(spec, plan: MachinePlan) -> str | None:
     """Why the model cannot run at this machine's tensor-parallel size, or None."""
     from kvbench.capacity import VLLM_DEFAULT_GPU_MEMORY_UTILIZATION, budget_from_gpu
+    from kvbench.formats import get_format
 
     if spec is None or not plan.on_gpu:
         return None
-    tp = plan.cfg.tensor_parallel_size
-    budget = budget_from_gpu(plan.gpu, spec, VLLM_DEFAULT_GPU_MEMORY_UTILIZATION, num_gpus=tp)
-    if budget.kv_bytes > 0:
-        return None
+    tp, nodes = plan.cfg.tensor_parallel_size, plan.cfg.nodes
+    if nodes > 1:
+        capacity, _ = _pipelined_capacity(spec, get_format("auto"), 1, plan)
+        if capacity != 0:
+            return None
+        where = f"{nodes} nodes x {tp} x {plan.key}"
+    else:
+        budget = budget_from_gpu(plan.gpu, spec, VLLM_DEFAULT_GPU_MEMORY_UTILIZATION, num_gpus=tp)
+        if budget.kv_bytes > 0:
+            return None
+        where = f"{tp} x {plan.key}"
     return (
-        f"{spec.name} does not fit on {tp} x {plan.key}: {spec.weight_bytes / 1e9:.1f} GB of weights leave no KV room "
-        f"(`kvbench plan --model {spec.name} ...` gives the tensor-parallel size); raise tensor_parallel_size"
+        f"{spec.name} does not fit on {where}: {spec.weight_bytes / 1e9:.1f} GB of weights leave no KV room "
+        f"(`kvbench plan --model {spec.name} ...` gives the tensor-parallel size); raise tensor_parallel_size or nodes"
     )

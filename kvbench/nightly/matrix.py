@@ -97,8 +97,13 @@ class MachinePlan:
 
     @property
     def gpus(self) -> int:
-        """GPUs paid for: the section's `gpus`, else its tensor-parallel size; 0 without a GPU."""
-        return 0 if not self.on_gpu else self.cfg.gpus or self.cfg.tensor_parallel_size
+        """GPUs paid for: the section's `gpus` (else its tensor-parallel size) on each of its nodes; 0 without a GPU."""
+        return 0 if not self.on_gpu else (self.cfg.gpus or self.cfg.tensor_parallel_size) * self.cfg.nodes
+
+    @property
+    def serving_gpus(self) -> int:
+        """GPUs one vLLM server spans: tensor parallel on each node x the nodes (pipeline stages)."""
+        return self.cfg.tensor_parallel_size * self.cfg.nodes
 
     @property
     def history_model(self) -> ModelRef:
@@ -120,6 +125,8 @@ def expand(cfg: NightlyConfig, key: str) -> MachinePlan:
     extra = list(m.extra_args)
     if m.tensor_parallel_size > 1:
         extra += ["--tensor-parallel-size", str(m.tensor_parallel_size)]
+    if m.nodes > 1:  # one pipeline stage per node, over the Ray cluster the SkyPilot task starts (vLLM's multi-node)
+        extra += ["--pipeline-parallel-size", str(m.nodes), "--distributed-executor-backend", "ray"]
     for model_name in m.models:
         model = resolve_model(model_name)
         for wname in m.workloads:
@@ -173,6 +180,17 @@ def expand(cfg: NightlyConfig, key: str) -> MachinePlan:
                     )
                 )
     return plan
+
+
+def machine_folder(plan: MachinePlan) -> str:
+    """The results folder a section's machine writes to (as kvbench.harness.machine names it)."""
+    from kvbench.harness.machine import cpu_model, gpu_machine_name, slug
+
+    if not plan.on_gpu:
+        return f"cpu-{slug(cpu_model())}"
+    gpu = plan.gpu
+    name = gpu.nvml_names[0] if gpu.nvml_names else gpu.name
+    return gpu_machine_name(name, gpu.device_memory_bytes, plan.serving_gpus)
 
 
 def run_plan(

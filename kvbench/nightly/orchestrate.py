@@ -68,10 +68,11 @@ def detect(cfg: NightlyConfig, tensor_parallel: dict[str, int] | None = None) ->
             f"this machine's {'GPU ' + repr(name) + ' (' + key + ')' if name else 'CPU'} has no [machines.{key}] "
             f"section in the nightly config; configured: {', '.join(cfg.machines)}"
         )
-    tp = cfg.machines[key].tensor_parallel_size
+    tp, nodes = cfg.machines[key].tensor_parallel_size, cfg.machines[key].nodes
     if gpus and len(gpus) < tp:
         raise UsageError(f"[machines.{key}] wants tensor_parallel_size {tp}, but NVML finds {len(gpus)} GPU(s)")
-    return Target(key, machine_name(tp if gpus else 1), len(gpus), name)
+    # a multi-node server spans tp x nodes GPUs: the folder is named for all of them (kvbench.nightly.nodes)
+    return Target(key, machine_name(tp * nodes if gpus else 1), len(gpus), name)
 
 
 def results_dir_of(asv_conf: Path) -> Path:
@@ -149,6 +150,7 @@ class Nightly:
         site_out: Path,
         console,
         vllm_installed: tuple[str | None, str | None],
+        night_id: str | None = None,
     ):
         from kvbench.harness.records import utc_iso
 
@@ -162,7 +164,10 @@ class Nightly:
         self.site_out = Path(site_out)
         self.console = console
         self.started_at = utc_iso()
-        self.id = f"{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}-{target.machine}"
+        # a fleet's shards share one id (kvbench.nightly.shards), so their logs and the merged summary line up
+        self.id = night_id or f"{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}-{target.machine}"
+        self.summary_path = self.results_dir / target.machine / NIGHTLY_DIR / f"{self.id}.json"
+        self.nodes: list[dict] = []  # a multi-node night's nodes (kvbench.nightly.nodes), named in every record
         self.logs = self.results_dir / target.machine / "logs" / f"nightly-{self.id}"
         self.t0 = time.monotonic()
         self.deadline = self.t0 + plan.cfg.max_minutes * 60
@@ -343,6 +348,7 @@ class Nightly:
                     "section": self.plan.key,
                     "config": str(self.cfg_path),
                     "vllm_wanted": self.plan.vllm,
+                    **({"nodes": self.nodes} if self.nodes else {}),
                 }
             }
             budget = f"stopped: the nightly budget of {self.plan.cfg.max_minutes:g} min ran out"
@@ -500,8 +506,18 @@ class Nightly:
                 out.append(f"{s.name}: {s.status} ({s.detail})")
         return out
 
+    def minutes(self) -> float:
+        return (time.monotonic() - self.t0) / 60
+
     def write_summary(self) -> dict:
-        from kvbench.harness.records import utc_iso, write_atomic
+        from kvbench.harness.records import write_atomic
+
+        doc = self.summary_doc()
+        self.path = write_atomic(self.summary_path, doc)
+        return doc
+
+    def summary_doc(self) -> dict:
+        from kvbench.harness.records import utc_iso
 
         reasons = self.reasons()
         regressed = any(s.status == StepStatus.REGRESSION for s in self.steps.values())
@@ -521,7 +537,7 @@ class Nightly:
             "vllm": {"wanted": self.plan.vllm, "package": self.vllm_installed[0], "version": self.vllm_installed[1]},
             "started_at": self.started_at,
             "finished_at": utc_iso(),
-            "minutes": (time.monotonic() - self.t0) / 60,
+            "minutes": self.minutes(),
             "budget_minutes": self.plan.cfg.max_minutes,
             "estimate_minutes": self.estimate.minutes,
             "status": status,
@@ -530,7 +546,6 @@ class Nightly:
             "entries": [asdict(e) for e in self.entries],
             "site": str(self.site_out),
         }
-        self.path = write_atomic(self.results_dir / self.target.machine / NIGHTLY_DIR / f"{self.id}.json", doc)
         return doc
 
 

@@ -1,0 +1,49 @@
+"""NVFP4 K/V in plain transformers: the independent check on kvbench's CPU NVFP4 backend (kernels/cpu_nvfp4.py).
+
+An attention function for transformers' AttentionInterface that rounds every K and V row through
+kvbench.kernels.nvfp4 (quantize with the writer's rules, decode back to the model dtype) and then runs the stock
+SDPA attention: what the backend stores and reads, with no vLLM code in the path. K arrives after RoPE, as vLLM
+caches it. Quantization is per (token, head) row, so re-rounding the whole cache at every step gives the same
+values as rounding each token once when it is written.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from kvbench.kernels import nvfp4
+
+
+def register(name: str = "kvbench_nvfp4", k_scale: float = 1.0, v_scale: float = 1.0) -> str:
+    """Register the attention function under `name` (pass it as attn_implementation) and return the name."""
+    from transformers import AttentionInterface
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    def attention(module, query, key, value, attention_mask, **kwargs):
+        key = nvfp4.quant_dequant(key, k_scale).to(key.dtype)  # [batch, heads, tokens, head_dim]
+        value = nvfp4.quant_dequant(value, v_scale).to(value.dtype)
+        return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
+
+    AttentionInterface.register(name, attention)
+    return name
+
+
+def load(model_dir: str | Path, nvfp4_kv: bool = True):
+    """(model, tokenizer) in bf16, as vLLM serves the tiny model; with nvfp4_kv, K/V rounded through NVFP4."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    impl = register() if nvfp4_kv else "sdpa"
+    model = AutoModelForCausalLM.from_pretrained(model_dir, torch_dtype=torch.bfloat16, attn_implementation=impl)
+    return model.eval(), AutoTokenizer.from_pretrained(model_dir)
+
+
+@torch.inference_mode()
+def greedy(model, tok, prompt: str, max_new_tokens: int, stop: tuple[str, ...] = ()) -> str:
+    """The greedy continuation of `prompt`, cut before the first stop string (as vLLM's `stop` does)."""
+    ids = tok(prompt, return_tensors="pt").input_ids
+    out = model.generate(ids, max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=tok.eos_token_id)
+    text = tok.decode(out[0, ids.shape[1] :], skip_special_tokens=True)
+    cut = min((i for i in (text.find(s) for s in stop) if i >= 0), default=len(text))
+    return text[:cut]

@@ -1,0 +1,404 @@
+"""The fleet side of `kvbench nightly` (kvbench/commands/nightly.py declares the options): shards in the dry
+run, one shard's night (`--shard`), `--launch sky` and `--merge`. The logic is kvbench.nightly's shards,
+manifest, fleet and merge modules; this file checks the flags and prints."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+from rich.markup import escape
+from rich.table import Table
+
+from kvbench.errors import UsageError
+from kvbench.output import console
+
+LAUNCHERS = ("sky",)
+
+
+def check_flags(
+    *, shards, shard, shard_plan, shard_out, night, launch, merge, wait, yes, bucket, dry_run, print_what
+) -> None:
+    """Flags that do not go together, or out of range: one line each."""
+    if shards is not None and shards < 1:
+        raise UsageError(f"--shards {shards}: give 1 or more")
+    if launch is not None and launch not in LAUNCHERS:
+        raise UsageError(f"unknown --launch {launch!r}; choose from: {', '.join(LAUNCHERS)}")
+    if merge and (dry_run or launch or shard is not None or print_what):
+        raise UsageError("--merge goes alone (with --asv-config and --out): it merges shards that have run")
+    if shard is None and (shard_plan is not None or shard_out is not None or night is not None):
+        raise UsageError("--shard-plan, --shard-out and --night go with --shard I (one shard of the night, here)")
+    if shards is not None and shard is None and not dry_run and launch is None:
+        raise UsageError("--shards N goes with --dry-run (print them), --launch sky (rent them) or --shard I (run one)")
+    if shard is not None and (shards is None and shard_plan is None):
+        raise UsageError("--shard needs --shards N (or the launcher's --shard-plan FILE)")
+    if shard is not None and (dry_run or launch):
+        raise UsageError("--shard runs one shard here; drop --dry-run and --launch (`--dry-run --shards N` prints all)")
+    if wait is not None and (launch is None or wait <= 0):
+        raise UsageError(f"--wait {wait:g} needs --launch and a number of minutes above 0")
+    if bucket is not None:
+        from kvbench.nightly.config import BUCKET
+
+        if launch is None:
+            raise UsageError("--bucket goes with --launch (the config's [fleet] bucket otherwise)")
+        if not BUCKET.match(bucket):
+            raise UsageError(f"--bucket {bucket!r} is not a bucket URL; give s3://NAME[/prefix] or gs://NAME[/prefix]")
+    if yes and launch is None:
+        raise UsageError("--yes confirms a --launch over the config's [fleet] budget; there is no launch here")
+
+
+# -- shards in the dry run ----------------------------------------------------------------------------------
+
+
+def shard_plans(plans: dict, estimates: dict, n: int) -> dict:
+    from kvbench.nightly.shards import shard_plan
+
+    return {k: shard_plan(plans[k], estimates[k], n) for k in plans}
+
+
+def render_shards(sp, plan) -> None:
+    n = len(sp.shards)
+    table = Table(show_edge=False, title=f"{plan.key}: {n} shard{'s' if n != 1 else ''}, each on its own machine")
+    for col in ("shard", "units (all KV dtypes of each)", "est. min", "GPU-hours", "USD"):
+        table.add_column(col, justify="left" if col.startswith("units") else "right")
+    for s in sp.shards:
+        usd = sp.usd(s)
+        table.add_row(
+            f"{s.index}/{s.of}",
+            escape("; ".join(u.label for u in s.units) or "(nothing: not launched)"),
+            f"{s.minutes:.1f}",
+            f"{s.minutes / 60 * sp.gpus:.2f}",
+            "—" if usd is None else f"{usd:,.2f}",
+        )
+    console.print(table)
+    share = sp.wall_minutes / sp.serial_minutes * 100 if sp.serial_minutes else 0.0
+    usd = sp.usd()
+    console.print(
+        f"night with {n} shards in parallel: {sp.wall_minutes:.1f} min wall-clock ({share:.0f}% of the serial "
+        f"{sp.serial_minutes:.1f} min), {sp.gpu_hours:.2f} GPU-hours"
+        + ("" if usd is None else f", USD {usd:,.2f}")
+        + " (every unit runs once; each shard's install and model download are not counted)"
+    )
+
+
+def shards_json(sp) -> dict:
+    return {**sp.as_json(), "usd": sp.usd(), "gpu_hours": sp.gpu_hours}
+
+
+# -- one shard --------------------------------------------------------------------------------------------
+
+
+def the_shard_plan(plan, est, shards: int | None, shard_plan: Path | None):
+    from kvbench.nightly import shards as sh
+
+    if shard_plan is not None:
+        sp = sh.read_plan(shard_plan, plan)
+        if shards is not None and shards != len(sp.shards):
+            raise UsageError(f"--shards {shards} but --shard-plan {shard_plan} has {len(sp.shards)} shards")
+        return sp
+    return sh.shard_plan(plan, est, shards)
+
+
+def run_shard(ctx: dict, sp, index: int, night: str | None, out: Path | None, execute) -> int:
+    """One shard's night here: its units through the night's steps (history only where it owns the point;
+    gate and dashboard wait for the merge), then its folder and manifest. A failure before the night is
+    written as a failed shard, so the merge can name it."""
+    from kvbench.harness.records import utc_iso
+    from kvbench.nightly import manifest as mf
+    from kvbench.nightly.shards import restrict
+
+    plan, est, target = ctx["plan"], ctx["est"], ctx["target"]
+    shard = sp.shard(index)
+    night = night or time.strftime("%Y%m%d", time.gmtime())
+    out = out or Path("shards") / night / plan.key / f"shard-{index}-of-{shard.of}"
+    out = mf.prepare(out, night, plan.key, index)
+    started = utc_iso()
+    base = {
+        "night": night,
+        "section": plan.key,
+        "machine": target.machine,
+        "shard": index,
+        "shards": shard.of,
+        "units": shard.names,
+        "plan": sp.as_json(),
+        "config": mf.config_block(ctx["cfg_path"]),
+        "host": mf.host(),
+        "started_at": started,
+    }
+    try:
+        ctx["check"]()
+        sub_plan, sub_est = restrict(plan, est, shard)
+        if sub_est.minutes > plan.cfg.max_minutes:
+            raise UsageError(
+                f"refused: {shard.tag} of [machines.{plan.key}] estimate {sub_est.minutes:.1f} min exceeds "
+                f"max_minutes {plan.cfg.max_minutes:g}"
+            )
+        night_obj = shard_night(ctx, sub_plan, sub_est, shard, f"{night}-{target.machine}", out)
+        if plan.cfg.nodes > 1:
+            from kvbench.nightly.nodes import cluster
+
+            night_obj.nodes = cluster(plan.cfg.nodes)
+        repo = Path(ctx["asv_config"]).absolute().parent
+        before, head = mf.snapshot(night_obj.results_dir, target.machine), mf.git_head(repo)
+        console.print(
+            f"[bold]{shard.tag}[/] of night {night}: " + escape(f"[machines.{plan.key}] {', '.join(shard.names)}")
+        )
+        doc = execute(night_obj)
+    except Exception as exc:
+        failed = mf.ShardManifest(
+            **base, status="failed", exit_code=getattr(exc, "exit_code", 1), error=str(exc), finished_at=utc_iso()
+        )
+        mf.write_manifest(out, failed)
+        raise
+    files = mf.changed(night_obj.results_dir, target.machine, before)
+    hashes = mf.pack(out, night_obj.results_dir, files, doc, repo, head)
+    rc = 130 if night_obj.interrupted else (0 if doc["status"] == "ok" else 1)
+    manifest = mf.ShardManifest(
+        **base,
+        status="interrupted" if night_obj.interrupted else doc["status"],
+        exit_code=rc,
+        nodes=night_obj.nodes,
+        finished_at=utc_iso(),
+        files=hashes,
+        summary=mf.SUMMARY,
+        commits=mf.BUNDLE if mf.BUNDLE in hashes else None,
+    )
+    path = mf.write_manifest(out, manifest)
+    console.print(f"shard folder: {out} ({len(files)} files; manifest {path})")
+    return rc
+
+
+def run_shard_here(cfg, cfg_path, plan, est, target, asv_config: Path, out: Path | None, one: dict, run_night) -> int:
+    """`kvbench nightly --shard I`: the installed vLLM checked as for a night, then run_shard."""
+    from kvbench.commands.nightly import render_summary
+    from kvbench.nightly import vllm
+    from kvbench.nightly.orchestrate import results_dir_of
+
+    sp = the_shard_plan(plan, est, one["shards"], one["shard_plan"])
+    installed = vllm.installed()
+
+    def check():  # inside the shard: a refusal here is the shard's failure, written for the merge
+        if (why := vllm.mismatch(plan.vllm, *installed)) is not None:
+            raise UsageError(why)
+        if cfg.history.enabled:
+            results_dir_of(asv_config)
+
+    ctx = {
+        "check": check,
+        "cfg": cfg,
+        "cfg_path": cfg_path,
+        "plan": plan,
+        "est": est,
+        "target": target,
+        "asv_config": asv_config,
+        "site_out": out or Path(cfg.dashboard.out),
+        "installed": installed,
+    }
+
+    def execute(night):
+        doc = run_night(night)
+        render_summary(doc, night.path)
+        return doc
+
+    return run_shard(ctx, sp, one["shard"], one["night"], one["shard_out"], execute)
+
+
+def shard_night(ctx: dict, sub_plan, sub_est, shard, night_id: str, out: Path):
+    """The Nightly of one shard: the history point only where the shard owns it; no gate or dashboard (the
+    merge runs them over every shard); its summary in the shard folder, not in results/."""
+    from kvbench.nightly.orchestrate import Nightly
+
+    cfg = ctx["cfg"]
+    scfg = cfg.model_copy(
+        update={
+            "history": cfg.history.model_copy(update={"enabled": cfg.history.enabled and shard.owns_history}),
+            "gate": cfg.gate.model_copy(update={"enabled": False}),
+            "dashboard": cfg.dashboard.model_copy(update={"enabled": False}),
+        }
+    )
+    night = Nightly(
+        scfg,
+        ctx["cfg_path"],
+        sub_plan,
+        ctx["target"],
+        sub_est,
+        ctx["asv_config"],
+        ctx["site_out"],
+        console,
+        ctx["installed"],
+        night_id=night_id,
+    )
+    night.summary_path = out / "summary.json"
+    return night
+
+
+# -- --launch sky -------------------------------------------------------------------------------------------
+
+
+def launch(ctx: dict, keys: list[str], n: int | None, yes: bool, wait_min: float | None, fleet_dir, dry_run) -> int:
+    """The night's shards as SkyPilot tasks from sky/nightly.yaml: the plan and its cost first, then the
+    task files, then (not on a dry run) the submission, the job ids and how to follow them."""
+    from kvbench.nightly import fleet as fl
+    from kvbench.nightly import manifest as mf
+
+    cfg, plans, estimates = ctx["cfg"], ctx["plans"], ctx["estimates"]
+    root = Path.cwd()
+    n = n or cfg.fleet.shards
+    sections = fl.gpu_sections(cfg, ctx["gpu"])
+    fleet = fl.Fleet(
+        night=fl.new_night(),
+        config_rel=fl.checkout_relative(ctx["cfg_path"], root),
+        config=mf.config_block(ctx["cfg_path"]),
+        bucket=ctx.get("bucket") or cfg.fleet.bucket,
+        spot=cfg.fleet.spot,
+        plans={k: plans[k] for k in sections},
+        estimates={k: estimates[k] for k in sections},
+        shards=shard_plans({k: plans[k] for k in sections}, estimates, n),
+    )
+    console.rule(f"[bold]night {fleet.night} on SkyPilot[/]", align="left")
+    for k in sections:
+        console.print(escape(f"[machines.{k}]: {fl.accelerator(plans[k])} x {plans[k].gpus} per shard"))
+        render_shards(fleet.shards[k], plans[k])
+    hours, usd = fl.totals(fleet)
+    wall = max(sp.wall_minutes for sp in fleet.shards.values())
+    mode = "spot (recovered when preempted)" if fleet.spot else "on-demand"
+    cost = "no price given: --price-per-hour GPU=USD" if usd is None else f"USD {usd:,.2f}"
+    console.print(
+        f"[bold]the night[/]: {len(fleet.launched())} {mode} machines, about {wall:.0f} min, "
+        f"{hours:.2f} GPU-hours, {cost}; nothing is rented yet"
+    )
+    if too_long := fl.over_deadline(fleet):
+        raise UsageError("refused: " + "; ".join(too_long) + " (more shards, a smaller matrix, or more max_minutes)")
+    out = Path(fleet_dir) if fleet_dir else Path("fleet") / fleet.night
+    written = fl.write_tasks(fleet, cfg, root, out)
+    console.print(f"task files: {out}/ ({len(written)} tasks and plan.json)")
+    if dry_run:
+        console.print("dry run: nothing submitted")
+        return 0
+    if (over := fl.over_budget(fleet, cfg)) and not yes:
+        raise UsageError("refused: " + "; ".join(over) + " (pass --yes to launch anyway)")
+    template = fl.load_template(root)
+    sky = fl.sky_sdk()
+    rows = fl.submit(written, fleet, fl.secrets(template), sky)
+    (out / "jobs.json").write_text(json.dumps(rows, indent=1) + "\n")
+    render_jobs(rows, fleet, out)
+    failed = [r for r in rows if "error" in r]
+    if wait_min is None or not fleet.bucket:
+        if wait_min is not None:
+            console.print("--wait follows managed jobs, which need [fleet] bucket; fetch each cluster's shard instead")
+        return 1 if failed else 0
+    ids = [r["job_id"] for r in rows if r.get("job_id") is not None]
+    statuses = fl.wait(ids, wait_min * 60, _progress, sky)
+    for r in rows:
+        if r.get("job_id") in statuses:
+            r["status"] = statuses[r["job_id"]]
+    (out / "jobs.json").write_text(json.dumps(rows, indent=1) + "\n")
+    bad = [r for r in rows if r.get("status") != "SUCCEEDED"]
+    for r in bad:
+        console.print(escape(f"{r['section']} shard {r['shard']}: {r.get('status') or r.get('error')}"))
+    console.print(f"merge: kvbench nightly --merge {out / 'plan.json'}")
+    return 1 if bad else 0
+
+
+def _progress(statuses: dict, running: list) -> None:
+    counts: dict[str, int] = {}
+    for s in statuses.values():
+        counts[s] = counts.get(s, 0) + 1
+    console.print(
+        time.strftime("%H:%M:%S ")
+        + ", ".join(f"{v} {k.lower()}" for k, v in sorted(counts.items()))
+        + f"; {len(running)} still going"
+    )
+
+
+def render_jobs(rows: list[dict], fleet, out: Path) -> None:
+    table = Table(show_edge=False)
+    for col in ("section", "shard", "name", "managed job" if fleet.bucket else "cluster / job"):
+        table.add_column(col)
+    for r in rows:
+        job = r.get("error") or (f"{r.get('cluster')} / {r.get('job_id')}" if r.get("cluster") else str(r["job_id"]))
+        table.add_row(r["section"], str(r["shard"]), r["name"], escape(job))
+    console.print(table)
+    ids = " ".join(str(r["job_id"]) for r in rows if r.get("job_id") is not None)
+    if fleet.bucket:
+        lines = [
+            "sky jobs queue                       # every shard's state",
+            "sky jobs logs <id>                   # follow one (its kvbench output)",
+            f"sky jobs cancel {ids}".ljust(37) + "# stop the night",
+            f"kvbench nightly --merge {out / 'plan.json'}   # when they are done: fetch {fleet.outputs}, merge, gate",
+        ]
+    else:
+        lines = [
+            "sky status                           # the shards' clusters",
+            "sky logs <cluster>                   # follow one",
+            f"rsync -Pavz <cluster>:kvbench-shards/{fleet.night}/ shards/{fleet.night}/   # fetch each shard "
+            f"(its cluster goes down {fl_keep()} idle minutes after it ends)",
+            f"kvbench nightly --merge {out / 'plan.json'} --merge shards/{fleet.night}",
+        ]
+    console.print("follow the night:")
+    for line in lines:
+        console.print(escape(f"  {line}"), highlight=False)
+
+
+def fl_keep() -> int:
+    from kvbench.nightly.fleet import KEEP_MINUTES
+
+    return KEEP_MINUTES
+
+
+# -- --merge -------------------------------------------------------------------------------------------------
+
+
+def merge(paths: list[str], asv_config: Path, out: Path | None) -> int:
+    """Shard folders, bucket paths or the launcher's plan.json into results/: validate, copy, then the gate,
+    the dashboard and one summary per machine; exit 1 if any night is not OK or a shard is not merged."""
+    from kvbench.commands.nightly import render_summary
+    from kvbench.nightly import fleet as fl
+    from kvbench.nightly import merge as mg
+
+    local = [_fetched(p) for p in paths]
+    arrivals, fleets = mg.find(local)
+    for plan in fleets:  # the launcher's plan: its bucket holds the shards unless they were given too
+        if plan.get("outputs") and not any(a.key and a.key[0] == plan["night"] for a in arrivals):
+            more, _ = mg.find([fl.download(plan["outputs"], Path("shards") / plan["night"])])
+            arrivals += more
+    groups, stray = mg.groups(arrivals, fleets)
+    if not groups:
+        raise UsageError(f"--merge found no shard folder or fleet plan in {', '.join(paths)}")
+    nights = mg.merge(groups, asv_config, out, console)
+    for night in nights:
+        render_shard_table(night)
+        render_summary(night.doc, night.path)
+        for s in night.group.slots:
+            if s.merged and s.arrival.manifest.commits:
+                bundle = s.arrival.folder / s.arrival.manifest.commits
+                console.print(escape(f"history-point commits: git fetch {bundle} HEAD && git merge FETCH_HEAD"))
+    for line in stray:
+        console.print(escape(f"not merged: {line}"), style="red")
+    bad = [n for n in nights if n.doc["status"] != "ok"]
+    return 1 if bad or stray else 0
+
+
+def _fetched(p: str) -> Path:
+    from kvbench.nightly import fleet as fl
+
+    if p.startswith(("s3://", "gs://")):
+        return fl.download(p, Path("shards") / Path(p.rstrip("/")).name)
+    return Path(p)
+
+
+def render_shard_table(night) -> None:
+    g = night.group
+    where = escape(f"[machines.{g.section}] -> results/{g.machine}/")
+    console.rule(f"[bold]merge: night {g.night}, {where}[/]", align="left")
+    table = Table(show_edge=False)
+    for col in ("shard", "units", "merged", "from"):
+        table.add_column(col)
+    for s in g.slots:
+        merged = "[green]yes[/]" if s.merged else f"[bold red]no[/]: {escape(s.problem or 'never arrived')}"
+        source = escape(str(s.arrival.folder)) if s.arrival else "—"
+        table.add_row(f"{s.index}/{g.plan['shards']}", escape(", ".join(s.units)), merged, source)
+    console.print(table)
+    for line in g.extra:
+        console.print(escape(f"not merged: {line}"), style="red")
