@@ -438,7 +438,7 @@ def render_decision(decision) -> None:
     for line in decision.lines():
         console.print("  " + line, markup=False, highlight=False)
     console.print(
-        f"how: accuracy must be non-inferior to auto within {p.budget:g} points"
+        f"how: accuracy must be non-inferior to auto within {p.budget:g} point{'' if p.budget == 1 else 's'}"
         + (f" ({', '.join(f'{k} {v:g}' for k, v in p.budgets.items())})" if p.budgets else "")
         + f" at one-sided {p.confidence:.0%} confidence; {decision.method}",
         markup=False,
@@ -461,7 +461,7 @@ def _test_cell(tests, task: str, cond: str) -> str:
         if t.task == task and cond in t.conditions:
             r = t.result
             bound = -r.upper if r.verdict == "inferior" else -r.lower
-            return f"{r.verdict}: drop {t.drop:+.1f}, bound {bound * 100:.1f} vs budget {t.budget:g}"
+            return f"{r.verdict}: drop {t.drop + 0.0:+.1f}, bound {bound * 100:.1f} vs budget {t.budget:g}"
     return "—"
 
 
