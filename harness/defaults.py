@@ -11,7 +11,7 @@ from pathlib import Path
 
 from kvbench import cliargs
 from kvbench.errors import KvbenchError, UsageError
-from kvbench.harness.endpoint import Endpoint, ServerFacts, describe, with_credentials
+from kvbench.harness.endpoint import Endpoint, ServerFacts, describe, refuse_shared_servers, with_credentials
 from kvbench.harness.kvsupport import cpu_support
 from kvbench.harness.records import check_writable
 from kvbench.harness.runner import RunPlan
@@ -402,6 +402,7 @@ def _resolve_endpoints(
                 notes.append(f"{ep.redacted} does not say its KV dtype: recorded as {dtype!r}, unchecked")
             out[dtype] = ep
             seen.append(facts)
+        refuse_shared_servers({d: (out[d], f) for d, f in zip(out, seen, strict=True)})
         models = {f.model_root or f.served_model for f in seen}
         if len(models) > 1:
             raise UsageError(

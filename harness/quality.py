@@ -186,6 +186,12 @@ def recommend(record, gates: dict[str, dict]) -> dict:
         fixed = next((p.summary.output_throughput_tps for p in d.phases if p.kind.value == "fixed"), None)
         candidates.append((measured or 0, best or 0.0, fixed or 0.0, -order.get(d.kv_cache_dtype, 9), d.kv_cache_dtype))
     excluded = {k: v["reason"] for k, v in gates.items() if not v.get("eligible")} | unranked
+    unchecked = [
+        d.kv_cache_dtype for d in record.dtypes if d.kv_dtype_confirmed is None and d.server and not d.server.managed
+    ]
+    if len(unchecked) > 1:  # labels no server confirmed: nothing shows these are different KV dtypes
+        why = f"{', '.join(unchecked)} are labels their servers did not confirm (unchecked): no recommendation"
+        return {"dtype": None, "why": why, "excluded": excluded}
     if not candidates:
         return {"dtype": None, "why": "no dtype ran ok and passed the quality gate", "excluded": excluded}
     measured, tput, fixed, _, dtype = max(candidates)

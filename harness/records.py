@@ -35,6 +35,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from kvbench.datafiles import read_json
 from kvbench.errors import UsageError
+from kvbench.harness.scrub import scrub_doc, scrub_table
 from kvbench.output import jsonable
 
 SCHEMA = "kvbench.run/2"
@@ -450,8 +451,8 @@ def _replace_atomic(path: Path, write) -> Path:
 
 
 def write_atomic(path: Path, doc: dict) -> Path:
-    """A JSON document, compact, floats to 1 µs, written atomically."""
-    text = json.dumps(_micro(jsonable(doc)), separators=(",", ":")) + "\n"
+    """A JSON document, compact, floats to 1 µs, every string scrubbed of credentials, written atomically."""
+    text = json.dumps(_micro(scrub_doc(jsonable(doc))), separators=(",", ":")) + "\n"
     return _replace_atomic(path, lambda fh: fh.write(text.encode()))
 
 
@@ -657,8 +658,8 @@ class SampleStore:
         ):
             if not rows:
                 continue
-            table = pa.Table.from_pylist(
-                [{k: _finite(row.get(k)) for k in schema.names} for row in rows], schema=schema
+            table = scrub_table(
+                pa.Table.from_pylist([{k: _finite(row.get(k)) for k in schema.names} for row in rows], schema=schema)
             )
             _replace_atomic(path, lambda fh, table=table: pq.write_table(table, fh, compression="zstd"))
             setattr(ref, attr, path.name)
@@ -951,7 +952,10 @@ def summary_rows(doc: dict, path: Path | None = None) -> list[dict]:
                 "machine": doc.get("machine"),
                 "run_status": doc.get("status"),
                 "vllm_package": vllm.get("package"),
-                "vllm_version": server.get("vllm_version") if not server.get("managed", True) else vllm.get("version"),
+                # an --endpoint run measured the server's vLLM (its /version), never this machine's install
+                "vllm_version": (server.get("vllm_version") or "unknown")
+                if not server.get("managed", True)
+                else vllm.get("version"),
                 "model": config.get("model_name") or config.get("model"),
                 "kv_cache_dtype": d.get("kv_cache_dtype"),
                 "kv_dtype_confirmed": d.get("kv_dtype_confirmed"),

@@ -29,7 +29,7 @@ from kvbench.formats import format_ratio, get_format
 from kvbench.harness import energy, front, quality, records, repeats
 from kvbench.harness.agreement import Canaries, Sample, collect, compare
 from kvbench.harness.backend import OpenAIBackend
-from kvbench.harness.endpoint import Endpoint, ServerFacts, describe, redact_url
+from kvbench.harness.endpoint import Endpoint, ServerFacts, describe, redact_url, served_vllm, server_changes
 from kvbench.harness.logparse import EngineCapacity, engine_failure
 from kvbench.harness.machine import environment
 from kvbench.harness.metrics import DEFINITIONS, distribution, summarize
@@ -203,6 +203,7 @@ class Runner:
         self._evaluator = quality.Evaluator() if plan.eval_tasks else None
         self._eval_items: dict[tuple[str, str], dict] = {}  # (dtype, condition) -> {task: {doc id: score}}
         self._reference: list[dict] | None = None  # auto's greedy samples, for end-to-end agreement
+        self._changed: list[Finding] = []  # endpoint servers that changed between phases
         self.record = RunRecord(
             run_id=self.run_id,
             created_at=records.utc_iso(),
@@ -212,8 +213,12 @@ class Runner:
             definitions=dict(DEFINITIONS),
             **(extra or {}),
         )
+        self._client_vllm = self.record.environment.get("vllm")
 
     def flush(self) -> Path:
+        if self.plan.endpoints:  # what was measured is the servers' vLLM, not this machine's
+            versions = [d.server.vllm_version for d in self.record.dtypes if d.server]
+            self.record.environment["vllm"] = served_vllm(self._client_vllm, versions)
         return records.write_record(self.path, self.record, self.samples)
 
     async def run(self, deadline_s: float | None = None, deadline_note: str | None = None) -> RunRecord:
@@ -259,7 +264,7 @@ class Runner:
         if self._evaluator is not None:
             self._evaluator.close()
         try:
-            rec.findings = findings(rec, self._model_spec())
+            rec.findings = [*self._changed, *findings(rec, self._model_spec())]
             rec.comparisons = comparisons(rec)
             evals = {d.kv_cache_dtype: d.eval for d in rec.dtypes if d.eval}
             quality.compare_conditions(evals, self._eval_items)
@@ -615,6 +620,8 @@ class Runner:
                 raise RuntimeError(f"vLLM engine died during {name}: {cause or 'server stopped answering /health'}")
             if load_result.stalled:
                 raise RuntimeError(f"no progress for {plan.stall_timeout_s:g} s during {name}: server hung")
+            if server is None:
+                await self._same_server(dtype, backend.base_url, headers, result, name)
             return run_summary
 
         def ladder_size(c: int) -> int:
@@ -684,6 +691,15 @@ class Runner:
         if len(headline_runs) > 1:
             result.fixed_stats = repeats.stats(headline_runs)
         result.front = self._front(result)
+
+    async def _same_server(self, dtype: str, url: str, headers: dict, result: DtypeResult, after: str) -> None:
+        """An --endpoint server must be the one described at the start after every phase (same model, context
+        and cache configuration); a changed one ends the dtype (its measured phases are kept) with an error."""
+        changes = server_changes(result.server, await asyncio.to_thread(describe, url, headers))
+        if changes:
+            text = f"the server changed after phase {after}: {'; '.join(changes)}; later phases not run"
+            self._changed.append(Finding(level="error", dtype=dtype, text=f"{dtype}: {text}"))
+            raise RuntimeError(text)
 
     async def _evaluate(
         self, dtype: str, backend, result: DtypeResult, headers: dict, at_load: int, load, prompts
