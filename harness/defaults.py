@@ -17,6 +17,7 @@ from kvbench.harness.records import check_writable
 from kvbench.harness.runner import RunPlan
 from kvbench.harness.scheduler import Concurrency, Rate
 from kvbench.harness.slo import SLO
+from kvbench.harness.spill import check_space
 from kvbench.harness.vllm_info import accepted_kv_dtypes, vllm_facts
 from kvbench.harness.workload import Workload
 
@@ -225,6 +226,10 @@ def build_plan(
         spec_requests = num_requests if num_requests is not None else getattr(spec, "num_requests", None)
         if spec_requests is None and spec.kind in ("random", "shared-prefix"):
             spec_requests = defaults["num_requests"]
+    if spec is not None and spec.kind == "trace":  # its span and idle gaps, said (or refused) before any start
+        from kvbench.harness.workloads.build import trace_timing
+
+        notes.append(trace_timing(spec, num_requests=spec_requests))
     if spec is not None:  # built once now: a workload that cannot be built is refused before anything runs
         from kvbench.harness.workloads import build
 
@@ -234,6 +239,7 @@ def build_plan(
             notes.extend(trial.notes)
         notes.append(f"workload {spec.kind}: {spec.label}")
     check_writable(results_dir, machine)  # before anything is measured: a result that cannot be saved is lost
+    check_space(results_dir)
     return RunPlan(
         model=model,
         model_name=model_name,

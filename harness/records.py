@@ -45,6 +45,7 @@ RUNS_DIR = "runs"
 REQUESTS_SUFFIX = ".requests.parquet"
 SERIES_SUFFIX = ".series.parquet"
 EVALS_SUFFIX = ".evals.parquet"
+PROBE_BYTES = 64 << 10  # what check_writable writes (and removes) to find a full disk before measuring
 
 
 # -- statuses and phase kinds: one vocabulary each -------------------------------------------------------
@@ -290,6 +291,31 @@ class Stat(_Model):
     values: list[float] = Field(default_factory=list)
 
 
+class FrontPoint(_Model):
+    """One point of a front (kvbench.harness.front.Point as stored): finite, and no negative throughput, so a
+    damaged record cannot size a deployment (plan --from-run) from NaN or -5 tokens/s."""
+
+    concurrency: int | float | None = Field(None, gt=0)  # interpolated (a float) in at_target
+    output_tps_per_gpu: float | None = Field(None, ge=0)
+    total_tps_per_gpu: float | None = Field(None, ge=0)
+    user_tps: float | None = Field(None, gt=0)
+    user_tps_e2e: float | None = Field(None, ge=0)
+    ttft_p50_ms: float | None = Field(None, ge=0)
+    ttft_p95_ms: float | None = Field(None, ge=0)
+    tpot_p50_ms: float | None = Field(None, ge=0)
+    tpot_p95_ms: float | None = Field(None, ge=0)
+    goodput_rps: float | None = Field(None, ge=0)
+    usd_per_m_output: float | None = Field(None, ge=0)
+    usd_per_m_total: float | None = Field(None, ge=0)
+
+    def items(self):
+        """Dict-style, as front.Point(**...) readers take it."""
+        return self.model_dump().items()
+
+    def get(self, key: str, default=None):
+        return getattr(self, key, default)
+
+
 class Front(_Model):
     """The trade-off curve of one dtype (kvbench.harness.front): every closed-loop point, which are on the
     Pareto front, and the cost where prices were given."""
@@ -297,10 +323,10 @@ class Front(_Model):
     gpus: int = Field(ge=1)
     price_per_gpu_hour: float | None = Field(None, ge=0)
     price_key: str | None = None  # which --price-per-hour entry priced it (a GPU catalog key, or "cpu")
-    points: list[dict[str, Any]] = Field(default_factory=list)
-    at_slo: dict[str, Any] | None = None  # the best measured point that met the SLO
-    at_target: dict[str, Any] | None = None  # interpolated along the front at target_user_tps
-    target_user_tps: float | None = None
+    points: list[FrontPoint] = Field(default_factory=list)
+    at_slo: FrontPoint | None = None  # the best measured point that met the SLO
+    at_target: FrontPoint | None = None  # interpolated along the front at target_user_tps
+    target_user_tps: float | None = Field(None, gt=0)
 
 
 class Finding(_Model):
@@ -401,7 +427,10 @@ def check_writable(results_dir: Path, machine: str) -> Path:
                 parent.mkdir()
                 created.append(parent)
         fd, probe = tempfile.mkstemp(prefix=".kvbench-probe-", dir=target)
-        os.close(fd)
+        try:
+            os.write(fd, bytes(PROBE_BYTES))  # an empty probe passes on a full disk; bytes do not
+        finally:
+            os.close(fd)
         return target
     except OSError as exc:
         for folder in reversed(created):

@@ -26,7 +26,7 @@ from kvbench.capacity import VLLM_DEFAULT_GPU_MEMORY_UTILIZATION, budget_from_by
 from kvbench.datafiles import load_toml
 from kvbench.errors import KvbenchError, UsageError
 from kvbench.formats import format_ratio, get_format
-from kvbench.harness import energy, front, quality, records, repeats
+from kvbench.harness import energy, front, quality, records, repeats, spill
 from kvbench.harness.agreement import Canaries, Sample, collect, compare
 from kvbench.harness.backend import OpenAIBackend
 from kvbench.harness.endpoint import Endpoint, ServerFacts, describe, redact_url, served_vllm, server_changes
@@ -204,6 +204,7 @@ class Runner:
         self._eval_items: dict[tuple[str, str], dict] = {}  # (dtype, condition) -> {task: {doc id: score}}
         self._reference: list[dict] | None = None  # auto's greedy samples, for end-to-end agreement
         self._changed: list[Finding] = []  # endpoint servers that changed between phases
+        self.spilled: str | None = None  # where the record went when the disk was full (the run then exits 1)
         self.record = RunRecord(
             run_id=self.run_id,
             created_at=records.utc_iso(),
@@ -219,7 +220,11 @@ class Runner:
         if self.plan.endpoints:  # what was measured is the servers' vLLM, not this machine's
             versions = [d.server.vllm_version for d in self.record.dtypes if d.server]
             self.record.environment["vllm"] = served_vllm(self._client_vllm, versions)
-        return records.write_record(self.path, self.record, self.samples)
+        spilled = spill.flush(self.path, self.record, self.samples)  # a full disk never loses the record
+        if spilled:
+            self.spilled = spilled
+            self.reporter.note(spilled)
+        return self.path
 
     async def run(self, deadline_s: float | None = None, deadline_note: str | None = None) -> RunRecord:
         stop: Stop | None = None
@@ -232,7 +237,7 @@ class Runner:
                 detail=deadline_note or f"stopped: the deadline of {deadline_s:.0f} s passed",
             )
         except (KeyboardInterrupt, asyncio.CancelledError):
-            stop = Stop(reason=StopReason.SIGNAL, detail="interrupted (Ctrl-C or SIGTERM)")
+            stop = Stop(reason=StopReason.SIGNAL, detail="interrupted (Ctrl-C, SIGTERM or SIGHUP)")
             raise
         finally:
             self._finish(stop)
@@ -1151,22 +1156,26 @@ def execute(
     the final write (e.g. to note the host load after the run). Raises RunInterrupted after writing the
     partial record when a signal or the deadline stopped the run."""
     records.check_writable(plan.results_dir, plan.machine)
+    spill.check_space(plan.results_dir)
     runner = Runner(plan, reporter, extra)
     main = threading.current_thread() is threading.main_thread()
-    previous = signal.signal(signal.SIGTERM, _sigterm) if main else None
+    # SIGTERM and SIGHUP (a closed terminal or ssh session) take Ctrl-C's path: the partial record is kept
+    previous = {s: signal.signal(s, _sigterm) for s in (signal.SIGTERM, signal.SIGHUP)} if main else {}
     try:
         try:
             asyncio.run(runner.run(deadline_s, deadline_note))
         except KeyboardInterrupt:
             if runner.record.stopped is None:  # before the runner could mark it (e.g. while the loop started)
-                runner._finish(Stop(reason=StopReason.SIGNAL, detail="interrupted (Ctrl-C or SIGTERM)"))
+                runner._finish(Stop(reason=StopReason.SIGNAL, detail="interrupted (Ctrl-C, SIGTERM or SIGHUP)"))
     finally:
-        if main:
-            signal.signal(signal.SIGTERM, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
         stop_all()
     if on_finish is not None:
         on_finish(runner.record)
         runner.flush()
     if runner.record.stopped is not None:
         raise RunInterrupted(runner.record, runner.path)
+    if runner.spilled:
+        raise spill.DiskFull(runner.record, runner.path, runner.spilled)
     return runner.record, runner.path

@@ -541,10 +541,7 @@ def _trace(ctx: _Context, num_requests):
     s = ctx.spec
     records = read_trace(s.path)
     n = ctx.n(num_requests, natural=len(records))
-    if n > len(records):
-        raise UsageError(
-            f"{s.path} holds {len(records)} requests; {n} were asked for (a trace is replayed, not resampled)"
-        )
+    trace_timing(s, records, n)  # refuses a replay longer than the spec allows
     t0 = records[0][1].timestamp
     blocks: dict[int, list[int]] = {}
     reqs, clipped, mismatched, ignored = [], 0, 0, 0
@@ -582,6 +579,37 @@ def _trace(ctx: _Context, num_requests):
             f"ceil(input_length / {s.block_tokens}): is block_tokens the trace's block size?"
         )
     return ctx.plan(reqs)
+
+
+def trace_timing(spec, records: list | None = None, num_requests: int | None = None) -> str:
+    """How long replaying the trace's first `num_requests` records (default: all) takes, and its longest idle
+    gap, in one line; a UsageError when that is more than the spec's max_span_s or more records than it holds."""
+    records = records if records is not None else read_trace(spec.path)
+    n = num_requests or spec.num_requests or len(records)
+    if n > len(records):
+        raise UsageError(
+            f"{spec.path} holds {len(records)} requests; {n} were asked for (a trace is replayed, not resampled)"
+        )
+    at = [(rec.timestamp - records[0][1].timestamp) / 1000.0 * spec.time_scale for _, rec in records[:n]]
+    span = at[-1]
+    if span > spec.max_span_s:
+        raise UsageError(
+            f"{spec.path}: replaying {n:,} requests takes {_duration(span)} at time_scale {spec.time_scale:g}, more "
+            f"than max_span_s = {spec.max_span_s:g} s; raise max_span_s (trace:FILE,max_span=SECONDS), lower "
+            "time_scale or replay fewer requests"
+        )
+    gaps = [b - a for a, b in zip(at, at[1:], strict=False)]
+    widest = max(range(len(gaps)), key=gaps.__getitem__) if gaps else None
+    gap = f"; longest idle gap {_duration(gaps[widest])} before request {widest + 2}" if widest is not None else ""
+    return f"trace replay: {n:,} requests over {_duration(span)}{gap}"
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 120:
+        return f"{seconds:,.1f} s"
+    if seconds < 2 * 3600:
+        return f"{seconds / 60:,.1f} min ({seconds:,.0f} s)"
+    return f"{seconds / 3600:,.1f} h ({seconds:,.0f} s)"
 
 
 # --- files ------------------------------------------------------------------------------------------
