@@ -150,10 +150,13 @@ def gate(
             reasons.append(
                 f"accuracy at load: {rate:.0%} of canaries came back different under load (auto {auto_canary:.0%})"
             )
+        sent = sum((p.canaries or {}).get("sent", 0) for p in d.phases)
+        unchecked = "no evaluation in this run " + (
+            "(canaries clean)" if sent else "and no canary sent: accuracy unchecked"
+        )
         out[d.kv_cache_dtype] = {
             "eligible": not reasons,
-            "reason": "; ".join(reasons)
-            or ("accuracy within budget" if d.eval else "no evaluation in this run (canaries clean)"),
+            "reason": "; ".join(reasons) or ("accuracy within budget" if d.eval else unchecked),
         }
     return out
 

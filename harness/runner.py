@@ -33,7 +33,8 @@ from kvbench.harness.endpoint import Endpoint, ServerFacts, describe, redact_url
 from kvbench.harness.logparse import EngineCapacity, engine_failure
 from kvbench.harness.machine import environment
 from kvbench.harness.metrics import DEFINITIONS, distribution, summarize
-from kvbench.harness.promscrape import MetricsSampler, capacity_from_metrics, fetch_metrics
+from kvbench.harness.notices import notices
+from kvbench.harness.promscrape import MetricsSampler, capacity_from_metrics, fetch_metrics, metrics_or_note
 from kvbench.harness.records import (
     Agreement,
     Capacity,
@@ -269,7 +270,7 @@ class Runner:
         if self._evaluator is not None:
             self._evaluator.close()
         try:
-            rec.findings = [*self._changed, *findings(rec, self._model_spec())]
+            rec.findings = [*self._changed, *findings(rec, self._model_spec()), *notices(rec)]
             rec.comparisons = comparisons(rec)
             evals = {d.kv_cache_dtype: d.eval for d in rec.dtypes if d.eval}
             quality.compare_conditions(evals, self._eval_items)
@@ -330,7 +331,7 @@ class Runner:
                     )
                 result.warnings.append(f"server reports cache_dtype {served!r}, asked for {dtype!r}")
 
-            before = await asyncio.to_thread(fetch_metrics, endpoint.url, 5.0, headers)
+            before = await asyncio.to_thread(metrics_or_note, endpoint.url, headers, result.warnings)
             result.metrics.before = before.as_dict()
             engine = (server.capacity() if server else None) or capacity_from_metrics(before)
             result.capacity = self._capacity(dtype, engine, before.cache_config, facts)
@@ -351,7 +352,8 @@ class Runner:
                 result.metrics.during = self.samples.add_metrics(dtype, sampler_http.samples)
                 await backend.close()
             if server is None or server.alive():
-                result.metrics.after = (await asyncio.to_thread(fetch_metrics, endpoint.url, 5.0, headers)).as_dict()
+                after = await asyncio.to_thread(metrics_or_note, endpoint.url, headers, result.warnings)
+                result.metrics.after = after.as_dict()
             if result.status == DtypeStatus.RUNNING:
                 result.status = DtypeStatus.OK
         except Exception as exc:  # one dtype's failure never ends the run

@@ -5,6 +5,7 @@ never a traceback. In-process (kvbench.cli.main), so the table stays quick."""
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -130,3 +131,185 @@ def test_claims_numbers_are_checked_in_one_line(tmp_path, capsys, lines, message
     f.write_text(CLAIM.replace("context = 8192\n", "" if "context" in lines else "context = 8192\n") + lines + "\n")
     line = one_line(capsys, "claims", "--file", f, "--results", tmp_path / "none")
     assert message in line and str(f) in line
+
+
+# -- the POOR kinds: one line and exit 2, or a stated warning ---------------------------------------------------
+
+
+def _binary(tmp_path: Path) -> Path:
+    path = tmp_path / "binary.toml"
+    path.write_bytes(b"\x89PNG\r\n\x1a\n\xff\xfe" + bytes(range(256)))
+    return path
+
+
+def _broken_benchmarks(tmp_path: Path) -> Path:
+    results = tmp_path / "results"
+    shutil.copytree(ROOT / "results", results, ignore=shutil.ignore_patterns("logs", "peer", "runs"))
+    (results / "benchmarks.json").write_text('{"broken": ')
+    shutil.copy(ROOT / "asv.conf.json", tmp_path / "asv.conf.json")
+    return results
+
+
+BAD_INVOCATIONS = {
+    # case: (arguments, what the one line says, the fake server's settings where the case needs one)
+    "bad port": (["run", "--endpoint", "http://127.0.0.1:99999"], "invalid port", None),
+    "bad port, labelled": (["run", "--endpoint", "auto=http://127.0.0.1:abc,fp8=http://h:1"], "invalid port", None),
+    "binary --workloads": (["run", "--workloads", "{binary}", "--workload", "x"], "not UTF-8", None),
+    "folder --workloads": (["run", "--workloads", "{tmp}", "--workload", "x"], "not a file", None),
+    "report DIR": (["report", "{tmp}"], "is a folder", None),
+    "dashboard --out under a file": (["dashboard", "--results", "{tmp}", "--out", "{file}/site"], "--out", None),
+    "dashboard, mistyped --results": (
+        ["dashboard", "--results", "{tmp}/resluts", "--out", "{tmp}/site"],
+        "no such",
+        None,
+    ),
+    "broken benchmarks.json": (
+        ["regress", "--results", "{broken}", "--config", "{broken}/../asv.conf.json"],
+        "benchmarks.json",
+        None,
+    ),
+    "CR/LF in a header": (
+        ["run", "--endpoint", "http://127.0.0.1:9", "--header", "X-A: b\r\nX-Evil: 1"],
+        "--header",
+        None,
+    ),
+    "CR/LF in a key": (
+        ["run", "--endpoint", "http://127.0.0.1:9", "--api-key", "sk-abc\r\nX-Evil: 1"],
+        "--api-key",
+        None,
+    ),
+    "eval task typo": (
+        ["eval", "--tasks", "gsm8kk", "--kv-dtypes", "auto", "--results", "{tmp}"],
+        "did you mean",
+        None,
+    ),
+    "nightly unknown key": (["nightly", "--config", "{nightly}", "--dry-run"], "did you mean", None),
+    "trailing /v1": (["run", "--endpoint", "{url}/v1"], "drop the trailing /v1", {}),
+    "a 10,000-character model root": (
+        ["run", "--endpoint", "{url}"],
+        "not a folder on this machine",
+        {"model_root": "r" * 10_000},
+    ),
+    "a cache_dtype that is no dtype": (
+        ["run", "--endpoint", "{url}"],
+        "not a KV-cache dtype name",
+        {"kv_cache_dtype": "[/bold]\x1b[31m" + "x" * 100},
+    ),
+}
+
+
+@pytest.fixture
+def files(tmp_path):
+    a_file = tmp_path / "a-file"
+    a_file.write_text("not a folder")
+    nightly = tmp_path / "nightly.toml"
+    shipped = (ROOT / "kvbench" / "data" / "nightly.toml").read_text()
+    nightly.write_text(shipped.replace('version = "nightly"', 'versoin = "nightly"', 1))
+    return {
+        "binary": _binary(tmp_path),
+        "tmp": tmp_path,
+        "file": a_file,
+        "broken": _broken_benchmarks(tmp_path),
+        "nightly": nightly,
+    }
+
+
+@pytest.mark.parametrize("case", list(BAD_INVOCATIONS), ids=list(BAD_INVOCATIONS))
+def test_bad_invocations_are_one_line(capsys, files, case):
+    from kvbench.harness.fakeserver import FakeConfig, FakeServer
+
+    args, message, fake = BAD_INVOCATIONS[case]
+    with FakeServer(FakeConfig(max_model_len=512, **(fake or {}))) as srv:
+        line = one_line(capsys, *(a.format(url=srv.base_url, **files) for a in args))
+    assert message in line, line
+    assert "\r" not in line and "X-Evil: 1" not in line and "\x1b" not in line and len(line) < 3000
+
+
+# -- the POOR kinds that are warnings, not refusals ---------------------------------------------------------------
+
+
+def test_openai_api_key_in_the_shell_does_not_block_a_local_run(capsys, monkeypatch):
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-from-the-shell-0123")
+    status, _, err = cli(capsys, "run", "--kv-dtypes", "auto", "--num-requests", "0")
+    note, line = err.strip().splitlines()
+    assert status == 2 and "--num-requests must be" in line  # the next thing wrong is named, not the key
+    assert "OPENAI_API_KEY is set and not used" in note and "sk-from-the-shell" not in err
+
+
+def test_a_null_version_is_unknown_not_none(monkeypatch):
+    from kvbench.harness import endpoint, http
+
+    monkeypatch.setattr(http, "get", lambda *a, **k: (200, b'{"version": null}'))
+    assert endpoint._version("http://h:1", {}, 1.0) is None
+
+
+def test_markup_and_escape_sequences_in_a_record_are_printed_as_text(tmp_path, capsys):
+    doc = json.loads(FRONT_RECORD.read_text())
+    doc["dtypes"][0]["warnings"] = ["a log said [/bold] and \x1b[31mred\x1b[0m"]
+    doc["dtypes"][0]["log_tail"] = ["[/red] \x1b]0;title\x07 tail"]
+    doc["findings"] = [{"level": "warning", "text": "[bold]not markup[/]"}]
+    path = tmp_path / "markup.json"
+    path.write_text(json.dumps(doc))
+    status, out, err = cli(capsys, "report", path)
+    assert status == 0, err
+    assert "[/bold]" in out and "[bold]not markup[/]" in out and "\x1b" not in out
+
+
+def test_output_lengths_the_context_cannot_hold_are_said(tmp_path, tiny_model):
+    from kvbench.harness.workloads import build, parse_workload
+
+    f = tmp_path / "big.jsonl"
+    f.write_text('{"prompt_tokens": 8, "output_tokens": 1000000000}\n{"prompt_tokens": 8, "output_tokens": 16}\n')
+    plan = build(parse_workload(f"jsonl:{f}"), str(tiny_model), max_model_len=512)
+    assert any("more output tokens than max_model_len 512" in n and "1,000,000,000" in n for n in plan.notes)
+
+
+def test_a_context_above_the_models_positions_is_refused(tmp_path, tiny_model):
+    with pytest.raises(UsageError) as exc:
+        plan(tmp_path, tiny_model, "fixed:prompt=64,output=16", max_model_len=100_000)
+    assert "max_position_embeddings" in str(exc.value)
+
+
+def test_a_damaged_evals_parquet_is_named_on_the_page_not_dropped(tmp_path):
+    from kvbench.dashboards.data import differing_items
+
+    doc = json.loads(FRONT_RECORD.read_text())
+    path = tmp_path / "run.json"
+    doc["samples"] = {"evals": "run.evals.parquet", "eval_rows": 3}
+    path.write_text(json.dumps(doc))
+    (tmp_path / "run.evals.parquet").write_bytes(b"PAR1 not really")
+    items = differing_items(str(path), "fp8", "kvbench_passkey_512", "rest")
+    assert items.empty and "unreadable" in items.attrs["problem"]
+
+
+def test_no_usage_failed_requests_and_no_canaries_are_stated(tmp_path, tiny_model):
+    import asyncio
+
+    from kvbench.harness.fakeserver import FakeConfig, FakeServer
+    from kvbench.harness.runner import Runner
+
+    cfg = FakeConfig(
+        kv_cache_dtype="auto", max_model_len=512, usage=False, fail_every=5, metrics_body="not prometheus{"
+    )
+    with FakeServer(cfg) as srv:
+        p = build_plan(
+            CPU,
+            on_gpu=False,
+            model=str(tiny_model),
+            slo=None,
+            results_dir=tmp_path,
+            machine="m",
+            sweep=False,
+            repeat=1,
+            eval_tasks=[],
+            endpoints={"auto": srv.base_url},
+            concurrency=[2],
+            num_requests=10,
+        )
+        p.agreement_prompts = p.canaries = 0
+        doc = asyncio.run(Runner(p).run()).as_doc()
+    d = doc["dtypes"][0]
+    assert d["status"] == "ok" and any("/metrics unusable" in w for w in d["warnings"])  # not a failed dtype
+    texts = " ".join(f["text"] for f in doc["findings"])
+    assert "sent no usage" in texts and "fixed-load requests failed" in texts, texts
+    assert "no canary sent" in doc["quality"]["gate"]["auto"]["reason"]

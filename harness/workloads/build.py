@@ -464,6 +464,7 @@ def _jsonl(ctx: _Context, num_requests):
         order.shuffle(lines)
     n = ctx.n(num_requests, natural=len(lines))
     reqs, clipped, skipped, repeats = [], 0, 0, 0
+    asked_out, cut_out = 0, 0  # output lengths the context cannot hold: said, never clipped silently
     for k in range(n):
         source, row = lines[k % len(lines)]
         out = s.output_tokens or row.output_tokens
@@ -474,8 +475,11 @@ def _jsonl(ctx: _Context, num_requests):
                 skipped += 1
                 continue
         else:
+            asked = out
             p, out, cut = ctx.fit(row.prompt_tokens, out)
             clipped += cut
+            if out < asked:
+                cut_out, asked_out = cut_out + 1, max(asked_out, asked)
             prompt, ids = ctx.synthetic(_rng(ctx.seed, ctx.stream, "jsonl", k), p)
         reqs.append(PlannedRequest(len(reqs), prompt, out, source=source, token_ids=ids))
     if not reqs:
@@ -484,6 +488,11 @@ def _jsonl(ctx: _Context, num_requests):
         ctx.notes.append(f"{skipped} text prompts skipped: prompt + output exceeds max_model_len {ctx.mml}")
     if clipped:
         ctx.notes.append(f"{clipped} prompt_tokens lines clipped to max_model_len {ctx.mml} (prompt shortened)")
+    if cut_out:
+        ctx.notes.append(
+            f"{cut_out} lines ask for more output tokens than max_model_len {ctx.mml} holds (up to {asked_out:,}): "
+            f"their output was cut to {ctx.mml - 1:,} tokens and their prompt to 1"
+        )
     if repeats:
         ctx.notes.append(f"{repeats} requests repeat a text prompt: the file has {len(lines)} lines")
     return ctx.plan(reqs)

@@ -184,13 +184,20 @@ def load_workloads(path: str | Path | None = None) -> dict[str, Any]:
     import tomllib
 
     file = Path(path).expanduser() if path is not None else data_path(SHIPPED)
+    form = "a TOML file of [workloads.NAME] tables"
     try:
+        if file.exists() and not file.is_file():  # a folder, a device, a pipe: never read (or waited on)
+            raise UsageError(f"--workloads {file}: not a file ({form})")
         with open(file, "rb") as fh:
             data = tomllib.load(fh)
     except FileNotFoundError:
-        raise UsageError(f"--workloads {file}: no such file (a TOML file of [workloads.NAME] tables)") from None
+        raise UsageError(f"--workloads {file}: no such file ({form})") from None
+    except UnicodeDecodeError:
+        raise UsageError(f"--workloads {file}: not UTF-8 text ({form})") from None
     except tomllib.TOMLDecodeError as exc:
-        raise UsageError(f"{file}: not valid TOML ({exc})") from None
+        raise UsageError(f"{file}: not valid TOML ({' '.join(str(exc).split())})") from None
+    except OSError as exc:
+        raise UsageError(f"--workloads {file}: cannot read ({exc.strerror or exc})") from None
     unknown = set(data) - {"workloads"}
     if unknown:
         raise UsageError(

@@ -10,7 +10,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from kvbench.harness.records import conditions, fixed_phase, headline, load_record, workload_label
-from kvbench.output import console, num, print_json
+from kvbench.output import console, num, print_json, terminal_safe
 
 NAME = "report"
 HELP = "Print the tables of a run record: capacity (engine / SLO-measured / model), TTFT, TPOT, throughput."
@@ -44,6 +44,7 @@ def render_emulated(doc: dict) -> None:
 
 
 def render(doc: dict, path: Path | None = None) -> None:
+    doc = terminal_safe(doc)  # a record quotes servers and logs: their text is printed, never interpreted
     cfg = doc.get("config", {})
     env = doc.get("environment", {})
     vllm = env.get("vllm") or {}
