@@ -239,6 +239,11 @@ def compare_log(
         + ("" if log.vllm_version or vllm_version else "; pass --vllm-version if the server ran another")
         + ")"
     )
+    _print_terms(rows, est, row)
+
+
+def _print_terms(rows: list[Comparison], est: NonKvEstimate, row) -> None:
+    """The side-by-side table, term by term, and the activation peak's parts."""
     table = Table(title="vLLM's figures vs kvbench's prediction (GiB = 2^30 bytes, per GPU)", title_justify="left")
     for col in ("term", "vLLM logged", "kvbench", "error", "error %", "kvbench's source"):
         table.add_column(col, justify="left" if col in ("term", "kvbench's source") else "right")
