@@ -214,8 +214,10 @@ def differing_items(path: str | None, dtype: str, task: str, condition: str, lim
         return pd.DataFrame()
     try:
         items = run_records.samples_frame([Path(path)], "evals")
-    except Exception:
-        return pd.DataFrame()
+    except Exception as exc:  # a damaged Parquet: the page says so instead of dropping the table silently
+        out = pd.DataFrame()
+        out.attrs["problem"] = f"{path}: its evals Parquet is unreadable ({type(exc).__name__}); items not shown"
+        return out
     if items.empty:
         return items
     sel = items[(items["task"] == task) & (items["condition"] == condition)]

@@ -114,6 +114,8 @@ def build(data: SiteData) -> Page:
             if dtype == "auto":
                 continue
             diff = differing_items(g["path"].iloc[0], dtype, task, cond)
+            if diff.attrs.get("problem"):
+                inner += note(esc(diff.attrs["problem"]))
             if diff.empty:
                 continue
             diff["response_auto"] = diff["response_auto"].astype(str)

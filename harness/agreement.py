@@ -17,6 +17,7 @@ from dataclasses import asdict, dataclass
 
 import aiohttp
 
+from kvbench.harness import http
 from kvbench.harness.http import side_session
 
 
@@ -44,8 +45,8 @@ async def greedy(
         "logprobs": 1,
         "return_tokens_as_token_ids": True,
     }
-    async with session.post(f"{base_url}/v1/completions", json=body) as resp:
-        resp.raise_for_status()
+    async with session.post(f"{base_url}/v1/completions", json=body, allow_redirects=False) as resp:
+        await http.raise_for_status(resp)
         lp = (await resp.json())["choices"][0]["logprobs"]
     return Sample(prompt, [_token_id(t) for t in lp["tokens"]], [float(x) for x in lp["token_logprobs"]])
 
@@ -55,8 +56,8 @@ async def score(
 ) -> list[float]:
     """Logprobs this server assigns to `continuation` after `prompt` (teacher forcing)."""
     body = {"model": model, "prompt": prompt + continuation, "max_tokens": 1, "temperature": 0, "prompt_logprobs": 1}
-    async with session.post(f"{base_url}/v1/completions", json=body) as resp:
-        resp.raise_for_status()
+    async with session.post(f"{base_url}/v1/completions", json=body, allow_redirects=False) as resp:
+        await http.raise_for_status(resp)
         per_position = (await resp.json())["choices"][0]["prompt_logprobs"]
     out = []
     for pos, token in enumerate(continuation, start=len(prompt)):

@@ -32,6 +32,8 @@ import msgspec
 import yarl
 from msgspec import UNSET
 
+from kvbench.harness import http
+from kvbench.harness.scrub import excerpt
 from kvbench.harness.workload import Prompt
 
 # A stable, short category per failure; `error` holds the detail.
@@ -360,14 +362,14 @@ class OpenAIBackend:
         r.sent_s = st - (origin_s if origin_s is not None else st)
         try:
             async with asyncio.timeout(self.request_timeout_s):
-                async with self._session.post(self._url, data=body, headers=headers) as resp:
+                # A redirect is not followed: it would carry the key (and every --header) to wherever it points.
+                async with self._session.post(self._url, data=body, headers=headers, allow_redirects=False) as resp:
                     r.response_s = clock() - st
                     r.http_status = resp.status
                     if on_progress:
                         on_progress()
                     if resp.status != 200:
-                        text = await resp.text(errors="replace")
-                        r.fail("http", f"HTTP {resp.status}: {text.strip()[:300]}")
+                        r.fail("http", await http.error_text(resp))
                     else:
                         await self._read_stream(resp, r, st, on_progress)
         except asyncio.CancelledError:
@@ -422,7 +424,7 @@ class OpenAIBackend:
                 if event.error is not UNSET and not choices:
                     err = event.error
                     msg = err.get("message", err) if isinstance(err, dict) else err
-                    r.fail("server_error", f"error event: {str(msg)[:300]}")
+                    r.fail("server_error", excerpt(f"error event: {msg}"))
                     return
                 usage = event.usage
                 if not choices:

@@ -11,12 +11,13 @@ from pathlib import Path
 
 from kvbench import cliargs
 from kvbench.errors import KvbenchError, UsageError
-from kvbench.harness.endpoint import Endpoint, ServerFacts, describe, with_credentials
+from kvbench.harness.endpoint import Endpoint, ServerFacts, describe, refuse_shared_servers, with_credentials
 from kvbench.harness.kvsupport import cpu_support
 from kvbench.harness.records import check_writable
 from kvbench.harness.runner import RunPlan
 from kvbench.harness.scheduler import Concurrency, Rate
 from kvbench.harness.slo import SLO
+from kvbench.harness.spill import check_space
 from kvbench.harness.vllm_info import accepted_kv_dtypes, vllm_facts
 from kvbench.harness.workload import Workload
 
@@ -100,6 +101,10 @@ def build_plan(
         raise UsageError("give either --concurrency or --rate, not both")
     for key, value in (slo or {}).items():
         cliargs.positive(value, f"--search-slo {key}", "ms")
+    if eval_tasks:  # a typo is refused before the model is built or a server starts
+        from kvbench.evaltasks import check_task_names
+
+        check_task_names(eval_tasks)
     if endpoints is not None and extra_args:
         raise UsageError(
             f"vLLM arguments after -- ({' '.join(extra_args)}) apply only when kvbench starts the server; "
@@ -180,6 +185,8 @@ def build_plan(
                 else defaults["max_model_len"]
             )
 
+    if endpoints is None:
+        _check_context(model, max_model_len)
     if max_model_len is not None and prompt + output > max_model_len:
         raise UsageError(
             f"prompt + output tokens ({prompt + output}) exceed max_model_len {max_model_len}; "
@@ -228,6 +235,10 @@ def build_plan(
         spec_requests = num_requests if num_requests is not None else getattr(spec, "num_requests", None)
         if spec_requests is None and spec.kind in ("random", "shared-prefix"):
             spec_requests = defaults["num_requests"]
+    if spec is not None and spec.kind == "trace":  # its span and idle gaps, said (or refused) before any start
+        from kvbench.harness.workloads.build import trace_timing
+
+        notes.append(trace_timing(spec, num_requests=spec_requests))
     if spec is not None:  # built once now: a workload that cannot be built is refused before anything runs
         from kvbench.harness.workloads import build
 
@@ -237,6 +248,7 @@ def build_plan(
             notes.extend(trial.notes)
         notes.append(f"workload {spec.kind}: {spec.label}")
     check_writable(results_dir, machine)  # before anything is measured: a result that cannot be saved is lost
+    check_space(results_dir)
     return RunPlan(
         model=model,
         model_name=model_name,
@@ -289,8 +301,7 @@ def _fits(task: str, max_model_len: int | None) -> bool:
 
 
 def _check_eval_tasks(tasks: list[str], max_model_len: int | None) -> None:
-    """kvbench's own tasks by name and context (they must fit the server); other names go to lm-eval, which
-    says in one line when it does not know them."""
+    """kvbench's own tasks by context (they must fit the server); names were checked first (check_task_names)."""
     from kvbench import evaltasks
 
     for task in tasks:
@@ -406,6 +417,7 @@ def _resolve_endpoints(
                 notes.append(f"{ep.redacted} does not say its KV dtype: recorded as {dtype!r}, unchecked")
             out[dtype] = ep
             seen.append(facts)
+        refuse_shared_servers({d: (out[d], f) for d, f in zip(out, seen, strict=True)})
         models = {f.model_root or f.served_model for f in seen}
         if len(models) > 1:
             raise UsageError(
@@ -421,12 +433,46 @@ def _resolve_endpoints(
     return out, list(out), seen[0]
 
 
+def _is_file(path: Path) -> bool:
+    """Path.is_file that says False for a name the OS refuses (a served root of 10,000 characters)."""
+    try:
+        return path.is_file()
+    except OSError:
+        return False
+
+
+def _check_context(model: str, max_model_len: int | None) -> None:
+    """A context the model cannot hold is refused here, not by vLLM after its start: max_model_len above the
+    config's max_position_embeddings (unless the config scales RoPE, which vLLM then allows)."""
+    from kvbench.models import spec_for
+
+    if not max_model_len:
+        return
+    config = Path(model).expanduser() / "config.json"
+    if _is_file(config):
+        import json
+
+        try:
+            cfg = json.loads(config.read_text())
+        except (OSError, ValueError):
+            return
+        if not isinstance(cfg, dict) or cfg.get("rope_scaling") or (cfg.get("text_config") or {}).get("rope_scaling"):
+            return
+    spec = spec_for(model)
+    limit = spec.max_position_embeddings if spec else None
+    if limit and max_model_len > limit:
+        raise UsageError(
+            f"max_model_len {max_model_len} is above {spec.name}'s max_position_embeddings {limit}; vLLM would "
+            f"refuse it at start: give --max-model-len (or prompt + output tokens) of at most {limit}"
+        )
+
+
 def _endpoint_model(model: str | None, facts: ServerFacts) -> tuple[str | None, str, str]:
     """(model for the capacity model's config, the record's model name, local tokenizer folder) of a server."""
     from kvbench import models
 
     root = Path(facts.model_root).expanduser() if facts.model_root else None
-    local_root = root if root is not None and (root / "config.json").is_file() else None
+    local_root = root if root is not None and _is_file(root / "config.json") else None
     if model is not None:
         path = Path(model).expanduser()
         if not path.is_dir() and model not in models.catalog():

@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import base64
 import json
+import re
+import socket
 import urllib.error
 from dataclasses import dataclass, field
 from urllib.parse import parse_qsl, unquote, urlencode, urlsplit, urlunsplit
 
 from kvbench.errors import UsageError
-from kvbench.harness import http
+from kvbench.harness import http, scrub
 from kvbench.harness.promscrape import parse_metrics
 
 # Query parameters whose values are secrets (Azure's api-key, signed URLs' sig, bearer tokens ...).
@@ -38,6 +40,8 @@ SECRET_QUERY = (
     "x-api-key",
 )
 REDACTED = "REDACTED"
+DTYPE_NAME = re.compile(r"[A-Za-z0-9_.-]{1,32}")  # what a server's cache_dtype must look like to label a dtype
+MAX_SAID_CHARS = 512  # what kvbench keeps of a name a server gives itself (a model root, a dtype)
 
 
 def redact_url(url: str) -> str:
@@ -46,7 +50,10 @@ def redact_url(url: str) -> str:
     host = parts.hostname or ""
     if ":" in host:  # IPv6 literal
         host = f"[{host}]"
-    netloc = f"{host}:{parts.port}" if parts.port else host
+    try:
+        netloc = f"{host}:{parts.port}" if parts.port else host
+    except ValueError:  # a port that is not one: shown as given (check_url refuses it)
+        netloc = parts.netloc.rsplit("@", 1)[-1]
     query = urlencode(
         [(k, REDACTED if k.lower() in SECRET_QUERY else v) for k, v in parse_qsl(parts.query, keep_blank_values=True)]
     )
@@ -61,6 +68,9 @@ class Endpoint:
     url: str
     headers: dict[str, str] = field(default_factory=dict, hash=False)
 
+    def __post_init__(self):
+        scrub.remember(*self.headers.values())  # whatever a server echoes of them is never stored
+
     @property
     def redacted(self) -> str:
         return redact_url(self.url)
@@ -72,6 +82,7 @@ def with_credentials(url: str, headers: dict[str, str]) -> Endpoint:
     out = dict(headers)
     if parts.username is not None:
         token = base64.b64encode(f"{unquote(parts.username)}:{unquote(parts.password or '')}".encode()).decode()
+        scrub.remember(unquote(parts.password or ""))
         out.setdefault("Authorization", f"Basic {token}")
         netloc = parts.netloc.rsplit("@", 1)[1]
         url = urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
@@ -126,8 +137,17 @@ def parse_headers(values: list[str] | None) -> dict[str, str]:
         name, sep, value = item.partition(":")
         if not sep or not name.strip() or any(c in name for c in " \t\r\n"):
             raise UsageError(f"--header {name.strip()!r}...: give NAME:VALUE, e.g. --header 'X-Team: serving'")
+        if has_control(value.strip()):  # CR/LF would smuggle another header in; the value is never echoed
+            raise UsageError(
+                f"--header {name.strip()!r}: its value holds control characters (CR, LF ...); give one line"
+            )
         out[name.strip()] = value.strip()
     return out
+
+
+def has_control(text: str) -> bool:
+    """Control characters (CR, LF, escapes): never part of a header value or a key."""
+    return any(ord(c) < 32 or 127 <= ord(c) < 160 for c in text)
 
 
 @dataclass
@@ -140,6 +160,7 @@ class ServerFacts:
     max_model_len: int | None
     vllm_version: str | None
     cache_config: dict[str, str] = field(default_factory=dict)  # vllm:cache_config_info labels ({} if absent)
+    metrics_note: str | None = None  # why /metrics said nothing, where it did not answer as Prometheus text
 
     @property
     def redacted(self) -> str:
@@ -157,6 +178,8 @@ def describe(base_url: str, headers: dict[str, str] | None = None, timeout_s: fl
     shown = redact_url(base_url)
     try:
         status, body = http.get(f"{base_url}/v1/models", headers, timeout_s)
+    except http.RedirectRefused as exc:
+        raise UsageError(f"--endpoint {shown}: {exc.reason}") from None
     except (urllib.error.URLError, OSError, ValueError) as exc:
         reason = getattr(exc, "reason", exc)
         raise UsageError(
@@ -168,7 +191,10 @@ def describe(base_url: str, headers: dict[str, str] | None = None, timeout_s: fl
             "(or set OPENAI_API_KEY) or --header 'NAME: VALUE'"
         )
     if status != 200:
-        raise UsageError(f"--endpoint {shown}: /v1/models answered HTTP {status}, not an OpenAI-compatible model list")
+        hint = "; drop the trailing /v1: kvbench adds it" if urlsplit(base_url).path.rstrip("/").endswith("/v1") else ""
+        raise UsageError(
+            f"--endpoint {shown}: /v1/models answered HTTP {status}, not an OpenAI-compatible model list{hint}"
+        )
     try:
         data = json.loads(body)
         models = data["data"]
@@ -179,29 +205,136 @@ def describe(base_url: str, headers: dict[str, str] | None = None, timeout_s: fl
             f"--endpoint {shown}: /v1/models did not answer as an OpenAI-compatible server "
             '(expected {"data": [{"id": ...}]})'
         ) from None
+    if len(served) > MAX_SAID_CHARS or scrub.excerpt(served, MAX_SAID_CHARS) != served:
+        raise UsageError(
+            f"--endpoint {shown}: the server's model id is not a plain name ({len(served):,} characters"
+            f"{', with control characters or spaces' if len(served) <= MAX_SAID_CHARS else ''}); "
+            "kvbench sends it back in every request and names records by it"
+        )
     if len(models) > 1:
         names = ", ".join(str(m.get("id")) for m in models if isinstance(m, dict))
         raise UsageError(f"--endpoint {shown} serves several models ({names}); kvbench measures one model per server")
     max_len = first.get("max_model_len")
-    version = None
-    try:
-        status, body = http.get(f"{base_url}/version", headers, timeout_s)
-        if status == 200:
-            version = str(json.loads(body).get("version")) or None
-    except (urllib.error.URLError, OSError, ValueError, AttributeError):
-        pass  # not every OpenAI-compatible server says its version
-    cache_config: dict[str, str] = {}
-    try:
-        status, body = http.get(f"{base_url}/metrics", headers, timeout_s)
-        if status == 200:
-            cache_config = parse_metrics(body.decode("utf-8", "replace")).cache_config
-    except (urllib.error.URLError, OSError, ValueError):
-        pass  # no /metrics: capacity and dtype are then unknown, and the record says so
+    cache_config, metrics_note = _cache_config(base_url, headers, timeout_s)
+    said = cache_config.get("cache_dtype")
+    if said and not DTYPE_NAME.fullmatch(said):  # it becomes the dtype's label: names and paths use it
+        raise UsageError(
+            f"--endpoint {shown}: /metrics says cache_dtype {said[:40]!r}, which is not a KV-cache dtype name "
+            "(letters, digits, _ . -; at most 32); is it a vLLM server?"
+        )
     return ServerFacts(
         base_url=base_url,
         served_model=served,
-        model_root=str(first["root"]) if first.get("root") else None,
+        model_root=_said(first.get("root"), "model root"),
         max_model_len=int(max_len) if isinstance(max_len, int) and max_len > 0 else None,
-        vllm_version=version,
+        vllm_version=_version(base_url, headers, timeout_s),
         cache_config=cache_config,
+        metrics_note=metrics_note,
     )
+
+
+def _said(value, what: str, limit: int = MAX_SAID_CHARS) -> str | None:
+    """A string a server says about itself, as kvbench keeps it: one line, no control characters, bounded."""
+    if value is None or value == "":
+        return None
+    text = scrub.excerpt(str(value), limit)
+    return text or None
+
+
+def _version(base_url: str, headers: dict[str, str], timeout_s: float) -> str | None:
+    """/version's `version` (None where the server does not say one: not every OpenAI-compatible server does)."""
+    try:
+        status, body = http.get(f"{base_url}/version", headers, timeout_s)
+        version = json.loads(body).get("version") if status == 200 else None
+    except (urllib.error.URLError, OSError, ValueError, AttributeError):
+        return None
+    return _said(version, "version", 64) if isinstance(version, str) and version.strip() else None
+
+
+def _cache_config(base_url: str, headers: dict[str, str], timeout_s: float) -> tuple[dict[str, str], str | None]:
+    """vllm:cache_config_info's labels from /metrics ({} where it has none), and a note where /metrics is not
+    Prometheus text or does not answer (capacity and dtype are then unknown, and the record says so)."""
+    try:
+        status, body = http.get(f"{base_url}/metrics", headers, timeout_s)
+    except (urllib.error.URLError, OSError, ValueError):
+        return {}, "no answer from /metrics: the engine's capacity is unknown"
+    if status != 200:
+        return {}, f"/metrics answered HTTP {status}: the engine's capacity is unknown"
+    try:
+        config = parse_metrics(body.decode("utf-8", "replace")).cache_config
+    except Exception:  # prometheus_client's parser raises ValueError, IndexError ... on what is not its format
+        return {}, "/metrics is not Prometheus text: the engine's capacity and KV dtype are unknown"
+    return {k: _said(v, k) or "" for k, v in config.items()}, None
+
+
+# -- one server, one label; the same server from start to end --------------------------------------------
+
+
+def _addresses(url: str) -> tuple[str, int, frozenset[str]]:
+    """(scheme, port, the addresses its host resolves to): localhost and 127.0.0.1 share one."""
+    parts = urlsplit(url)
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    host = (parts.hostname or "").lower()
+    try:
+        found = {info[4][0] for info in socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)}
+    except (OSError, UnicodeError):
+        found = set()
+    return parts.scheme, port, frozenset(found | {host})
+
+
+def refuse_shared_servers(labelled: dict[str, tuple[Endpoint, ServerFacts]]) -> None:
+    """Two labels on one origin measure one server twice under two names: refused, unless that server states
+    its KV dtype (then each label was checked against it, and a contradiction already refused)."""
+    seen: list[tuple[str, Endpoint, tuple]] = []
+    for dtype, (ep, facts) in labelled.items():
+        scheme, port, addrs = _addresses(ep.url)
+        for other, other_ep, (o_scheme, o_port, o_addrs) in seen:
+            unchecked = facts.cache_dtype is None or labelled[other][1].cache_dtype is None
+            if unchecked and scheme == o_scheme and port == o_port and addrs & o_addrs:
+                raise UsageError(
+                    f"--endpoint {other}={other_ep.redacted} and {dtype}={ep.redacted} are one server "
+                    f"(port {port} on the same host), which does not say its KV dtype: two labels would file one "
+                    "measurement under two dtypes; give each dtype its own server"
+                )
+        seen.append((dtype, ep, (scheme, port, addrs)))
+
+
+def server_changes(before, after: ServerFacts) -> list[str]:
+    """What differs between what a server said at the start (a records.ServerInfo) and now: model, context and
+    cache configuration (a server restarted with another cache between phases). Unsaid values are not compared."""
+    now = {
+        "served model": after.served_model,
+        "model root": after.model_root,
+        "max_model_len": after.max_model_len,
+        "cache_dtype": after.cache_dtype,
+        "block_size": _int_or_none(after.cache_config.get("block_size")),
+        "num_gpu_blocks": _int_or_none(after.cache_config.get("num_gpu_blocks")),
+    }
+    then = {
+        "served model": before.served_model,
+        "model root": before.model_root,
+        "max_model_len": before.max_model_len,
+        "cache_dtype": before.cache_dtype,
+        "block_size": before.block_size,
+        "num_gpu_blocks": before.num_gpu_blocks,
+    }
+    return [f"{k} {then[k]!s} -> {now[k]!s}" for k in now if then[k] is not None and now[k] != then[k]]
+
+
+def _int_or_none(value) -> int | None:
+    try:
+        return int(float(value))
+    except (TypeError, ValueError, OverflowError):
+        return None
+
+
+def served_vllm(client: dict, versions: list[str | None]) -> dict:
+    """The record's `environment.vllm` for an --endpoint run: what was measured is the server's vLLM (its
+    /version, or "unknown"), never this machine's install, which is kept as `client`."""
+    said = sorted({v for v in versions if v})
+    return {
+        "package": "vllm (endpoint)",
+        "version": ", ".join(said) if said else "unknown",
+        "source": "the server's /version" if said else "the server did not say (no /version)",
+        "client": client,
+    }

@@ -19,6 +19,7 @@ from pathlib import Path
 from kvbench import stats
 from kvbench.harness.evaluation import EvalResult
 from kvbench.harness.records import _replace_atomic, new_run_id, utc_iso, write_atomic
+from kvbench.harness.scrub import scrub_table
 
 SCHEMA = "kvbench.eval/1"
 EVALS_DIR = "evals"
@@ -153,7 +154,7 @@ def write_eval_record(path: Path, doc: dict, results: dict[RunKey, EvalResult]) 
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     items = path.with_name(path.name.removesuffix(".json") + ITEMS_SUFFIX)
-    table = _items_table(results)
+    table = scrub_table(_items_table(results))
     _replace_atomic(items, lambda fh: pq.write_table(table, fh, compression="zstd"))
     doc = {**doc, "items": {"path": items.name, "rows": table.num_rows}}
     write_atomic(path, doc)

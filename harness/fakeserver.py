@@ -19,7 +19,7 @@ retrieval prompts, and corrupt them above a concurrency).
 
 Endpoints: POST /v1/completions, /v1/chat/completions; GET /v1/models, /health, /metrics (Prometheus text
 with vLLM names); control: GET/POST /fake/config (POST replaces fields and resets counters and log),
-GET /fake/log (?clear=1).
+GET /fake/log (?clear=1), GET /fake/headers (every request's headers: where a credential went).
 
 In-process: `with FakeServer(FakeConfig(ttft_s=0.05)) as srv: srv.base_url` (its own thread and event
 loop) or `FakeServer(..., mode="process")` (a subprocess: no shared GIL with the client). Standalone:
@@ -77,6 +77,12 @@ class FakeConfig:
     # a server that is right at rest and wrong only under load.
     answers: str = "tokens"
     corrupt_above: int = 0
+    # Hostile servers: a 500's body echoes the request's headers (a misconfigured proxy does); every route but
+    # /fake/* answers 307 to `redirect_to` + its path (a server moved, or one trying to collect credentials).
+    echo_headers: bool = False
+    redirect_to: str | None = None
+    model_root: str | None = None  # /v1/models' root (None: the model id, as vLLM serving a hub id says)
+    metrics_body: str | None = None  # /metrics answers exactly this text (a server that is not vLLM's)
 
     def update(self, changes: dict[str, Any]) -> None:
         names = {f.name: f.type for f in fields(self)}
@@ -103,11 +109,13 @@ class _State:
         self.success_total = 0
         self.stopping = asyncio.Event()
         self.rendered: dict[tuple, bytes] = {}  # zero-compute response bodies by shape, id left as _RID
+        self.headers_seen: list[dict[str, str]] = []  # every request's path and headers (GET /fake/headers)
 
     def reset(self) -> None:
         self.arrivals = 0
         self.log = []
         self.rendered = {}
+        self.headers_seen = []
 
 
 STATE = web.AppKey("state", _State)
@@ -155,9 +163,10 @@ async def _completion(request: web.Request) -> web.StreamResponse:
 
     if cfg.fail_every and n % cfg.fail_every == 0:
         entry["outcome"] = "http_500"
-        return web.json_response(
-            {"error": {"message": "fake failure", "type": "InternalServerError", "code": 500}}, status=500
-        )
+        error = {"message": "fake failure", "type": "InternalServerError", "code": 500}
+        if cfg.echo_headers:
+            error["request_headers"] = dict(request.headers)
+        return web.json_response({"error": error}, status=500)
     if not body.get("stream"):
         return await _complete_whole(request, st, cfg, body, chat, n, entry, t_recv)
     hang = bool(cfg.hang_every and n % cfg.hang_every == 0)
@@ -398,7 +407,7 @@ async def _models(request: web.Request) -> web.Response:
                     "id": cfg.model,
                     "object": "model",
                     "owned_by": "kvbench-fake",
-                    "root": cfg.model,
+                    "root": cfg.model if cfg.model_root is None else cfg.model_root,
                     "max_model_len": cfg.max_model_len,
                 }
             ],
@@ -408,6 +417,8 @@ async def _models(request: web.Request) -> web.Response:
 
 async def _metrics(request: web.Request) -> web.Response:
     st: _State = request.app[STATE]
+    if st.config.metrics_body is not None:
+        return web.Response(text=st.config.metrics_body, content_type="text/plain")
     lab = f'{{engine="0",model_name="{st.config.model}"}}'
     lines = [
         "# HELP vllm:num_requests_running Number of requests in model execution batches.",
@@ -452,6 +463,18 @@ async def _version(request: web.Request) -> web.Response:
 
 
 @web.middleware
+async def _seen(request: web.Request, handler):
+    """Every request's headers are kept (GET /fake/headers), and `redirect_to` answers before anything else."""
+    if request.path.startswith("/fake/"):
+        return await handler(request)
+    st: _State = request.app[STATE]
+    st.headers_seen.append({"path": request.path, **request.headers})
+    if st.config.redirect_to:
+        raise web.HTTPTemporaryRedirect(st.config.redirect_to.rstrip("/") + request.path_qs)
+    return await handler(request)
+
+
+@web.middleware
 async def _auth(request: web.Request, handler):
     """vLLM's --api-key: /v1 paths need `Authorization: Bearer <key>` (vllm/entrypoints/serve/middleware)."""
     key = request.app[STATE].config.api_key
@@ -483,8 +506,12 @@ async def _log(request: web.Request) -> web.Response:
     return out
 
 
+async def _headers_seen(request: web.Request) -> web.Response:
+    return web.json_response(request.app[STATE].headers_seen)
+
+
 def make_app(config: FakeConfig | None = None) -> web.Application:
-    app = web.Application(middlewares=[_auth])
+    app = web.Application(middlewares=[_seen, _auth])
     app[STATE] = _State(config or FakeConfig())
     app.router.add_post("/v1/completions", _completion)
     app.router.add_post("/v1/chat/completions", _completion)
@@ -494,6 +521,7 @@ def make_app(config: FakeConfig | None = None) -> web.Application:
     app.router.add_get("/version", _version)
     app.router.add_route("*", "/fake/config", _config)
     app.router.add_get("/fake/log", _log)
+    app.router.add_get("/fake/headers", _headers_seen)
     return app
 
 
@@ -647,6 +675,10 @@ class FakeServer:
     def configure(self, **changes: Any) -> dict[str, Any]:
         """Change settings (and reset the arrival counter and log) on the running server."""
         return self._call("/fake/config", changes)
+
+    def headers_seen(self) -> list[dict[str, str]]:
+        """Every request's path and headers since the last configure()."""
+        return self._call("/fake/headers")
 
     def log(self, clear: bool = False) -> list[dict[str, Any]]:
         """Per request: arrival index, received_s and writes_s (perf_counter), outcome."""

@@ -20,6 +20,9 @@ class FindingKind(StrEnum):
     FAILED = "failed"  # the dtype's run failed or stopped part-way
     DEGENERATE = "degenerate"  # outputs that are not text (repeats, empty) under a failure-mode condition
     STARVED_CLIENT = "starved-client"  # the load generator waited for a CPU: its latencies include its queueing
+    SERVER_CHANGED = "server-changed"  # an --endpoint server's model or cache config changed between phases
+    NO_USAGE = "no-usage"  # the server sent no usage: token counts, TPOT and throughput unknown
+    FAILED_REQUESTS = "failed-requests"  # more than a small share of the fixed load failed
     ERROR = "error"  # kvbench could not derive its findings (a bug; what was measured is kept)
     OTHER = "other"  # an older record's finding whose kind its text does not tell
 

@@ -11,20 +11,30 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-_N = r"[\d,]+"
+# Every pattern is bounded (no unbounded run before a literal) and only tried on lines holding its literal, and
+# lines are cut to MAX_LINE_CHARS: a hostile 100 MB line or a 20 kB run of capitals costs linear time.
+MAX_LINE_CHARS = 4096
+_N = r"\d[\d,]{0,24}"
+_X = r"\d{1,12}(?:\.\d{1,12})?"  # a decimal number, bounded
+_DEVICE = r"(?<![A-Za-z])(?P<device>[A-Z]{1,8}(?: \+ host)?)"  # GPU, CPU, XPU, TPU ... (anchored, bounded)
 ONE_LINE = re.compile(
-    rf"(?P<device>[A-Z]+(?: \+ host)?) KV cache size: (?P<tokens>{_N}) tokens, "
-    rf"Maximum concurrency for (?P<per_req>{_N}) tokens per request: (?P<conc>[\d.]+)x"
+    rf"{_DEVICE} KV cache size: (?P<tokens>{_N}) tokens, "
+    rf"Maximum concurrency for (?P<per_req>{_N}) tokens per request: (?P<conc>{_X})x"
 )
-SIZE_LINE = re.compile(rf"(?P<device>[A-Z]+(?: \+ host)?) KV cache size: (?P<tokens>{_N}) tokens\s*$")
-CONC_LINE = re.compile(rf"Maximum concurrency for (?P<per_req>{_N}) tokens per request: (?P<conc>[\d.]+)x")
-DTYPE_LINE = re.compile(r"Using (?P<dtype>\S+) data type to store kv cache")
+SIZE_LINE = re.compile(rf"{_DEVICE} KV cache size: (?P<tokens>{_N}) tokens\s*$")
+CONC_LINE = re.compile(rf"Maximum concurrency for (?P<per_req>{_N}) tokens per request: (?P<conc>{_X})x")
+DTYPE_LINE = re.compile(r"Using (?P<dtype>\S{1,64}) data type to store kv cache")
 KV_MEMORY_LINE = re.compile(
-    r"(?:Available KV cache memory: (?P<gpu>[\d.]+) GiB|"
-    r"(?:Explicitly|Auto) set \((?P<cpu>[\d.]+)/[\d.]+\) GiB for KV cache)"
+    rf"(?:Available KV cache memory: (?P<gpu>{_X}) GiB|"
+    rf"(?:Explicitly|Auto) set \((?P<cpu>{_X})/{_X}\) GiB for KV cache)"
 )
-ERROR_LINE = re.compile(r"\b(?P<kind>[A-Za-z_.]*(?:Error|Exception)): (?P<msg>.+)$")
+ERROR_LINE = re.compile(r"(?<![A-Za-z_.])(?P<kind>[A-Za-z_.]{0,120}(?:Error|Exception)): (?P<msg>.+)$")
 ARGPARSE_LINE = re.compile(r": error: (?P<msg>.+)$")
+
+
+def bounded(lines) -> list[str]:
+    """The lines as the patterns see them: each cut to MAX_LINE_CHARS."""
+    return [line if len(line) <= MAX_LINE_CHARS else line[:MAX_LINE_CHARS] for line in lines]
 
 
 @dataclass(frozen=True)
@@ -52,17 +62,19 @@ def parse_capacity(lines: list[str]) -> EngineCapacity | None:
     pending: tuple[str, int] | None = None
     kv_gib = None
     dtype = None
-    for line in lines:
+    for line in bounded(lines):
+        if "KV cache" not in line and "Maximum concurrency" not in line and "data type" not in line:
+            continue  # the literal every pattern here needs: most lines stop at this test
         if m := KV_MEMORY_LINE.search(line):
             kv_gib = float(m["gpu"] or m["cpu"])
         if m := DTYPE_LINE.search(line):
             dtype = m["dtype"]
-        if m := ONE_LINE.search(line):
+        if "KV cache size" in line and (m := ONE_LINE.search(line)):
             found = EngineCapacity(
                 m["device"], _int(m["tokens"]), float(m["conc"]), _int(m["per_req"]), "log", kv_gib, cache_dtype=dtype
             )
             pending = None
-        elif m := SIZE_LINE.search(line):
+        elif "KV cache size" in line and (m := SIZE_LINE.search(line)):
             pending = (m["device"], _int(m["tokens"]))
             found = EngineCapacity(m["device"], _int(m["tokens"]), None, None, "log", kv_gib, cache_dtype=dtype)
         elif (m := CONC_LINE.search(line)) and pending:
@@ -74,7 +86,7 @@ def parse_capacity(lines: list[str]) -> EngineCapacity | None:
 
 
 SEGFAULT = "Segfault encountered"
-FRAME = re.compile(r'File "(?P<file>[^"]+)", line \d+, in (?P<func>.+)$')
+FRAME = re.compile(r'File "(?P<file>[^"]{1,1024})", line \d{1,9}, in (?P<func>.+)$')
 
 
 def _short_symbol(func: str) -> str:
@@ -86,6 +98,7 @@ def _short_symbol(func: str) -> str:
 
 def engine_failure(lines: list[str]) -> str | None:
     """Why a running engine died: a native crash (first frame past the signal handler) or its fatal error."""
+    lines = bounded(lines)
     for i, line in enumerate(lines):
         if SEGFAULT in line:
             for frame in lines[i + 1 : i + 8]:
@@ -100,12 +113,13 @@ def engine_failure(lines: list[str]) -> str | None:
 
 def startup_error(lines: list[str]) -> str | None:
     """The most telling error line of a failed start: vLLM's argparse complaint or the last exception."""
+    lines = bounded(lines)
     for line in reversed(lines):
-        if m := ARGPARSE_LINE.search(line):
+        if ": error: " in line and (m := ARGPARSE_LINE.search(line)):
             return m["msg"].strip()
     for line in reversed(lines):
         if " WARNING " in line:  # e.g. vLLM's ulimit warning quotes an OSError it did not hit
             continue
-        if m := ERROR_LINE.search(line):
+        if ("Error: " in line or "Exception: " in line) and (m := ERROR_LINE.search(line)):
             return f"{m['kind'].rsplit('.', 1)[-1]}: {m['msg'].strip()}"
     return None

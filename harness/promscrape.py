@@ -72,6 +72,18 @@ def fetch_metrics(base_url: str, timeout_s: float = 5.0, headers: dict[str, str]
     return parse_metrics(text, t)
 
 
+def metrics_or_note(base_url: str, headers: dict[str, str] | None, notes: list[str]) -> MetricsSnapshot:
+    """/metrics now, or an empty snapshot and a note in `notes` when it does not answer as Prometheus text
+    (a server without vLLM's metrics loses its capacity and counters, never its measurement)."""
+    try:
+        return fetch_metrics(base_url, 5.0, headers)
+    except Exception as exc:  # OSError, HTTP errors, prometheus_client's ValueError/IndexError on other text
+        note = f"/metrics unusable ({type(exc).__name__}): capacity and server counters unknown"
+        if note not in notes:
+            notes.append(note)
+        return MetricsSnapshot(t=time.perf_counter())
+
+
 def capacity_from_metrics(snap: MetricsSnapshot) -> EngineCapacity | None:
     """The engine's capacity as `/metrics` states it (for --endpoint runs, where there is no log)."""
     cc = snap.cache_config

@@ -36,6 +36,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from kvbench.datafiles import read_json
 from kvbench.errors import UsageError
 from kvbench.harness.findings import FindingKind, parse_kind
+from kvbench.harness.scrub import scrub_doc, scrub_table
 from kvbench.output import jsonable
 
 SCHEMA = "kvbench.run/2"
@@ -45,6 +46,7 @@ RUNS_DIR = "runs"
 REQUESTS_SUFFIX = ".requests.parquet"
 SERIES_SUFFIX = ".series.parquet"
 EVALS_SUFFIX = ".evals.parquet"
+PROBE_BYTES = 64 << 10  # what check_writable writes (and removes) to find a full disk before measuring
 
 
 # -- statuses and phase kinds: one vocabulary each -------------------------------------------------------
@@ -290,6 +292,31 @@ class Stat(_Model):
     values: list[float] = Field(default_factory=list)
 
 
+class FrontPoint(_Model):
+    """One point of a front (kvbench.harness.front.Point as stored): finite, and no negative throughput, so a
+    damaged record cannot size a deployment (plan --from-run) from NaN or -5 tokens/s."""
+
+    concurrency: int | float | None = Field(None, gt=0)  # interpolated (a float) in at_target
+    output_tps_per_gpu: float | None = Field(None, ge=0)
+    total_tps_per_gpu: float | None = Field(None, ge=0)
+    user_tps: float | None = Field(None, gt=0)
+    user_tps_e2e: float | None = Field(None, ge=0)
+    ttft_p50_ms: float | None = Field(None, ge=0)
+    ttft_p95_ms: float | None = Field(None, ge=0)
+    tpot_p50_ms: float | None = Field(None, ge=0)
+    tpot_p95_ms: float | None = Field(None, ge=0)
+    goodput_rps: float | None = Field(None, ge=0)
+    usd_per_m_output: float | None = Field(None, ge=0)
+    usd_per_m_total: float | None = Field(None, ge=0)
+
+    def items(self):
+        """Dict-style, as front.Point(**...) readers take it."""
+        return self.model_dump().items()
+
+    def get(self, key: str, default=None):
+        return getattr(self, key, default)
+
+
 class Front(_Model):
     """The trade-off curve of one dtype (kvbench.harness.front): every closed-loop point, which are on the
     Pareto front, and the cost where prices were given."""
@@ -297,10 +324,10 @@ class Front(_Model):
     gpus: int = Field(ge=1)
     price_per_gpu_hour: float | None = Field(None, ge=0)
     price_key: str | None = None  # which --price-per-hour entry priced it (a GPU catalog key, or "cpu")
-    points: list[dict[str, Any]] = Field(default_factory=list)
-    at_slo: dict[str, Any] | None = None  # the best measured point that met the SLO
-    at_target: dict[str, Any] | None = None  # interpolated along the front at target_user_tps
-    target_user_tps: float | None = None
+    points: list[FrontPoint] = Field(default_factory=list)
+    at_slo: FrontPoint | None = None  # the best measured point that met the SLO
+    at_target: FrontPoint | None = None  # interpolated along the front at target_user_tps
+    target_user_tps: float | None = Field(None, gt=0)
 
 
 class Finding(_Model):
@@ -409,7 +436,10 @@ def check_writable(results_dir: Path, machine: str) -> Path:
                 parent.mkdir()
                 created.append(parent)
         fd, probe = tempfile.mkstemp(prefix=".kvbench-probe-", dir=target)
-        os.close(fd)
+        try:
+            os.write(fd, bytes(PROBE_BYTES))  # an empty probe passes on a full disk; bytes do not
+        finally:
+            os.close(fd)
         return target
     except OSError as exc:
         for folder in reversed(created):
@@ -459,8 +489,8 @@ def _replace_atomic(path: Path, write) -> Path:
 
 
 def write_atomic(path: Path, doc: dict) -> Path:
-    """A JSON document, compact, floats to 1 µs, written atomically."""
-    text = json.dumps(_micro(jsonable(doc)), separators=(",", ":")) + "\n"
+    """A JSON document, compact, floats to 1 µs, every string scrubbed of credentials, written atomically."""
+    text = json.dumps(_micro(scrub_doc(jsonable(doc))), separators=(",", ":")) + "\n"
     return _replace_atomic(path, lambda fh: fh.write(text.encode()))
 
 
@@ -666,8 +696,8 @@ class SampleStore:
         ):
             if not rows:
                 continue
-            table = pa.Table.from_pylist(
-                [{k: _finite(row.get(k)) for k in schema.names} for row in rows], schema=schema
+            table = scrub_table(
+                pa.Table.from_pylist([{k: _finite(row.get(k)) for k in schema.names} for row in rows], schema=schema)
             )
             _replace_atomic(path, lambda fh, table=table: pq.write_table(table, fh, compression="zstd"))
             setattr(ref, attr, path.name)
@@ -960,7 +990,10 @@ def summary_rows(doc: dict, path: Path | None = None) -> list[dict]:
                 "machine": doc.get("machine"),
                 "run_status": doc.get("status"),
                 "vllm_package": vllm.get("package"),
-                "vllm_version": server.get("vllm_version") if not server.get("managed", True) else vllm.get("version"),
+                # an --endpoint run measured the server's vLLM (its /version), never this machine's install
+                "vllm_version": (server.get("vllm_version") or "unknown")
+                if not server.get("managed", True)
+                else vllm.get("version"),
                 "model": config.get("model_name") or config.get("model"),
                 "kv_cache_dtype": d.get("kv_cache_dtype"),
                 "kv_dtype_confirmed": d.get("kv_dtype_confirmed"),

@@ -27,15 +27,16 @@ from kvbench.capacity import VLLM_DEFAULT_GPU_MEMORY_UTILIZATION, budget_from_by
 from kvbench.datafiles import load_toml
 from kvbench.errors import KvbenchError, UsageError
 from kvbench.formats import format_ratio, get_format
-from kvbench.harness import energy, front, quality, records, repeats
+from kvbench.harness import energy, front, quality, records, repeats, spill
 from kvbench.harness.agreement import Canaries, Sample, collect, compare
 from kvbench.harness.backend import OpenAIBackend
-from kvbench.harness.endpoint import Endpoint, ServerFacts, describe, redact_url
+from kvbench.harness.endpoint import Endpoint, ServerFacts, describe, redact_url, served_vllm, server_changes
 from kvbench.harness.findings import FindingKind
 from kvbench.harness.logparse import EngineCapacity, engine_failure
 from kvbench.harness.machine import environment
 from kvbench.harness.metrics import DEFINITIONS, distribution, summarize
-from kvbench.harness.promscrape import MetricsSampler, capacity_from_metrics, fetch_metrics
+from kvbench.harness.notices import notices
+from kvbench.harness.promscrape import MetricsSampler, capacity_from_metrics, fetch_metrics, metrics_or_note
 from kvbench.harness.records import (
     Agreement,
     Capacity,
@@ -207,6 +208,8 @@ class Runner:
         self._evaluator = quality.Evaluator() if plan.eval_tasks else None
         self._eval_items: dict[tuple[str, str], dict] = {}  # (dtype, condition) -> {task: {doc id: score}}
         self._reference: list[dict] | None = None  # auto's greedy samples, for end-to-end agreement
+        self._changed: list[Finding] = []  # endpoint servers that changed between phases
+        self.spilled: str | None = None  # where the record went when the disk was full (the run then exits 1)
         self.record = RunRecord(
             run_id=self.run_id,
             created_at=records.utc_iso(),
@@ -216,9 +219,17 @@ class Runner:
             definitions=dict(DEFINITIONS),
             **(extra or {}),
         )
+        self._client_vllm = self.record.environment.get("vllm")
 
     def flush(self) -> Path:
-        return records.write_record(self.path, self.record, self.samples)
+        if self.plan.endpoints:  # what was measured is the servers' vLLM, not this machine's
+            versions = [d.server.vllm_version for d in self.record.dtypes if d.server]
+            self.record.environment["vllm"] = served_vllm(self._client_vllm, versions)
+        spilled = spill.flush(self.path, self.record, self.samples)  # a full disk never loses the record
+        if spilled:
+            self.spilled = spilled
+            self.reporter.note(spilled)
+        return self.path
 
     async def run(self, deadline_s: float | None = None, deadline_note: str | None = None) -> RunRecord:
         stop: Stop | None = None
@@ -231,7 +242,7 @@ class Runner:
                 detail=deadline_note or f"stopped: the deadline of {deadline_s:.0f} s passed",
             )
         except (KeyboardInterrupt, asyncio.CancelledError):
-            stop = Stop(reason=StopReason.SIGNAL, detail="interrupted (Ctrl-C or SIGTERM)")
+            stop = Stop(reason=StopReason.SIGNAL, detail="interrupted (Ctrl-C, SIGTERM or SIGHUP)")
             raise
         finally:
             self._finish(stop)
@@ -263,7 +274,7 @@ class Runner:
         if self._evaluator is not None:
             self._evaluator.close()
         try:
-            rec.findings = findings(rec, self._model_spec())
+            rec.findings = [*self._changed, *findings(rec, self._model_spec()), *notices(rec)]
             rec.comparisons = comparisons(rec)
             evals = {d.kv_cache_dtype: d.eval for d in rec.dtypes if d.eval}
             quality.compare_conditions(evals, self._eval_items)
@@ -313,7 +324,7 @@ class Runner:
                     )
                 result.warnings.append(f"server reports cache_dtype {served!r}, asked for {dtype!r}")
 
-            before = await asyncio.to_thread(fetch_metrics, endpoint.url, 5.0, headers)
+            before = await asyncio.to_thread(metrics_or_note, endpoint.url, headers, result.warnings)
             result.metrics.before = before.as_dict()
             engine = (server.capacity() if server else None) or capacity_from_metrics(before)
             result.capacity = self._capacity(dtype, engine, before.cache_config, facts)
@@ -334,7 +345,8 @@ class Runner:
                 result.metrics.during = self.samples.add_metrics(dtype, sampler_http.samples)
                 await backend.close()
             if server is None or server.alive():
-                result.metrics.after = (await asyncio.to_thread(fetch_metrics, endpoint.url, 5.0, headers)).as_dict()
+                after = await asyncio.to_thread(metrics_or_note, endpoint.url, headers, result.warnings)
+                result.metrics.after = after.as_dict()
             if result.status == DtypeStatus.RUNNING:
                 result.status = DtypeStatus.OK
         except Exception as exc:  # one dtype's failure never ends the run
@@ -608,6 +620,8 @@ class Runner:
                 raise RuntimeError(f"vLLM engine died during {name}: {cause or 'server stopped answering /health'}")
             if load_result.stalled:
                 raise RuntimeError(f"no progress for {plan.stall_timeout_s:g} s during {name}: server hung")
+            if server is None:
+                await self._same_server(dtype, backend.base_url, headers, result, name)
             return run_summary
 
         def ladder_size(c: int) -> int:
@@ -677,6 +691,17 @@ class Runner:
         if len(headline_runs) > 1:
             result.fixed_stats = repeats.stats(headline_runs)
         result.front = self._front(result)
+
+    async def _same_server(self, dtype: str, url: str, headers: dict, result: DtypeResult, after: str) -> None:
+        """An --endpoint server must be the one described at the start after every phase (same model, context
+        and cache configuration); a changed one ends the dtype (its measured phases are kept) with an error."""
+        changes = server_changes(result.server, await asyncio.to_thread(describe, url, headers))
+        if changes:
+            text = f"the server changed after phase {after}: {'; '.join(changes)}; later phases not run"
+            self._changed.append(
+                Finding(level="error", kind=FindingKind.SERVER_CHANGED, dtype=dtype, text=f"{dtype}: {text}")
+            )
+            raise RuntimeError(text)
 
     async def _evaluate(
         self, dtype: str, backend, result: DtypeResult, headers: dict, at_load: int, load, prompts
@@ -1122,22 +1147,26 @@ def execute(
     the final write (e.g. to note the host load after the run). Raises RunInterrupted after writing the
     partial record when a signal or the deadline stopped the run."""
     records.check_writable(plan.results_dir, plan.machine)
+    spill.check_space(plan.results_dir)
     runner = Runner(plan, reporter, extra)
     main = threading.current_thread() is threading.main_thread()
-    previous = signal.signal(signal.SIGTERM, _sigterm) if main else None
+    # SIGTERM and SIGHUP (a closed terminal or ssh session) take Ctrl-C's path: the partial record is kept
+    previous = {s: signal.signal(s, _sigterm) for s in (signal.SIGTERM, signal.SIGHUP)} if main else {}
     try:
         try:
             asyncio.run(runner.run(deadline_s, deadline_note))
         except KeyboardInterrupt:
             if runner.record.stopped is None:  # before the runner could mark it (e.g. while the loop started)
-                runner._finish(Stop(reason=StopReason.SIGNAL, detail="interrupted (Ctrl-C or SIGTERM)"))
+                runner._finish(Stop(reason=StopReason.SIGNAL, detail="interrupted (Ctrl-C, SIGTERM or SIGHUP)"))
     finally:
-        if main:
-            signal.signal(signal.SIGTERM, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
         stop_all()
     if on_finish is not None:
         on_finish(runner.record)
         runner.flush()
     if runner.record.stopped is not None:
         raise RunInterrupted(runner.record, runner.path)
+    if runner.spilled:
+        raise spill.DiskFull(runner.record, runner.path, runner.spilled)
     return runner.record, runner.path

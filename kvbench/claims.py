@@ -183,9 +183,28 @@ def load_claims(path: str | Path | None = None) -> dict:
             raise unknown_choice(f"measured_on in claim {claim['id']!r}:", str(claim["measured_on"]), MEASURED_ON)
         for key, value in defaults.items():
             claim.setdefault(key, value)
+        _check_numbers(claim, file)
         if "source" in claim:  # a claim quoted from another publication than the file's
             claim["source"] = parse_source(claim["source"], file)
     return doc
+
+
+def _number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _check_numbers(claim: dict, file: Path) -> None:
+    """A claim's numbers as its verdict needs them (TOML has nan and inf): one line naming the key if not."""
+    where = f"{file}: claim {claim['id']!r}"
+    claimed = claim["claimed"]
+    if claim["quantity"] != "external" and not _number(claimed):
+        raise UsageError(f"{where}: claimed must be a finite number (external claims may be text), got {claimed!r}")
+    tolerance = claim.get("tolerance_pct", 0)
+    if not _number(tolerance) or tolerance < 0:
+        raise UsageError(f"{where}: tolerance_pct must be a finite number >= 0 (percent), got {tolerance!r}")
+    for key in ("context", "kv_budget_gb", "target_users"):
+        if key in claim and (not _number(claim[key]) or claim[key] <= 0):
+            raise UsageError(f"{where}: {key} must be a finite number > 0, got {claim[key]!r}")
 
 
 def _verdict(claimed: float, derived: float, tolerance_pct: float, exact: bool) -> tuple[str, float]:

@@ -22,6 +22,7 @@ from kvbench.commands import (
 )
 from kvbench.commands import eval as eval_cmd
 from kvbench.errors import KvbenchError
+from kvbench.harness.scrub import excerpt
 
 app = typer.Typer(
     name="kvbench",
@@ -56,7 +57,8 @@ def main(argv: list[str] | None = None) -> None:
     try:
         rc = app(args=args, prog_name="kvbench", standalone_mode=False)
     except KvbenchError as exc:
-        print(f"kvbench: error: {exc}", file=sys.stderr)
+        # one line, no control characters or escape sequences, no credential (the text may quote a server)
+        print(f"kvbench: error: {excerpt(str(exc), 4000)}", file=sys.stderr)
         sys.exit(exc.exit_code)
     except KeyboardInterrupt:
         print("kvbench: interrupted", file=sys.stderr)

@@ -33,6 +33,10 @@ def read_json(path: Path, *, missing: str | None = None, bad: str = "not valid J
         if missing is None:
             raise
         raise UsageError(missing) from None
+    except IsADirectoryError:
+        raise UsageError(f"{path} is a folder, not a file; give the JSON file itself") from None
+    except OSError as exc:
+        raise UsageError(f"{path}: cannot read ({exc.strerror or exc})") from None
     except json.JSONDecodeError as exc:
         raise UsageError(f"{path}: {bad} ({exc.msg} at line {exc.lineno})") from None
     except UnicodeDecodeError:

@@ -12,6 +12,7 @@ other seeds than the evaluation items.
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import json
 import os
@@ -22,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from kvbench.errors import unknown_choice
+from kvbench.errors import UsageError, unknown_choice
 
 SEED = 1234  # evaluation items; training draws from other seeds (tinytrain.TRAIN_SEED)
 PREFIX = "kvbench_"
@@ -89,6 +90,30 @@ def parse_task(name: str) -> tuple[str, int]:
         if kind in KINDS and ctx.isdigit() and int(ctx) in CONTEXTS:
             return kind, int(ctx)
     raise unknown_choice("kvbench task", name, task_names())
+
+
+def check_task_names(tasks: list[str]) -> None:
+    """Every task known before anything starts: kvbench's by name and context, the others by lm-eval's own
+    index (a typo found after a vLLM start costs minutes); one line with the nearest names if not."""
+    for task in tasks:
+        if task.startswith(PREFIX):
+            parse_task(task)
+    others = [t for t in tasks if not t.startswith(PREFIX)]
+    if not others:
+        return
+    try:
+        from lm_eval.tasks import TaskManager
+    except ImportError:  # lm-eval itself says so when the evaluation starts
+        return
+    known = set(TaskManager().all_tasks)
+    for task in others:
+        if task not in known:
+            near = difflib.get_close_matches(task, sorted(known), n=3)
+            raise UsageError(
+                f"unknown lm-eval task {task!r}"
+                + (f"; did you mean {', '.join(near)}?" if near else "")
+                + f" (lm-eval knows {len(known):,}: `lm-eval ls tasks`; kvbench's own: {', '.join(task_names())})"
+            )
 
 
 def words(seed: int = 0) -> list[str]:

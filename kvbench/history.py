@@ -14,6 +14,7 @@ import itertools
 import math
 from pathlib import Path
 
+from kvbench.errors import UsageError
 from kvbench.harness.records import linked_records
 from kvbench.tracked import by_benchmark
 
@@ -56,9 +57,18 @@ def _load_asv(results_dir: Path, asv_conf: str | Path):
     from asv.benchmarks import Benchmarks
     from asv.config import Config
 
-    conf = Config.load(str(asv_conf))
+    try:
+        conf = Config.load(str(asv_conf))
+    except Exception as exc:  # asv raises its UserError, JSON and OS errors: all one line here
+        raise UsageError(f"{asv_conf}: not a readable asv config ({' '.join(str(exc).split())[:200]})") from None
     conf.results_dir = str(results_dir)
-    return Benchmarks.load(conf)
+    try:
+        return Benchmarks.load(conf)
+    except Exception as exc:
+        raise UsageError(
+            f"{Path(results_dir) / 'benchmarks.json'}: not a readable asv benchmarks.json "
+            f"({' '.join(str(exc).split())[:200] or type(exc).__name__}); rerun `kvbench history run`"
+        ) from None
 
 
 def _records(machine_dir: Path, problems: list[str]) -> dict[tuple[str, str], list[tuple[str, dict, Path]]]:

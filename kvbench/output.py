@@ -32,6 +32,28 @@ def jsonable(obj):
     return obj
 
 
+def terminal_safe(obj, plain_keys: tuple[str, ...] = ("log_tail",), markup: bool = True):
+    """A document whose strings can be printed with rich markup: control characters and escape sequences
+    removed (a server's or a log's text never drives the terminal) and markup escaped (a `[/bold]` in a log
+    is text, not a MarkupError). Under `plain_keys` (printed with markup off), or everywhere with
+    markup=False (for text that is escaped where it is printed), only the former."""
+    from rich.markup import escape
+
+    from kvbench.harness.scrub import strip_control
+
+    def walk(value, plain: bool):
+        if isinstance(value, str):
+            clean = strip_control(value)
+            return clean if plain else escape(clean)
+        if isinstance(value, dict):
+            return {k: walk(v, plain or k in plain_keys) for k, v in value.items()}
+        if isinstance(value, list):
+            return [walk(v, plain) for v in value]
+        return value
+
+    return walk(obj, not markup)
+
+
 def print_json(obj) -> None:
     """Machine-readable output on stdout (nothing else is printed with --json)."""
     sys.stdout.write(json.dumps(jsonable(obj), indent=2) + "\n")

@@ -150,6 +150,9 @@ def plan_from_front(record, users: int, user_tps: float | None, prices: dict[str
                 continue
             conc, tps, user_tps_here = best.concurrency, best.output_tps_per_gpu, best.user_tps
             row["why"] = f"best point under the SLO (concurrency {best.concurrency})"
+        if not tps or tps <= 0 or not conc or conc < 1:  # a point that served nobody sizes nothing
+            row["why"] = f"the front's point at concurrency {conc} has no output throughput ({tps} tokens/s)"
+            continue
         per_replica = max(1, math.floor(conc))
         replicas = math.ceil(users / per_replica)
         price = (

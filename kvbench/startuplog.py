@@ -15,10 +15,19 @@ from dataclasses import dataclass, field
 
 from kvbench.harness.logparse import parse_capacity
 
-_F = r"([\d.]+)"
+MAX_LINE_CHARS = 16_384  # a start-up line is < 1 kB; a longer one is cut before any pattern sees it
+# What each vLLM start-up prints once (the API server's version and its non-default arguments; V0's engine
+# banner): a kind seen again begins another start-up (a restarted container appends to the same log).
+START_BANNERS = (
+    ("api", "vLLM API server version"),
+    ("args", "non-default args:"),
+    ("v0", "Initializing an LLM engine (v"),
+)
+
+_F = r"(\d{1,12}(?:\.\d{1,12})?)"  # a figure, bounded: no pattern backtracks over a long run of digits
 _VERSION = (
-    re.compile(r"version (\d+\.\d+\.\d+\S*)\s*$"),
-    re.compile(r"Initializing an? (?:V1 )?LLM engine \(v(\d+\.\d+\.\d+[^)]*)\)"),
+    re.compile(r"version (\d{1,4}\.\d{1,4}\.\d{1,6}\S{0,64})\s*$"),
+    re.compile(r"Initializing an? (?:V1 )?LLM engine \(v(\d{1,4}\.\d{1,4}\.\d{1,6}[^)]{0,64})\)"),
 )
 _ARGS = re.compile(r"non-default args: (\{.*\})\s*$")
 _SERVE = re.compile(r"\$ vllm serve (\S+)")
@@ -36,7 +45,7 @@ _FREE_ON_DEVICE = re.compile(
     rf"Free memory on device \({_F}/{_F} GiB\) on startup\. Desired GPU memory utilization is \({_F}, {_F} GiB\)\. "
     rf"Actual usage is (.*)"
 )
-_USAGE_PART = re.compile(rf"{_F} GiB for ([a-zA-Z -]+?)(?: memory)?(?: \(weights \+ non-torch\))?(?=[,.]|$)")
+_USAGE_PART = re.compile(rf"(?<![\d.]){_F} GiB for ([a-zA-Z -]+?)(?: memory)?(?: \(weights \+ non-torch\))?(?=[,.]|$)")
 # V0 (0.6.x): a block of "key   value" lines, or one line with the same figures.
 _V0_KEYS = {
     "total_gpu_memory": "total_gib",
@@ -102,9 +111,26 @@ class StartupLog:
         return self.available_kv_gib is not None or self.kv_tokens is not None
 
 
+def split_startups(text: str) -> list[str]:
+    """The start-ups a log holds, in order: it is cut where a start banner's kind repeats (see START_BANNERS).
+    A log without banners (an excerpt) is one start-up."""
+    parts: list[list[str]] = [[]]
+    kinds: set[str] = set()
+    for line in text.splitlines():
+        kind = next((k for k, literal in START_BANNERS if literal in line[:MAX_LINE_CHARS]), None)
+        if kind is not None and kind in kinds:
+            parts.append([])
+            kinds = set()
+        if kind is not None:
+            kinds.add(kind)
+        parts[-1].append(line)
+    return ["\n".join(p) + "\n" for p in parts if any(line.strip() for line in p)] or [text]
+
+
 def parse_startup_log(text: str) -> StartupLog:
+    """What one start-up says (split a log of several with split_startups first: figures would mix)."""
     log = StartupLog()
-    lines = text.splitlines()
+    lines = [line[:MAX_LINE_CHARS] for line in text.splitlines()]
     for line in lines:
         _parse_line(log, line)
     if log.profiles:
@@ -137,7 +163,7 @@ def _parse_line(log: StartupLog, line: str) -> None:
     if m := _ARGS.search(line):
         try:
             args = ast.literal_eval(m[1])
-        except (ValueError, SyntaxError):
+        except (ValueError, SyntaxError, TypeError, RecursionError, MemoryError):  # a hostile line is no args
             args = {}
         if isinstance(args, dict):
             log.args.update(args)

@@ -170,6 +170,9 @@ def decide(record: RunRecord, policy: acc.Policy | None = None) -> Decision:
     eligible = sorted((k for k, v in verdicts.items() if v.eligible), key=precision_key)
     if not eligible:
         why = "no dtype is eligible (each line says why)" if verdicts else "the record holds no dtype"
+        unchecked = [d.kv_cache_dtype for d in record.dtypes if _unchecked_label(d)]
+        if len(unchecked) > 1:  # nothing shows these servers run different KV dtypes at all
+            why = f"{', '.join(unchecked)} are labels their servers did not confirm (unchecked): no recommendation"
         return Decision(policy, verdicts, None, why)
     holder, contests = eligible[0], []
     kind = speed.machine_kind(record)
@@ -180,6 +183,11 @@ def decide(record: RunRecord, policy: acc.Policy | None = None) -> Decision:
             holder = challenger
     verdicts[holder].status = RECOMMENDED
     return Decision(policy, verdicts, holder, _why(holder, eligible, contests), contests)
+
+
+def _unchecked_label(d: DtypeResult) -> bool:
+    """An --endpoint label its server did not confirm (a managed server's dtype is the flag kvbench gave it)."""
+    return d.kv_dtype_confirmed is None and d.server is not None and not d.server.managed
 
 
 def _challenge(challenger: DtypeResult, holder: DtypeResult, kind: str) -> tuple[bool, list[speed.Contest]]:
@@ -235,6 +243,8 @@ def _verdict(record: RunRecord, d: DtypeResult, accuracy: acc.AccuracyVerdict, p
         else:
             return DtypeVerdict(d.kv_cache_dtype, NOT_RANKED, accuracy, [Reason(FindingKind.EMULATED, note)], notes)
     notes += _agreement(d)
+    if not d.eval and d.status == DtypeStatus.OK and not _canary_counts(d)[0]:
+        notes.append("no canary sent either: its answers under load are unchecked")
     return DtypeVerdict(d.kv_cache_dtype, EXCLUDED if reasons else ELIGIBLE, accuracy, reasons, notes)
 
 

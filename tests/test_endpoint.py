@@ -39,8 +39,17 @@ def one_line_error(out) -> str:
 
 
 def everything_under(path: Path) -> str:
-    """Every byte kvbench wrote (records, Parquet samples, logs) as text, to look for secrets."""
-    return "".join(p.read_bytes().decode("latin-1") for p in path.rglob("*") if p.is_file())
+    """Every byte kvbench wrote (records, Parquet samples, logs, pages) as text, to look for secrets; Parquet
+    decoded too (its zstd pages would hide a key from a plain byte search)."""
+    import pyarrow.parquet as pq
+
+    out = []
+    for p in sorted(path.rglob("*")):
+        if p.is_file():
+            out.append(p.read_bytes().decode("latin-1"))
+            if p.suffix == ".parquet":
+                out.append(json.dumps(pq.read_table(p).to_pylist(), default=str))
+    return "".join(out)
 
 
 # -- URLs and credentials (no server) -----------------------------------------------------------------

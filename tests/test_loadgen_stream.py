@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 from kvbench.harness.backend import _SSE, OpenAIBackend, RequestResult, _decode_event, _encode
 from kvbench.harness.fakeserver import FakeConfig, FakeServer
 from kvbench.harness.scheduler import Concurrency, run_load
+from kvbench.harness.scrub import excerpt
 from kvbench.harness.workload import Prompt
 
 # --- the reference: the parser before the fast path, verbatim --------------------------------------------
@@ -66,7 +67,7 @@ async def _reference_read_stream(resp, r: RequestResult, st: float, require_done
             if "error" in event and not event.get("choices"):
                 err = event["error"]
                 msg = err.get("message", err) if isinstance(err, dict) else err
-                r.fail("server_error", f"error event: {str(msg)[:300]}")
+                r.fail("server_error", excerpt(f"error event: {msg}"))  # what a record keeps of server text
                 return
             usage = event.get("usage")
             choices = event.get("choices") or []

@@ -464,6 +464,7 @@ def _jsonl(ctx: _Context, num_requests):
         order.shuffle(lines)
     n = ctx.n(num_requests, natural=len(lines))
     reqs, clipped, skipped, repeats = [], 0, 0, 0
+    asked_out, cut_out = 0, 0  # output lengths the context cannot hold: said, never clipped silently
     for k in range(n):
         source, row = lines[k % len(lines)]
         out = s.output_tokens or row.output_tokens
@@ -474,8 +475,11 @@ def _jsonl(ctx: _Context, num_requests):
                 skipped += 1
                 continue
         else:
+            asked = out
             p, out, cut = ctx.fit(row.prompt_tokens, out)
             clipped += cut
+            if out < asked:
+                cut_out, asked_out = cut_out + 1, max(asked_out, asked)
             prompt, ids = ctx.synthetic(_rng(ctx.seed, ctx.stream, "jsonl", k), p)
         reqs.append(PlannedRequest(len(reqs), prompt, out, source=source, token_ids=ids))
     if not reqs:
@@ -484,6 +488,11 @@ def _jsonl(ctx: _Context, num_requests):
         ctx.notes.append(f"{skipped} text prompts skipped: prompt + output exceeds max_model_len {ctx.mml}")
     if clipped:
         ctx.notes.append(f"{clipped} prompt_tokens lines clipped to max_model_len {ctx.mml} (prompt shortened)")
+    if cut_out:
+        ctx.notes.append(
+            f"{cut_out} lines ask for more output tokens than max_model_len {ctx.mml} holds (up to {asked_out:,}): "
+            f"their output was cut to {ctx.mml - 1:,} tokens and their prompt to 1"
+        )
     if repeats:
         ctx.notes.append(f"{repeats} requests repeat a text prompt: the file has {len(lines)} lines")
     return ctx.plan(reqs)
@@ -541,10 +550,7 @@ def _trace(ctx: _Context, num_requests):
     s = ctx.spec
     records = read_trace(s.path)
     n = ctx.n(num_requests, natural=len(records))
-    if n > len(records):
-        raise UsageError(
-            f"{s.path} holds {len(records)} requests; {n} were asked for (a trace is replayed, not resampled)"
-        )
+    trace_timing(s, records, n)  # refuses a replay longer than the spec allows
     t0 = records[0][1].timestamp
     blocks: dict[int, list[int]] = {}
     reqs, clipped, mismatched, ignored = [], 0, 0, 0
@@ -582,6 +588,37 @@ def _trace(ctx: _Context, num_requests):
             f"ceil(input_length / {s.block_tokens}): is block_tokens the trace's block size?"
         )
     return ctx.plan(reqs)
+
+
+def trace_timing(spec, records: list | None = None, num_requests: int | None = None) -> str:
+    """How long replaying the trace's first `num_requests` records (default: all) takes, and its longest idle
+    gap, in one line; a UsageError when that is more than the spec's max_span_s or more records than it holds."""
+    records = records if records is not None else read_trace(spec.path)
+    n = num_requests or spec.num_requests or len(records)
+    if n > len(records):
+        raise UsageError(
+            f"{spec.path} holds {len(records)} requests; {n} were asked for (a trace is replayed, not resampled)"
+        )
+    at = [(rec.timestamp - records[0][1].timestamp) / 1000.0 * spec.time_scale for _, rec in records[:n]]
+    span = at[-1]
+    if span > spec.max_span_s:
+        raise UsageError(
+            f"{spec.path}: replaying {n:,} requests takes {_duration(span)} at time_scale {spec.time_scale:g}, more "
+            f"than max_span_s = {spec.max_span_s:g} s; raise max_span_s (trace:FILE,max_span=SECONDS), lower "
+            "time_scale or replay fewer requests"
+        )
+    gaps = [b - a for a, b in zip(at, at[1:], strict=False)]
+    widest = max(range(len(gaps)), key=gaps.__getitem__) if gaps else None
+    gap = f"; longest idle gap {_duration(gaps[widest])} before request {widest + 2}" if widest is not None else ""
+    return f"trace replay: {n:,} requests over {_duration(span)}{gap}"
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 120:
+        return f"{seconds:,.1f} s"
+    if seconds < 2 * 3600:
+        return f"{seconds / 60:,.1f} min ({seconds:,.0f} s)"
+    return f"{seconds / 3600:,.1f} h ({seconds:,.0f} s)"
 
 
 # --- files ------------------------------------------------------------------------------------------

@@ -7,7 +7,7 @@
     jsonl:FILE[,requests=N][,output=N]
     shared-prefix:groups=8,prefix=256,suffix=64,output=32[,requests=64]
     multi-turn:sessions=8,turns=4,user=64,reply=32[,think=0.5][,concurrent=4]   (turns=2-6: a range)
-    trace:FILE[,time_scale=0.5][,block=512][,requests=N]
+    trace:FILE[,time_scale=0.5][,block=512][,requests=N][,max_span=SECONDS]
 
 A FILE may contain commas: only trailing `key=value` parts are options. Anything without a known `KIND:`
 prefix is a workload name, looked up in --workloads FILE first, then in kvbench/data/workloads.toml.
@@ -22,7 +22,7 @@ from typing import Any
 
 from kvbench.datafiles import data_path
 from kvbench.errors import UsageError
-from kvbench.harness.workloads.spec import KINDS, parse_spec
+from kvbench.harness.workloads.spec import KINDS, MAX_SPAN_S, parse_spec
 
 SHIPPED = "workloads.toml"
 FORMS = {
@@ -32,7 +32,7 @@ FORMS = {
     "jsonl": "jsonl:FILE[,requests=N][,output=N]",
     "shared-prefix": "shared-prefix:groups=N,prefix=N,suffix=N,output=N[,requests=N]",
     "multi-turn": "multi-turn:sessions=N,turns=N|A-B,user=N,reply=N[,think=SECONDS][,concurrent=N]",
-    "trace": "trace:FILE[,time_scale=X][,block=N][,requests=N]",
+    "trace": "trace:FILE[,time_scale=X][,block=N][,requests=N][,max_span=SECONDS]",
 }
 # shorthand key -> spec key, per kind (random's lengths are assembled below).
 _KEYS = {
@@ -63,7 +63,12 @@ _KEYS = {
         "think": "think_time_s",
         "concurrent": "max_concurrent_sessions",
     },
-    "trace": {"time_scale": "time_scale", "block": "block_tokens", "requests": "num_requests"},
+    "trace": {
+        "time_scale": "time_scale",
+        "block": "block_tokens",
+        "requests": "num_requests",
+        "max_span": "max_span_s",
+    },
 }
 _FLOAT_KEYS = {"range", "cv", "sigma", "think", "time_scale"}
 _OPTION = re.compile(r"^\s*[A-Za-z_]+\s*=")
@@ -179,13 +184,20 @@ def load_workloads(path: str | Path | None = None) -> dict[str, Any]:
     import tomllib
 
     file = Path(path).expanduser() if path is not None else data_path(SHIPPED)
+    form = "a TOML file of [workloads.NAME] tables"
     try:
+        if file.exists() and not file.is_file():  # a folder, a device, a pipe: never read (or waited on)
+            raise UsageError(f"--workloads {file}: not a file ({form})")
         with open(file, "rb") as fh:
             data = tomllib.load(fh)
     except FileNotFoundError:
-        raise UsageError(f"--workloads {file}: no such file (a TOML file of [workloads.NAME] tables)") from None
+        raise UsageError(f"--workloads {file}: no such file ({form})") from None
+    except UnicodeDecodeError:
+        raise UsageError(f"--workloads {file}: not UTF-8 text ({form})") from None
     except tomllib.TOMLDecodeError as exc:
-        raise UsageError(f"{file}: not valid TOML ({exc})") from None
+        raise UsageError(f"{file}: not valid TOML ({' '.join(str(exc).split())})") from None
+    except OSError as exc:
+        raise UsageError(f"--workloads {file}: cannot read ({exc.strerror or exc})") from None
     unknown = set(data) - {"workloads"}
     if unknown:
         raise UsageError(
@@ -234,6 +246,7 @@ def to_shorthand(spec) -> str:
                 ("time_scale", spec.time_scale if spec.time_scale != 1 else None),
                 ("block", spec.block_tokens if spec.block_tokens != 512 else None),
                 ("requests", spec.num_requests),
+                ("max_span", f"{spec.max_span_s:g}" if spec.max_span_s != MAX_SPAN_S else None),
             ],
         )
     if k == "shared-prefix":

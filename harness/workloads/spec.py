@@ -39,6 +39,11 @@ KINDS = ("fixed", "random", "sharegpt", "jsonl", "shared-prefix", "multi-turn", 
 VLLM_MIN_LEN, VLLM_MAX_PROMPT_LEN, VLLM_MAX_TOTAL_LEN = 4, 1024, 2048
 # Mooncake's trace: every hash id stands for one 512-token block (see trace.py for the sources).
 MOONCAKE_BLOCK_TOKENS = 512
+# What one run may ask for before it is refused: a replay longer than MAX_SPAN_S unless the spec raises it
+# (a timestamp of 1e12 ms waits 31 years in silence), and conversations whose requests are held in memory.
+MAX_SPAN_S = 3600.0
+MAX_SESSIONS = 10_000
+MAX_TURN_REQUESTS = 100_000  # sessions x the most turns a session may have
 
 
 def _count(desc: str = "a whole number >= 1", default: Any = ..., ge: int = 1):
@@ -141,12 +146,21 @@ Turns = Annotated[TurnRange, BeforeValidator(_int_turns)]
 
 class MultiTurnSpec(_Spec):
     kind: Literal["multi-turn"]
-    sessions: int = _count()
+    sessions: int = Field(ge=1, le=MAX_SESSIONS, description=f"a whole number from 1 to {MAX_SESSIONS:,}")
     turns: Turns = Field(description="a whole number >= 1, or a table {min, max} (drawn uniformly per session)")
     user_tokens: Length = Field(description=LENGTH_FORM)
     reply_tokens: Length = Field(description=LENGTH_FORM)
     think_time_s: ThinkTime = Field(0.0, validate_default=True, description=THINK_FORM)
     max_concurrent_sessions: int | None = _count(default=None)
+
+    @model_validator(mode="after")
+    def _bounded(self):
+        if self.sessions * self.turns.max > MAX_TURN_REQUESTS:
+            raise ValueError(
+                f"sessions x turns = {self.sessions:,} x {self.turns.max:,} requests is more than one run holds "
+                f"({MAX_TURN_REQUESTS:,}); lower sessions or turns"
+            )
+        return self
 
     @property
     def concurrent(self) -> int:
@@ -159,6 +173,9 @@ class TraceSpec(_Spec):
     time_scale: float = Field(1.0, gt=0, le=1000, description="a number > 0 and <= 1000 (0.5 replays twice as fast)")
     block_tokens: int = _count("a whole number >= 1 (tokens per hash id; Mooncake: 512)", default=MOONCAKE_BLOCK_TOKENS)
     num_requests: int | None = _count(default=None)
+    max_span_s: float = Field(
+        MAX_SPAN_S, gt=0, allow_inf_nan=False, description="seconds > 0: the longest replay kvbench starts (1 hour)"
+    )
 
 
 WorkloadSpec = Annotated[

@@ -157,8 +157,18 @@ def command(
             help="A vLLM start-up log: take its settings and compare its figures with kvbench's, term by term.",
         ),
     ] = None,
+    start: Annotated[
+        int | None,
+        typer.Option(
+            "--start",
+            help="With --from-log: which start-up of a log that holds several to read (1 = the first; "
+            "default: the last complete one).",
+        ),
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of tables.")] = False,
 ) -> None:
+    if start is not None and from_log is None:
+        raise UsageError("--start picks a start-up of a --from-log log; give --from-log FILE")
     if from_log is not None:
         from kvbench.commands.fromlog import compare_log
 
@@ -177,6 +187,7 @@ def command(
             max_num_batched_tokens,
             block_size,
             as_json,
+            start,
         )
         return
     missing = [flag for flag, v in (("--model", model), ("--gpu", gpu), ("--context", context)) if v is None]

@@ -7,6 +7,7 @@ from typing import Annotated
 
 import typer
 
+from kvbench.errors import UsageError
 from kvbench.output import console
 
 NAME = "dashboard"
@@ -33,10 +34,23 @@ def command(
     ] = None,
 ) -> None:
     from kvbench.dashboards import data as site_data
-    from kvbench.dashboards.site import write_site
+    from kvbench.dashboards.site import MARKER, write_site
 
+    if not results.is_dir():  # a mistyped --results must not replace a good site with an empty one
+        raise UsageError(f"--results {results}: no such folder; give the results folder (results/<machine>/...)")
     loaded = site_data.load(results, asv_conf=asv_conf, claims_file=claims_file)
-    pages = write_site(loaded, out)
+    nothing = not loaded.records and loaded.history.empty and not loaded.kernel_records and loaded.accuracy.empty
+    if nothing and (out / MARKER).exists():
+        raise UsageError(
+            f"--results {results} holds no results; not replacing the site at {out} with an empty one "
+            "(remove that folder first to write an empty site)"
+        )
+    try:
+        pages = write_site(loaded, out)
+    except OSError as exc:  # --out under a file, a read-only or full disk: the old site, if any, is untouched
+        raise UsageError(
+            f"--out {out}: cannot write the site there ({exc.strerror or exc}); give another folder"
+        ) from None
     machines = sorted({str(d.get("machine")) for d in loaded.records})
     console.print(
         f"{len(loaded.records)} run records ({', '.join(machines) or 'none'}), {len(loaded.history):,} history points, "

@@ -146,9 +146,7 @@ def command(
     from kvbench.harness.records import check_writable
 
     task_list = _tasks(tasks)
-    for t in task_list:
-        if t.startswith(evaltasks.PREFIX):
-            evaltasks.parse_task(t)
+    evaltasks.check_task_names(task_list)  # before any server (or the tiny model's training) starts
     lengths = cliargs.int_list(max_seq_lengths, "--max-seq-lengths", "4096,8192") if max_seq_lengths else None
     cliargs.at_least_one(limit, "--limit")
     cliargs.at_least_one(concurrency, "--concurrency")
@@ -227,8 +225,12 @@ def _headers(header: list[str] | None, api_key: str | None, endpoint: str | None
 
     headers = parse_headers(header)
     if api_key is not None and endpoint is not None:
+        from kvbench.harness.endpoint import has_control
+
         if not api_key.strip():
             raise UsageError("--api-key (or OPENAI_API_KEY) is empty; give the key, or unset it")
+        if has_control(api_key.strip()):
+            raise UsageError("--api-key (or OPENAI_API_KEY) holds control characters (CR, LF ...); give the key alone")
         headers.setdefault("Authorization", f"Bearer {api_key.strip()}")
     if header and endpoint is None:
         raise UsageError("--api-key/--header are for --endpoint servers; kvbench's own servers need none")

@@ -5,16 +5,19 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from rich.markup import escape
 from rich.table import Table
 
 from kvbench.capacity import capacity_for_ranks
 from kvbench.errors import UsageError
 from kvbench.formats import get_format
 from kvbench.gpus import GpuSpec, catalog, get_gpu
-from kvbench.output import console, print_json
-from kvbench.startuplog import StartupLog, parse_startup_log
+from kvbench.output import console, err_console, print_json
+from kvbench.startuplog import StartupLog, parse_startup_log, split_startups
 from kvbench.units import GiB
 from kvbench.vllm_memory import VLLM_DTYPE_ARGS, VLLM_QUANTIZATION_WEIGHTS, NonKvEstimate, predict_non_kv
+
+MAX_LOG_BYTES = 256 << 20  # a start-up log is kilobytes; a request log of days is not what --from-log reads
 
 
 @dataclass(frozen=True)
@@ -93,6 +96,43 @@ def predict_for_log(
     return spec, card, est, row, max_len
 
 
+def read_log(path: Path) -> str:
+    """The log's text; a folder, a device, a pipe or a file of more than MAX_LOG_BYTES is one line, not a hang."""
+    try:
+        if not path.is_file():
+            raise UsageError(f"--from-log {path}: not a regular file; give a vLLM start-up log")
+        if path.stat().st_size > MAX_LOG_BYTES:
+            raise UsageError(
+                f"--from-log {path}: {path.stat().st_size / 2**20:,.0f} MiB is more than a start-up log "
+                f"({MAX_LOG_BYTES >> 20} MiB at most); cut the start-up out (e.g. with head or grep)"
+            )
+        with path.open("rb") as fh:
+            return fh.read(MAX_LOG_BYTES).decode("utf-8", errors="replace")
+    except OSError as exc:
+        raise UsageError(f"--from-log {path}: cannot read ({exc.strerror or exc})") from None
+
+
+def choose_startup(path: Path, text: str, start: int | None) -> tuple[StartupLog, int, int]:
+    """(the start-up to read, its number from 1, how many the log holds): `start`, else the last complete one (a
+    restarted container's log holds several, and figures from two start-ups must never mix)."""
+    logs = [parse_startup_log(part) for part in split_startups(text)]
+    complete = [i + 1 for i, log in enumerate(logs) if log.has_capacity]
+    if start is not None:
+        if not 1 <= start <= len(logs):
+            raise UsageError(f"--start {start}: {path} holds {len(logs)} start-up(s); choose from 1 to {len(logs)}")
+        if start not in complete:
+            raise UsageError(
+                f"--start {start}: start-up {start} of {path} has no KV-cache capacity line (it did not finish "
+                f"starting); complete start-ups: {', '.join(map(str, complete)) or 'none'}"
+            )
+        return logs[start - 1], start, len(logs)
+    if not complete:
+        raise UsageError(
+            f"{path}: no KV-cache capacity line ('Available KV cache memory' or 'KV cache size') in this log"
+        )
+    return logs[complete[-1] - 1], complete[-1], len(logs)
+
+
 def comparisons(log: StartupLog, est: NonKvEstimate, kv_tokens: int) -> list[Comparison]:
     """Term by term; the first stage's rank is the one whose figures vLLM logs first."""
     s = est.stages[0]
@@ -134,16 +174,16 @@ def compare_log(
     max_num_batched_tokens,
     block_size,
     as_json,
+    start: int | None = None,
 ) -> None:
-    try:
-        text = Path(path).read_bytes().decode("utf-8", errors="replace")
-    except OSError as exc:
-        raise UsageError(f"--from-log {path}: cannot read ({exc.strerror})") from None
-    log = parse_startup_log(text)
-    if not log.has_capacity:
-        raise UsageError(
-            f"{path}: no KV-cache capacity line ('Available KV cache memory' or 'KV cache size') in this log"
-        )
+    picked = start
+    log, start, count = choose_startup(Path(path), read_log(Path(path)), start)
+    note = (
+        f"{path} holds {count} vLLM start-ups: read start-up {start}"
+        + (" (the last complete one; --start K reads another)" if picked is None else "")
+        if count > 1
+        else None
+    )
     kv = None if kv_dtype == "auto,fp8,nvfp4" else kv_dtype  # the capacity default: take the log's dtype instead
     spec, card, est, row, max_len = predict_for_log(
         log,
@@ -171,6 +211,9 @@ def compare_log(
                 "max_model_len": max_len,
                 "vllm_version": est.release.version,
                 "logged_vllm_version": log.vllm_version,
+                "startups": count,
+                "start": start,
+                "start_note": note,
                 "terms": [
                     {
                         "term": c.term,
@@ -186,13 +229,21 @@ def compare_log(
             }
         )
         return
+    if note:
+        err_console.print(escape(note))
     console.print(
-        f"[bold]{path}[/]: {log.model or spec.name} on {card.name}, TP {est.tensor_parallel_size} PP "
-        f"{est.pipeline_parallel_size}, max_model_len {max_len:,}, utilization {est.utilization:g}; "
-        f"vLLM {log.vllm_version or 'version not in log'} (kvbench models {est.release.version}"
+        f"[bold]{escape(str(path))}[/]: {escape(log.model or spec.name)} on {card.name}, "
+        f"TP {est.tensor_parallel_size} PP {est.pipeline_parallel_size}, max_model_len {max_len:,}, "
+        f"utilization {est.utilization:g}; "
+        f"vLLM {escape(log.vllm_version or 'version not in log')} (kvbench models {est.release.version}"
         + ("" if log.vllm_version or vllm_version else "; pass --vllm-version if the server ran another")
         + ")"
     )
+    _print_terms(rows, est, row)
+
+
+def _print_terms(rows: list[Comparison], est: NonKvEstimate, row) -> None:
+    """The side-by-side table, term by term, and the activation peak's parts."""
     table = Table(title="vLLM's figures vs kvbench's prediction (GiB = 2^30 bytes, per GPU)", title_justify="left")
     for col in ("term", "vLLM logged", "kvbench", "error", "error %", "kvbench's source"):
         table.add_column(col, justify="left" if col in ("term", "kvbench's source") else "right")

@@ -10,7 +10,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from kvbench.harness.records import RunRecord, conditions, fixed_phase, headline, load_record, workload_label
-from kvbench.output import console, num, print_json
+from kvbench.output import console, num, print_json, terminal_safe
 from kvbench.verdict import decide, shown_in_lines
 from kvbench.verdict_speed import cost_lines
 
@@ -40,12 +40,16 @@ def render_emulated(doc: dict) -> None:
                 f"[yellow]{d['kv_cache_dtype']} emulated[/] by {impl.get('name')} v{impl.get('version')}: it stores "
                 f"{impl.get('stores')}; attention: {impl.get('computes')}. Capacity, admission, preemptions, "
                 "prefix-cache hits and accuracy count; its speed numbers (dimmed) are "
-                + escape(str(impl.get("not_representative") or "not representative")).removeprefix("emulated: ")
+                + str(impl.get("not_representative") or "not representative").removeprefix("emulated: ")
                 + ", and are never compared, tracked or used to recommend."
             )
 
 
 def render(doc: dict, path: Path | None = None) -> None:
+    # A record quotes servers and logs: their text is printed, never interpreted. The verdict is derived from the
+    # text as measured (control characters removed) and escaped where it is printed; the rest prints `doc`.
+    record = RunRecord.model_validate(terminal_safe(doc, markup=False))
+    doc = terminal_safe(doc)
     cfg = doc.get("config", {})
     env = doc.get("environment", {})
     vllm = env.get("vllm") or {}
@@ -185,7 +189,6 @@ def render(doc: dict, path: Path | None = None) -> None:
     render_prefix_cache(doc)
     render_non_kv(doc)
     render_comparisons(doc)
-    record = RunRecord.model_validate(doc)  # `doc` is load_record's: upgraded to the v2 shape and validated
     decision = decide(record)
     render_fronts(doc, record)
     render_quality(doc, decision)
@@ -241,7 +244,7 @@ def render(doc: dict, path: Path | None = None) -> None:
             console.print(f"[yellow]{d['kv_cache_dtype']}: {warning}[/]")
     for finding in doc.get("findings", []):
         if not shown_in_lines(finding, decision):  # a dtype's reasons are printed once, in its line
-            console.print(f"[bold yellow]!! {escape(finding['text'])}[/]")
+            console.print(f"[bold yellow]!! {finding['text']}[/]")  # escaped by terminal_safe
 
 
 def _load_text(mode: dict) -> str:
@@ -409,7 +412,7 @@ def render_quality(doc: dict, decision) -> None:
         console.print(table, markup=False)
     for d in doc.get("dtypes", []):
         if (d.get("eval") or {}).get("error"):
-            console.print(f"[red]{d['kv_cache_dtype']}: evaluation failed[/] — {escape(str(d['eval']['error']))}")
+            console.print(f"[red]{d['kv_cache_dtype']}: evaluation failed[/] — {d['eval']['error']}")
     canaries = [
         (
             d["kv_cache_dtype"],

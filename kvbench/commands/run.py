@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich.markup import escape
 
 from kvbench import cliargs
 from kvbench.datafiles import load_toml
@@ -36,6 +37,24 @@ def parse_prices(text: str) -> dict[str, float]:
     from kvbench.gpus import catalog
 
     return cliargs.key_numbers(text, "--price-per-hour", [*catalog(), "cpu"], unit="USD per hour", example="cpu=0.10")
+
+
+def endpoint_key(ctx: typer.Context, api_key: str | None, endpoint: str | None) -> str | None:
+    """The key to send, checked: OPENAI_API_KEY in the shell is for --endpoint servers and ignored (with a
+    note) by a run that starts its own; an empty key or one with control characters is one line, not echoed."""
+    if api_key is None:
+        return None
+    source = ctx.get_parameter_source("api_key")  # click's ParameterSource (typer may vendor its own click)
+    if endpoint is None and getattr(source, "name", None) == "ENVIRONMENT":
+        err_console.print("[dim]OPENAI_API_KEY is set and not used: kvbench's own servers need no key[/]")
+        return None
+    from kvbench.harness.endpoint import has_control
+
+    if not api_key.strip():
+        raise UsageError("--api-key (or OPENAI_API_KEY) is empty; give the key, or unset it")
+    if has_control(api_key.strip()):
+        raise UsageError("--api-key (or OPENAI_API_KEY) holds control characters (CR, LF ...); give the key alone")
+    return api_key.strip()
 
 
 def json_summary(record, path) -> dict:
@@ -289,10 +308,9 @@ def command(
     if concurrency and rate:
         raise UsageError("give either --concurrency or --rate, not both")
     headers = parse_headers(header)
+    api_key = endpoint_key(ctx, api_key, endpoint)
     if api_key is not None:
-        if not api_key.strip():
-            raise UsageError("--api-key (or OPENAI_API_KEY) is empty; give the key, or unset it")
-        headers.setdefault("Authorization", f"Bearer {api_key.strip()}")
+        headers.setdefault("Authorization", f"Bearer {api_key}")
     if headers and endpoint is None:
         raise UsageError("--api-key/--header are for --endpoint servers; kvbench's own servers need none")
     plan = build_plan(
@@ -338,8 +356,8 @@ def command(
     from kvbench.harness.runner import RunInterrupted, execute
     from kvbench.progress import ProgressReporter, new_progress
 
-    for note in plan.notes:
-        err_console.print(f"[dim]{note}[/]")
+    for note in plan.notes:  # notes quote servers and files: never rich markup
+        err_console.print(f"[dim]{escape(note)}[/]")
     progress = new_progress(disable=as_json)
     try:
         with progress:

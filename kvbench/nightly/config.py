@@ -25,6 +25,7 @@ Layout (kvbench/data/nightly.toml is the shipped example):
 
 from __future__ import annotations
 
+import difflib
 import re
 import tomllib
 import types
@@ -236,7 +237,9 @@ def describe_error(err: dict) -> str:
     if kind == "extra_forbidden":
         parent = _model_at(loc[:-1])
         valid = f"; valid keys: {', '.join(parent.model_fields)}" if parent else ""
-        return f"unknown key {loc[-1]!r} in {_table_name(loc[:-1])}{valid}"
+        near = difflib.get_close_matches(str(loc[-1]), list(parent.model_fields), n=1) if parent else []
+        hint = f"; did you mean {near[0]!r}?" if near else ""
+        return f"unknown key {loc[-1]!r} in {_table_name(loc[:-1])}{hint}{valid}"
     if kind == "missing":
         return f"{_table_name(loc[:-1])} lacks the required key {loc[-1]!r}"
     # the key the value belongs to is the last name in loc; a list index after it names the element

@@ -1,0 +1,53 @@
+"""Findings about what a run could not measure well, stated instead of left for a reader to notice: a server
+that sent no `usage` (token counts, TPOT and throughput unknown) and a share of failed requests above
+FAILED_SHARE (the latencies describe only the requests that survived)."""
+
+from __future__ import annotations
+
+from kvbench.harness.findings import FindingKind
+from kvbench.harness.records import Finding, PhaseKind, RunRecord
+
+# More failed requests than this share of a dtype's fixed load is said in a finding.
+FAILED_SHARE = 0.05
+
+
+def notices(record: RunRecord) -> list[Finding]:
+    out = []
+    for d in record.dtypes:
+        fixed = [p for p in d.phases if p.kind == PhaseKind.FIXED]
+        completed = sum(p.summary.completed for p in d.phases)
+        unknown = sum(int(getattr(p.summary, "completion_tokens_unknown", 0) or 0) for p in d.phases)
+        if unknown:
+            out.append(
+                Finding(
+                    level="warning",
+                    kind=FindingKind.NO_USAGE,
+                    dtype=d.kv_cache_dtype,
+                    text=(
+                        f"{d.kv_cache_dtype}: the server sent no usage for {unknown:,} of {completed:,} completed "
+                        "requests: their token counts, TPOT and throughput are unknown (vLLM sends usage; a proxy "
+                        "in front may strip it)"
+                    ),
+                )
+            )
+        done = sum(p.summary.completed for p in fixed)
+        failed = sum(p.summary.failed for p in fixed)
+        if failed and failed > FAILED_SHARE * (done + failed):
+            reasons = {}
+            for p in fixed:
+                for reason, n in p.summary.failure_reasons.items():
+                    reasons[reason] = reasons.get(reason, 0) + n
+            why = ", ".join(f"{r} x{n}" for r, n in sorted(reasons.items(), key=lambda kv: -kv[1])[:3])
+            out.append(
+                Finding(
+                    level="warning",
+                    kind=FindingKind.FAILED_REQUESTS,
+                    dtype=d.kv_cache_dtype,
+                    text=(
+                        f"{d.kv_cache_dtype}: {failed:,} of {done + failed:,} fixed-load requests failed "
+                        f"({failed / (done + failed):.0%}; {why}): its latencies describe only the requests that "
+                        "completed"
+                    ),
+                )
+            )
+    return out
