@@ -10,9 +10,9 @@ import plotly.graph_objects as go
 from kvbench.dashboards.components import Page, empty, hover_data, hover_template, note, section, slug, table
 from kvbench.dashboards.data import SiteData, differing_items
 from kvbench.dashboards.theme import color, esc, ordered, style, symbol
+from kvbench.harness.records import CONDITIONS
 
 SLUG, TITLE = "quality", "Quality"
-CONDITIONS = {"rest": "at rest", "load": "at load", "during_load": "during load"}
 
 
 def accuracy_figure(rows: pd.DataFrame, title: str) -> go.Figure:

@@ -77,6 +77,12 @@ class FakeConfig:
     # a server that is right at rest and wrong only under load.
     answers: str = "tokens"
     corrupt_above: int = 0
+    # The field's other failure modes, one each (harness/failuremodes.py): wrong digits while a prefill-only
+    # request (max_tokens 1, streamed) is in flight (mixed steps); wrong digits for a text prompt that extends the
+    # last one-token text prompt (the prefix condition's pair: a prefix-cache hit); every k-th answer empty.
+    corrupt_beside_prefill: bool = False
+    corrupt_cached: bool = False
+    degenerate_every: int = 0
     # Hostile servers: a 500's body echoes the request's headers (a misconfigured proxy does); every route but
     # /fake/* answers 307 to `redirect_to` + its path (a server moved, or one trying to collect credentials).
     echo_headers: bool = False
@@ -103,6 +109,8 @@ class _State:
         self.config = config
         self.arrivals = 0
         self.running = 0
+        self.prefilling = 0  # streamed requests for one token in flight (prefill-only traffic)
+        self.last_prefix: str | None = None  # the last one-token text prompt (what a prefix cache would hold)
         self.log: list[dict[str, Any]] = []
         self.prompt_tokens_total = 0
         self.generation_tokens_total = 0
@@ -235,6 +243,8 @@ async def _completion(request: web.Request) -> web.StreamResponse:
     resp = _OneWriteResponse(headers=headers) if zero else web.StreamResponse(headers=headers)
     await resp.prepare(request)
     st.running += 1
+    prefill_only = max_tokens == 1
+    st.prefilling += prefill_only
     st.prompt_tokens_total += prompt_tokens
     try:
         if zero:  # zero-compute: headers, every event and the end in one write, so the roofline measures the client
@@ -280,6 +290,7 @@ async def _completion(request: web.Request) -> web.StreamResponse:
         return resp
     finally:
         st.running -= 1
+        st.prefilling -= prefill_only
 
 
 _NEEDLE = re.compile(r"The pass key (?:of (\S+) )?is (\d+)\.")
@@ -297,10 +308,12 @@ def passkey_answer(prompt: str) -> str | None:
     return None
 
 
-def _answer(cfg: FakeConfig, prompt: str, max_tokens: int, corrupt: bool) -> tuple[str, str]:
-    """(text, finish_reason) of a non-streamed completion."""
+def _answer(cfg: FakeConfig, prompt: str, max_tokens: int, corrupt: bool, n: int = 1) -> tuple[str, str]:
+    """(text, finish_reason) of a non-streamed completion (the n-th request)."""
     if cfg.answers == "passkey":
         key = passkey_answer(prompt)
+        if key is not None and cfg.degenerate_every and n % cfg.degenerate_every == 0:
+            return "", "stop"
         if key is not None:
             if corrupt:  # every digit shifted: wrong, and the same wrong answer every time
                 key = "".join(str((int(d) + 1) % 10) for d in key)
@@ -351,6 +364,14 @@ async def _complete_whole(
         raise web.HTTPServiceUnavailable()
     max_tokens = int(body.get("max_tokens") or body.get("max_completion_tokens") or 16)
     corrupt = bool(cfg.corrupt_above and st.running >= cfg.corrupt_above)  # this request makes it one more
+    corrupt |= bool(cfg.corrupt_beside_prefill and st.prefilling)
+    ids_prompt = not chat and isinstance(body.get("prompt"), list) and all(isinstance(t, int) for t in body["prompt"])
+    text = body.get("prompt") if not chat and isinstance(body.get("prompt"), str) else None
+    if text is not None and max_tokens == 1:
+        st.last_prefix = text
+    elif text is not None and st.last_prefix and len(text) > len(st.last_prefix) and text.startswith(st.last_prefix):
+        corrupt = corrupt or cfg.corrupt_cached  # it extends the cached prefix (used once: a tiny cache)
+        st.last_prefix = None
     entry["in_flight_at_arrival"] = st.running
     entry["corrupted"] = corrupt
     st.running += 1
@@ -360,7 +381,7 @@ async def _complete_whole(
             await asyncio.sleep(delay)
     finally:
         st.running -= 1
-    if not chat and isinstance(body.get("prompt"), list) and all(isinstance(t, int) for t in body["prompt"]):
+    if ids_prompt:
         return web.json_response(_token_completion(body, max_tokens, corrupt, n))
     if chat:
         prompts = [" ".join(str(m.get("content", "")) for m in body.get("messages", []))]
@@ -369,7 +390,7 @@ async def _complete_whole(
         prompts = raw if isinstance(raw, list) and all(isinstance(p, str) for p in raw) else [raw]
     choices, completion_tokens = [], 0
     for i, prompt in enumerate(prompts):
-        text, finish = _answer(cfg, prompt if isinstance(prompt, str) else "", max_tokens, corrupt)
+        text, finish = _answer(cfg, prompt if isinstance(prompt, str) else "", max_tokens, corrupt, n)
         completion_tokens += len(text.split())
         choices.append(
             {"index": i, "message": {"role": "assistant", "content": text}, "finish_reason": finish}

@@ -956,8 +956,16 @@ def _prefix_hit_rate(dtype_result: dict) -> float | None:
     return h / q if q else None
 
 
-# The conditions a dtype's `eval` is measured in (harness/quality.py); `eval` may also hold an `error`.
-CONDITIONS = ("rest", "load", "during_load")
+# The conditions a dtype's `eval` is measured in (harness/evalphase.py), in order, with what each is called
+# wherever it is shown; `eval` may also hold an `error`.
+CONDITIONS = {
+    "rest": "at rest",
+    "load": "at load",
+    "batched": "batched",
+    "mixed": "mixed steps",
+    "prefix": "prefix-cache hit",
+    "during_load": "during load",
+}
 
 
 def conditions(evals: dict | None):

@@ -26,8 +26,9 @@ from kvbench import verdict
 from kvbench.capacity import VLLM_DEFAULT_GPU_MEMORY_UTILIZATION, budget_from_bytes, capacity_row
 from kvbench.datafiles import load_toml
 from kvbench.errors import KvbenchError, UsageError
+from kvbench.errors import one_line as _one_line
 from kvbench.formats import format_ratio, get_format
-from kvbench.harness import energy, front, quality, records, repeats, spill
+from kvbench.harness import energy, evalphase, front, quality, records, repeats, spill
 from kvbench.harness.agreement import Canaries, Sample, collect, compare
 from kvbench.harness.backend import OpenAIBackend
 from kvbench.harness.endpoint import Endpoint, ServerFacts, describe, redact_url, served_vllm, server_changes
@@ -56,7 +57,7 @@ from kvbench.harness.records import (
     Stop,
     StopReason,
 )
-from kvbench.harness.scheduler import Concurrency, Rate, Sessions, Timed, run_load, sustain_load
+from kvbench.harness.scheduler import Concurrency, Rate, Sessions, Timed, run_load
 from kvbench.harness.server import ServerConfig, ServerStartError, VllmServer, healthy, stop_all
 from kvbench.harness.slo import SLO, search
 from kvbench.harness.telemetry import NvmlSampler
@@ -72,7 +73,7 @@ AGREEMENT_STREAM = 10_000
 # How every run measures (probe sizes, warm-up, agreement, timeouts): kvbench/data/run_defaults.toml [run].
 RUN = load_toml("run_defaults.toml")["run"]
 # Prompt seed streams by phase kind (see _phases): distinct, and stable across dtypes for pairing.
-PROBE_STREAM, SWEEP_STREAM, FIXED_STREAM, EVAL_LOAD_STREAM, WARMUP_STREAM = 1_000, 20_000, 30_000, 40_000, 500_000
+PROBE_STREAM, SWEEP_STREAM, FIXED_STREAM, WARMUP_STREAM = 1_000, 20_000, 30_000, 500_000  # evals: evalphase
 
 
 @dataclass
@@ -706,67 +707,26 @@ class Runner:
     async def _evaluate(
         self, dtype: str, backend, result: DtypeResult, headers: dict, at_load: int, load, prompts
     ) -> None:
-        """lm-eval at rest (1 request at a time), at load (`at_load` in flight) and during load (1 at a time while
-        the first fixed load's traffic runs). A failure (an engine that dies mid-eval) is recorded, not raised:
-        the load phases that follow find out for themselves."""
+        """The dtype's eval phase in every condition (harness/evalphase.py), into `result.eval`."""
         plan = self.plan
-        tokenizer = str(plan.tokenizer or plan.model)
-        max_len = (result.server.max_model_len if result.server else None) or plan.max_model_len
+        tok = self._tokenizer
+        phase = evalphase.EvalPhase(
+            plan=plan,
+            dtype=dtype,
+            backend=backend,
+            headers=headers,
+            evaluator=self._evaluator,
+            reporter=self.reporter,
+            samples=self.samples,
+            items=self._eval_items,
+            tokenizer=tok,
+            tokenizer_dir=str(plan.tokenizer or plan.model),
+            max_len=(result.server.max_model_len if result.server else None) or plan.max_model_len,
+            id0_text=tok.convert_ids_to_tokens(0) if hasattr(tok, "convert_ids_to_tokens") else None,
+        )
         evals: dict[str, dict] = {}
-        result.eval = evals
-
-        def job(concurrency: int) -> quality.EvalJob:
-            return quality.EvalJob(
-                backend.base_url,
-                backend.model,
-                tokenizer,
-                tuple(plan.eval_tasks),
-                concurrency,
-                plan.eval_limit,
-                headers or None,
-                max_len,
-                plan.stall_timeout_s,
-                plan.client_realtime,
-            )
-
-        async def one(condition: str, concurrency: int) -> None:
-            self.reporter.phase(
-                dtype, f"eval {condition.replace('_', ' ')} ({', '.join(plan.eval_tasks)}, concurrency {concurrency})"
-            )
-            res = await self._evaluator.run(job(concurrency))
-            evals[condition] = quality.condition_summary(res, concurrency)
-            self._eval_items[(dtype, condition)] = quality.items_by_task(res)
-            self.samples.add_eval(dtype, condition, concurrency, res)
-
-        try:
-            await one("rest", 1)
-            await one("load", max(1, at_load))
-            if load is not None:
-                background = asyncio.ensure_future(
-                    sustain_load(  # for as long as the evaluation takes, in chunks of fresh prompts
-                        backend,
-                        lambda k, n: prompts(EVAL_LOAD_STREAM + k, n),
-                        plan.workload.output_tokens,
-                        load,
-                        stall_timeout_s=plan.stall_timeout_s,
-                        realtime=plan.client_realtime,
-                    )
-                )
-                try:
-                    await one("during_load", 1)
-                finally:
-                    background.cancel()
-                    traffic = await background
-                s = summarize(traffic, None)
-                evals["during_load"]["traffic"] = {
-                    "mode": load.describe(),
-                    "completed": s.completed,
-                    "failed": s.failed,
-                    "ttft_p95_ms": s.ttft_ms.get("p95"),
-                    "tpot_p95_ms": s.tpot_ms.get("p95"),
-                }
-        except Exception as exc:  # lm-eval's own errors, a server gone mid-eval
-            evals["error"] = _one_line(exc)
+        result.eval = evals  # filled condition by condition: a run stopped mid-eval keeps the finished ones
+        await phase.run(evals, at_load, load, prompts)
         result.eval = dict(evals)
 
     async def _prefix_counters(self, backend, headers: dict) -> dict | None:
@@ -937,11 +897,6 @@ def _emulation_active(server: VllmServer, result: DtypeResult) -> bool:
         return False
     result.implementation["log"] = line.split("] ", 1)[-1].strip()
     return True
-
-
-def _one_line(exc: BaseException) -> str:
-    text = " ".join(str(exc).split())
-    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
 def _load_name(load) -> str:

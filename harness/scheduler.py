@@ -552,8 +552,12 @@ async def sustain_load(
     *,
     stall_timeout_s: float | None = 60.0,
     realtime: bool = False,
+    flowing: asyncio.Event | None = None,
 ) -> LoadResult:
     """`mode`'s traffic for as long as the caller needs it: until this task is cancelled.
+
+    `flowing` is set once the first request has come back, so a caller can start what must run beside the
+    traffic (an evaluation) only when the traffic is really there.
 
     It goes out in chunks of fresh prompts, `prompts(chunk_index, n)`, so a load that must outlast something
     of unknown length (an evaluation while the server is busy) never builds its prompts up front. Each chunk
@@ -573,7 +577,13 @@ async def sustain_load(
         for k in range(1_000_000):
             try:
                 lr = await run_load(
-                    backend, prompts(k, size), output_tokens, mode, stall_timeout_s=stall_timeout_s, realtime=realtime
+                    backend,
+                    prompts(k, size),
+                    output_tokens,
+                    mode,
+                    stall_timeout_s=stall_timeout_s,
+                    realtime=realtime,
+                    on_progress=(lambda done, total: done and flowing.set()) if flowing is not None else None,
                 )
             except asyncio.CancelledError:  # between two chunks' requests: nothing of this chunk was sent
                 task = asyncio.current_task()

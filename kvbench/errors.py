@@ -17,6 +17,12 @@ class UsageError(KvbenchError):
     exit_code = 2
 
 
+def one_line(exc: BaseException) -> str:
+    """An exception as one line: its type and its message with whitespace collapsed."""
+    text = " ".join(str(exc).split())
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
 def unknown_choice(kind: str, value: str, choices: Iterable[str], extra: str = "") -> UsageError:
     """`unknown model 'x'; choose from: a, b, c` — the one-line form every lookup uses."""
     listed = ", ".join(sorted(choices))

@@ -70,6 +70,7 @@ class Item:
 
 
 STOP = ("\n", ".")  # generation stops at either (lm-eval's `until`)
+MAX_GEN_TOKS = 8  # room for the answer (lm-eval's `max_gen_toks`); the task YAML is written with both
 
 
 def score(response: str, answer: str) -> int:
@@ -248,7 +249,12 @@ def write_tasks(
         data = "".join(json.dumps(item.doc(), sort_keys=True) + "\n" for item in items)
         _write_atomic(folder / f"{task}.jsonl", data)
         # The YAML last: its presence means the task is complete.
-        yaml = string.Template(template()).substitute(task=task, data=json.dumps(str(folder / f"{task}.jsonl")))
+        yaml = string.Template(template()).substitute(
+            task=task,
+            data=json.dumps(str(folder / f"{task}.jsonl")),
+            until=json.dumps(list(STOP)),
+            max_gen_toks=MAX_GEN_TOKS,
+        )
         _write_atomic(folder / f"{task}.yaml", yaml)
     return folder
 

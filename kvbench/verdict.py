@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 
 from kvbench import verdict_accuracy as acc
 from kvbench import verdict_speed as speed
+from kvbench.harness import failuremodes
 from kvbench.harness.findings import FindingKind
 from kvbench.harness.records import EMULATED_SPEED_REASON, DtypeResult, DtypeStatus, Finding, RunRecord
 
@@ -111,10 +112,10 @@ class Decision:
         }
 
     def findings(self) -> list[Finding]:
-        """A finding per dtype kept out by its accuracy or canaries, or not ranked for its emulation (the
-        engine's `not-honoured` and a run's failure are recorded where they are found; an unconfirmed dtype is
-        the endpoint's own record of what it said, and its line says why it is out)."""
-        kinds = (FindingKind.ACCURACY, FindingKind.CANARY, FindingKind.EMULATED)
+        """A finding per dtype kept out by its accuracy, canaries or degenerate answers, or not ranked for its
+        emulation (the engine's `not-honoured` and a run's failure are recorded where they are found; an
+        unconfirmed dtype is the endpoint's own record of what it said, and its line says why it is out)."""
+        kinds = (FindingKind.ACCURACY, FindingKind.CANARY, FindingKind.DEGENERATE, FindingKind.EMULATED)
         out = []
         for v in self.dtypes.values():
             for r in v.reasons:
@@ -135,6 +136,7 @@ LINE_KINDS = (
     FindingKind.UNCONFIRMED,
     FindingKind.ACCURACY,
     FindingKind.CANARY,
+    FindingKind.DEGENERATE,
     FindingKind.EMULATED,
     FindingKind.FAILED,
     FindingKind.UNSUPPORTED,
@@ -230,6 +232,11 @@ def _verdict(record: RunRecord, d: DtypeResult, accuracy: acc.AccuracyVerdict, p
     canary = _canaries(record, d, 1 - policy.confidence)
     if canary:
         reasons.append(Reason(FindingKind.CANARY, canary))
+    auto = record.dtype(REFERENCE)
+    if d.kv_cache_dtype != REFERENCE and auto is not None:
+        junk = failuremodes.degenerate_excess(d.eval, auto.eval, 1 - policy.confidence)
+        if junk:
+            reasons.append(Reason(FindingKind.DEGENERATE, junk))
     measured = d.capacity.measured
     if measured is not None and measured.max_concurrency == 0 and not d.emulated:
         reasons.append(Reason(FindingKind.OTHER, "misses the SLO even at concurrency 1"))

@@ -20,12 +20,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from kvbench import noninferiority as ni
-from kvbench.harness.records import RunRecord, conditions
+from kvbench.harness.records import CONDITIONS, RunRecord, conditions
 
 REFERENCE = "auto"
 REFERENCE_STATE, NO_EVAL, EVAL_FAILED = "reference", "no eval", "eval failed"
 NON_INFERIOR, INFERIOR, UNDECIDED = ni.NON_INFERIOR, ni.INFERIOR, ni.UNDECIDED
-SHORT = {"rest": "at rest", "load": "at load", "during_load": "during load"}
+SHORT = CONDITIONS  # what each condition is called (harness/records.py)
 
 
 @dataclass(frozen=True)
@@ -146,10 +146,17 @@ def _label(cond: str, mine: dict, ref: dict | None, dtype: str, against: str) ->
     name = SHORT.get(cond, cond)
     if cond == "rest":
         return f"{name} (1 request at a time)"
-    if cond == "during_load":
-        mode = (mine.get("traffic") or {}).get("mode") or {}
+    if cond in ("during_load", "mixed"):
+        traffic = mine.get("traffic") or {}
+        mode = traffic.get("mode") or {}
         beside = f"concurrency-{mode['concurrency']} traffic" if "concurrency" in mode else "the fixed load"
-        return f"{name} (1 request at a time beside {beside})"
+        if traffic.get("prompt_tokens"):
+            beside += f" of {traffic['prompt_tokens']}-token prompts, {traffic.get('output_tokens')} out"
+        return f"{name} ({c or 1} at a time beside {beside})"
+    if cond == "prefix":
+        share = mine.get("prefix_share")
+        cached = f"the first {share:.0%} of each prompt" if share else "each prompt's prefix"
+        return f"{name} (1 at a time, {cached} cached by an earlier request)"
     if against != REFERENCE:
         return f"{name} ({c} in flight, vs 1 at rest)"
     if rc is not None and rc != c:
