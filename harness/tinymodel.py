@@ -244,3 +244,47 @@ def _build(path: Path) -> None:
     torch.manual_seed(SEED)
     model = LlamaForCausalLM(llama_config(len(fast)))
     save(model, path)
+
+
+# A second locally built model, of another shape than the tiny Llama: Qwen3's architecture and attention
+# (16 query heads, 8 KV heads, head_dim 128, q/k norms, tied embeddings, as Qwen3-0.6B) in 2 small layers with
+# random weights. It exercises what a user's own model does on the CPU default: a KV budget sized from the
+# model, vLLM's head-size-128 attention paths, GQA with 8 KV heads.
+GQA_NAME = "kvbench-tiny-qwen3-gqa"
+GQA_CONFIG = {
+    "architectures": ["Qwen3ForCausalLM"],
+    "model_type": "qwen3",
+    "hidden_size": 256,
+    "intermediate_size": 512,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 16,
+    "num_key_value_heads": 8,
+    "head_dim": 128,
+    "max_position_embeddings": 4096,
+    "rms_norm_eps": 1e-6,
+    "rope_theta": 1000000.0,
+    "tie_word_embeddings": True,
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+}
+
+
+def gqa_model_dir(root: Path | None = None) -> Path:
+    blob = json.dumps({"config": GQA_CONFIG, "seed": SEED, "tokenizer": RECIPE}, sort_keys=True)
+    return (root or cache_root()) / f"{GQA_NAME}-{hashlib.sha256(blob.encode()).hexdigest()[:12]}"
+
+
+def ensure_gqa_model(root: Path | None = None, rebuild: bool = False) -> Path:
+    """Path to the GQA test model (random weights, the tiny tokenizer), built first if missing or `rebuild`."""
+    return _ensure(gqa_model_dir(root), build_gqa_model, GQA_NAME, rebuild)
+
+
+def build_gqa_model(path: Path) -> None:
+    import torch
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    fast = build_tokenizer(path)
+    config = {k: v for k, v in GQA_CONFIG.items() if k not in ("architectures", "model_type")}
+    torch.manual_seed(SEED)
+    model = Qwen3ForCausalLM(Qwen3Config(**config, vocab_size=len(fast)))
+    model.to(torch.bfloat16).save_pretrained(path)
