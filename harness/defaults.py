@@ -284,7 +284,7 @@ def build_plan(
         workload_spec=spec,
         workload_requests=spec_requests,
         eval_tasks=tasks,
-        eval_limit=eval_limit,
+        eval_limit=eval_limit if eval_limit is not None else defaults.get("eval_limit"),  # None: every item
         accuracy_budget_points=(
             defaults["accuracy_budget_points"] if accuracy_budget_points is None else accuracy_budget_points
         ),

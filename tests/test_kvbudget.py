@@ -152,3 +152,13 @@ def test_run_on_the_gqa_model_completes_on_cpu(tmp_path, gqa_model):
     assert by["auto"]["capacity"]["engine"]["kv_tokens"] == 2048
     assert by["fp8"]["capacity"]["engine"]["kv_tokens"] == 4096
     assert records.headline(by["fp8"])["completed"] == 8
+
+
+def test_run_defaults_may_set_the_eval_limit(tmp_path):
+    # (beside the budget: the other run default issue 23 adds) absent: every item; the flag wins over the file
+    assert plan(tmp_path).eval_limit == CPU.get("eval_limit")
+    with_limit = {**CPU, "eval_limit": 200}
+    p = build_plan(defaults=with_limit, on_gpu=False, results_dir=tmp_path / "r", machine="cpu-test")
+    assert p.eval_limit == 200
+    p = build_plan(defaults=with_limit, on_gpu=False, results_dir=tmp_path / "r", machine="cpu-test", eval_limit=7)
+    assert p.eval_limit == 7
