@@ -97,8 +97,8 @@ class TaskScore:
             "kv_dtype": self.kv_dtype,
             "n": self.n,
             "correct": sum(self.correct),
-            "accuracy": round(self.accuracy, 4),
-            "wilson95": [round(lo, 4), round(hi, 4)],
+            "accuracy": self.accuracy,
+            "wilson95": [lo, hi],
         }
 
 
