@@ -35,6 +35,24 @@ def test_a_changed_file_is_named(tmp_path):
     assert set(bad) == {"config.json", "tokenizer.json"} and bad["tokenizer.json"][1] is None
 
 
+def test_verify_command_exits_non_zero_on_a_difference(tmp_path):
+    import shutil
+    import subprocess
+    import sys
+
+    def verify(*args):
+        cmd = [sys.executable, "-m", "kvbench", "tinymodel", "verify", *args]
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+
+    out = verify()
+    assert out.returncode == 0 and out.stdout.count("ok ") == len(tinymodel.recorded_sha256()), out.stdout
+    copy = tmp_path / "m"
+    shutil.copytree(tinymodel.committed_dir(), copy)
+    (copy / "model.safetensors").write_bytes(b"not weights")
+    out = verify("--dir", str(copy))
+    assert out.returncode == 1 and "DIFFERS model.safetensors" in out.stdout and "1 of 5 files differ" in out.stdout
+
+
 def test_committed_config_and_tokenizer_are_the_recipes():
     config = json.loads((tinymodel.committed_dir() / "config.json").read_text())
     assert config == dict(tinymodel.CONFIG, vocab_size=config["vocab_size"])
