@@ -62,6 +62,7 @@ def build_plan(
     accuracy_confidence: float | None = None,
     workload: str | None = None,
     workloads_file: Path | None = None,
+    kv_cache_memory_bytes: int | None = None,
 ) -> RunPlan:
     from kvbench.harness.machine import machine_name
 
@@ -105,6 +106,14 @@ def build_plan(
         from kvbench.evaltasks import check_task_names
 
         check_task_names(eval_tasks)
+    if kv_cache_memory_bytes is not None:
+        from kvbench.harness.kvbudget import parse_bytes
+
+        parse_bytes(kv_cache_memory_bytes)
+        if endpoints is not None:
+            raise UsageError("--kv-cache-memory-bytes sizes a server kvbench starts; drop it with --endpoint")
+        if any(a.startswith("--kv-cache-memory") for a in extra_args or []):
+            raise UsageError("give --kv-cache-memory-bytes once: as kvbench's flag or after --, not both")
     if endpoints is not None and extra_args:
         raise UsageError(
             f"vLLM arguments after -- ({' '.join(extra_args)}) apply only when kvbench starts the server; "
@@ -139,6 +148,7 @@ def build_plan(
 
     unsupported: dict[str, str] = {}
     emulated: dict[str, dict] = {}
+    builtin = False  # the CPU default's own tiny model
     tokenizer = None
     plan_endpoints = None
     if endpoints is not None:
@@ -152,6 +162,7 @@ def build_plan(
             )
         max_model_len = server_len or max_model_len
     else:
+        builtin = model is None
         if model is None:
             if on_gpu:
                 raise UsageError(
@@ -208,17 +219,29 @@ def build_plan(
     args = [] if endpoints is not None else list(defaults.get("extra_args", [])) + list(extra_args or [])
     if spec is not None and endpoints is None and "--enable-prompt-tokens-details" not in args:
         args.append("--enable-prompt-tokens-details")  # each response says how many prompt tokens hit the cache
-    if (
-        endpoints is None
-        and not on_gpu
-        and "kv_cache_memory_bytes" in defaults
-        and not any(a.startswith("--kv-cache-memory") for a in args)
-    ):
-        args += ["--kv-cache-memory-bytes", str(defaults["kv_cache_memory_bytes"])]
-        notes.append(
-            f"CPU default: KV cache fixed at {defaults['kv_cache_memory_bytes']:,} bytes so capacity, "
-            "not the cores, limits concurrency"
-        )
+    if kv_cache_memory_bytes is not None:
+        args += ["--kv-cache-memory-bytes", str(kv_cache_memory_bytes)]
+        notes.append(f"KV cache: {kv_cache_memory_bytes:,} bytes (--kv-cache-memory-bytes)")
+    elif endpoints is None and not on_gpu and not any(a.startswith("--kv-cache-memory") for a in args):
+        if builtin and "kv_cache_memory_bytes" in defaults:
+            args += ["--kv-cache-memory-bytes", str(defaults["kv_cache_memory_bytes"])]
+            notes.append(
+                f"CPU default: KV cache fixed at {defaults['kv_cache_memory_bytes']:,} bytes so capacity, "
+                "not the cores, limits concurrency"
+            )
+        elif not builtin:  # the user's model: sized from it and the run (harness/kvbudget.py)
+            from kvbench.harness.kvbudget import for_run
+
+            fixed = [load.concurrency for load in loads if isinstance(load, Concurrency)]
+            budget = for_run(
+                model,
+                max_model_len,
+                search_cap,
+                fixed or list(defaults["concurrency"]),
+                defaults["kv_free_memory_fraction"],
+            )
+            args += ["--kv-cache-memory-bytes", str(budget.bytes)]
+            notes.append(budget.note())
 
     gpus = _parallel_size(args)
     price_key, price = _price_for_this_machine(prices or {}, on_gpu)
@@ -283,7 +306,7 @@ def build_plan(
         workload_spec=spec,
         workload_requests=spec_requests,
         eval_tasks=tasks,
-        eval_limit=eval_limit,
+        eval_limit=eval_limit if eval_limit is not None else defaults.get("eval_limit"),  # None: every item
         accuracy_budget_points=(
             defaults["accuracy_budget_points"] if accuracy_budget_points is None else accuracy_budget_points
         ),

@@ -114,7 +114,8 @@ async def prefix_condition(
             results = []
             for item in evaltasks.generate(task, tokenizer, limit or evaltasks.DEFAULT_ITEMS):
                 await post(prefix_text(item.prompt), 1)
-                results.append(_item(item, await post(item.prompt, evaltasks.MAX_GEN_TOKS, evaltasks.STOP)))
+                room = evaltasks.MAX_GEN_TOKS[evaltasks.parse_task(task)[0]]
+                results.append(_item(item, await post(item.prompt, room, evaltasks.STOP)))
             acc = sum(r.score for r in results) / len(results) if results else 0.0
             out[task] = TaskResult(task, "exact_match,exact", acc, len(results), results)
     return EvalResult(out, base_url, model, 1, limit, "kvbench prefix client", time.monotonic() - t0)

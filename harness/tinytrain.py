@@ -1,21 +1,24 @@
-"""Training the CPU default's tiny Llama to retrieve pass keys, so that its accuracy means something: at `auto`
-it answers kvbench's pass-key task, and a KV cache that loses fidelity can make it fail.
+"""Training the CPU default's tiny Llama on kvbench's own tasks, so that its accuracy means something: at `auto`
+it answers most items of each quality task, and a KV cache that loses fidelity can make it fail.
 
-It learns on the task distribution itself (kvbench.evaltasks with training seeds, never the evaluation
-items): pseudo-English haystacks with one pass-key needle (or, less often, several named ones) at a random
-depth and the question at the end, plus haystacks in which bare pass keys are written twice at random
-distances (practice in copying digits in order). Loss is on every token, weighted up on what only
-retrieval can predict (the answer, a key's second writing). Sequences are short first, then up to the CPU
-default's context, with some longer ones.
+It learns on the task distributions themselves (kvbench.evaltasks.parts with training seeds, never the
+evaluation items), with the knobs varied around each task's setting: pseudo-English haystacks with a long
+pass key, with many named keys (several of them asked in turn), with a number updated several times, pass-key
+items, and haystacks in which bare numbers are written twice at random distances (practice in copying digits
+in order). Loss is on every token, weighted up on what only the context can predict (answers, a number's
+second writing). The first quarter is mostly easy copying (bare numbers, pass keys written twice), where the
+induction circuit forms; then every task. Prompts are short first, then up to the CPU default's context.
 
-Two layers learn retrieval by an induction circuit: a previous-token head in layer 0 and, in layer 1, a
-head that finds "the token after the one I just wrote". The first half rarely forms within this budget
-(the model then learns which digits the key has but not their order), so layer 0 starts with it
-(`previous_token_prior`); the rest is learned.
+Layer 0's first KV head starts with two previous-token heads (`previous_token_prior`): the half of an
+induction circuit that plain training on this budget rarely forms; the rest, including what those heads are
+used for, is learned.
 
-Deterministic: seeded data and init, a fixed thread count (CPU reductions depend on it), fp32. The report
-(`training_report.json`) holds the recipe, the loss curve, wall time, versions, and exact-match accuracy
-at fp32 in torch on held-out items per context length.
+Deterministic: seeded data and init, a fixed thread count (CPU reductions depend on it), fp32 training. On
+one machine and software stack a rerun gives the same bits; another CPU (another vector width, so other
+summation orders in the matrix kernels) or another torch can round differently, and the differences grow over
+the steps. That is why the weights are committed: the committed file, not a rerun, is what makes machines
+agree. The report (`training_report.json`) holds the recipe, the loss curve, wall time, versions, and the
+accuracy of the saved (bf16) weights in torch on each task's first evaluation items.
 """
 
 from __future__ import annotations
@@ -29,58 +32,24 @@ import time
 from pathlib import Path
 
 from kvbench import evaltasks
+from kvbench.datafiles import load_toml
 from kvbench.harness import tinymodel
 
-# Everything that shapes the trained weights; part of the fingerprint, so a change rebuilds the model.
-RECIPE = {
-    "version": 1,
-    "steps": 1400,
-    "batch": 16,
-    "lr": 3e-3,
-    "warmup": 40,
-    "min_lr_ratio": 0.1,
-    "weight_decay": 0.01,
-    "betas": [0.9, 0.98],
-    "grad_clip": 1.0,
-    "answer_weight": 1.0,  # loss weight of answer tokens and of a needle's second writing of its key
-    "text_weight": 0.2,  # loss weight of the rest: the haystack is random words, mostly unpredictable
-    "multikey_fraction": 0.1,
-    "numbers_fraction": 0.4,  # examples that practise copying numbers in order (Assembler.numbers)
-    # (fraction of training done, largest prompt budget in tokens) : budgets grow along this schedule
-    "curriculum": [[0.0, 160], [0.55, 448]],
-    "long_fraction": 0.15,  # share of the later steps at a longer budget (up to long_budget)
-    "long_budget": 960,
-    "threads": 2,
-    "previous_token_prior": True,  # see previous_token_prior
-    "prior_dim": 0,
-    "prior_constant": 0.5,
-    "prior_amplitude": 64.0,
-    "prior_frequencies": 4,
-    "seed": 7,
-}
-# Held-out items per context length for the report (fp32, torch, greedy).
-REPORT_ITEMS = {512: 200, 1024: 50, 2048: 20}
-MULTIKEY_MIN_BUDGET = 160
+# Everything that shapes the trained weights; part of the fingerprint.
+RECIPE = load_toml("tinymodel.toml")["train"]
+# Items per task in the report: the trained (bf16) weights in torch, auto only (tinyeval measures the rest).
+REPORT_TASKS = ("kvbench_needle_512", "kvbench_manykeys_512", "kvbench_track_512", "kvbench_passkey_512")
+REPORT_ITEMS = 200
 TRAIN_SEED_BASE = 10_000  # evaluation items use evaltasks.SEED; training never draws from it
 
 
-def fingerprint() -> str:
-    blob = json.dumps({"model": tinymodel.fingerprint(), "train": RECIPE, "tasks": _task_text()}, sort_keys=True)
+def fingerprint(recipe: dict | None = None) -> str:
+    recipe = RECIPE if recipe is None else recipe
+    blob = json.dumps(
+        {"model": tinymodel.fingerprint(), "train": recipe, "tasks": evaltasks.wording()},
+        sort_keys=True,
+    )
     return hashlib.sha256(blob.encode()).hexdigest()[:12]
-
-
-def _task_text() -> list[str]:
-    # The task wording is what the model learns: changing it must retrain.
-    return [
-        evaltasks.PASSKEY_INTRO,
-        evaltasks.PASSKEY_NEEDLE,
-        evaltasks.PASSKEY_QUESTION,
-        evaltasks.MULTIKEY_INTRO,
-        evaltasks.MULTIKEY_NEEDLE,
-        evaltasks.MULTIKEY_QUESTION,
-        str(evaltasks.KEY_DIGITS),
-        str(evaltasks.MULTIKEY_KEYS),
-    ]
 
 
 def _budget(step: int, steps: int, rng: random.Random, recipe: dict) -> int:
@@ -89,35 +58,46 @@ def _budget(step: int, steps: int, rng: random.Random, recipe: dict) -> int:
     for at, budget in recipe["curriculum"]:
         if frac >= at:
             top = budget
-    if recipe["long_fraction"] and frac >= 0.55 and rng.random() < recipe["long_fraction"]:
-        return rng.randint(top, recipe["long_budget"])
     return rng.randint(top // 2, top)
 
 
-class Assembler:
-    """Builds training examples at the token level from pre-encoded sentences (encoding whole prompts per example
-    would cost more than the training step). Token for token these are what evaltasks.make_item produces:
-    every piece starts on a pre-token boundary (a space before a word, or a newline), so concatenated
-    encodings equal the encoding of the concatenated text, up to where a prompt is cut to its budget."""
+def _mix(step: int, recipe: dict) -> dict[str, float]:
+    """The row kinds' shares at this step: the last phase of recipe["mix"] that has begun."""
+    frac = step / max(1, recipe["steps"])
+    mix = recipe["mix"][0][1]
+    for at, shares in recipe["mix"]:
+        if frac >= at:
+            mix = shares
+    return mix
 
-    def __init__(self, tok, rng: random.Random, pool: int = 4000):
-        self.tok = tok
+
+class Examples:
+    """Training rows as token ids with 0/1 marks of the tokens learned at answer weight."""
+
+    def __init__(self, tok, recipe: dict, rng: random.Random, pool: int = 4000):
+        self.tok, self.recipe = tok, recipe
         self.enc = lambda text: tok.encode(text, add_special_tokens=False)
-        sents = evaltasks.sentences(rng, pool)
-        self.bare = [self.enc(x) for x in sents]  # the first sentence after the intro's newline
-        self.spaced = [self.enc(" " + x) for x in sents]
-        self.digits = {tok.convert_tokens_to_ids(str(d)) for d in range(10)}
+        self.spaced = [self.enc(" " + x) for x in evaltasks.sentences(rng, pool)]
+        self.digit = {d: tok.convert_tokens_to_ids(d) for d in "0123456789"}
+        self.space = self.enc(" ")
+
+    def number(self, digits: str) -> list[int]:
+        return self.space + [self.digit[d] for d in digits]
 
     def numbers(self, budget: int, rng: random.Random) -> tuple[list[int], list[int]]:
-        """Haystack with a few pass keys written bare, each written again later at a random distance: every digit
-        of a second writing after its first is predictable only by finding the first writing and copying in
-        order (what an induction head does). Dense practice of exactly the step retrieval needs."""
+        """Haystack with bare numbers (pass keys, and long keys with repeats), each written again later at a random
+        distance: every digit of a second writing after its first is predictable only by finding the first
+        writing and copying in order (what an induction head does). Dense practice of the step retrieval needs."""
         ids, marks = [self.tok.bos_token_id], [0]
         pending: list[list[int]] = []
+        lo, hi = self.recipe["needle_digits"]
         while len(ids) < budget:
             draw = rng.random()
             if draw < 0.2:
-                piece = self.enc(" " + evaltasks.key(rng))
+                # half pass keys (distinct digits: each digit's successor unique), half long keys with repeats
+                long = rng.random() < self.recipe["numbers_long_share"]
+                digits = evaltasks.long_key(rng, rng.randint(lo, hi)) if long else evaltasks.key(rng)
+                piece = self.number(digits)
                 pending.append(piece)
                 ids += piece
                 marks += [0] * len(piece)
@@ -131,68 +111,75 @@ class Assembler:
                 marks += [0] * len(piece)
         return ids[:budget], marks[:budget]
 
-    def example(self, kind: str, budget: int, rng: random.Random) -> tuple[list[int], list[int]]:
-        """(BOS + prompt + " 12345." + EOS, 0/1 marks of the tokens to learn with answer weight: the answer,
-        and in a pass-key needle the key's second writing, which only copying can predict)."""
-        if kind == "passkey":
-            key = evaltasks.key(rng)
-            needles = [evaltasks.PASSKEY_NEEDLE.format(key=key)]
-            intro, question, answer, depths = evaltasks.PASSKEY_INTRO, evaltasks.PASSKEY_QUESTION, key, [rng.random()]
-        else:
-            budget = max(budget, MULTIKEY_MIN_BUDGET)  # four needles and the question alone take ~100 tokens
-            names = rng.sample(evaltasks.words(), evaltasks.MULTIKEY_KEYS)
-            keys = [evaltasks.key(rng) for _ in names]
-            needles = [evaltasks.MULTIKEY_NEEDLE.format(name=n, key=k) for n, k in zip(names, keys, strict=True)]
-            asked = rng.randrange(len(names))
-            intro, answer = evaltasks.MULTIKEY_INTRO, keys[asked]
-            question = evaltasks.MULTIKEY_QUESTION.format(name=names[asked])
-            depths = [rng.random() for _ in names]
-        head, tail = self.enc(intro), self.enc(question)
-        spaced_needles = [self.enc(" " + n) for n in needles]
-        room = budget - len(head) - len(tail) - sum(map(len, spaced_needles))
-        chosen: list[int] = []
-        while room > 0:
-            i = rng.randrange(len(self.spaced))
-            if len(self.spaced[i]) > room:
-                break
-            chosen.append(i)
-            room -= len(self.spaced[i])
-        units: list[tuple[str, int]] = [("s", i) for i in chosen]
-        for depth, j in sorted(zip(depths, range(len(needles)), strict=True), key=lambda p: -p[0]):
-            units.insert(round(depth * len(chosen)), ("n", j))
-        ids, marks = [self.tok.bos_token_id, *head], [0] * (1 + len(head))
-        for pos, (what, j) in enumerate(units):
-            if what == "s":
-                piece, piece_marks = (self.bare if pos == 0 else self.spaced)[j], None
+    def _repeats(self, ids: list[int]) -> list[int]:
+        """1 on the digits of a number written before in the row, after its first digit (a pass-key needle
+        writes its key twice): only copying predicts them."""
+        marks = [0] * len(ids)
+        digits = set(self.digit.values())
+        seen: set[tuple[int, ...]] = set()
+        i = 0
+        while i < len(ids):
+            if ids[i] in digits:
+                j = i
+                while j < len(ids) and ids[j] in digits:
+                    j += 1
+                run = tuple(ids[i:j])
+                if run in seen:
+                    marks[i + 1 : j] = [1] * (j - i - 1)
+                seen.add(run)
+                i = j
             else:
-                piece = self.enc(needles[j]) if pos == 0 else spaced_needles[j]
-                digit_at = [k for k, t in enumerate(piece) if t in self.digits]
-                second = set(digit_at[evaltasks.KEY_DIGITS :]) if kind == "passkey" else set()
-                piece_marks = [int(k in second) for k in range(len(piece))]
-            ids += piece
-            marks += piece_marks or [0] * len(piece)
-        ids += tail
-        marks += [0] * len(tail)
-        ans = self.enc(" " + answer + ".") + [self.tok.eos_token_id]
-        return ids + ans, marks + [1] * len(ans)
+                i += 1
+        return marks
+
+    def task(self, kind: str, budget: int, rng: random.Random) -> tuple[list[int], list[int]]:
+        """A task item filled to about `budget` prompt tokens, then its answer (and, for named keys, more
+        questions about the same haystack with their answers), then EOS."""
+        r = self.recipe
+        knobs = {
+            "digits": rng.randint(*r["needle_digits"]),
+            "keys": rng.randint(*r["manykeys_keys"]),
+            "updates": rng.randint(*r["track_updates"]),
+            "change": 0,  # fresh values at every update, whatever the task's own setting
+        }
+        p = evaltasks.parts(kind, budget, rng.random(), rng, **knobs)
+        fixed = len(self.enc(p.build(0)))
+        lengths = [len(x) for x in self.tok(p.pool, add_special_tokens=False)["input_ids"]]
+        n, used = 0, fixed
+        while n < len(p.pool) and used + lengths[n] + 1 <= budget:  # + 1: the space before it
+            used += lengths[n] + 1
+            n += 1
+        ids = [self.tok.bos_token_id, *self.enc(p.build(n))]
+        marks = self._repeats(ids)
+        qa = [(p.question, p.answer)]
+        if p.others:
+            qa += rng.sample(p.others, min(len(p.others), r["questions"] - 1))
+        for i, (question, answer) in enumerate(qa):
+            if i:
+                q = self.enc(question)
+                ids += q
+                marks += [0] * len(q)
+            a = self.enc(evaltasks.continuation(kind, answer) + ".")
+            ids += a
+            marks += [1] * len(a)
+        ids.append(self.tok.eos_token_id)
+        marks.append(1)
+        return ids, marks
 
 
-def batches(tok, recipe: dict):
+def batches(tok, recipe: dict = RECIPE):
     """Yield (input_ids, weights) tensors, one batch per step, deterministic from the recipe's seed."""
     import torch
 
     rng = random.Random(TRAIN_SEED_BASE + recipe["seed"])
-    assembler = Assembler(tok, rng)
+    examples = Examples(tok, recipe, rng)
     for step in range(recipe["steps"]):
         budget = _budget(step, recipe["steps"], rng, recipe)
+        mix = _mix(step, recipe)
         rows = []
         for _ in range(recipe["batch"]):
-            draw = rng.random()
-            if draw < recipe["numbers_fraction"]:
-                rows.append(assembler.numbers(budget, rng))
-            else:
-                kind = "multikey" if draw < recipe["numbers_fraction"] + recipe["multikey_fraction"] else "passkey"
-                rows.append(assembler.example(kind, budget, rng))
+            kind = rng.choices(list(mix), list(mix.values()))[0]
+            rows.append(examples.numbers(budget, rng) if kind == "numbers" else examples.task(kind, budget, rng))
         width = max(len(row) for row, _ in rows)
         ids = torch.full((len(rows), width), tok.eos_token_id, dtype=torch.long)
         weights = torch.zeros((len(rows), width))
@@ -205,8 +192,8 @@ def batches(tok, recipe: dict):
 
 
 def previous_token_prior(model, recipe: dict = RECIPE) -> None:
-    """Start layer 0's first KV head group as previous-token heads (query head 0 attends 1 token back, query
-    head 1 two back), the half of an induction circuit that plain training on this budget does not find.
+    """Start layer 0's first KV head group as previous-token heads: query head i attends `prior_lags[i]` tokens
+    back, the half of an induction circuit that plain training on this budget does not find.
 
     One embedding dimension is made constant (and kept so), so after RMSNorm the input carries a
     token-independent component; those heads' query and key read only it, so their scores depend on
@@ -218,6 +205,10 @@ def previous_token_prior(model, recipe: dict = RECIPE) -> None:
 
     cfg = model.config
     d, dim = cfg.head_dim, recipe["prior_dim"]
+    group = cfg.num_attention_heads // cfg.num_key_value_heads
+    lags = recipe["prior_lags"]
+    if len(lags) > group:
+        raise ValueError(f"{len(lags)} prior lags, but a KV head has {group} query heads")
     theta = tinymodel.CONFIG["rope_theta"] ** (-torch.arange(d // 2, dtype=torch.float64) * 2 / d)
     amp = recipe["prior_amplitude"] ** 0.5
     emb = model.model.embed_tokens.weight
@@ -234,20 +225,30 @@ def previous_token_prior(model, recipe: dict = RECIPE) -> None:
         k = torch.cat([amp * used, torch.zeros(d // 2, dtype=torch.float64)])
         attn.k_proj.weight[:d].zero_()
         attn.k_proj.weight[:d, dim] = (k / level).float()  # KV head 0
-        for head, lag in ((0, 1), (1, 2)):  # the query heads that share KV head 0
+        for head, lag in enumerate(lags):  # the query heads that share KV head 0
             q = torch.cat([amp * used * torch.cos(lag * theta), -amp * used * torch.sin(lag * theta)])
             rows = slice(head * d, (head + 1) * d)
             attn.q_proj.weight[rows].zero_()
             attn.q_proj.weight[rows, dim] = (q / level).float()
 
 
-def train(model, tok, recipe: dict = RECIPE, log=None, stop_after: int | None = None) -> list[dict]:
+def new_model(tok):
+    """The untrained model: seeded init (fp32), as the recipe starts from it."""
+    import torch
+    from transformers import LlamaForCausalLM
+
+    torch.manual_seed(tinymodel.SEED)
+    return LlamaForCausalLM(tinymodel.llama_config(len(tok))).float()
+
+
+def train(model, tok, recipe: dict = RECIPE, log=None, stop_after: int | None = None, checkpoint=None) -> list[dict]:
     """Train in place; the loss curve, one point per 10 steps: step, loss (weighted), answer loss.
-    `stop_after`: end after that many steps (the schedule is still the full recipe's: a rerun's prefix)."""
+    `stop_after`: end after that many steps (the schedule is still the full recipe's: a rerun's prefix).
+    `checkpoint(step, model)`: called every 250 steps (exploration; it must not touch the model)."""
     import torch
 
     torch.manual_seed(recipe["seed"])
-    if recipe["previous_token_prior"]:
+    if recipe["prior_lags"]:
         previous_token_prior(model, recipe)
     opt = torch.optim.AdamW(
         model.parameters(), lr=recipe["lr"], betas=tuple(recipe["betas"]), weight_decay=recipe["weight_decay"]
@@ -264,6 +265,7 @@ def train(model, tok, recipe: dict = RECIPE, log=None, stop_after: int | None = 
     curve: list[dict] = []
     model.train()
     acc_loss = acc_ans = 0.0
+    t0 = time.monotonic()
     for step, (ids, weights) in enumerate(batches(tok, recipe)):
         if stop_after is not None and step >= stop_after:
             break
@@ -290,64 +292,53 @@ def train(model, tok, recipe: dict = RECIPE, log=None, stop_after: int | None = 
             }
             curve.append(point)
             acc_loss = acc_ans = 0.0
-            if log and (step + 1) % 100 == 0:
+            if log and (step + 1) % 50 == 0:
                 log(
                     f"training the tiny model: step {point['step']}/{steps}, loss {point['loss']:.3f}, "
-                    f"answer loss {point['answer_loss']:.3f}"
+                    f"answer loss {point['answer_loss']:.3f}, {time.monotonic() - t0:.0f} s"
                 )
+        if checkpoint and (step + 1) % 250 == 0:
+            model.eval()
+            checkpoint(step + 1, model)
+            model.train()
     model.eval()
     return curve
 
 
-def accuracy(model, tok, task: str, n: int) -> dict:
-    """Greedy exact match on the first `n` evaluation items of `task` (the items kvbench eval uses)."""
-    import torch
-
-    items = evaltasks.generate(task, tok, n)
-    correct = 0
-    with torch.no_grad():
-        for item in items:
-            ids = torch.tensor([tok.encode(item.prompt)])
-            out = model.generate(
-                ids,
-                attention_mask=torch.ones_like(ids),
-                max_new_tokens=evaltasks.KEY_DIGITS + 2,
-                do_sample=False,
-                pad_token_id=tok.eos_token_id,
-            )
-            text = tok.decode(out[0, ids.shape[1] :], skip_special_tokens=True)
-            correct += evaltasks.score(text, item.answer)
-    return {"task": task, "n": n, "correct": correct, "exact_match": correct / n}
-
-
-def build(path: Path, log=None) -> dict:
-    """Tokenizer + trained model + training_report.json into `path`; returns the report."""
+def build(path: Path, log=None, recipe: dict = RECIPE, report_items: int = REPORT_ITEMS, checkpoint=None) -> dict:
+    """Tokenizer + trained model (bf16 safetensors) + training_report.json into `path`; returns the report."""
     import torch
     import transformers
-    from transformers import LlamaForCausalLM
 
+    from kvbench.harness import tinyeval
+    from kvbench.harness.machine import machine_name
+
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
     threads = torch.get_num_threads()
-    torch.set_num_threads(RECIPE["threads"])
+    torch.set_num_threads(recipe["threads"])
     try:
         tok = tinymodel.build_tokenizer(path)
         t_tok = time.monotonic() - t0
-        torch.manual_seed(tinymodel.SEED)
-        model = LlamaForCausalLM(tinymodel.llama_config(len(tok))).float()
-        curve = train(model, tok, RECIPE, log)
+        model = new_model(tok)
+        curve = train(model, tok, recipe, log, checkpoint=checkpoint)
         t_train = time.monotonic() - t0 - t_tok
-        evals = [accuracy(model, tok, f"{evaltasks.PREFIX}passkey_{ctx}", n) for ctx, n in REPORT_ITEMS.items()]
-        evals.append(accuracy(model, tok, f"{evaltasks.PREFIX}multikey_512", REPORT_ITEMS[512] // 2))
+        tinymodel.save(model, path)
+        # The report measures what is saved: the bf16 weights, loaded back as a server would.
+        evals = []
+        if report_items:
+            served, served_tok = tinyeval.load(path)
+            evals = [s.summary() for s in tinyeval.measure(served, served_tok, REPORT_TASKS, report_items, ["auto"])]
         t_eval = time.monotonic() - t0 - t_tok - t_train
-        model.to(torch.bfloat16).save_pretrained(path, safe_serialization=True)
     finally:
         torch.set_num_threads(threads)
     report = {
         "model": tinymodel.NAME,
-        "fingerprint": fingerprint(),
+        "fingerprint": fingerprint(recipe),
         "config": tinymodel.CONFIG,
-        "recipe": RECIPE,
-        "steps": RECIPE["steps"],
+        "recipe": recipe,
+        "steps": recipe["steps"],
         "loss_curve": curve,
         "final_loss": curve[-1]["loss"] if curve else None,
         "wall_time_s": {
@@ -356,14 +347,16 @@ def build(path: Path, log=None) -> dict:
             "eval": round(t_eval, 1),
             "total": round(time.monotonic() - t0, 1),
         },
-        "accuracy_fp32": evals,
-        "eval_note": "greedy, fp32 weights, transformers; held-out items = the first n of kvbench eval's own items",
+        "accuracy_bf16": evals,
+        "eval_note": "greedy, the saved bf16 weights in transformers (kvbench.harness.tinyeval), KV auto; "
+        "items = the first n of kvbench eval's own",
         "versions": {
             "torch": torch.__version__,
             "transformers": transformers.__version__,
             "python": platform.python_version(),
         },
-        "threads": RECIPE["threads"],
+        "machine": machine_name(),
+        "threads": recipe["threads"],
     }
     (path / "training_report.json").write_text(json.dumps(report, indent=2) + "\n")
     return report

@@ -19,6 +19,7 @@ from kvbench.commands import (
     regress,
     report,
     run,
+    tinymodel,
 )
 from kvbench.commands import eval as eval_cmd
 from kvbench.errors import KvbenchError
@@ -49,6 +50,7 @@ for module in (
     app.command(module.NAME, help=module.HELP, context_settings=getattr(module, "CONTEXT_SETTINGS", None))(
         module.command
     )
+app.add_typer(tinymodel.app, name=tinymodel.NAME, help=tinymodel.HELP)  # a group: train, verify, accuracy
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -1,6 +1,17 @@
-"""Retrieval tasks kvbench generates itself, so quality can be measured offline: passkey retrieval (one
-needle at a known depth in a haystack) and multi-key retrieval (RULER-style: several named keys, one asked
-for). Every item's answer is a string of digits, checked by exact match.
+"""Tasks kvbench generates itself, so quality can be measured offline. Every item's answer is a string of
+digits, checked by exact match:
+
+- passkey: one needle (a 5-digit key, distinct digits) at a known depth in a haystack;
+- multikey: RULER-style, four named 5-digit keys, one asked for;
+- needle: one long key (NEEDLE_DIGITS digits, repeats allowed) at a known depth: single retrieval, copied exactly;
+- manykeys: MANYKEYS_KEYS named keys (`wind70894`), one asked for: multi-key retrieval among look-alikes;
+- track: a number updated TRACK_UPDATES times (each update changes TRACK_CHANGE of its digits), the last update
+  at a known depth, the earlier ones anywhere before it: variable tracking, where every update in the context
+  competes with the last, digit by digit.
+
+passkey and multikey are the first tasks, kept as they were (records name them); the other three are the CPU
+default's quality tasks, their difficulty set so the committed tiny model scores between about 70% and 97% at
+auto (docs/quality-model.md has the measurements).
 
 Items are deterministic from (task, seed, tokenizer): the haystack is pseudo-English from the tiny model's
 own corpus generator, and each prompt is filled to its token budget as measured with the model's
@@ -27,7 +38,7 @@ from kvbench.errors import UsageError, unknown_choice
 
 SEED = 1234  # evaluation items; training draws from other seeds (tinytrain.TRAIN_SEED)
 PREFIX = "kvbench_"
-KINDS = ("passkey", "multikey")
+KINDS = ("passkey", "multikey", "needle", "manykeys", "track")
 # Whole context per item = prompt budget + room for the answer: the CPU default serves max_model_len 512.
 CONTEXTS = (512, 1024, 2048, 4096)
 ANSWER_ROOM = 64  # tokens left for the answer below each context (an answer is 6-8 tokens)
@@ -43,6 +54,34 @@ PASSKEY_QUESTION = "\nWhat is the pass key? The pass key is"
 MULTIKEY_INTRO = "Several pass keys are hidden in the text below, each with a name. Find the one asked for.\n"
 MULTIKEY_NEEDLE = "The pass key of {name} is {key}."
 MULTIKEY_QUESTION = "\nWhat is the pass key of {name}? The pass key of {name} is"
+# The three tasks with headroom. Their knobs (key length, number of keys, number of updates) are what places the
+# committed model's auto accuracy in the band; changing one changes every item, so the task's name changes too.
+NEEDLE_DIGITS = 14
+NEEDLE_INTRO = "A pass key is hidden in the text below. Copy it exactly.\n"
+NEEDLE_NEEDLE = "The pass key is {key}."
+NEEDLE_QUESTION = "\nWhat is the pass key? The pass key is"
+MANYKEYS_KEYS = 8
+# Named keys written glued to their name (`wind70894`): the name's last token is the one before the digits, as
+# "is" is in a pass-key needle, so copying it takes the one-step match a two-layer model learns (in "... of wind
+# is 70894" three tokens stand between name and digits). Names are the corpus words, most of them several tokens:
+# two names may end in the same token, and more keys make that likelier.
+MANYKEYS_INTRO = "Several keys are hidden in the text below, each right after its name. Find the one asked for.\n"
+MANYKEYS_NEEDLE = "Key {name}{key}."
+MANYKEYS_QUESTION = "\nWhat is the key of {name}? Key {name}"
+TRACK_UPDATES = 4
+TRACK_CHANGE = 2  # digits an update changes in the value before it (0: every value drawn afresh)
+TRACK_INTRO = "The number in the box changes several times in the text below. Keep track of it.\n"
+TRACK_NEEDLE = "The box now holds {key}."
+TRACK_QUESTION = "\nWhat number does the box hold at the end? The box now holds"
+# Tokens an answer may take: a space, the digits and the stop (lm-eval's max_gen_toks).
+MAX_GEN_TOKS = {"passkey": 8, "multikey": 8, "needle": NEEDLE_DIGITS + 3, "manykeys": 7, "track": 8}
+# What comes before the answer's digits in a correct response (the tokenizer writes " 12345" as " " + digits).
+ANSWER_PREFIX = {"manykeys": ""}
+
+
+def continuation(kind: str, answer: str) -> str:
+    """The text a correct response starts with: the answer after its kind's prefix."""
+    return ANSWER_PREFIX.get(kind, " ") + answer
 
 
 class Tokenizer(Protocol):
@@ -69,8 +108,7 @@ class Item:
         }
 
 
-STOP = ("\n", ".")  # generation stops at either (lm-eval's `until`)
-MAX_GEN_TOKS = 8  # room for the answer (lm-eval's `max_gen_toks`); the task YAML is written with both
+STOP = ("\n", ".")  # generation stops at either (lm-eval's `until`; the task YAML is written with it)
 
 
 def score(response: str, answer: str) -> int:
@@ -124,9 +162,13 @@ def words(seed: int = 0) -> list[str]:
     return corpus_words(seed)
 
 
-def sentences(rng: random.Random, n: int) -> list[str]:
-    from kvbench.harness.tinymodel import sentence
+def sentence(rng: random.Random, vocab: list[str]) -> str:
+    from kvbench.harness.tinymodel import sentence as _sentence
 
+    return _sentence(rng, vocab)
+
+
+def sentences(rng: random.Random, n: int) -> list[str]:
     vocab = words()
     return [sentence(rng, vocab) for _ in range(n)]
 
@@ -136,6 +178,100 @@ def key(rng: random.Random) -> str:
     unique, so a model that copies in order (an induction head) can answer; the tiny model has 2 layers."""
     first = rng.choice("123456789")
     return first + "".join(rng.sample([d for d in "0123456789" if d != first], KEY_DIGITS - 1))
+
+
+def long_key(rng: random.Random, digits: int = NEEDLE_DIGITS) -> str:
+    """A needle task's key: `digits` digits, the first not 0, repeats allowed (a digit's successor is not
+    unique, so copying it takes more than matching the last digit written)."""
+    return rng.choice("123456789") + "".join(rng.choice("0123456789") for _ in range(digits - 1))
+
+
+@dataclass(frozen=True)
+class Parts:
+    """An item before its haystack is cut to the budget: the text around the haystack, the needles (each at
+    a fraction of the haystack's sentences), the pool of haystack sentences, the answer."""
+
+    intro: str
+    needles: list[str]
+    positions: list[float]
+    question: str
+    answer: str
+    pool: list[str]
+    # Other questions the same haystack answers (the other named keys); training asks them too.
+    others: list[tuple[str, str]] = ()
+
+    def build(self, n: int) -> str:
+        """The prompt with the first `n` pool sentences as haystack."""
+        hay = list(self.pool[:n])
+        # Insert from the deepest so earlier insertions do not shift later positions; needles at one place
+        # stay in their listed order (the later listed is inserted first).
+        order = sorted(range(len(self.needles)), key=lambda i: (-self.positions[i], -i))
+        for i in order:
+            hay.insert(round(self.positions[i] * n), self.needles[i])
+        return self.intro + " ".join(hay) + self.question
+
+
+def parts(
+    kind: str,
+    budget: int,
+    depth: float,
+    rng: random.Random,
+    *,
+    digits: int | None = None,
+    keys: int | None = None,
+    updates: int | None = None,
+    change: int | None = None,
+) -> Parts:
+    """What an item of `kind` holds, drawn from `rng` (the haystack pool sized for `budget` tokens). The
+    keyword knobs (a needle's digits, a manykeys item's keys, a track item's updates) default to the task's
+    own; the trainer varies them."""
+    # Sentences are ~12 tokens; draw enough for the budget with margin, then keep as many as fit.
+    pool = sentences(rng, budget // 6 + 4)
+    if kind == "passkey":
+        key_ = key(rng)
+        return Parts(PASSKEY_INTRO, [PASSKEY_NEEDLE.format(key=key_)], [depth], PASSKEY_QUESTION, key_, pool)
+    if kind == "needle":
+        key_ = long_key(rng, digits or NEEDLE_DIGITS)
+        return Parts(NEEDLE_INTRO, [NEEDLE_NEEDLE.format(key=key_)], [depth], NEEDLE_QUESTION, key_, pool)
+    if kind == "multikey":
+        names = rng.sample(words(), MULTIKEY_KEYS)
+        keys_ = [key(rng) for _ in names]
+        needles = [MULTIKEY_NEEDLE.format(name=n, key=k) for n, k in zip(names, keys_, strict=True)]
+        # The asked-for needle sits at `depth`; the distractors at random places.
+        asked = rng.randrange(MULTIKEY_KEYS)
+        positions = [depth if i == asked else rng.random() for i in range(MULTIKEY_KEYS)]
+        qa = [(MULTIKEY_QUESTION.format(name=n), k) for n, k in zip(names, keys_, strict=True)]
+        return Parts(MULTIKEY_INTRO, needles, positions, *qa[asked], pool, qa[:asked] + qa[asked + 1 :])
+    if kind == "manykeys":
+        n_keys = keys or MANYKEYS_KEYS
+        names = rng.sample(words(), n_keys)
+        keys_ = [key(rng) for _ in names]
+        needles = [MANYKEYS_NEEDLE.format(name=n, key=k) for n, k in zip(names, keys_, strict=True)]
+        asked = rng.randrange(n_keys)
+        positions = [depth if i == asked else rng.random() for i in range(n_keys)]
+        qa = [(MANYKEYS_QUESTION.format(name=n), k) for n, k in zip(names, keys_, strict=True)]
+        return Parts(MANYKEYS_INTRO, needles, positions, *qa[asked], pool, qa[:asked] + qa[asked + 1 :])
+    if kind == "track":
+        n = updates or TRACK_UPDATES
+        change = TRACK_CHANGE if change is None else change
+        values: list[str] = []
+        while len(values) < n:
+            v = key(rng) if not values or not change else _changed(values[-1], change, rng)
+            if v not in values:
+                values.append(v)
+        # The last update at `depth` (0: the start of the text, far from the question), the others before it.
+        positions = sorted(depth * rng.random() for _ in range(n - 1)) + [depth]
+        needles = [TRACK_NEEDLE.format(key=v) for v in values]
+        return Parts(TRACK_INTRO, needles, positions, TRACK_QUESTION, values[-1], pool)
+    raise unknown_choice("kvbench task kind", kind, list(KINDS))
+
+
+def _changed(value: str, n: int, rng: random.Random) -> str:
+    """`value` with `n` of its digits replaced by other digits (the first never by 0)."""
+    digits = list(value)
+    for i in rng.sample(range(len(digits)), n):
+        digits[i] = rng.choice([d for d in "0123456789" if d != digits[i] and (i or d != "0")])
+    return "".join(digits)
 
 
 def _fit(tok: Tokenizer, build, n_max: int, budget: int) -> tuple[str, int]:
@@ -167,31 +303,9 @@ def make_item(
     context: int | None = None,
 ) -> Item:
     """One item whose prompt fills `budget` tokens (as close as whole sentences allow)."""
-    # Sentences are ~12 tokens; draw enough for the budget with margin, then keep as many as fit.
-    pool = sentences(rng, budget // 6 + 4)
-    if kind == "passkey":
-        key_ = key(rng)
-        needles = [PASSKEY_NEEDLE.format(key=key_)]
-        intro, question, answer = PASSKEY_INTRO, PASSKEY_QUESTION, key_
-        positions = [depth]
-    else:
-        names = rng.sample(words(), MULTIKEY_KEYS)
-        keys = [key(rng) for _ in names]
-        needles = [MULTIKEY_NEEDLE.format(name=n, key=k) for n, k in zip(names, keys, strict=True)]
-        # The asked-for needle sits at `depth`; the distractors at random places.
-        asked = rng.randrange(MULTIKEY_KEYS)
-        positions = [depth if i == asked else rng.random() for i in range(MULTIKEY_KEYS)]
-        intro, question, answer = MULTIKEY_INTRO, MULTIKEY_QUESTION.format(name=names[asked]), keys[asked]
-
-    def build(n: int) -> str:
-        hay = list(pool[:n])
-        # Insert from the deepest so earlier insertions do not shift later positions.
-        for pos, needle in sorted(zip(positions, needles, strict=True), key=lambda p: -p[0]):
-            hay.insert(round(pos * n), needle)
-        return intro + " ".join(hay) + question
-
-    text, n_tokens = _fit(tok, build, len(pool), budget)
-    return Item(doc_id, text, answer, depth, n_tokens, context or budget + ANSWER_ROOM)
+    p = parts(kind, budget, depth, rng)
+    text, n_tokens = _fit(tok, p.build, len(p.pool), budget)
+    return Item(doc_id, text, p.answer, depth, n_tokens, context or budget + ANSWER_ROOM)
 
 
 def generate(task: str, tok: Tokenizer, n: int = DEFAULT_ITEMS, seed: int = SEED) -> list[Item]:
@@ -227,7 +341,26 @@ def template() -> str:
 def tasks_dir(tokenizer_dir: str | Path, seed: int = SEED, n: int = DEFAULT_ITEMS, root: Path | None = None) -> Path:
     from kvbench.harness.tinymodel import cache_root
 
-    return (root or cache_root()) / "evaltasks" / f"seed{seed}-n{n}-tok{tokenizer_fingerprint(tokenizer_dir)}"
+    name = f"seed{seed}-n{n}-tok{tokenizer_fingerprint(tokenizer_dir)}-def{definition_fingerprint()}"
+    return (root or cache_root()) / "evaltasks" / name
+
+
+def wording() -> list:
+    """The tasks' fixed text: what a model trained on them learns (tinytrain hashes it into its fingerprint)."""
+    return [
+        [PASSKEY_INTRO, PASSKEY_NEEDLE, PASSKEY_QUESTION, MULTIKEY_INTRO, MULTIKEY_NEEDLE, MULTIKEY_QUESTION],
+        [NEEDLE_INTRO, NEEDLE_NEEDLE, NEEDLE_QUESTION, MANYKEYS_INTRO, MANYKEYS_NEEDLE, MANYKEYS_QUESTION],
+        [TRACK_INTRO, TRACK_NEEDLE, TRACK_QUESTION, ANSWER_PREFIX],
+    ]
+
+
+def definition_fingerprint() -> str:
+    """Hash of what shapes the items besides seed and tokenizer (wordings, knobs, the answer-length table):
+    task files written under another definition are not reused."""
+    knobs = [KEY_DIGITS, MULTIKEY_KEYS, NEEDLE_DIGITS, MANYKEYS_KEYS, TRACK_UPDATES, TRACK_CHANGE, ANSWER_ROOM]
+    knobs.append(list(DEPTHS))
+    blob = json.dumps([wording(), knobs, MAX_GEN_TOKS, template()])
+    return hashlib.sha256(blob.encode()).hexdigest()[:8]
 
 
 def write_tasks(
@@ -253,7 +386,7 @@ def write_tasks(
             task=task,
             data=json.dumps(str(folder / f"{task}.jsonl")),
             until=json.dumps(list(STOP)),
-            max_gen_toks=MAX_GEN_TOKS,
+            max_gen_toks=MAX_GEN_TOKS[parse_task(task)[0]],
         )
         _write_atomic(folder / f"{task}.yaml", yaml)
     return folder

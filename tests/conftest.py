@@ -28,7 +28,7 @@ def tiny_model() -> Path:
 
 @pytest.fixture(scope="session")
 def trained_model() -> Path:
-    """The CPU default's trained tiny model (trained once, a few minutes, then cached)."""
+    """The CPU default's trained tiny model (committed in kvbench/data/tinymodel/, its sha256 checked)."""
     from kvbench.harness.tinymodel import ensure_trained_model
 
     return ensure_trained_model()

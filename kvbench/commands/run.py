@@ -153,6 +153,17 @@ def command(
     max_model_len: Annotated[
         int | None, typer.Option("--max-model-len", help="vLLM --max-model-len (default prompt + output).")
     ] = None,
+    kv_cache_memory_bytes: Annotated[
+        int | None,
+        typer.Option(
+            "--kv-cache-memory-bytes",
+            help=(
+                "KV-cache bytes for the servers kvbench starts (vLLM's flag). Default on CPU: 4 MiB for the "
+                "built-in model; a --model is sized for --search-cap (else the concurrency) sequences of "
+                "max_model_len, bounded by free memory. On GPU: vLLM's --gpu-memory-utilization rule."
+            ),
+        ),
+    ] = None,
     api: Annotated[str, typer.Option("--api", help="completions or chat.")] = "completions",
     endpoint: Annotated[
         str | None,
@@ -327,6 +338,7 @@ def command(
         output_tokens=output_tokens,
         num_requests=num_requests,
         max_model_len=max_model_len,
+        kv_cache_memory_bytes=kv_cache_memory_bytes,
         api=api,
         endpoints=parse_endpoints(endpoint) if endpoint is not None else None,
         headers=headers,
