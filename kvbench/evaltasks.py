@@ -11,7 +11,7 @@ digits, checked by exact match:
 
 passkey and multikey are the first tasks, kept as they were (records name them); the other three are the CPU
 default's quality tasks, their difficulty set so the committed tiny model scores between about 70% and 97% at
-auto (docs/quality-model.md has the measurements).
+auto (docs/guide/quality-model.md has the measurements).
 
 Items are deterministic from (task, seed, tokenizer): the haystack is pseudo-English from the tiny model's
 own corpus generator, and each prompt is filled to its token budget as measured with the model's
