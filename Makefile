@@ -6,7 +6,7 @@ STAMP := $(VENV)/.kvbench-installed
 # NO_MKDOCS_2_WARNING: Material 9.7+ prints a banner about its end of life (May 2027) on every build.
 MKDOCS := NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs
 
-.PHONY: setup run docs test
+.PHONY: setup run docs test test-fast
 
 setup: $(STAMP)
 
@@ -27,6 +27,12 @@ run: setup
 docs: setup
 	$(MKDOCS) build --strict
 
+# The developer's loop: lint, then tests/unit and tests/integration (no vLLM, no browser), in under 3 minutes.
+test-fast: setup
+	$(VENV)/bin/ruff check .
+	$(PY) -m pytest -q tests/unit tests/integration
+
+# CI: everything, tests/e2e too (real vLLM, headless Chromium, a built wheel)
 test: setup
 	@# the tree stays formatted and lint-clean (pyproject.toml [tool.ruff]), the docs build; the tests follow
 	$(VENV)/bin/ruff check .

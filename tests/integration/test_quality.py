@@ -1,0 +1,135 @@
+"""Quality under load inside `kvbench run`: a dtype whose outputs are right one request at a time and wrong
+under load is excluded from the recommendation (accuracy inferior at load), and its canaries say so too. The fake
+server stands in for such an engine (it answers kvbench's pass-key task, wrongly above a concurrency)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from support import kvbench
+
+from kvbench.harness import records
+from kvbench.harness.fakeserver import FakeConfig, FakeServer
+
+
+def test_a_dtype_wrong_only_under_load_is_excluded_and_its_canaries_report_it(tmp_path, trained_model):
+    good = FakeConfig(answers="passkey", kv_cache_dtype="auto", max_model_len=512, ttft_s=0.005, itl_s=0.001)
+    # fp8 pages twice auto's tokens, as the format implies, so the only thing wrong with it is its answers
+    bad = FakeConfig(
+        answers="passkey",
+        kv_cache_dtype="fp8",
+        max_model_len=512,
+        ttft_s=0.005,
+        itl_s=0.001,
+        corrupt_above=4,
+        num_gpu_blocks=2048,
+    )
+    with FakeServer(good) as a, FakeServer(bad) as b:
+        out = kvbench(
+            "run",
+            "--endpoint",
+            f"auto={a.base_url},fp8={b.base_url}",
+            "--model",
+            str(trained_model),
+            "--no-search",
+            "--no-sweep",
+            "--repeat",
+            "1",
+            "--concurrency",
+            "8",
+            "--num-requests",
+            "32",
+            "--eval-limit",
+            "60",
+            "--results",
+            str(tmp_path),
+            "--json",
+        )
+    assert out.returncode == 0, out.stderr[-3000:]
+    summary = json.loads(out.stdout)
+    gate = summary["quality"]["gate"]
+    assert gate["auto"]["eligible"] and not gate["fp8"]["eligible"] and gate["fp8"]["breach"]
+    assert gate["fp8"]["kind"] == "accuracy" and gate["fp8"]["accuracy"] == "inferior"
+    assert "at load (8 in flight on both)" in gate["fp8"]["reason"]
+    assert summary["quality"]["recommendation"]["dtype"] == "auto"
+    fp8 = summary["eval"]["fp8"]
+    task = "kvbench_passkey_512"
+    assert fp8["rest"]["tasks"][task]["accuracy"] == 1.0  # right one request at a time ...
+    load = fp8["load"]["tasks"][task]
+    assert (
+        load["accuracy"] < 0.9 and load["vs_rest"]["significant"] and load["vs_auto"]["significant"]
+    )  # ... wrong under load
+    doc = records.load_record(summary["record"])
+    canaries = {d["kv_cache_dtype"]: [p["canaries"] for p in d["phases"]] for d in doc["dtypes"]}
+    assert all(c["differ"] == 0 for c in canaries["auto"]) and any(c["differ"] > 0 for c in canaries["fp8"])
+    assert any(f.get("dtype") == "fp8" and f["kind"] == "accuracy" for f in doc["findings"])
+    # every condition's answers are fingerprinted, so identical ones can be told from equal counts
+    assert all(len(t["scores_sha256"]) == 64 for c in ("rest", "load") for t in fp8[c]["tasks"].values())
+    items = records.samples_frame(records.find_records(tmp_path), "evals")
+    conditions = {"rest", "load", "batched", "mixed", "prefix", "during_load"}  # harness/evalphase.py
+    assert set(items.condition) == conditions and len(items) == 2 * 6 * 60  # every item kept
+
+
+FAILURE_MODES = {
+    # fault on the fp8 server -> the condition the verdict must name
+    "batched": ({"corrupt_above": 8}, "batched (32 in flight on both)"),
+    "mixed": ({"corrupt_beside_prefill": True}, "mixed steps (4 at a time beside concurrency-2 traffic"),
+    "prefix": ({"corrupt_cached": True}, "prefix-cache hit (1 at a time, the first 75% of each prompt cached"),
+    "degenerate": ({"degenerate_every": 3}, "degenerate answers: "),
+}
+
+
+@pytest.mark.parametrize("mode", list(FAILURE_MODES))
+def test_each_failure_mode_condition_catches_a_dtype_that_fails_only_there(mode, tmp_path, trained_model):
+    """The field's failure modes (harness/failuremodes.py), one at a time: an fp8 server right everywhere but in
+    one condition is excluded, and the verdict names that condition; auto, right everywhere, is recommended."""
+    fault, named = FAILURE_MODES[mode]
+    common = dict(answers="passkey", max_model_len=512, ttft_s=0.02, itl_s=0.001)
+    # fp8 pages twice auto's tokens, as the format implies: the only thing wrong with it is the one fault
+    with (
+        FakeServer(FakeConfig(kv_cache_dtype="auto", **common)) as a,
+        FakeServer(FakeConfig(kv_cache_dtype="fp8", num_gpu_blocks=2048, **common, **fault)) as b,
+    ):
+        out = kvbench(
+            "run",
+            "--endpoint",
+            f"auto={a.base_url},fp8={b.base_url}",
+            "--model",
+            str(trained_model),
+            "--no-search",
+            "--no-sweep",
+            "--repeat",
+            "1",
+            "--concurrency",
+            "4",
+            "--num-requests",
+            "16",
+            "--eval-tasks",
+            "kvbench_passkey_512",
+            "--eval-limit",
+            "40",
+            "--results",
+            str(tmp_path),
+            "--json",
+        )
+    assert out.returncode == 0, out.stderr[-3000:]
+    summary = json.loads(out.stdout)
+    gate = summary["quality"]["gate"]
+    assert gate["auto"]["eligible"] and not gate["fp8"]["eligible"], gate
+    assert named in gate["fp8"]["reason"], gate["fp8"]["reason"]
+    assert summary["quality"]["recommendation"]["dtype"] == "auto"
+    evals = summary["eval"]["fp8"]
+    assert set(evals) >= {"rest", "load", "batched", "mixed", "prefix", "during_load"}, set(evals)
+    task = "kvbench_passkey_512"
+    if mode != "degenerate":  # the faulty condition loses most items to auto (batched: those beyond 8 in
+        # flight; mixed: those beside a prefill); every other condition none
+        for cond, summary_ in evals.items():
+            vs = summary_["tasks"][task].get("vs_auto") or {}
+            want = (vs["losses"] >= vs["n"] // 2) if cond == mode else (vs["losses"] == 0)
+            assert want, (cond, vs, summary_.get("traffic"))
+    else:
+        junk = {cond: s["degenerate"]["empty"] for cond, s in evals.items()}
+        assert all(n > 0 for n in junk.values()), junk
+    if mode == "prefix":  # the condition says how much of each prompt it had cached
+        assert evals["prefix"]["prefix_share"] == 0.75

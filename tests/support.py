@@ -1,0 +1,130 @@
+"""What many test files share, declared once: the repository's paths, the `kvbench` command as a user runs it,
+and reading the one record a run wrote. Importable from every tier (pyproject's pytest `pythonpath`)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+from kvbench.datafiles import data_path, load_toml
+from kvbench.harness import records
+
+ROOT = Path(__file__).resolve().parents[1]
+DATA = ROOT / "tests" / "data"
+KVBENCH = [sys.executable, "-m", "kvbench"]
+# The CPU default's server arguments (kvbench/data/run_defaults.toml), so tests see what users see.
+CPU = load_toml("run_defaults.toml")["cpu"]
+CPU_ARGS = [*CPU["extra_args"], "--kv-cache-memory-bytes", str(CPU["kv_cache_memory_bytes"])]
+
+
+def kvbench(*args: str, cwd: Path | str = ROOT, env: dict | None = None, timeout: float = 900):
+    """`kvbench ARGS` in a child process, as a user runs it. A wide terminal (pytest's 80 columns would wrap
+    tables) and no OPENAI_API_KEY from the developer's shell: tests pass their keys explicitly."""
+    full = {k: v for k, v in os.environ.items() if k != "OPENAI_API_KEY"}
+    full.update(COLUMNS="220", **(env or {}))
+    return subprocess.run([*KVBENCH, *args], cwd=cwd, capture_output=True, text=True, env=full, timeout=timeout)
+
+
+def only_record(results: Path) -> dict:
+    """The one run record under `results` (a test's run writes exactly one)."""
+    paths = records.find_records(results)
+    assert len(paths) == 1, paths
+    return records.load_record(paths[0])
+
+
+def cli(capsys, *args) -> tuple[int, str, str]:
+    """(exit status, stdout, stderr) of the kvbench command line, in-process (pytest's capsys captures it)."""
+    import pytest
+
+    from kvbench.cli import main
+
+    with pytest.raises(SystemExit) as exc:
+        main([str(a) for a in args])
+    out = capsys.readouterr()
+    return exc.value.code, out.out, out.err
+
+
+def one_line_error(out) -> str:
+    """The one stderr line of a refused command (exit 2)."""
+    lines = out.stderr.strip().splitlines()
+    assert out.returncode == 2 and len(lines) == 1, (out.returncode, out.stderr[-2000:])
+    return lines[0]
+
+
+def everything_under(path: Path) -> str:
+    """Every byte kvbench wrote (records, Parquet samples, logs, pages) as text, to look for secrets; Parquet
+    decoded too (its zstd pages would hide a key from a plain byte search)."""
+    import pyarrow.parquet as pq
+
+    out = []
+    for p in sorted(path.rglob("*")):
+        if p.is_file():
+            out.append(p.read_bytes().decode("latin-1"))
+            if p.suffix == ".parquet":
+                out.append(json.dumps(pq.read_table(p).to_pylist(), default=str))
+    return "".join(out)
+
+
+SHIPPED_NIGHTLY = tomllib.loads(data_path("nightly.toml").read_text())  # the shipped nightly config
+
+
+def write_config(tmp_path: Path, raw: dict | str) -> Path:
+    path = tmp_path / "nightly.toml"
+    path.write_text(raw if isinstance(raw, str) else toml_text(raw))
+    return path
+
+
+def toml_text(d: dict, prefix: str = "") -> str:
+    """Enough TOML for these configs: scalars, lists, nested tables."""
+    scalars = {k: v for k, v in d.items() if not isinstance(v, dict)}
+    tables = {k: v for k, v in d.items() if isinstance(v, dict)}
+    out = [f"[{prefix}]"] if prefix and scalars else []
+    out += [f"{k} = {json.dumps(v)}" for k, v in scalars.items()]
+    for k, v in tables.items():
+        name = f"{prefix}.{k}" if prefix else k
+        out.append(toml_text(v, name))
+    return "\n".join(out) + "\n"
+
+
+def shipped(**changes) -> dict:
+    """The shipped config with changes, given as dotted paths: shipped(**{"machines.h200.max_minutes": 1})."""
+    raw = json.loads(json.dumps(SHIPPED_NIGHTLY))
+    for dotted, value in changes.items():
+        *parents, key = dotted.split(".")
+        node = raw
+        for p in parents:
+            node = node.setdefault(p, {})
+        if value is None:
+            node.pop(key, None)
+        else:
+            node[key] = value
+    return raw
+
+
+def run_against(url: str, model, workload: str, tmp_path, *extra) -> tuple[dict, object]:
+    """One lean `kvbench run` of `workload` against the endpoint at `url`: (its record, its requests)."""
+    out = kvbench(
+        "run",
+        "--endpoint",
+        f"auto={url}",
+        "--model",
+        str(model),
+        "--workload",
+        workload,
+        "--no-sweep",
+        "--repeat",
+        "1",
+        "--no-eval",
+        "--results",
+        str(tmp_path),
+        "--json",
+        *extra,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    json.loads(out.stdout)  # --json prints one document
+    path = records.find_records(tmp_path)[0]
+    return records.load_record(path), records.samples_frame(path)
