@@ -77,7 +77,7 @@ class DashboardConfig(Strict):
 class QualityConfig(Strict):
     """The quality gate every entry's run applies (kvbench.harness.quality): its eval tasks and accuracy budgets."""
 
-    eval_tasks: list[str] | None = None  # None: the backend default (CPU: the bundled pass-key task; GPU: none)
+    eval_tasks: list[str] | None = None  # None: the backend default (CPU: its three bundled tasks; GPU: none)
     # the most a dtype may lose vs auto; None: the backend's accuracy_budget_points (run_defaults.toml)
     budget_points: Annotated[float, Field(ge=0, le=100)] | None = None
     budgets: dict[str, Annotated[float, Field(ge=0, le=100)]] = {}  # "<model>/<task>" -> points, per model and task
