@@ -73,14 +73,15 @@ def build(data: SiteData) -> Page:
         parts.append(
             empty(
                 f"No run under <code>{esc(data.results_dir)}</code> has an evaluation — <code>kvbench run</code> "
-                "evaluates on the CPU default (the bundled pass-key "
-                "task); on a GPU pass <code>--eval-tasks gsm8k</code>."
+                "evaluates on the CPU default (its three bundled "
+                "tasks); on a GPU pass <code>--eval-tasks gsm8k</code>."
             )
         )
         page.body = "\n".join(parts)
         return page
+    # each machine and model's newest run; transform keeps the sorted frame's order, so align it back first
     latest = data.quality.sort_values("created_at").groupby(["machine", "model"])["run_id"].transform("last")
-    rows = data.quality[data.quality["run_id"] == latest]
+    rows = data.quality[data.quality["run_id"] == latest.reindex(data.quality.index)]
     for (model, task), group in rows.groupby(["model", "task"], sort=True):
         title = f"{model}: {task}"
         inner = page.plot(accuracy_figure(group, f"Accuracy per KV dtype — {title}"), f"quality-{slug(title)}")
