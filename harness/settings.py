@@ -53,7 +53,7 @@ def parse_prices(text: str) -> dict[str, float]:
     return cliargs.key_numbers(text, "--price-per-hour", [*catalog(), "cpu"], unit="USD per hour", example="cpu=0.10")
 
 
-# help texts wrapped here once, as the command line shows them
+# the two longest help texts, kept out of the field list
 _KV_BYTES_HELP = (
     "KV-cache bytes for the servers kvbench starts (vLLM's flag). Default on CPU: 4 MiB for the built-in model; a "
     "--model is sized for --search-cap (else the concurrency) sequences of max_model_len, bounded by free memory. "
@@ -68,7 +68,7 @@ _WORKLOAD_HELP = (
 class RunSettings(BaseModel):
     """What one `kvbench run` is asked to do. The fields with a Flag are the command's options, in --help order."""
 
-    model_config = ConfigDict(extra="forbid", validate_assignment=False)
+    model_config = ConfigDict(extra="forbid")  # a misspelt setting is an error, not ignored
 
     model: Annotated[str | None, Flag("--model", "-m")] = Field(
         None,
