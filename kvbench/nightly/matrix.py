@@ -148,7 +148,7 @@ def expand(cfg: NightlyConfig, key: str) -> MachinePlan:
             for slo_name in m.slos or [None]:
                 slo = None
                 if slo_name is not None:
-                    # both keys, None included: build_plan fills absent keys from the backend default,
+                    # both keys, None included: the plan fills absent keys from the backend default,
                     # and an SLO without a TPOT bound must stay without one
                     slo = cfg.slos[slo_name].model_dump()
                 name = "/".join(p for p in (model.label, wname, slo_name or "fixed-load") if p)
@@ -200,21 +200,19 @@ def run_plan(
     machine: str | None = None,
     prices: dict[str, float] | None = None,
 ):
-    """The harness RunPlan of one entry: build_plan with the backend's defaults and the entry's values.
+    """The harness RunPlan of one entry: RunSettings with the backend's defaults and the entry's values.
     Dtypes the installed vLLM does not accept are recorded as unsupported, not fatal (one bad dtype must not
     cost the night). `prices` (USD per GPU-hour by GPU key) put the bill on the run's fronts."""
-    from kvbench.datafiles import load_toml
-    from kvbench.harness.defaults import build_plan
+    from kvbench.harness.settings import RunSettings
 
-    defaults = load_toml("run_defaults.toml")["gpu" if on_gpu else "cpu"]
     serve, note = served_model(entry.model, on_gpu)
-    plan = build_plan(
-        defaults=defaults,
-        on_gpu=on_gpu,
+    plan = RunSettings.for_machine(
+        on_gpu,
         model=serve,
         kv_dtypes=list(entry.kv_dtypes),
         concurrency=list(entry.concurrency),
-        slo=entry.slo,
+        search_slo=entry.slo,
+        no_search=entry.slo is None,
         search_cap=entry.search_cap,
         prompt_tokens=None if entry.workload_spec else entry.prompt_tokens,
         output_tokens=None if entry.workload_spec else entry.output_tokens,
@@ -230,7 +228,7 @@ def run_plan(
         eval_tasks=list(entry.eval_tasks) if entry.eval_tasks is not None else None,
         accuracy_budget_points=entry.budget_points,
         prices=prices,
-    )
+    ).plan()
     plan.accuracy_budgets = dict(entry.budgets)
     if entry.model.name != TINY:
         plan.model_name = entry.model.name
@@ -245,7 +243,7 @@ def served_model(model: ModelRef, on_gpu: bool) -> tuple[str | None, str | None]
     download the models first (`kvbench nightly --print models`)."""
     if model.serve is None:  # the tiny model
         if not on_gpu:
-            return None, None  # build_plan builds and names it
+            return None, None  # the plan builds and names it
         from kvbench.harness.tinymodel import ensure_tiny_model
 
         return str(ensure_tiny_model()), None

@@ -15,12 +15,10 @@ import psutil
 import pytest
 from support import KVBENCH, kvbench, only_record
 
-from kvbench.datafiles import load_toml
 from kvbench.harness import records
-from kvbench.harness.defaults import build_plan
 from kvbench.harness.runner import Reporter, Runner
+from kvbench.harness.settings import RunSettings
 
-CPU = load_toml("run_defaults.toml")["cpu"]
 SMALL = ["--num-requests", "16", "--concurrency", "4", "--search-cap", "8"]
 TASK = "kvbench_needle_512"  # one of the CPU default's tasks: retrieval at the run's context
 LEAN = ["--no-sweep", "--repeat", "1", "--no-eval"]  # for tests about something else than the front, repeats, eval
@@ -157,17 +155,16 @@ def test_endpoint_mode_reads_capacity_from_metrics(vllm_servers, tiny_model, tmp
 
 
 def plan_for(tmp_path, dtypes, **kw):
-    return build_plan(
-        CPU,
-        on_gpu=False,
+    return RunSettings.for_machine(
+        False,
         kv_dtypes=dtypes.split(","),
-        slo=None,
+        no_search=True,
         results_dir=tmp_path,
         sweep=False,
         repeat=1,
         eval_tasks=[],
         **kw,
-    )
+    ).plan()
 
 
 @pytest.mark.vllm

@@ -11,11 +11,9 @@ from pathlib import Path
 import pytest
 from support import cli
 
-from kvbench.datafiles import load_toml
 from kvbench.errors import UsageError
-from kvbench.harness.defaults import build_plan
+from kvbench.harness.settings import RunSettings
 
-CPU = load_toml("run_defaults.toml")["cpu"]
 ROOT = Path(__file__).resolve().parents[2]
 # a committed run record with fronts (cpu-amd-epyc, price key cpu)
 FRONT_RECORD = ROOT / "results" / "cpu-amd-epyc" / "runs" / "20261201T113924Z-cpu-amd-epyc-8a542b.json"
@@ -29,9 +27,9 @@ def one_line(capsys, *args: str, code: int = 2) -> str:
 
 
 def plan(tmp_path, model, workload: str, **kw):
-    return build_plan(
-        CPU, on_gpu=False, model=str(model), workload=workload, results_dir=tmp_path / "r", machine="m", **kw
-    )
+    return RunSettings.for_machine(
+        False, model=str(model), workload=workload, results_dir=tmp_path / "r", machine="m", **kw
+    ).plan()
 
 
 # -- 7. unbounded workloads -------------------------------------------------------------------------------
@@ -284,11 +282,10 @@ def test_no_usage_failed_requests_and_no_canaries_are_stated(tmp_path, tiny_mode
         kv_cache_dtype="auto", max_model_len=512, usage=False, fail_every=5, metrics_body="not prometheus{"
     )
     with FakeServer(cfg) as srv:
-        p = build_plan(
-            CPU,
-            on_gpu=False,
+        p = RunSettings.for_machine(
+            False,
             model=str(tiny_model),
-            slo=None,
+            no_search=True,
             results_dir=tmp_path,
             machine="m",
             sweep=False,
@@ -297,7 +294,7 @@ def test_no_usage_failed_requests_and_no_canaries_are_stated(tmp_path, tiny_mode
             endpoints={"auto": srv.base_url},
             concurrency=[2],
             num_requests=10,
-        )
+        ).plan()
         p.agreement_prompts = p.canaries = 0
         doc = asyncio.run(Runner(p).run()).as_doc()
     d = doc["dtypes"][0]

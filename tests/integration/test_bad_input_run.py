@@ -9,12 +9,8 @@ from pathlib import Path
 import pytest
 from support import kvbench
 
-from kvbench.datafiles import load_toml
 from kvbench.errors import UsageError
-from kvbench.harness.defaults import build_plan
-
-CPU = load_toml("run_defaults.toml")["cpu"]
-
+from kvbench.harness.settings import RunSettings
 
 BAD_PLANS = [
     ({"num_requests": 0}, "--num-requests must be a whole number >= 1, got 0"),
@@ -28,7 +24,7 @@ BAD_PLANS = [
     ({"burstiness": float("nan")}, "--burstiness must be a finite number > 0, got nan"),
     ({"rates": [float("nan")]}, "--rate must be a finite number > 0 req/s (or inf), got nan"),
     ({"concurrency": [0]}, "--concurrency must be a whole number >= 1, got 0"),
-    ({"slo": {"ttft_p95_ms": -5.0}}, "--search-slo ttft_p95_ms must be a finite number > 0 ms, got -5"),
+    ({"search_slo": {"ttft_p95_ms": -5.0}}, "--search-slo ttft_p95_ms must be a finite number > 0 ms, got -5"),
     ({"concurrency": [4], "rates": [2.0]}, "give either --concurrency or --rate, not both"),
     ({"api": "grpc"}, "unknown --api 'grpc'; choose from: completions, chat"),
     ({"kv_dtypes": []}, "--kv-dtypes is empty"),
@@ -42,7 +38,7 @@ BAD_PLANS = [
 @pytest.mark.parametrize("kwargs,message", BAD_PLANS, ids=[m[:40] for _, m in BAD_PLANS])
 def test_bad_plans_are_refused_in_one_line(tmp_path, kwargs, message):
     with pytest.raises(UsageError) as exc:
-        build_plan(defaults=CPU, on_gpu=False, results_dir=tmp_path / "results", machine="cpu-test", **kwargs)
+        RunSettings.for_machine(False, results_dir=tmp_path / "results", machine="cpu-test", **kwargs).plan()
     assert message in str(exc.value) and "\n" not in str(exc.value)
     assert not (tmp_path / "results").exists()  # nothing written
 

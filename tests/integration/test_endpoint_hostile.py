@@ -11,15 +11,13 @@ from pathlib import Path
 import pytest
 from support import kvbench
 
-from kvbench.datafiles import load_toml
 from kvbench.errors import UsageError
 from kvbench.harness import http, records
 from kvbench.harness.backend import OpenAIBackend
-from kvbench.harness.defaults import build_plan
 from kvbench.harness.fakeserver import FakeConfig, FakeServer
 from kvbench.harness.runner import Reporter, Runner
+from kvbench.harness.settings import RunSettings
 
-CPU = load_toml("run_defaults.toml")["cpu"]
 KEY = "sk-kvbench-test-0123456789"
 TEAM = "hush-hush-42"
 LEAN = ["--no-sweep", "--repeat", "1", "--no-eval", "--no-search"]
@@ -47,11 +45,10 @@ def everything_under(path: Path) -> str:
 
 
 def plan(tmp_path, model, endpoints, **kw):
-    p = build_plan(
-        CPU,
-        on_gpu=False,
+    p = RunSettings.for_machine(
+        False,
         model=str(model),
-        slo=None,
+        no_search=True,
         results_dir=tmp_path,
         machine="cpu-test",
         sweep=False,
@@ -59,7 +56,7 @@ def plan(tmp_path, model, endpoints, **kw):
         eval_tasks=[],
         endpoints=endpoints,
         **kw,
-    )
+    ).plan()
     p.agreement_prompts = p.canaries = 0  # these tests are about what a server is, not its outputs
     return p
 
@@ -74,9 +71,9 @@ def test_two_labels_on_one_unchecked_server_are_refused(tmp_path, tiny_model):
         aliased = {"auto": srv.base_url, "fp8": srv.base_url.replace("127.0.0.1", "localhost")}
         for endpoints in (same, aliased):
             with pytest.raises(UsageError) as exc:
-                build_plan(
-                    CPU, on_gpu=False, model=str(model), endpoints=endpoints, results_dir=tmp_path / "r", machine="m"
-                )
+                RunSettings.for_machine(
+                    False, model=str(model), endpoints=endpoints, results_dir=tmp_path / "r", machine="m"
+                ).plan()
             assert "one server" in str(exc.value) and "\n" not in str(exc.value)
     assert not (tmp_path / "r").exists()
 

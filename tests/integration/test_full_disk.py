@@ -16,23 +16,20 @@ from pathlib import Path
 
 import pytest
 
-from kvbench.datafiles import load_toml
 from kvbench.errors import KvbenchError, UsageError
 from kvbench.harness import records
-from kvbench.harness.defaults import build_plan
 from kvbench.harness.fakeserver import FakeConfig, FakeServer
 from kvbench.harness.runner import execute
+from kvbench.harness.settings import RunSettings
 
-CPU = load_toml("run_defaults.toml")["cpu"]
 Usage = namedtuple("Usage", "total used free")
 
 
 def plan(tmp_path, model, url, **kw):
-    p = build_plan(
-        CPU,
-        on_gpu=False,
+    p = RunSettings.for_machine(
+        False,
         model=str(model),
-        slo=None,
+        no_search=True,
         results_dir=tmp_path / "results",
         machine="cpu-test",
         sweep=False,
@@ -42,7 +39,7 @@ def plan(tmp_path, model, url, **kw):
         concurrency=[2],
         num_requests=6,
         **kw,
-    )
+    ).plan()
     p.agreement_prompts = p.canaries = 0
     return p
 

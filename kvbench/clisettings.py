@@ -1,0 +1,66 @@
+"""A typer command generated from a pydantic settings model, so each setting is declared once (its flag, default,
+help and check live on the model's field; harness/settings.py Flag).
+
+    @command_from(RunSettings, make)
+    def command(ctx, settings): ...
+
+gives typer a function `command(ctx, **fields)` whose parameters are the model's Flag fields, in field order;
+typer's help, the docs' CLI reference (docs/hooks.py) and the parsing all read that signature. Each call builds
+the settings with `make(ctx, values)` (where the command adds what the command line alone knows: the machine,
+vLLM's arguments after --) and hands them to the body.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import Callable
+from typing import Annotated, Any
+
+import typer
+from pydantic import BaseModel
+
+
+def options(model: type[BaseModel]) -> list[inspect.Parameter]:
+    """One keyword parameter per field with a Flag: Annotated[command-line type, typer.Option(...)] = default."""
+    from kvbench.harness.settings import flag_of
+
+    params = []
+    for name, field in model.model_fields.items():
+        flag = flag_of(model, name)
+        if flag is None:
+            continue
+        option = typer.Option(
+            *flag.names,
+            help=field.description,
+            envvar=flag.envvar,
+            show_envvar=flag.envvar is not None,
+        )
+        kind = flag.cli if flag.cli is not None else field.annotation
+        params.append(
+            inspect.Parameter(
+                name, inspect.Parameter.KEYWORD_ONLY, default=field.default, annotation=Annotated[kind, option]
+            )
+        )
+    return params
+
+
+def command_from(
+    model: type[BaseModel], make: Callable[[typer.Context, dict[str, Any]], BaseModel]
+) -> Callable[[Callable[[typer.Context, Any], Any]], Callable[..., Any]]:
+    """The decorator: the body takes (ctx, settings); typer sees (ctx, --every-flag)."""
+
+    def decorate(body: Callable[[typer.Context, Any], Any]) -> Callable[..., Any]:
+        @functools.wraps(body)
+        def command(ctx: typer.Context, **values: Any) -> Any:
+            return body(ctx, make(ctx, values))
+
+        params = options(model)
+        ctx_param = inspect.Parameter("ctx", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=typer.Context)
+        command.__signature__ = inspect.Signature([ctx_param, *params])
+        # typer reads the types through get_type_hints (the annotations), the options through the signature
+        command.__annotations__ = {"ctx": typer.Context, **{p.name: p.annotation for p in params}}
+        del command.__wrapped__  # typer must see the generated signature, not the body's
+        return command
+
+    return decorate
