@@ -96,7 +96,8 @@ def test_cli_end_to_end_with_emulated_nvfp4(tmp_path):
     assert rep.returncode == 0 and "three ways" in rep.stdout and "TTFT P95" in rep.stdout
     # the summary is small (no request lists in it); every request is in the Parquet file beside it
     path = records.find_records(tmp_path)[0]
-    assert path.stat().st_size < 80_000 and '"chunk_arrivals_s"' not in path.read_text()
+    # six eval conditions of a task per dtype make it about 90 KB; 150 KB would mean request lists crept in
+    assert path.stat().st_size < 150_000 and '"chunk_arrivals_s"' not in path.read_text()
     samples = records.samples_frame(path)
     assert len(samples[samples.phase != "agreement"]) >= sum(p["requests"] for d in doc["dtypes"] for p in d["phases"])
     assert set(samples.kv_cache_dtype) <= {"auto", "nvfp4"} and samples.ttft_s.notna().any()
