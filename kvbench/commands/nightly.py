@@ -17,7 +17,7 @@ from rich.table import Table
 
 from kvbench.commands.nightly_plan import _plan_json, assumptions, render_plan
 from kvbench.errors import UsageError
-from kvbench.nightly.orchestrate import EntryStatus, NightStatus, StepStatus
+from kvbench.nightly.outcomes import EntryStatus, NightStatus, StepStatus
 from kvbench.output import console, print_json
 
 NAME = "nightly"
@@ -221,7 +221,8 @@ def _run(cfg, cfg_path, gpu, estimates, plans, asv_config: Path, out: Path | Non
     from kvbench.nightly import vllm
     from kvbench.nightly.estimate import estimate_machine
     from kvbench.nightly.matrix import expand
-    from kvbench.nightly.orchestrate import Nightly, detect, results_dir_of
+    from kvbench.nightly.orchestrate import Nightly
+    from kvbench.nightly.target import detect, results_dir_of
 
     target = detect(cfg)
     if gpu is not None and gpu != target.key:
@@ -287,7 +288,7 @@ def _print(what: str, cfg, gpu: str | None) -> int:
     from kvbench.nightly import vllm
     from kvbench.nightly.config import model_kind
     from kvbench.nightly.matrix import expand
-    from kvbench.nightly.orchestrate import detect
+    from kvbench.nightly.target import detect
 
     if what not in PRINTS:
         raise UsageError(f"unknown --print {what!r}; choose from: {', '.join(PRINTS)}")
@@ -308,7 +309,7 @@ def _print(what: str, cfg, gpu: str | None) -> int:
 
 
 def _detected_key(cfg) -> str | None:
-    from kvbench.nightly.orchestrate import detect
+    from kvbench.nightly.target import detect
 
     try:
         return detect(cfg).key
