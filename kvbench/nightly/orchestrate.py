@@ -143,21 +143,7 @@ class Nightly:
             return StepResult("history", StepStatus.SKIPPED, "disabled in [history]")
         if self.remaining_s() <= 0:
             return StepResult("history", StepStatus.SKIPPED, f"budget of {self.plan.cfg.max_minutes:g} min spent")
-        args = [
-            "history",
-            "run",
-            "--venv",
-            sys.prefix,
-            "--machine",
-            self.target.machine,
-            "--config",
-            str(self.asv_conf),
-        ]
-        model, _ = served_model(self.plan.history_model, self.plan.on_gpu)
-        if model is not None:
-            args += ["--model", model]
-        for regex in self.cfg.history.bench:
-            args += ["--bench", regex]
+        args = self._history_args()
         from kvbench.harness.records import utc_iso
 
         started = utc_iso()
@@ -182,8 +168,30 @@ class Nightly:
                 str(log),
                 {"tail": tail},
             )
+        return self._judge_history(self._history_record(started), secs, log)
+
+    def _history_args(self) -> list[str]:
+        """`kvbench history run`'s arguments: this machine, the asv config, the served history model, the benches."""
+        args = [
+            "history",
+            "run",
+            "--venv",
+            sys.prefix,
+            "--machine",
+            self.target.machine,
+            "--config",
+            str(self.asv_conf),
+        ]
+        model, _ = served_model(self.plan.history_model, self.plan.on_gpu)
+        if model is not None:
+            args += ["--model", model]
+        for regex in self.cfg.history.bench:
+            args += ["--bench", regex]
+        return args
+
+    def _judge_history(self, record: Path | None, secs: float, log: Path) -> StepResult:
+        """The history step's result from the run record its point wrote."""
         # asv calls a point whose dtype failed a success (the metric is n/a); the night does not
-        record = self._history_record(started)
         if record is None:
             return StepResult(
                 "history", StepStatus.OK, "history point added (its run record was not found)", secs, str(log)
