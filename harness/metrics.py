@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 
 from kvbench.harness.backend import RequestResult
-from kvbench.harness.scheduler import LoadResult
+from kvbench.harness.loadresult import LoadResult
 from kvbench.harness.slo import PERCENTILES, SLO
 
 DEFINITIONS = {

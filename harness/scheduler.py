@@ -20,208 +20,34 @@ import math
 import time
 import uuid
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
-from typing import Any
-
-import numpy as np
 
 from kvbench.harness.backend import OpenAIBackend, RequestResult
 from kvbench.harness.clientsched import Realtime, policy_name, thread_cpu_and_wait_s
+from kvbench.harness.loadmodes import RNGS, Concurrency, Rate, Sessions, Timed, arrival_schedule
+from kvbench.harness.loadresult import LoadResult
 from kvbench.harness.waketimer import WakeTimer
 from kvbench.harness.workload import Prompt
+
+# The load modes and LoadResult stay importable from here, where callers have always found them.
+__all__ = [
+    "RNGS",
+    "Concurrency",
+    "LoadResult",
+    "Rate",
+    "Sessions",
+    "Timed",
+    "arrival_schedule",
+    "run_load",
+    "run_sweep",
+    "sustain_load",
+]
+
 
 # With automatic collection suspended for a run (run_load's freeze_gc), the young generation is collected
 # once it holds this many objects, when a request fails (only failures leave cycles): a bound on memory.
 GC_YOUNG_BOUND = 1_000_000
 # Open loop: how long before its send time a request is started (to build its body and wait on the timer).
 SEND_AHEAD_S = 0.002
-
-
-@dataclass(frozen=True)
-class Concurrency:
-    """Closed loop: keep `concurrency` requests in flight; a new one is sent as soon as one finishes."""
-
-    concurrency: int
-
-    def __post_init__(self):
-        if self.concurrency < 1:
-            raise ValueError(f"concurrency must be >= 1, got {self.concurrency}")
-
-    @property
-    def max_in_flight(self) -> int:
-        return self.concurrency
-
-    def describe(self) -> dict[str, Any]:
-        return {"kind": "concurrency", "concurrency": self.concurrency}
-
-
-RNGS = ("pcg64", "vllm")
-
-
-@dataclass(frozen=True)
-class Rate:
-    """Open loop: arrivals at `rate` requests/s with gamma-distributed gaps.
-
-    burstiness: the gamma shape, as vLLM's `--burstiness`: 1 is a Poisson process, < 1 burstier, > 1 more
-        regular, `math.inf` a constant 1/rate gap. `rate=math.inf` sends everything at t=0.
-    max_concurrency: optional cap on requests in flight; requests wait for a slot (their lag grows).
-    seed: the schedule's seed.
-    rescale: stretch the schedule so the last send is at exactly num_requests/rate, as vLLM does (removes
-        seed-dependent drift in the achieved rate; the gaps are then no longer exactly gamma).
-    rng: "pcg64" (numpy's default generator) or "vllm": numpy's legacy global generator seeded the way
-        `vllm bench serve --seed` seeds it, so with the same seed (and rescale=True) the schedule is exactly
-        the one vLLM's client sends: a comparison of the two clients then meets the same arrival bursts.
-    """
-
-    rate: float  # requests/s
-    burstiness: float = 1.0
-    max_concurrency: int | None = None
-    seed: int = 0
-    rescale: bool = False
-    rng: str = "pcg64"
-
-    def __post_init__(self):
-        if not self.rate > 0:
-            raise ValueError(f"rate must be > 0 requests/s, got {self.rate}")
-        if not self.burstiness > 0:
-            raise ValueError(f"burstiness must be > 0, got {self.burstiness}")
-        if self.max_concurrency is not None and self.max_concurrency < 1:
-            raise ValueError(f"max_concurrency must be >= 1, got {self.max_concurrency}")
-        if self.rng not in RNGS:
-            raise ValueError(f"rng must be one of {', '.join(RNGS)}, got {self.rng!r}")
-
-    @property
-    def max_in_flight(self) -> int | None:
-        return self.max_concurrency
-
-    def describe(self) -> dict[str, Any]:
-        return {
-            "kind": "rate",
-            "rate_rps": _num(self.rate),
-            "burstiness": _num(self.burstiness),
-            "max_concurrency": self.max_concurrency,
-            "seed": self.seed,
-            "rescale": self.rescale,
-            "rng": self.rng,
-        }
-
-
-def _num(x: float) -> float | str:
-    return "inf" if math.isinf(x) else x  # JSON has no infinity
-
-
-@dataclass(frozen=True)
-class Timed:
-    """Open loop on given send times (trace replay): request i is due `times[i]` seconds after the start.
-    Like `Rate`, lateness shows as schedule lag; `max_concurrency` caps requests in flight."""
-
-    times: tuple[float, ...]
-    max_concurrency: int | None = None
-
-    def __post_init__(self):
-        if any(not (t >= 0 and math.isfinite(t)) for t in self.times):
-            raise ValueError("send times must be finite and >= 0")
-        if list(self.times) != sorted(self.times):
-            raise ValueError("send times must not decrease")
-
-    @property
-    def max_in_flight(self) -> int | None:
-        return self.max_concurrency
-
-    def describe(self) -> dict[str, Any]:
-        return {
-            "kind": "timed",
-            "requests": len(self.times),
-            "duration_s": self.times[-1] if self.times else 0.0,
-            "max_concurrency": self.max_concurrency,
-        }
-
-
-@dataclass(frozen=True)
-class Sessions:
-    """Multi-turn conversations: each session's requests (indices) in order, turn k + 1 sent when turn k has
-    finished and its think time has passed; at most `max_concurrent` sessions at once."""
-
-    sessions: tuple[tuple[int, ...], ...]
-    think_s: tuple[float, ...]  # per request index: the wait before it (0 for a session's first turn)
-    max_concurrent: int
-
-    def __post_init__(self):
-        if self.max_concurrent < 1:
-            raise ValueError(f"max_concurrent must be >= 1, got {self.max_concurrent}")
-
-    @property
-    def max_in_flight(self) -> int:
-        return self.max_concurrent
-
-    def describe(self) -> dict[str, Any]:
-        return {
-            "kind": "sessions",
-            "sessions": len(self.sessions),
-            "turns": sum(len(s) for s in self.sessions),
-            "max_concurrent": self.max_concurrent,
-            "concurrency": self.max_concurrent,
-        }
-
-
-def arrival_schedule(n: int, rate: Rate | Timed) -> np.ndarray:
-    """Intended send times (seconds from the run start) of `n` requests; the first gap is drawn too."""
-    if n <= 0:
-        return np.zeros(0)
-    if isinstance(rate, Timed):
-        return np.asarray(rate.times[:n], dtype=float)
-    if math.isinf(rate.rate):
-        return np.zeros(n)
-    if math.isinf(rate.burstiness):
-        gaps = np.full(n, 1.0 / rate.rate)
-    else:
-        # vLLM draws its gaps one by one from the global generator right after `np.random.seed(seed)`;
-        # a fresh RandomState gives the same stream without touching the global one.
-        rng = np.random.RandomState(rate.seed) if rate.rng == "vllm" else np.random.default_rng(rate.seed)
-        gaps = rng.gamma(shape=rate.burstiness, scale=1.0 / (rate.rate * rate.burstiness), size=n)
-    times = np.cumsum(gaps)
-    if rate.rescale and times[-1] > 0:
-        times *= (n / rate.rate) / times[-1]
-    return times
-
-
-@dataclass
-class LoadResult:
-    """One run's raw measurements. `results` holds every request that was sent, in index order."""
-
-    results: list[RequestResult]
-    duration_s: float  # from the run origin to the end of the last request (or the stall/interrupt)
-    started_at_monotonic: float  # perf_counter() at the run origin; request times are relative to it
-    interrupted: bool = False  # cancelled (Ctrl-C): partial
-    stalled: bool = False  # ended by the no-progress timeout: partial
-    mode: dict[str, Any] = field(default_factory=dict)
-    requested: int = 0  # prompts given
-    not_sent: int = 0  # never sent because the run ended early
-    output_tokens: int | None = 0  # None: one per request (see the results' requested_output_tokens)
-    api: str = "completions"
-    stall_timeout_s: float | None = None
-    started_at_unix: float | None = None  # wall clock, metadata only
-    prompt_lengths_exact: bool | None = None
-    # The client's event-loop thread during the run (see clientsched): its scheduling policy, seconds on
-    # CPU and seconds it was runnable but waiting for a CPU (None where the OS does not say).
-    client_policy: str | None = None
-    client_cpu_s: float | None = None
-    client_runqueue_wait_s: float | None = None
-    warmup: list[RequestResult] = field(default_factory=list)  # excluded from every statistic
-
-    def as_dict(self) -> dict[str, Any]:
-        d = {k: v for k, v in asdict(self).items() if k not in ("results", "warmup")}
-        d["results"] = [r.as_dict() for r in self.results]
-        d["warmup"] = [r.as_dict() for r in self.warmup]
-        return d
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> LoadResult:
-        d = dict(d)
-        d["results"] = [RequestResult.from_dict(r) for r in d.get("results", [])]
-        d["warmup"] = [RequestResult.from_dict(r) for r in d.get("warmup", [])]
-        names = set(cls.__dataclass_fields__)
-        return cls(**{k: v for k, v in d.items() if k in names})
 
 
 class _Run:

@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass, replace
 
 from kvbench.formats import CacheFormat, get_format
 from kvbench.gpus import GpuSpec
-from kvbench.models import LayerKind, ModelSpec
+from kvbench.modelspec import LayerKind, ModelSpec
 from kvbench.units import fmt_both, fmt_gib
 from kvbench.vllm_memory import NonKvEstimate, SchedulerKnobs, predict_non_kv, release, scheduler_knobs
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from kvbench.datafiles import load_toml
 from kvbench.errors import unknown_choice
 from kvbench.gpus import GpuSpec
-from kvbench.models import LayerKind, ModelSpec
+from kvbench.modelspec import LayerKind, ModelSpec
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from kvbench.capacity import capacity_for_ranks
 from kvbench.formats import CacheFormat
 from kvbench.gpus import GpuSpec
-from kvbench.models import ModelSpec
+from kvbench.modelspec import ModelSpec
 from kvbench.vllm_memory import predict_non_kv
 
 TP_SIZES = (1, 2, 4, 8)

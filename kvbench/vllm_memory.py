@@ -28,7 +28,7 @@ from dataclasses import asdict, dataclass, field
 from kvbench.datafiles import load_toml
 from kvbench.errors import UsageError
 from kvbench.gpus import GpuSpec
-from kvbench.models import DTYPE_BYTES, ModelSpec
+from kvbench.modelspec import DTYPE_BYTES, ModelSpec
 from kvbench.units import GiB, fmt_gib
 from kvbench.weights import WeightPlan, pp_layer_ranges, weight_bytes_per_rank, weight_plan
 

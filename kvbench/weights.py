@@ -19,7 +19,8 @@ import math
 from dataclasses import dataclass
 
 from kvbench.errors import UsageError
-from kvbench.models import DTYPE_BYTES, ModelSpec, WeightFormat, checkpoint_weight_format
+from kvbench.modelspec import DTYPE_BYTES, ModelSpec
+from kvbench.weightformat import WeightFormat, checkpoint_weight_format
 
 VOCAB_PADDING = 64  # vllm/model_executor/layers/vocab_parallel_embedding.py DEFAULT_VOCAB_PADDING_SIZE
 WEIGHT_CHOICES = ("auto", "bf16", "fp16", "fp32", "fp8", "int8", "int4")

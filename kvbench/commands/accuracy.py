@@ -62,16 +62,7 @@ def command(
 ) -> None:
     fmts = cliargs.choices(formats, "--formats", FORMATS, "KV format")
     scs = cliargs.choices(scales, "--scales", ("amax", "1"), "scale convention")
-    if context < 16:
-        raise UsageError(f"--context must be at least 16 tokens, got {context}")
-    if not 8 <= window <= 512:
-        raise UsageError(f"--window must be between 8 and 512 tokens (MiniLM's positions), got {window}")
-    if max_windows < 1:
-        raise UsageError(f"--max-windows must be at least 1, got {max_windows}")
-    if text is not None and not text.is_file():
-        raise UsageError(f"--text {text}: no such file")
-    if not (synthetic or real):
-        raise UsageError("nothing to do: both --no-synthetic and --no-real given")
+    _check(context, window, max_windows, text, synthetic, real)
 
     from rich.progress import Progress
 
@@ -90,25 +81,7 @@ def command(
                 "rows": acc.synthetic_study(vs, shape, progress=lambda: progress.advance(task)),
             }
         if real:
-            task = progress.add_task("MiniLM: load + capture", total=None)
-            try:
-                tok, model = acc.load_model()
-            except ImportError as exc:
-                raise UsageError(str(exc)) from None
-            body, source = acc.text_from_file(text) if text else acc.default_text()
-            try:
-                cap = acc.capture(tok, model, body, window, max_windows)
-            except ValueError as exc:
-                raise UsageError(f"{exc}; use a longer --text or a smaller --window") from None
-            progress.update(task, total=2 * len(vs), completed=0, description="MiniLM: attention error + model output")
-            tick = lambda: progress.advance(task)  # noqa: E731
-            doc["real"] = {
-                "model": "sentence-transformers/all-MiniLM-L6-v2 (BERT, 6 layers, 12 heads, head_dim 32)",
-                "text": source | {"tokens": cap.tokens, "windows": cap.windows, "window": cap.window},
-                "scale_granularity": "one tensor scale per layer for K and one for V",
-                "rows": acc.real_study(vs, cap, tick),
-                "model_output": acc.model_effect(vs, tok, model, body, window, max_windows, tick),
-            }
+            doc["real"] = _real_study(vs, text, window, max_windows, progress)
     machine = records.machine_name()
     doc = {
         "schema": acc.SCHEMA,
@@ -124,6 +97,44 @@ def command(
     _print(doc)
     if path:
         console.print(f"record: {path}")
+
+
+def _check(context: int, window: int, max_windows: int, text: Path | None, synthetic: bool, real: bool) -> None:
+    if context < 16:
+        raise UsageError(f"--context must be at least 16 tokens, got {context}")
+    if not 8 <= window <= 512:
+        raise UsageError(f"--window must be between 8 and 512 tokens (MiniLM's positions), got {window}")
+    if max_windows < 1:
+        raise UsageError(f"--max-windows must be at least 1, got {max_windows}")
+    if text is not None and not text.is_file():
+        raise UsageError(f"--text {text}: no such file")
+    if not (synthetic or real):
+        raise UsageError("nothing to do: both --no-synthetic and --no-real given")
+
+
+def _real_study(vs, text: Path | None, window: int, max_windows: int, progress) -> dict:
+    """MiniLM's own K/V, captured from the text: the attention error and the model output per variant."""
+    from kvbench.kernels import accuracy as acc
+
+    task = progress.add_task("MiniLM: load + capture", total=None)
+    try:
+        tok, model = acc.load_model()
+    except ImportError as exc:
+        raise UsageError(str(exc)) from None
+    body, source = acc.text_from_file(text) if text else acc.default_text()
+    try:
+        cap = acc.capture(tok, model, body, window, max_windows)
+    except ValueError as exc:
+        raise UsageError(f"{exc}; use a longer --text or a smaller --window") from None
+    progress.update(task, total=2 * len(vs), completed=0, description="MiniLM: attention error + model output")
+    tick = lambda: progress.advance(task)  # noqa: E731
+    return {
+        "model": "sentence-transformers/all-MiniLM-L6-v2 (BERT, 6 layers, 12 heads, head_dim 32)",
+        "text": source | {"tokens": cap.tokens, "windows": cap.windows, "window": cap.window},
+        "scale_granularity": "one tensor scale per layer for K and one for V",
+        "rows": acc.real_study(vs, cap, tick),
+        "model_output": acc.model_effect(vs, tok, model, body, window, max_windows, tick),
+    }
 
 
 def _print(doc: dict) -> None:

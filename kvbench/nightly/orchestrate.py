@@ -15,124 +15,40 @@ gate and the dashboard still run: they are what tells you what happened.
 
 from __future__ import annotations
 
-import json
 import os
-import signal
 import subprocess
 import sys
 import time
-from dataclasses import asdict, dataclass, field
-from enum import StrEnum
+from dataclasses import asdict
 from pathlib import Path
 
 from rich.markup import escape
 
 from kvbench.errors import KvbenchError, UsageError
 from kvbench.harness.records import DtypeStatus, linked_records, load_record
-from kvbench.nightly.config import CPU, NightlyConfig
+from kvbench.nightly.config import NightlyConfig
 from kvbench.nightly.estimate import MachineEstimate
 from kvbench.nightly.matrix import Entry, MachinePlan, served_model
+from kvbench.nightly.outcomes import EntryResult, EntryStatus, NightStatus, StepResult, StepStatus
+from kvbench.nightly.stepio import _fmt_change, _json_after_command, _last_line, _stop_group
+from kvbench.nightly.target import Target, detect, results_dir_of
+
+# Target, detect, results_dir_of and the statuses stay importable from here, where callers found them.
+__all__ = [
+    "EntryResult",
+    "EntryStatus",
+    "NightStatus",
+    "Nightly",
+    "StepResult",
+    "StepStatus",
+    "Target",
+    "detect",
+    "results_dir_of",
+]
+
 
 SCHEMA = "kvbench.nightly/1"
 NIGHTLY_DIR = "nightly"  # results/<machine>/nightly/<id>.json: one summary per night
-KILL_GRACE_S = 60  # after SIGTERM, how long a step may take to stop its vLLM servers and flush
-
-
-@dataclass
-class Target:
-    key: str  # the config section: a GPU catalog key or "cpu"
-    machine: str  # the results folder (results/<machine>/)
-    gpus_found: int
-    gpu_name: str | None
-
-
-def detect(cfg: NightlyConfig, tensor_parallel: dict[str, int] | None = None) -> Target:
-    """The config section for this machine's GPU (NVML name -> catalog key), or "cpu" without one."""
-    from kvbench.gpus import match_nvml_name
-    from kvbench.harness.machine import machine_name, nvml_gpus
-
-    gpus, _ = nvml_gpus()
-    if not gpus:
-        key, name = CPU, None
-    else:
-        name = gpus[0]["name"]
-        spec = match_nvml_name(name)
-        if spec is None:
-            raise UsageError(
-                f"GPU {name!r} is not in kvbench's catalog (kvbench/data/gpus.toml): "
-                "add it there and a [machines.<key>] section"
-            )
-        key = spec.key
-    if key not in cfg.machines:
-        raise UsageError(
-            f"this machine's {'GPU ' + repr(name) + ' (' + key + ')' if name else 'CPU'} has no [machines.{key}] "
-            f"section in the nightly config; configured: {', '.join(cfg.machines)}"
-        )
-    tp, nodes = cfg.machines[key].tensor_parallel_size, cfg.machines[key].nodes
-    if gpus and len(gpus) < tp:
-        raise UsageError(f"[machines.{key}] wants tensor_parallel_size {tp}, but NVML finds {len(gpus)} GPU(s)")
-    # a multi-node server spans tp x nodes GPUs: the folder is named for all of them (kvbench.nightly.nodes)
-    return Target(key, machine_name(tp * nodes if gpus else 1), len(gpus), name)
-
-
-def results_dir_of(asv_conf: Path) -> Path:
-    """Where records and history go: the asv config's results_dir (so asv and the harness agree)."""
-    from kvbench.asvrun import AsvProject
-
-    return AsvProject.load_as(asv_conf, "--asv-config").results_dir
-
-
-# -- results of the night -----------------------------------------------------------------------------
-
-
-class StepStatus(StrEnum):
-    """A step of the night (history point, gate, dashboard)."""
-
-    OK = "ok"
-    FAILED = "failed"
-    SKIPPED = "skipped"  # disabled in the config, or the budget was spent
-    REGRESSION = "regression"  # the gate found one
-    NOT_RUN = "not run"  # the gate could not judge
-
-
-class EntryStatus(StrEnum):
-    """One matrix entry (one kvbench run)."""
-
-    RUNNING = "running"
-    OK = "ok"
-    FAILED = "failed"
-    INTERRUPTED = "interrupted"
-    SKIPPED = "skipped"
-
-
-class NightStatus(StrEnum):
-    OK = "ok"
-    REGRESSION = "regression"  # only regressions: every run itself went fine
-    FAILED = "failed"
-
-
-@dataclass
-class StepResult:
-    name: str
-    status: StepStatus
-    detail: str = ""
-    seconds: float = 0.0
-    log: str | None = None
-    data: dict = field(default_factory=dict)
-
-
-@dataclass
-class EntryResult:
-    name: str
-    status: EntryStatus
-    estimate_s: float
-    seconds: float = 0.0
-    record: str | None = None
-    dtypes: dict[str, str] = field(default_factory=dict)  # dtype -> harness status
-    errors: dict[str, str] = field(default_factory=dict)  # dtype -> first line of its error
-    expected: dict[str, str] = field(default_factory=dict)  # dtype -> why its failure is known (config)
-    error: str | None = None
-    quality_breach: bool = False  # a dtype failed the run's quality gate (accuracy vs auto, at load, canaries)
 
 
 # -- the night ----------------------------------------------------------------------------------------
@@ -227,21 +143,7 @@ class Nightly:
             return StepResult("history", StepStatus.SKIPPED, "disabled in [history]")
         if self.remaining_s() <= 0:
             return StepResult("history", StepStatus.SKIPPED, f"budget of {self.plan.cfg.max_minutes:g} min spent")
-        args = [
-            "history",
-            "run",
-            "--venv",
-            sys.prefix,
-            "--machine",
-            self.target.machine,
-            "--config",
-            str(self.asv_conf),
-        ]
-        model, _ = served_model(self.plan.history_model, self.plan.on_gpu)
-        if model is not None:
-            args += ["--model", model]
-        for regex in self.cfg.history.bench:
-            args += ["--bench", regex]
+        args = self._history_args()
         from kvbench.harness.records import utc_iso
 
         started = utc_iso()
@@ -266,8 +168,30 @@ class Nightly:
                 str(log),
                 {"tail": tail},
             )
+        return self._judge_history(self._history_record(started), secs, log)
+
+    def _history_args(self) -> list[str]:
+        """`kvbench history run`'s arguments: this machine, the asv config, the served history model, the benches."""
+        args = [
+            "history",
+            "run",
+            "--venv",
+            sys.prefix,
+            "--machine",
+            self.target.machine,
+            "--config",
+            str(self.asv_conf),
+        ]
+        model, _ = served_model(self.plan.history_model, self.plan.on_gpu)
+        if model is not None:
+            args += ["--model", model]
+        for regex in self.cfg.history.bench:
+            args += ["--bench", regex]
+        return args
+
+    def _judge_history(self, record: Path | None, secs: float, log: Path) -> StepResult:
+        """The history step's result from the run record its point wrote."""
         # asv calls a point whose dtype failed a success (the metric is n/a); the night does not
-        record = self._history_record(started)
         if record is None:
             return StepResult(
                 "history", StepStatus.OK, "history point added (its run record was not found)", secs, str(log)
@@ -547,47 +471,3 @@ class Nightly:
             "site": str(self.site_out),
         }
         return doc
-
-
-# -- small helpers ------------------------------------------------------------------------------------
-
-
-def _stop_group(proc: subprocess.Popen) -> None:
-    """SIGTERM the step's process group (kvbench turns it into a clean stop), SIGKILL after a grace period."""
-    try:
-        os.killpg(proc.pid, signal.SIGTERM)
-    except ProcessLookupError:
-        return
-    try:
-        proc.wait(timeout=KILL_GRACE_S)
-    except subprocess.TimeoutExpired:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        proc.wait()
-
-
-def _last_line(text: str) -> str:
-    lines = [ln.strip() for ln in str(text).splitlines() if ln.strip()]
-    return lines[-1] if lines else ""
-
-
-def _json_after_command(text: str) -> dict | None:
-    """The JSON document a `--json` command printed (the log's first line is the command)."""
-    start = text.find("\n{")
-    if start < 0:
-        return None
-    try:
-        return json.loads(text[start + 1 :])
-    except json.JSONDecodeError:
-        return None
-
-
-def _fmt_change(r: dict) -> str:
-    def val(v):
-        return "n/a" if v is None else f"{v:,.4g}"
-
-    change = r.get("change_pct")
-    pct = "" if change is None else f" ({change:+.1f}%, allowed ±{r.get('allowed_pct') or 0:.1f}%)"
-    return f"{val(r.get('baseline'))} -> {val(r.get('newest'))} {r.get('unit') or ''}{pct}".strip()

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from kvbench.harness.backend import RequestResult
+from kvbench.harness.loadresult import LoadResult
 from kvbench.harness.metrics import distribution, itl_chunk_s, itl_token_s, summarize, tpot_s
-from kvbench.harness.scheduler import LoadResult
 from kvbench.harness.slo import SLO
 
 

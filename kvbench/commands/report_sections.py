@@ -1,0 +1,272 @@
+"""`kvbench report`'s sections around the tables: the run header, emulation, overheads, workload capacity,
+prefix cache, non-KV memory, comparisons, agreement with auto, the client's scheduling and the problems."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from rich.table import Table
+
+from kvbench.harness.records import fixed_phase, workload_label
+from kvbench.output import console, num
+from kvbench.verdict import shown_in_lines
+
+
+def render_emulated(doc: dict) -> None:
+    for d in doc.get("dtypes", []):
+        impl = d.get("implementation") or {}
+        if d.get("emulated"):
+            console.print(
+                f"[yellow]{d['kv_cache_dtype']} emulated[/] by {impl.get('name')} v{impl.get('version')}: it stores "
+                f"{impl.get('stores')}; attention: {impl.get('computes')}. Capacity, admission, preemptions, "
+                "prefix-cache hits and accuracy count; its speed numbers (dimmed) are "
+                + str(impl.get("not_representative") or "not representative").removeprefix("emulated: ")
+                + ", and are never compared, tracked or used to recommend."
+            )
+
+
+def render_header(doc: dict, path: Path | None) -> None:
+    """The run, its model, engine and workload; each endpoint a dtype was measured on; the SLO."""
+    cfg = doc.get("config", {})
+    env = doc.get("environment", {})
+    vllm = env.get("vllm") or {}
+    w = cfg.get("workload") or {}
+    console.print(
+        f"[bold]run {doc.get('run_id')}[/] on {doc.get('machine')} — status [bold]{doc.get('status')}[/]"
+        + (f"  ({path})" if path else "")
+    )
+    served = {(d.get("server") or {}).get("vllm_version") for d in doc.get("dtypes", []) if d.get("server")}
+    served = sorted(v for v in served if v)
+    engine = (
+        f"vLLM {', '.join(served) or 'version unknown'} (endpoint)"
+        if cfg.get("endpoint")
+        else f"{vllm.get('package')} {vllm.get('version')}"
+    )
+    console.print(
+        f"model {cfg.get('model_name')}, {engine}; "
+        + (
+            f"workload {workload_label(cfg)}; "
+            if cfg.get("workload_spec")
+            else f"{w.get('prompt_tokens')} prompt + {w.get('output_tokens')} output tokens per request; "
+        )
+        + f"max_model_len {cfg.get('max_model_len')}"
+    )
+    for d in doc.get("dtypes", []):
+        server = d.get("server") or {}
+        if server and not server.get("managed", True):
+            confirmed = {
+                True: "confirmed by the server",
+                False: "CONTRADICTED by the server",
+                None: "not stated by the server (unchecked)",
+            }[d.get("kv_dtype_confirmed")]
+            console.print(
+                f"{d['kv_cache_dtype']}: endpoint {server.get('base_url')} serving {server.get('served_model')} "
+                f"({server.get('model_root')}), vLLM {server.get('vllm_version') or 'unknown'}; KV dtype {confirmed}"
+            )
+    slo = cfg.get("slo")
+    if slo:
+        console.print(
+            f"SLO for measured capacity: TTFT P95 <= {slo.get('ttft_p95_ms')} ms, "
+            f"TPOT P95 <= {slo.get('tpot_p95_ms')} ms"
+        )
+
+
+def render_overheads(doc: dict) -> None:
+    overheads = {
+        d["kv_cache_dtype"]: ((d.get("capacity") or {}).get("model") or {}).get("activation_overhead_bytes")
+        for d in doc.get("dtypes", [])
+    }
+    overheads = {k: v for k, v in overheads.items() if v is not None}
+    if overheads:
+        console.print(
+            "kept back by vLLM besides weights and KV (activations, CUDA graphs), per GPU: "
+            + ", ".join(f"{k} {v / 1e9:.2f} GB" for k, v in overheads.items())
+            + " — pass it to `kvbench capacity/plan --overhead-gb`"
+        )
+
+
+def render_agreement(doc: dict) -> None:
+    """Greedy-token agreement and logprob deltas of each dtype against auto."""
+    agree = [(d["kv_cache_dtype"], (d.get("agreement") or {}).get("vs_auto")) for d in doc.get("dtypes", [])]
+    agree = [(dtype, a) for dtype, a in agree if a]
+    if not agree:
+        return
+    first = next(d.get("agreement") for d in doc["dtypes"] if (d.get("agreement") or {}).get("vs_auto"))
+    acc = Table(
+        title=(
+            f"End-to-end accuracy vs auto: {first['vs_auto']['sequences']} prompts of "
+            f"{first.get('prompt_tokens', '?')} tokens, "
+            f"{first.get('tokens', '?')} greedy tokens each"
+        ),
+        title_justify="left",
+    )
+    for col in (
+        "KV dtype",
+        "same greedy token",
+        "identical outputs",
+        "first difference at token",
+        "|Δ logprob| mean (teacher-forced)",
+        "|Δ logprob| max",
+    ):
+        acc.add_column(col, justify="left" if col == "KV dtype" else "right")
+    for dtype, a in agree:
+        acc.add_row(
+            dtype,
+            f"{a['token_agreement']:.1%}" if a.get("token_agreement") is not None else "—",
+            f"{a['identical_sequences']} / {a['sequences']}",
+            num(a.get("mean_first_difference"), 1),
+            num(a.get("logprob_delta_mean"), 4),
+            num(a.get("logprob_delta_max"), 4),
+        )
+    console.print(acc)
+
+
+def render_client(doc: dict) -> None:
+    """How the load generator itself was scheduled: a client starved of CPU skews every latency."""
+    fixed_phases = [p for p in (fixed_phase(d) for d in doc.get("dtypes", [])) if p]
+    policies = sorted({(p.get("summary") or {}).get("client_policy") or "unknown" for p in fixed_phases})
+    waits = [(p.get("summary") or {}).get("client_runqueue_wait_fraction") for p in fixed_phases]
+    waits = [w for w in waits if w is not None]
+    if fixed_phases:
+        console.print(
+            f"client: scheduled {', '.join(policies)}; waited for a CPU at most "
+            + (f"{max(waits):.1%}" if waits else "— (unknown)")
+            + " of a fixed phase"
+        )
+
+
+def render_problems(doc: dict, decision) -> None:
+    """Failed dtypes with their log tail, warnings, and findings not already in a dtype's verdict line."""
+    for d in doc.get("dtypes", []):
+        if d.get("status") != "ok":
+            console.print(f"[red]{d['kv_cache_dtype']}: {d.get('status')}[/] — {d.get('error')}")
+            # uvicorn's access lines ("POST /v1/completions ... 500") say nothing the error does not
+            tail = [line for line in d.get("log_tail") or [] if '" 200 OK' not in line and 'HTTP/1.1"' not in line]
+            for line in tail[-5:]:
+                console.print("    " + line, markup=False, highlight=False)  # log text is not rich markup
+        for warning in d.get("warnings", []):
+            console.print(f"[yellow]{d['kv_cache_dtype']}: {warning}[/]")
+    for finding in doc.get("findings", []):
+        if not shown_in_lines(finding, decision):  # a dtype's reasons are printed once, in its line
+            console.print(f"[bold yellow]!! {finding['text']}[/]")  # escaped by terminal_safe
+
+
+def render_workload_capacity(doc: dict) -> None:
+    """Requests that fit at the workload's own sequence lengths, against the max_model_len worst case."""
+    rows = [(d["kv_cache_dtype"], (d.get("capacity") or {}).get("distribution")) for d in doc.get("dtypes", [])]
+    rows = [(k, v) for k, v in rows if v]
+    if not rows:
+        return
+    table = Table(
+        title="Requests that fit at the workload's own lengths (prompt + output tokens; whole KV blocks)",
+        title_justify="left",
+    )
+    for col in ("KV dtype", "pool", "max_model_len", "P99", "P90", "mean"):
+        table.add_column(col, justify="left" if col == "KV dtype" else "right")
+    for dtype, dist in rows:
+
+        def cell(key, dist=dist):
+            c = dist.get(key) or {}
+            ratio = c.get("vs_max_model_len")
+            return f"{c.get('max_concurrency')} @ {c.get('tokens')} tok" + (
+                f" ({ratio:.1f}x)" if ratio and key != "max_model_len" else ""
+            )
+
+        table.add_row(
+            dtype,
+            f"{dist.get('pool_tokens'):,} tok ({dist.get('source')})",
+            *(cell(k) for k in ("max_model_len", "p99", "p90", "mean")),
+        )
+    console.print(table)
+
+
+def render_prefix_cache(doc: dict) -> None:
+    """vLLM's prefix-cache hit rate over each fixed phase and the TTFT of requests that hit it or missed."""
+    rows = [
+        (d["kv_cache_dtype"], p) for d in doc.get("dtypes", []) for p in d.get("phases") or [] if p.get("prefix_cache")
+    ]
+    if not rows or all((p["prefix_cache"].get("queries_tokens") or 0) == 0 for _, p in rows):
+        return
+    table = Table(
+        title="Prefix cache over the fixed load (vLLM /metrics; TTFT split by usage cached_tokens)",
+        title_justify="left",
+    )
+    for col in (
+        "KV dtype",
+        "phase",
+        "hit rate (tokens)",
+        "preemptions",
+        "requests hit / reporting",
+        "TTFT P50 hit (ms)",
+        "TTFT P50 miss (ms)",
+    ):
+        table.add_column(col, justify="left" if col in ("KV dtype", "phase") else "right")
+    for dtype, p in rows:
+        pc = p["prefix_cache"]
+        rate = pc.get("hit_rate")
+        table.add_row(
+            dtype,
+            p["name"],
+            "—" if rate is None else f"{rate:.1%}",
+            num(pc.get("preemptions"), 0),
+            f"{pc.get('requests_with_cached_tokens')} / {pc.get('requests_reporting')}",
+            num((pc.get("ttft_hit_ms") or {}).get("p50"), 1),
+            num((pc.get("ttft_miss_ms") or {}).get("p50"), 1),
+        )
+    console.print(table)
+
+
+def render_non_kv(doc: dict) -> None:
+    """On a GPU: kvbench's predicted non-KV terms against the server log's (first rank), GiB."""
+    for d in doc.get("dtypes", []):
+        nk = (d.get("capacity") or {}).get("non_kv")
+        if not nk:
+            continue
+        if nk.get("error"):
+            console.print(f"{d['kv_cache_dtype']}: no non-KV prediction: {nk['error']}")
+            continue
+        stage, log = nk["predicted"]["stages"][0], nk.get("measured_from_log") or {}
+        pairs = [
+            ("weights", "weights_gib"),
+            ("activation", "activation_gib"),
+            ("non_torch", "non_torch_gib"),
+            ("cudagraph", "cudagraph_gib"),
+            ("kv_pool", "kv_pool_gib"),
+        ]
+        console.print(
+            f"{d['kv_cache_dtype']} memory per GPU, predicted / vLLM's log (GiB): "
+            + ", ".join(f"{t} {num(stage[t]['gib'], 2)} / {num(log.get(k), 2)}" for t, k in pairs)
+        )
+
+
+def render_comparisons(doc: dict) -> None:
+    """Each dtype vs auto over the repeats: the paired difference with its 95% CI and whether it is beyond noise."""
+    rows = [
+        (c["kv_cache_dtype"], m, v) for c in doc.get("comparisons") or [] for m, v in (c.get("metrics") or {}).items()
+    ]
+    if not rows:
+        return
+    table = Table(title="vs auto, paired by repeat (same prompts): difference and 95% CI", title_justify="left")
+    for col in ("KV dtype", "metric", "difference", "95% CI", "relative", "beyond noise?"):
+        table.add_column(col, justify="left" if col in ("KV dtype", "metric") else "right")
+    emulated = {d["kv_cache_dtype"] for d in doc.get("dtypes", []) if d.get("emulated")}
+    for dtype, metric, v in rows:
+        if metric not in (
+            "ttft_p95_ms",
+            "tpot_p95_ms",
+            "output_throughput_tps",
+            "request_throughput_rps",
+            "e2e_p95_ms",
+        ):
+            continue
+        table.add_row(
+            dtype,
+            metric,
+            num(v["mean"], 2),
+            f"{num(v['ci_low'], 2)} .. {num(v['ci_high'], 2)}",
+            f"{v['relative_pct']:+.1f}%" if v.get("relative_pct") is not None else "—",
+            "emulated: not compared"
+            if dtype in emulated
+            else ("yes" if v.get("beyond_noise") else "no (within noise)"),
+        )
+    console.print(table)
