@@ -23,31 +23,29 @@ from pathlib import Path
 import aiohttp
 
 from kvbench import verdict
-from kvbench.capacity import VLLM_DEFAULT_GPU_MEMORY_UTILIZATION, budget_from_bytes, capacity_row
 from kvbench.datafiles import load_toml
-from kvbench.errors import KvbenchError, UsageError
+from kvbench.errors import KvbenchError
 from kvbench.errors import one_line as _one_line
-from kvbench.formats import format_ratio, get_format
-from kvbench.harness import energy, evalphase, front, quality, records, repeats, spill
+from kvbench.harness import capacitychecks, energy, evalphase, front, quality, records, repeats, spill
 from kvbench.harness.agreement import Canaries, Sample, collect, compare
 from kvbench.harness.backend import OpenAIBackend
+from kvbench.harness.capacitychecks import _tensor_parallel as _tensor_parallel  # defaults.py, tests
+from kvbench.harness.capacitychecks import non_kv_report as non_kv_report  # its old home, for callers
+from kvbench.harness.comparisons import comparisons
 from kvbench.harness.endpoint import Endpoint, ServerFacts, describe, redact_url, served_vllm, server_changes
-from kvbench.harness.findings import FindingKind
-from kvbench.harness.logparse import EngineCapacity, engine_failure
+from kvbench.harness.findings import FindingKind, findings
+from kvbench.harness.logparse import engine_failure
 from kvbench.harness.machine import environment
 from kvbench.harness.metrics import DEFINITIONS, distribution, summarize
 from kvbench.harness.notices import notices
 from kvbench.harness.promscrape import MetricsSampler, capacity_from_metrics, fetch_metrics, metrics_or_note
 from kvbench.harness.records import (
     Agreement,
-    Capacity,
     DtypeResult,
     DtypeStatus,
-    EngineCapacityRecord,
     Finding,
     Front,
     MeasuredCapacity,
-    ModelCapacity,
     Phase,
     PhaseKind,
     PhaseSummary,
@@ -64,10 +62,6 @@ from kvbench.harness.telemetry import NvmlSampler
 from kvbench.harness.workload import Workload, make_prompts
 from kvbench.models import spec_for
 
-# Two capacity ratios (engine vs format) further apart than this mean the dtype was probably not honoured.
-HONOURED_TOLERANCE = 0.05
-# A client that waited for a CPU this share of a phase measured its own queueing, not the server.
-STARVED_CLIENT_FRACTION = 0.05
 # The agreement prompts' seed stream: the same prompts for every dtype, never reused by a load phase.
 AGREEMENT_STREAM = 10_000
 # How every run measures (probe sizes, warm-up, agreement, timeouts): kvbench/data/run_defaults.toml [run].
@@ -275,7 +269,7 @@ class Runner:
         if self._evaluator is not None:
             self._evaluator.close()
         try:
-            rec.findings = [*self._changed, *findings(rec, self._model_spec()), *notices(rec)]
+            rec.findings = [*self._changed, *findings(rec, spec_for(self.plan.model)), *notices(rec)]
             rec.comparisons = comparisons(rec)
             evals = {d.kv_cache_dtype: d.eval for d in rec.dtypes if d.eval}
             quality.compare_conditions(evals, self._eval_items)
@@ -310,7 +304,7 @@ class Runner:
                 except ServerStartError as exc:
                     result.status, result.error, result.log_tail = DtypeStatus.FAILED, str(exc), exc.log_tail
                     return
-                if result.emulated and not _emulation_active(server, result):
+                if result.emulated and not capacitychecks.emulation_active(server, result):
                     return
                 endpoint = Endpoint(server.base_url)
             headers = endpoint.headers
@@ -328,7 +322,16 @@ class Runner:
             before = await asyncio.to_thread(metrics_or_note, endpoint.url, headers, result.warnings)
             result.metrics.before = before.as_dict()
             engine = (server.capacity() if server else None) or capacity_from_metrics(before)
-            result.capacity = self._capacity(dtype, engine, before.cache_config, facts)
+            result.capacity = capacitychecks.capacity(
+                plan,
+                self.record.environment,
+                dtype,
+                engine,
+                before.cache_config,
+                facts,
+                server,
+                lambda: self._tokenizer,
+            )
 
             backend = OpenAIBackend(
                 endpoint.url,
@@ -380,134 +383,6 @@ class Runner:
         )
         log = Path(plan.results_dir) / plan.machine / "logs" / self.run_id / f"vllm-{dtype}.log"
         return VllmServer(cfg, log)
-
-    def _model_spec(self):
-        return spec_for(self.plan.model)  # None for a hub id whose config is not on disk: no model-side prediction
-
-    def _capacity(self, dtype: str, engine: EngineCapacity | None, cache_config: dict, facts: ServerFacts) -> Capacity:
-        """Engine-reported capacity, the capacity model's prediction for the same budget, block size and
-        context (the server's own max_model_len where it says it), and for a workload its own lengths'."""
-        out = Capacity(engine=EngineCapacityRecord(**vars(engine)) if engine else None)
-        context = self._model_capacity(out, dtype, engine, cache_config, facts)
-        if self.plan.workload_spec is not None and context:
-            out.distribution = self._capacity_under_distribution(
-                engine, out.model, _int(cache_config.get("block_size")), context
-            )
-        return out
-
-    def _model_capacity(self, out: Capacity, dtype: str, engine, cache_config: dict, facts: ServerFacts) -> int | None:
-        """Fill out.model (or out.model_note); return the context it used."""
-        spec = self._model_spec()
-        budget_bytes = _kv_budget_bytes(engine, cache_config)
-        block = _int(cache_config.get("block_size"))
-        context = facts.max_model_len or self.plan.max_model_len or (engine.tokens_per_request if engine else None)
-        missing = [
-            what
-            for what, have in (
-                ("the model's config.json", spec),
-                ("the engine's KV budget", budget_bytes),
-                ("its block size", block),
-                ("max_model_len", context),
-            )
-            if not have
-        ]
-        if missing:
-            out.model_note = "no capacity-model prediction: unknown " + ", ".join(missing)
-            return context
-        try:
-            fmt = get_format(dtype)
-        except UsageError:
-            out.model_note = f"no capacity-model prediction: kvbench has no format for {dtype!r}"
-            return context
-        gpu = self._catalog_gpu()
-        row = capacity_row(
-            spec, fmt, context, budget_from_bytes(budget_bytes, "engine's KV memory"), gpu, block_size=block
-        )
-        out.model = ModelCapacity(
-            kv_tokens=row.kv_tokens,
-            max_concurrency=row.max_concurrency,
-            num_blocks=row.num_blocks,
-            budget_bytes=budget_bytes,
-            block_size=block,
-            context=context,
-            format=fmt.key,
-            gpu=gpu.key if gpu else None,
-            activation_overhead_bytes=self._overhead(spec, budget_bytes, cache_config)
-            if not self.plan.endpoints
-            else None,
-        )
-        if gpu is not None and not self.plan.endpoints:
-            out.non_kv = self._non_kv(spec, gpu, cache_config, context)
-        return context
-
-    def _non_kv(self, spec, gpu, cache_config: dict, context: int) -> dict:
-        log = self.server.log_path.read_text(errors="replace") if self.server else None
-        return non_kv_report(
-            spec,
-            gpu,
-            cache_config,
-            context,
-            self.plan.extra_args,
-            (self.record.environment.get("vllm") or {}).get("version"),
-            log,
-        )
-
-    def _capacity_under_distribution(
-        self, engine: EngineCapacity | None, model: ModelCapacity | None, block: int | None, context: int
-    ) -> dict | None:
-        """How many requests of the workload's own sequence lengths (prompt + output, what a request holds
-        when it finishes) fit at their mean, P90 and P99, beside the max_model_len figure the engine reports:
-        the engine's token pool where it said it, else the capacity model's; whole blocks per request."""
-        from kvbench.harness.workloads import build
-
-        pool = engine.kv_tokens if engine and engine.kv_tokens else (model.kv_tokens if model else None)
-        block = (engine.block_size if engine and engine.block_size else None) or block or 1
-        if not pool:
-            return None
-        stats = build(
-            self.plan.workload_spec,
-            self._tokenizer,
-            seed=self.plan.workload.seed,
-            stream=0,
-            max_model_len=context,
-            api=self.plan.workload.api,
-        ).stats["sequence_tokens"]
-
-        def fits(tokens: int) -> int:
-            return (pool // block) // max(1, math.ceil(tokens / block))
-
-        worst = fits(context)
-        out = {
-            "source": "engine" if engine and engine.kv_tokens else "model",
-            "pool_tokens": pool,
-            "block_size": block,
-            "max_model_len": {"tokens": context, "max_concurrency": worst},
-        }
-        for key in ("mean", "p90", "p99"):
-            tokens = max(1, int(round(stats[key])))
-            out[key] = {
-                "tokens": tokens,
-                "max_concurrency": fits(tokens),
-                "vs_max_model_len": fits(tokens) / worst if worst else None,
-            }
-        return out
-
-    def _catalog_gpu(self):
-        from kvbench.gpus import match_nvml_name
-
-        gpus = self.record.environment.get("gpus") or []
-        return match_nvml_name(gpus[0]["name"]) if gpus else None
-
-    def _overhead(self, spec, budget_bytes: int, cache_config: dict) -> int | None:
-        """What vLLM kept back besides weights and KV cache (activations, CUDA graphs, non-torch memory), per
-        GPU: device memory x utilization - weights / TP - KV budget. The number `kvbench capacity
-        --overhead-gb` asks for; only on a GPU whose KV budget vLLM derived itself."""
-        gpus = self.record.environment.get("gpus") or []
-        if not gpus or _int(cache_config.get("kv_cache_memory_bytes")):
-            return None
-        util = float(cache_config.get("gpu_memory_utilization") or VLLM_DEFAULT_GPU_MEMORY_UTILIZATION)
-        tp = _tensor_parallel(self.plan.extra_args)
-        return int(gpus[0]["memory_bytes"] * util - spec.weight_bytes / tp - budget_bytes)
 
     async def _phases(self, dtype: str, backend, result: DtypeResult, server: VllmServer | None, headers: dict) -> None:
         plan = self.plan
@@ -879,204 +754,13 @@ def _server_info(facts: ServerFacts, server: VllmServer | None) -> ServerInfo:
         max_model_len=facts.max_model_len,
         vllm_version=facts.vllm_version,
         cache_dtype=facts.cache_dtype,
-        block_size=_int(cc.get("block_size")),
-        num_gpu_blocks=_int(cc.get("num_gpu_blocks")),
+        block_size=capacitychecks._int(cc.get("block_size")),
+        num_gpu_blocks=capacitychecks._int(cc.get("num_gpu_blocks")),
     )
-
-
-def _emulation_active(server: VllmServer, result: DtypeResult) -> bool:
-    """The server's log says kvbench's emulation built its layers; else the dtype fails here (the stock
-    code would have served it, wrongly)."""
-    from kvbench.kernels.vllm_plugin import ACTIVE_MARK
-
-    line = next((x for x in server.log_lines() if ACTIVE_MARK in x and " active: " in x), None)
-    if line is None:
-        result.status, result.log_tail = DtypeStatus.FAILED, server.log_tail()
-        name = result.implementation["name"]
-        result.error = f"{name} did not load in the server (no '{ACTIVE_MARK} ... active' line in its log)"
-        return False
-    result.implementation["log"] = line.split("] ", 1)[-1].strip()
-    return True
 
 
 def _load_name(load) -> str:
     return f"c{load.concurrency}" if isinstance(load, Concurrency) else f"r{load.rate:g}"
-
-
-def non_kv_report(
-    spec, gpu, cache_config: dict, context: int, vllm_args: list[str], vllm_version: str | None, log_text: str | None
-) -> dict:
-    """kvbench's prediction of every non-KV term (kvbench.vllm_memory) beside what the server's own start-up
-    log says, per rank: weights, activation peak, non-torch memory, CUDA graphs, the KV pool (GiB)."""
-    from kvbench.startuplog import parse_startup_log
-    from kvbench.vllm_memory import VLLM_DTYPE_ARGS, VLLM_QUANTIZATION_WEIGHTS, predict_non_kv
-
-    try:
-        util = cache_config.get("gpu_memory_utilization")
-        dtype = _flag(vllm_args, ("--dtype",))
-        predicted = predict_non_kv(
-            spec,
-            gpu,
-            utilization=float(util) if util else None,
-            tensor_parallel_size=_tensor_parallel(vllm_args),
-            pipeline_parallel_size=_tensor_parallel(vllm_args, ("--pipeline-parallel-size", "-pp")),
-            # what the server was started with changes the terms: the profiling batch, the weights' format
-            weights=VLLM_QUANTIZATION_WEIGHTS.get((_flag(vllm_args, ("--quantization", "-q")) or "").lower(), "auto"),
-            dtype=VLLM_DTYPE_ARGS.get(dtype.lower()) if dtype else None,
-            vllm_version=vllm_version,
-            max_num_seqs=_int(_flag(vllm_args, ("--max-num-seqs",))),
-            max_num_batched_tokens=_int(_flag(vllm_args, ("--max-num-batched-tokens",))),
-            max_model_len=context,
-        ).as_dict()
-    except Exception as exc:  # a prediction kvbench cannot make is a note, never a lost run
-        return {"error": _one_line(exc)}
-    log = parse_startup_log(log_text) if log_text else None
-    measured = (
-        None
-        if log is None
-        else {
-            "weights_gib": log.weights_gib,
-            "activation_gib": log.activation_gib,
-            "non_torch_gib": log.non_torch_gib,
-            "cudagraph_gib": log.cudagraph_actual_gib,
-            "kv_pool_gib": log.available_kv_gib,
-        }
-    )
-    return {"predicted": predicted, "measured_from_log": measured}
-
-
-def _flag(args: list[str], flags: tuple[str, ...]) -> str | None:
-    """The value of the first of `flags` in the vLLM arguments (`--flag V` or `--flag=V`), else None."""
-    for i, arg in enumerate(args):
-        for flag in flags:
-            if arg == flag and i + 1 < len(args):
-                return args[i + 1]
-            if arg.startswith(flag + "="):
-                return arg.split("=", 1)[1]
-    return None
-
-
-def _tensor_parallel(args: list[str], flags: tuple[str, ...] = ("--tensor-parallel-size", "-tp")) -> int:
-    """--tensor-parallel-size / -tp (or the given flags) from the vLLM arguments (1 when absent)."""
-    return max(1, _int(_flag(args, flags)) or 1)
-
-
-def _int(text) -> int | None:
-    try:
-        value = float(text)
-    except (TypeError, ValueError):
-        return None
-    return int(value) if math.isfinite(value) else None
-
-
-def _kv_budget_bytes(engine: EngineCapacity | None, cache_config: dict) -> int | None:
-    """The bytes the engine gave its KV cache: the explicit setting, else what its log reported."""
-    explicit = _int(cache_config.get("kv_cache_memory_bytes"))
-    if explicit:
-        return explicit
-    if engine and engine.kv_cache_gib:
-        return int(engine.kv_cache_gib * 2**30)
-    return None
-
-
-def findings(record: RunRecord, spec) -> list[Finding]:
-    """Loud, plain-language findings: dtypes the platform probably did not honour, a starved client.
-
-    A dtype whose server did not say what it runs (kv_dtype_confirmed None) gives no "not honoured"
-    finding: its capacity may belong to any dtype."""
-    out = _starved_client(record)
-    engine = {
-        d.kv_cache_dtype: d.capacity.engine.kv_tokens
-        for d in record.dtypes
-        if d.capacity.engine and d.kv_dtype_confirmed is not None
-    }
-    base = engine.get("auto")
-    if spec is None or not base:
-        return out
-    for dtype, tokens in engine.items():
-        if dtype == "auto":
-            continue
-        try:
-            expected = format_ratio(get_format(dtype), get_format("auto"), spec)
-        except UsageError:
-            continue
-        actual = tokens / base
-        if abs(actual / expected - 1) > HONOURED_TOLERANCE:
-            out.append(
-                Finding(
-                    level="warning",
-                    kind=FindingKind.NOT_HONOURED,
-                    dtype=dtype,
-                    engine_ratio=actual,
-                    format_ratio=expected,
-                    text=(
-                        f"{dtype} was probably NOT honoured on this platform: the engine holds "
-                        f"{actual:.2f}x the tokens of auto, but the {dtype} format implies {expected:.2f}x "
-                        f"({abs(actual / expected - 1) * 100:.0f}% off; tolerance {HONOURED_TOLERANCE * 100:.0f}%)."
-                    ),
-                )
-            )
-    return out
-
-
-def comparisons(record: RunRecord) -> list[dict]:
-    """Each dtype against auto: the paired difference of every repeated headline metric (95% t interval;
-    beyond noise when it excludes 0), and what the front says about cost at the SLO and at the target."""
-    auto = record.dtype("auto")
-    if auto is None:
-        return []
-    out = []
-    for d in record.dtypes:
-        if d.kv_cache_dtype == "auto" or d.status != DtypeStatus.OK or d.emulated:  # emulated speed: not compared
-            continue
-        row: dict = {"kv_cache_dtype": d.kv_cache_dtype, "metrics": {}, "cost": {}}
-        for metric, st in (d.fixed_stats or {}).items():
-            base = (auto.fixed_stats or {}).get(metric)
-            if base is not None:
-                diff = repeats.paired(st.values, base.values)
-                if diff is not None:
-                    row["metrics"][metric] = diff
-        if d.front and auto.front:
-            for where in ("at_slo", "at_target"):
-                mine, theirs = getattr(d.front, where), getattr(auto.front, where)
-                if mine and theirs:
-                    saving = front.saving_pct(mine.get("usd_per_m_output"), theirs.get("usd_per_m_output"))
-                    a, b = mine.get("output_tps_per_gpu"), theirs.get("output_tps_per_gpu")
-                    gain = (a / b - 1) * 100 if a and b else None
-                    row["cost"][where] = {
-                        "usd_per_m_output": mine.get("usd_per_m_output"),
-                        "auto_usd_per_m_output": theirs.get("usd_per_m_output"),
-                        "saving_pct": saving,
-                        "throughput_gain_pct": gain,
-                        "user_tps": mine.get("user_tps"),
-                        "concurrency": mine.get("concurrency"),
-                    }
-        out.append(row)
-    return out
-
-
-def _starved_client(record: RunRecord) -> list[Finding]:
-    worst = (0.0, None, None)
-    for d in record.dtypes:
-        for phase in d.phases:
-            frac = phase.summary.client_runqueue_wait_fraction or 0.0
-            if frac > worst[0]:
-                worst = (frac, d.kv_cache_dtype, phase.name)
-    frac, dtype, name = worst
-    if frac <= STARVED_CLIENT_FRACTION:
-        return []
-    return [
-        Finding(
-            level="warning",
-            kind=FindingKind.STARVED_CLIENT,
-            dtype=dtype,
-            text=(
-                f"the load generator waited for a CPU {frac:.0%} of phase {name} ({dtype}): "
-                "its latencies include its own queueing. Run on a quieter machine, "
-                "or with --realtime (SCHED_FIFO; needs root or CAP_SYS_NICE)."
-            ),
-        )
-    ]
 
 
 # -- the one entry point ------------------------------------------------------------------------------
