@@ -1,5 +1,5 @@
 """Repeated fixed-load phases: each headline metric's mean with a 95% t interval, and a dtype's paired
-difference to auto (repeat i of the dtype against repeat i of auto: the same prompts, see runner._phases).
+difference to auto (repeat i of the dtype against repeat i of auto: the same prompts, see phases.fixed_loads).
 
 With n repeats the interval is mean ± t(0.975, n-1) x s / sqrt(n); n = 1 gives the value and no interval.
 """

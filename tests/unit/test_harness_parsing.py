@@ -235,7 +235,7 @@ def test_agreement_compare():
 
 
 def test_tensor_parallel_from_vllm_args():
-    from kvbench.harness.runner import _tensor_parallel
+    from kvbench.harness.capacitychecks import _tensor_parallel
 
     assert _tensor_parallel([]) == 1
     assert _tensor_parallel(["--enforce-eager", "--tensor-parallel-size", "4"]) == 4
@@ -243,6 +243,7 @@ def test_tensor_parallel_from_vllm_args():
 
 
 def test_capacity_block_on_a_gpu_measures_the_overhead(tmp_path):
+    from kvbench.harness import capacitychecks
     from kvbench.harness.endpoint import ServerFacts
     from kvbench.harness.logparse import EngineCapacity
     from kvbench.harness.runner import Runner, RunPlan
@@ -264,7 +265,8 @@ def test_capacity_block_on_a_gpu_measures_the_overhead(tmp_path):
     runner.record.environment["gpus"] = [{"index": 0, "name": "NVIDIA H100 80GB HBM3", "memory_bytes": 81559 * 2**20}]
     engine = EngineCapacity("GPU", 400_000, 97.66, 4096, "log", kv_cache_gib=50.0)
     facts = ServerFacts("http://127.0.0.1:1", "llama", None, None, None)
-    cap = runner._capacity("auto", engine, {"block_size": "16", "gpu_memory_utilization": "0.92"}, facts)
+    cc = {"block_size": "16", "gpu_memory_utilization": "0.92"}
+    cap = capacitychecks.capacity(plan, runner.record.environment, "auto", engine, cc, facts)
     model = cap.model.model_dump()
     assert model["gpu"] == "h100-sxm" and model["budget_bytes"] == 50 * 2**30
     expected = 81559 * 2**20 * 0.92 - load_model("llama-3.1-8b").weight_bytes - 50 * 2**30

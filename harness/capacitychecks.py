@@ -1,0 +1,290 @@
+"""A dtype's capacity checked three ways, and whether the server honoured the dtype it was asked for.
+
+The engine's own capacity (its log or /metrics), the capacity model's prediction for the same KV budget, block
+size and context, and for a workload spec how many of its own requests fit; beside them kvbench's prediction of
+every non-KV memory term against the start-up log. Whether the dtype was honoured: its engine capacity against
+auto's must match its format's ratio (`off_format`), and an emulated dtype (kvsupport: kvbench's own vLLM
+plugin serves it) must say in the server log that the emulation loaded (`emulation_active`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+from kvbench.capacity import VLLM_DEFAULT_GPU_MEMORY_UTILIZATION, budget_from_bytes, capacity_row
+from kvbench.errors import UsageError
+from kvbench.errors import one_line as _one_line
+from kvbench.formats import format_ratio, get_format
+from kvbench.harness.endpoint import ServerFacts
+from kvbench.harness.logparse import EngineCapacity
+from kvbench.harness.records import (
+    Capacity,
+    DtypeResult,
+    DtypeStatus,
+    EngineCapacityRecord,
+    ModelCapacity,
+    RunRecord,
+)
+from kvbench.harness.server import VllmServer
+from kvbench.models import spec_for
+
+# Two capacity ratios (engine vs format) further apart than this mean the dtype was probably not honoured.
+HONOURED_TOLERANCE = 0.05
+
+
+def capacity(
+    plan,
+    environment: dict,
+    dtype: str,
+    engine: EngineCapacity | None,
+    cache_config: dict,
+    facts: ServerFacts,
+    server: VllmServer | None = None,
+    tokenizer: Callable[[], object] | None = None,
+) -> Capacity:
+    """Engine-reported capacity, the capacity model's prediction for the same budget, block size and
+    context (the server's own max_model_len where it says it), and for a workload its own lengths'.
+
+    plan: the run's RunPlan; environment: the record's (its GPUs and vLLM version); server: the managed
+    server (its start-up log), None for an --endpoint; tokenizer: loads the run's tokenizer (workload specs)."""
+    out = Capacity(engine=EngineCapacityRecord(**vars(engine)) if engine else None)
+    context = _model_capacity(out, plan, environment, dtype, engine, cache_config, facts, server)
+    if plan.workload_spec is not None and context:
+        out.distribution = capacity_under_distribution(
+            plan, tokenizer, engine, out.model, _int(cache_config.get("block_size")), context
+        )
+    return out
+
+
+def _model_capacity(
+    out: Capacity, plan, environment: dict, dtype: str, engine, cache_config: dict, facts: ServerFacts, server
+) -> int | None:
+    """Fill out.model (or out.model_note); return the context it used."""
+    spec = spec_for(plan.model)  # None for a hub id whose config is not on disk: no model-side prediction
+    budget_bytes = _kv_budget_bytes(engine, cache_config)
+    block = _int(cache_config.get("block_size"))
+    context = facts.max_model_len or plan.max_model_len or (engine.tokens_per_request if engine else None)
+    missing = [
+        what
+        for what, have in (
+            ("the model's config.json", spec),
+            ("the engine's KV budget", budget_bytes),
+            ("its block size", block),
+            ("max_model_len", context),
+        )
+        if not have
+    ]
+    if missing:
+        out.model_note = "no capacity-model prediction: unknown " + ", ".join(missing)
+        return context
+    try:
+        fmt = get_format(dtype)
+    except UsageError:
+        out.model_note = f"no capacity-model prediction: kvbench has no format for {dtype!r}"
+        return context
+    gpu = catalog_gpu(environment)
+    row = capacity_row(spec, fmt, context, budget_from_bytes(budget_bytes, "engine's KV memory"), gpu, block_size=block)
+    out.model = ModelCapacity(
+        kv_tokens=row.kv_tokens,
+        max_concurrency=row.max_concurrency,
+        num_blocks=row.num_blocks,
+        budget_bytes=budget_bytes,
+        block_size=block,
+        context=context,
+        format=fmt.key,
+        gpu=gpu.key if gpu else None,
+        activation_overhead_bytes=overhead(plan, environment, spec, budget_bytes, cache_config)
+        if not plan.endpoints
+        else None,
+    )
+    if gpu is not None and not plan.endpoints:
+        log = server.log_path.read_text(errors="replace") if server else None
+        version = (environment.get("vllm") or {}).get("version")
+        out.non_kv = non_kv_report(spec, gpu, cache_config, context, plan.extra_args, version, log)
+    return context
+
+
+def capacity_under_distribution(
+    plan,
+    tokenizer: Callable[[], object],
+    engine: EngineCapacity | None,
+    model: ModelCapacity | None,
+    block: int | None,
+    context: int,
+) -> dict | None:
+    """How many requests of the workload's own sequence lengths (prompt + output, what a request holds
+    when it finishes) fit at their mean, P90 and P99, beside the max_model_len figure the engine reports:
+    the engine's token pool where it said it, else the capacity model's; whole blocks per request."""
+    from kvbench.harness.workloads import build
+
+    pool = engine.kv_tokens if engine and engine.kv_tokens else (model.kv_tokens if model else None)
+    block = (engine.block_size if engine and engine.block_size else None) or block or 1
+    if not pool:
+        return None
+    stats = build(
+        plan.workload_spec,
+        tokenizer(),
+        seed=plan.workload.seed,
+        stream=0,
+        max_model_len=context,
+        api=plan.workload.api,
+    ).stats["sequence_tokens"]
+
+    def fits(tokens: int) -> int:
+        return (pool // block) // max(1, math.ceil(tokens / block))
+
+    worst = fits(context)
+    out = {
+        "source": "engine" if engine and engine.kv_tokens else "model",
+        "pool_tokens": pool,
+        "block_size": block,
+        "max_model_len": {"tokens": context, "max_concurrency": worst},
+    }
+    for key in ("mean", "p90", "p99"):
+        tokens = max(1, int(round(stats[key])))
+        out[key] = {
+            "tokens": tokens,
+            "max_concurrency": fits(tokens),
+            "vs_max_model_len": fits(tokens) / worst if worst else None,
+        }
+    return out
+
+
+def catalog_gpu(environment: dict):
+    """The catalog GPU (kvbench.gpus) of the machine's first GPU, None on a CPU or an unknown GPU."""
+    from kvbench.gpus import match_nvml_name
+
+    gpus = environment.get("gpus") or []
+    return match_nvml_name(gpus[0]["name"]) if gpus else None
+
+
+def overhead(plan, environment: dict, spec, budget_bytes: int, cache_config: dict) -> int | None:
+    """What vLLM kept back besides weights and KV cache (activations, CUDA graphs, non-torch memory), per
+    GPU: device memory x utilization - weights / TP - KV budget. The number `kvbench capacity
+    --overhead-gb` asks for; only on a GPU whose KV budget vLLM derived itself."""
+    gpus = environment.get("gpus") or []
+    if not gpus or _int(cache_config.get("kv_cache_memory_bytes")):
+        return None
+    util = float(cache_config.get("gpu_memory_utilization") or VLLM_DEFAULT_GPU_MEMORY_UTILIZATION)
+    tp = _tensor_parallel(plan.extra_args)
+    return int(gpus[0]["memory_bytes"] * util - spec.weight_bytes / tp - budget_bytes)
+
+
+def non_kv_report(
+    spec, gpu, cache_config: dict, context: int, vllm_args: list[str], vllm_version: str | None, log_text: str | None
+) -> dict:
+    """kvbench's prediction of every non-KV term (kvbench.vllm_memory) beside what the server's own start-up
+    log says, per rank: weights, activation peak, non-torch memory, CUDA graphs, the KV pool (GiB)."""
+    from kvbench.startuplog import parse_startup_log
+    from kvbench.vllm_memory import VLLM_DTYPE_ARGS, VLLM_QUANTIZATION_WEIGHTS, predict_non_kv
+
+    try:
+        util = cache_config.get("gpu_memory_utilization")
+        dtype = _flag(vllm_args, ("--dtype",))
+        predicted = predict_non_kv(
+            spec,
+            gpu,
+            utilization=float(util) if util else None,
+            tensor_parallel_size=_tensor_parallel(vllm_args),
+            pipeline_parallel_size=_tensor_parallel(vllm_args, ("--pipeline-parallel-size", "-pp")),
+            # what the server was started with changes the terms: the profiling batch, the weights' format
+            weights=VLLM_QUANTIZATION_WEIGHTS.get((_flag(vllm_args, ("--quantization", "-q")) or "").lower(), "auto"),
+            dtype=VLLM_DTYPE_ARGS.get(dtype.lower()) if dtype else None,
+            vllm_version=vllm_version,
+            max_num_seqs=_int(_flag(vllm_args, ("--max-num-seqs",))),
+            max_num_batched_tokens=_int(_flag(vllm_args, ("--max-num-batched-tokens",))),
+            max_model_len=context,
+        ).as_dict()
+    except Exception as exc:  # a prediction kvbench cannot make is a note, never a lost run
+        return {"error": _one_line(exc)}
+    log = parse_startup_log(log_text) if log_text else None
+    measured = (
+        None
+        if log is None
+        else {
+            "weights_gib": log.weights_gib,
+            "activation_gib": log.activation_gib,
+            "non_torch_gib": log.non_torch_gib,
+            "cudagraph_gib": log.cudagraph_actual_gib,
+            "kv_pool_gib": log.available_kv_gib,
+        }
+    )
+    return {"predicted": predicted, "measured_from_log": measured}
+
+
+def off_format(record: RunRecord, spec) -> list[tuple[str, float, float]]:
+    """(dtype, engine ratio, format ratio) of each dtype whose engine holds a share of auto's tokens further
+    than HONOURED_TOLERANCE from what its format implies: probably not honoured (findings.not_honoured).
+
+    A dtype whose server did not say what it runs (kv_dtype_confirmed None) is never listed: its capacity
+    may belong to any dtype."""
+    engine = {
+        d.kv_cache_dtype: d.capacity.engine.kv_tokens
+        for d in record.dtypes
+        if d.capacity.engine and d.kv_dtype_confirmed is not None
+    }
+    base = engine.get("auto")
+    if spec is None or not base:
+        return []
+    out = []
+    for dtype, tokens in engine.items():
+        if dtype == "auto":
+            continue
+        try:
+            expected = format_ratio(get_format(dtype), get_format("auto"), spec)
+        except UsageError:
+            continue
+        actual = tokens / base
+        if abs(actual / expected - 1) > HONOURED_TOLERANCE:
+            out.append((dtype, actual, expected))
+    return out
+
+
+def emulation_active(server: VllmServer, result: DtypeResult) -> bool:
+    """The server's log says kvbench's emulation built its layers; else the dtype fails here (the stock
+    code would have served it, wrongly)."""
+    from kvbench.kernels.vllm_plugin import ACTIVE_MARK
+
+    line = next((x for x in server.log_lines() if ACTIVE_MARK in x and " active: " in x), None)
+    if line is None:
+        result.status, result.log_tail = DtypeStatus.FAILED, server.log_tail()
+        name = result.implementation["name"]
+        result.error = f"{name} did not load in the server (no '{ACTIVE_MARK} ... active' line in its log)"
+        return False
+    result.implementation["log"] = line.split("] ", 1)[-1].strip()
+    return True
+
+
+def _flag(args: list[str], flags: tuple[str, ...]) -> str | None:
+    """The value of the first of `flags` in the vLLM arguments (`--flag V` or `--flag=V`), else None."""
+    for i, arg in enumerate(args):
+        for flag in flags:
+            if arg == flag and i + 1 < len(args):
+                return args[i + 1]
+            if arg.startswith(flag + "="):
+                return arg.split("=", 1)[1]
+    return None
+
+
+def _tensor_parallel(args: list[str], flags: tuple[str, ...] = ("--tensor-parallel-size", "-tp")) -> int:
+    """--tensor-parallel-size / -tp (or the given flags) from the vLLM arguments (1 when absent)."""
+    return max(1, _int(_flag(args, flags)) or 1)
+
+
+def _int(text) -> int | None:
+    try:
+        value = float(text)
+    except (TypeError, ValueError):
+        return None
+    return int(value) if math.isfinite(value) else None
+
+
+def _kv_budget_bytes(engine: EngineCapacity | None, cache_config: dict) -> int | None:
+    """The bytes the engine gave its KV cache: the explicit setting, else what its log reported."""
+    explicit = _int(cache_config.get("kv_cache_memory_bytes"))
+    if explicit:
+        return explicit
+    if engine and engine.kv_cache_gib:
+        return int(engine.kv_cache_gib * 2**30)
+    return None
