@@ -128,3 +128,19 @@ def run_against(url: str, model, workload: str, tmp_path, *extra) -> tuple[dict,
     json.loads(out.stdout)  # --json prints one document
     path = records.find_records(tmp_path)[0]
     return records.load_record(path), records.samples_frame(path)
+
+
+def plan_for(tmp_path, dtypes: str, **kw):
+    """A lean CPU plan of `dtypes` ("auto,fp8") into tmp_path: no SLO search, no sweep, one repeat, no eval."""
+    from kvbench.harness.settings import RunSettings
+
+    return RunSettings.for_machine(
+        False,
+        kv_dtypes=dtypes.split(","),
+        no_search=True,
+        results_dir=tmp_path,
+        sweep=False,
+        repeat=1,
+        eval_tasks=[],
+        **kw,
+    ).plan()

@@ -13,11 +13,10 @@ from pathlib import Path
 
 import psutil
 import pytest
-from support import KVBENCH, kvbench, only_record
+from support import KVBENCH, kvbench, only_record, plan_for
 
 from kvbench.harness import records
 from kvbench.harness.runner import Reporter, Runner
-from kvbench.harness.settings import RunSettings
 
 SMALL = ["--num-requests", "16", "--concurrency", "4", "--search-cap", "8"]
 TASK = "kvbench_needle_512"  # one of the CPU default's tasks: retrieval at the run's context
@@ -153,19 +152,6 @@ def test_endpoint_mode_reads_capacity_from_metrics(vllm_servers, tiny_model, tmp
         "generation_tokens", 0
     )
     assert server.alive()  # endpoint mode never stops a server it did not start
-
-
-def plan_for(tmp_path, dtypes, **kw):
-    return RunSettings.for_machine(
-        False,
-        kv_dtypes=dtypes.split(","),
-        no_search=True,
-        results_dir=tmp_path,
-        sweep=False,
-        repeat=1,
-        eval_tasks=[],
-        **kw,
-    ).plan()
 
 
 @pytest.mark.vllm

@@ -40,6 +40,8 @@ def test_a_dtype_wrong_only_under_load_is_excluded_and_its_canaries_report_it(tm
             "8",
             "--num-requests",
             "32",
+            "--eval-tasks",
+            "kvbench_passkey_512",  # the task the fake server can answer
             "--eval-limit",
             "60",
             "--results",

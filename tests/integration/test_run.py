@@ -8,14 +8,11 @@ import json
 import time
 
 import pytest
-from support import kvbench, only_record
+from support import kvbench, only_record, plan_for
 
-from kvbench.datafiles import load_toml
-from kvbench.harness.defaults import build_plan
 from kvbench.harness.fakeserver import FakeConfig, FakeServer
 from kvbench.harness.runner import Runner
 
-CPU = load_toml("run_defaults.toml")["cpu"]
 SMALL = ["--num-requests", "16", "--concurrency", "4", "--search-cap", "8"]
 TASK = "kvbench_needle_512"  # one of the CPU default's tasks: retrieval at the run's context
 LEAN = ["--no-sweep", "--repeat", "1", "--no-eval"]  # for tests about something else than the front, repeats, eval
@@ -67,20 +64,6 @@ def test_hung_server_ends_by_no_progress_timeout(tmp_path, tiny_model):
 
 
 # -- real vLLM ----------------------------------------------------------------------------------------
-
-
-def plan_for(tmp_path, dtypes, **kw):
-    return build_plan(
-        CPU,
-        on_gpu=False,
-        kv_dtypes=dtypes.split(","),
-        slo=None,
-        results_dir=tmp_path,
-        sweep=False,
-        repeat=1,
-        eval_tasks=[],
-        **kw,
-    )
 
 
 def test_ctrl_c_while_a_phase_waits_for_its_canaries_keeps_the_measured_phase(tmp_path, monkeypatch, tiny_model):

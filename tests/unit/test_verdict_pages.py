@@ -72,4 +72,7 @@ def test_the_cpu_default_record_reads_undecided_with_its_condition_labels():
     assert d.recommended == "auto"
     fp8 = next(line for line in d.lines() if line.startswith("fp8:"))
     assert fp8.count("drop 0.4 points") == 1 and "accuracy undecided" in fp8
-    assert "at load (fp8 33 in flight, auto 16)" in fp8 and "during load (1 at a time beside concurrency-16 traffic)" in fp8
+    assert (
+        "at load (fp8 33 in flight, auto 16)" in fp8
+        and "during load (1 at a time beside concurrency-16 traffic)" in fp8
+    )
