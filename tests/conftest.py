@@ -21,7 +21,7 @@ CPU_ARGS = [*CPU["extra_args"], "--kv-cache-memory-bytes", str(CPU["kv_cache_mem
 
 @pytest.fixture(scope="session")
 def tiny_model() -> Path:
-    from kvbench.harness.tinymodel import ensure_tiny_model
+    from kvbench.tinymodel.build import ensure_tiny_model
 
     return ensure_tiny_model()
 
@@ -29,7 +29,7 @@ def tiny_model() -> Path:
 @pytest.fixture(scope="session")
 def trained_model() -> Path:
     """The CPU default's trained tiny model (committed in kvbench/data/tinymodel/, its sha256 checked)."""
-    from kvbench.harness.tinymodel import ensure_trained_model
+    from kvbench.tinymodel.build import ensure_trained_model
 
     return ensure_trained_model()
 

@@ -14,14 +14,14 @@ import pytest
 
 from kvbench import evaltasks
 from kvbench.errors import KvbenchError, UsageError
-from kvbench.harness.fakeserver import FakeConfig, FakeServer
+from kvbench.testing.fakeserver import FakeConfig, FakeServer
 
 REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
 def tok_dir(tmp_path_factory):
-    from kvbench.harness.tinymodel import build_tokenizer
+    from kvbench.tinymodel.build import build_tokenizer
 
     path = tmp_path_factory.mktemp("tok")
     build_tokenizer(path)
@@ -42,7 +42,7 @@ def kvbench(*args: str, **kw) -> subprocess.CompletedProcess:
 
 
 def test_fake_server_answers_pass_keys():
-    from kvbench.harness.fakeserver import passkey_answer
+    from kvbench.testing.fakeserver import passkey_answer
 
     assert passkey_answer("x The pass key is 12345. Remember it. y\nWhat is the pass key? The pass key is") == "12345"
     prompt = (

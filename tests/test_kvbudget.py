@@ -17,7 +17,7 @@ MiB = 2**20
 
 @pytest.fixture(scope="module")
 def gqa_model(tmp_path_factory):
-    from kvbench.harness.tinymodel import ensure_gqa_model
+    from kvbench.tinymodel.build import ensure_gqa_model
 
     return ensure_gqa_model(tmp_path_factory.mktemp("models"))
 

@@ -445,8 +445,8 @@ def fake_night(tmp_path, monkeypatch, raw: dict, outcomes=None, sleep_s=0.0):
     FakeRunner.outcomes, FakeRunner.sleep_s, FakeRunner.made = outcomes or {}, sleep_s, []
     monkeypatch.setattr("kvbench.harness.runner.Runner", FakeRunner)
     monkeypatch.setattr("kvbench.harness.defaults.accepted_kv_dtypes", lambda python=None: ("auto", "fp8", "nvfp4"))
-    monkeypatch.setattr("kvbench.harness.tinymodel.ensure_tiny_model", lambda: tmp_path / "tiny")
-    monkeypatch.setattr("kvbench.harness.tinymodel.default_model", lambda: tmp_path / "tiny")
+    monkeypatch.setattr("kvbench.tinymodel.build.ensure_tiny_model", lambda: tmp_path / "tiny")
+    monkeypatch.setattr("kvbench.tinymodel.build.default_model", lambda: tmp_path / "tiny")
     (tmp_path / "asv.conf.json").write_text(json.dumps({"results_dir": "results"}))
     cfg = nconfig.parse(raw)
     plan = nmatrix.expand(cfg, "cpu")
@@ -647,7 +647,7 @@ def test_cpu_night_end_to_end(tmp_path):
         }
     )
     cfg = write_config(tmp_path, raw)
-    from kvbench.harness.tinymodel import cache_root
+    from kvbench.datafiles import cache_root
 
     # asv writes its machine file to $HOME: a throwaway one; the tiny model stays where it is cached
     env = {"KVBENCH_MACHINE": "cpu-nightly-test", "HOME": str(tmp_path), "KVBENCH_CACHE_DIR": str(cache_root())}
