@@ -18,8 +18,8 @@ from kvbench.errors import UsageError
 from kvbench.harness import http, records
 from kvbench.harness.backend import OpenAIBackend
 from kvbench.harness.defaults import build_plan
-from kvbench.harness.fakeserver import FakeConfig, FakeServer
 from kvbench.harness.runner import Reporter, Runner
+from kvbench.testing.fakeserver import FakeConfig, FakeServer
 
 CPU = load_toml("run_defaults.toml")["cpu"]
 KEY = "sk-kvbench-test-0123456789"

@@ -20,8 +20,8 @@ from kvbench.datafiles import load_toml
 from kvbench.errors import KvbenchError, UsageError
 from kvbench.harness import records
 from kvbench.harness.defaults import build_plan
-from kvbench.harness.fakeserver import FakeConfig, FakeServer
 from kvbench.harness.runner import execute
+from kvbench.testing.fakeserver import FakeConfig, FakeServer
 
 CPU = load_toml("run_defaults.toml")["cpu"]
 Usage = namedtuple("Usage", "total used free")

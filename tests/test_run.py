@@ -18,8 +18,8 @@ import pytest
 from kvbench.datafiles import load_toml
 from kvbench.harness import records
 from kvbench.harness.defaults import build_plan
-from kvbench.harness.fakeserver import FakeConfig, FakeServer
 from kvbench.harness.runner import Reporter, Runner
+from kvbench.testing.fakeserver import FakeConfig, FakeServer
 
 CPU = load_toml("run_defaults.toml")["cpu"]
 KVBENCH = [sys.executable, "-m", "kvbench"]
@@ -326,7 +326,7 @@ def test_ctrl_c_while_a_phase_waits_for_its_canaries_keeps_the_measured_phase(tm
     # The load has finished and been measured; Ctrl-C lands while the phase awaits its canaries (seen in CI
     # when the signal came late). The phase must be in the record, and the dtype partial, not failed.
     from kvbench.harness import agreement
-    from kvbench.harness.fakeserver import FakeConfig, FakeServer
+    from kvbench.testing.fakeserver import FakeConfig, FakeServer
 
     async def interrupted_ride(self):
         raise asyncio.CancelledError  # what the awaiting phase sees when asyncio.run cancels it on SIGINT

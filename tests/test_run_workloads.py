@@ -12,7 +12,7 @@ import sys
 import pytest
 
 from kvbench.harness import records
-from kvbench.harness.fakeserver import FakeConfig, FakeServer
+from kvbench.testing.fakeserver import FakeConfig, FakeServer
 
 
 def kvbench(*args):
