@@ -36,8 +36,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from kvbench.datafiles import read_json
 from kvbench.errors import UsageError
 from kvbench.harness.findings import FindingKind, parse_kind
-from kvbench.harness.scrub import scrub_doc, scrub_table
 from kvbench.output import jsonable
+from kvbench.scrub import scrub_doc, scrub_table
 
 SCHEMA = "kvbench.run/2"
 SCHEMA_V1 = "kvbench.run/1"

@@ -22,18 +22,17 @@ from pathlib import Path
 
 import aiohttp
 
-from kvbench import verdict
+from kvbench import front, verdict
 from kvbench.capacity import VLLM_DEFAULT_GPU_MEMORY_UTILIZATION, budget_from_bytes, capacity_row
 from kvbench.datafiles import load_toml
 from kvbench.errors import KvbenchError, UsageError
 from kvbench.errors import one_line as _one_line
 from kvbench.formats import format_ratio, get_format
-from kvbench.harness import energy, evalphase, front, quality, records, repeats, spill
+from kvbench.harness import energy, evalphase, quality, records, repeats, spill
 from kvbench.harness.agreement import Canaries, Sample, collect, compare
 from kvbench.harness.backend import OpenAIBackend
 from kvbench.harness.endpoint import Endpoint, ServerFacts, describe, redact_url, served_vllm, server_changes
 from kvbench.harness.findings import FindingKind
-from kvbench.harness.logparse import EngineCapacity, engine_failure
 from kvbench.harness.machine import environment
 from kvbench.harness.metrics import DEFINITIONS, distribution, summarize
 from kvbench.harness.notices import notices
@@ -62,6 +61,7 @@ from kvbench.harness.server import ServerConfig, ServerStartError, VllmServer, h
 from kvbench.harness.slo import SLO, search
 from kvbench.harness.telemetry import NvmlSampler
 from kvbench.harness.workload import Workload, make_prompts
+from kvbench.logparse import EngineCapacity, engine_failure
 from kvbench.models import spec_for
 
 # Two capacity ratios (engine vs format) further apart than this mean the dtype was probably not honoured.

@@ -12,7 +12,7 @@ import pytest
 from typer.testing import CliRunner
 
 from kvbench.cli import app, main
-from kvbench.harness.logparse import engine_failure, parse_capacity, startup_error
+from kvbench.logparse import engine_failure, parse_capacity, startup_error
 from kvbench.startuplog import parse_startup_log, split_startups
 
 LOGS = Path(__file__).parent / "data" / "vllm-startup-logs"
