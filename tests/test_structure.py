@@ -93,8 +93,9 @@ def imports() -> dict[str, set[str]]:
     return graph
 
 
-def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
-    """One cycle per strongly connected component with more than one module (Tarjan's algorithm)."""
+def _cycles(graph: dict[str, set[str]]) -> list[str]:
+    """One cycle per strongly connected component with more than one module (Tarjan's algorithm), as text:
+    the shortest cycle through its first module, then every module of the knot when there are more."""
     index, low, stack, on_stack, components = {}, {}, [], set(), []
 
     def visit(node: str) -> None:
@@ -121,7 +122,12 @@ def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     for node in sorted(graph):
         if node not in index:
             visit(node)
-    return [_one_cycle(graph, component) for component in components]
+    found = []
+    for component in components:
+        cycle = " -> ".join(_one_cycle(graph, component))
+        more = len(component) > cycle.count(" -> ")
+        found.append(cycle + (f"  (in a knot of {', '.join(sorted(component))})" if more else ""))
+    return found
 
 
 def _one_cycle(graph: dict[str, set[str]], component: set[str]) -> list[str]:
@@ -156,7 +162,7 @@ def test_no_import_cycles():
     # __init__ first either way), so edges from a module to its enclosing packages are left out
     graph = {m: {d for d in deps if d not in _parents(m)} for m, deps in imports().items()}
     cycles = _cycles(graph)
-    assert not cycles, "import cycles:\n" + "\n".join(" -> ".join(c) for c in cycles)
+    assert not cycles, "import cycles:\n" + "\n".join(cycles)
 
 
 # The rule for kvbench/ (not harness/, kernels/, dashboards/): the capacity model and the code it shares with
