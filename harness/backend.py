@@ -33,8 +33,8 @@ import yarl
 from msgspec import UNSET
 
 from kvbench.harness import http
-from kvbench.harness.scrub import excerpt
 from kvbench.harness.workload import Prompt
+from kvbench.scrub import excerpt
 
 # A stable, short category per failure; `error` holds the detail.
 ERROR_KINDS = (

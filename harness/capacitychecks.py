@@ -17,7 +17,6 @@ from kvbench.errors import UsageError
 from kvbench.errors import one_line as _one_line
 from kvbench.formats import format_ratio, get_format
 from kvbench.harness.endpoint import ServerFacts
-from kvbench.harness.logparse import EngineCapacity
 from kvbench.harness.records import (
     Capacity,
     DtypeResult,
@@ -27,6 +26,7 @@ from kvbench.harness.records import (
     RunRecord,
 )
 from kvbench.harness.server import VllmServer
+from kvbench.logparse import EngineCapacity
 from kvbench.models import spec_for
 
 # Two capacity ratios (engine vs format) further apart than this mean the dtype was probably not honoured.
@@ -215,7 +215,7 @@ def non_kv_report(
 
 def off_format(record: RunRecord, spec) -> list[tuple[str, float, float]]:
     """(dtype, engine ratio, format ratio) of each dtype whose engine holds a share of auto's tokens further
-    than HONOURED_TOLERANCE from what its format implies: probably not honoured (findings.not_honoured).
+    than HONOURED_TOLERANCE from what its format implies: probably not honoured (runfindings.not_honoured).
 
     A dtype whose server did not say what it runs (kv_dtype_confirmed None) is never listed: its capacity
     may belong to any dtype."""

@@ -3,7 +3,8 @@ front says about cost at the SLO and at the target interactivity. The record's `
 
 from __future__ import annotations
 
-from kvbench.harness import front, repeats
+from kvbench import front
+from kvbench.harness import repeats
 from kvbench.harness.records import DtypeStatus, RunRecord
 
 

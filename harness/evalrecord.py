@@ -19,7 +19,7 @@ from pathlib import Path
 from kvbench import stats
 from kvbench.harness.evaluation import EvalResult
 from kvbench.harness.records import _replace_atomic, new_run_id, utc_iso, write_atomic
-from kvbench.harness.scrub import scrub_table
+from kvbench.scrub import scrub_table
 
 SCHEMA = "kvbench.eval/1"
 EVALS_DIR = "evals"

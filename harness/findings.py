@@ -4,8 +4,9 @@ Records written before findings had kinds (kvbench.run/1 and early kvbench.run/2
 the finding holds: the "not honoured" finding carried its engine and format ratios, the others their fixed
 wording. What cannot be told is `other`.
 
-It also builds the findings a run derives from its record when it finishes (a starved client, a dtype not
-honoured); the verdict (kvbench/verdict.py) and harness/notices.py add theirs.
+The findings a run derives from its record when it finishes are built in harness/runfindings.py; the verdict
+(kvbench/verdict.py) and harness/notices.py add theirs. This module is the record's vocabulary only, so the
+record (harness/records.py) can import it without importing what derives findings.
 """
 
 from __future__ import annotations
@@ -53,65 +54,3 @@ def parse_kind(finding: dict) -> FindingKind:
         return FindingKind(kind)
     except ValueError:
         return FindingKind.OTHER
-
-
-# -- the findings a run derives from its record (harness/runner.py, when it finishes) ----------------------
-
-# A client that waited for a CPU this share of a phase measured its own queueing, not the server.
-STARVED_CLIENT_FRACTION = 0.05
-
-
-def findings(record, spec) -> list:
-    """Loud, plain-language findings (records.Finding) from a run's record: a starved client, dtypes the
-    platform probably did not honour (spec: the model's, None when its config is not on disk)."""
-    return [*starved_client(record), *not_honoured(record, spec)]
-
-
-def not_honoured(record, spec) -> list:
-    """A warning for each dtype whose engine capacity contradicts its format (capacitychecks.off_format)."""
-    # imported here: records imports this module for FindingKind
-    from kvbench.harness.capacitychecks import HONOURED_TOLERANCE, off_format
-    from kvbench.harness.records import Finding
-
-    return [
-        Finding(
-            level="warning",
-            kind=FindingKind.NOT_HONOURED,
-            dtype=dtype,
-            engine_ratio=actual,
-            format_ratio=expected,
-            text=(
-                f"{dtype} was probably NOT honoured on this platform: the engine holds "
-                f"{actual:.2f}x the tokens of auto, but the {dtype} format implies {expected:.2f}x "
-                f"({abs(actual / expected - 1) * 100:.0f}% off; tolerance {HONOURED_TOLERANCE * 100:.0f}%)."
-            ),
-        )
-        for dtype, actual, expected in off_format(record, spec)
-    ]
-
-
-def starved_client(record) -> list:
-    """A warning when the load generator waited for a CPU more than STARVED_CLIENT_FRACTION of a phase."""
-    from kvbench.harness.records import Finding
-
-    worst = (0.0, None, None)
-    for d in record.dtypes:
-        for phase in d.phases:
-            frac = phase.summary.client_runqueue_wait_fraction or 0.0
-            if frac > worst[0]:
-                worst = (frac, d.kv_cache_dtype, phase.name)
-    frac, dtype, name = worst
-    if frac <= STARVED_CLIENT_FRACTION:
-        return []
-    return [
-        Finding(
-            level="warning",
-            kind=FindingKind.STARVED_CLIENT,
-            dtype=dtype,
-            text=(
-                f"the load generator waited for a CPU {frac:.0%} of phase {name} ({dtype}): "
-                "its latencies include its own queueing. Run on a quieter machine, "
-                "or with --realtime (SCHED_FIFO; needs root or CAP_SYS_NICE)."
-            ),
-        )
-    ]

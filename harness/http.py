@@ -20,7 +20,7 @@ import urllib.request
 import aiohttp
 import yarl
 
-from kvbench.harness.scrub import excerpt
+from kvbench.scrub import excerpt, redact_url
 
 MAX_BODY_BYTES = 64 << 20  # a /metrics or /v1/models answer is kilobytes; a server that never stops is cut here
 
@@ -29,8 +29,6 @@ class RedirectRefused(urllib.error.URLError):
     """The server answered with a redirect, which kvbench does not follow."""
 
     def __init__(self, code: int, url: str, target: str):
-        from kvbench.harness.endpoint import redact_url
-
         self.code, self.url, self.target = code, redact_url(url), redact_url(target)
         super().__init__(
             f"{self.url} redirects to {self.target} (HTTP {code}); kvbench does not follow redirects, "
@@ -63,8 +61,6 @@ async def error_text(resp: aiohttp.ClientResponse) -> str:
     """What a request's record keeps of a non-200 answer: the status and a short scrubbed excerpt of the body
     (a server may echo the request's headers into it), or the redirect's target."""
     if 300 <= resp.status < 400 and resp.headers.get("Location"):
-        from kvbench.harness.endpoint import redact_url
-
         target = str(resp.url.join(yarl.URL(resp.headers["Location"])))
         return excerpt(f"HTTP {resp.status}: redirect to {redact_url(target)} not followed (it would carry the key)")
     body = await resp.content.read(4096)

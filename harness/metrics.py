@@ -35,7 +35,7 @@ import numpy as np
 
 from kvbench.harness.backend import RequestResult
 from kvbench.harness.loadresult import LoadResult
-from kvbench.harness.slo import PERCENTILES, SLO
+from kvbench.harness.slo import PERCENTILES, SLO, tpot_s  # tpot_s: defined beside the SLO that bounds it
 
 DEFINITIONS = {
     "ttft_ms": "send to first chunk carrying output tokens",
@@ -67,13 +67,6 @@ def distribution(values_ms) -> dict[str, float | int | None]:
 
 
 # --- per request ----------------------------------------------------------------------------------
-
-
-def tpot_s(r: RequestResult) -> float | None:
-    """vLLM's TPOT of one request, or None (not completed, usage unknown, or a single output token)."""
-    if not r.ok or r.ttft_s is None or r.e2e_s is None or r.completion_tokens is None or r.completion_tokens <= 1:
-        return None
-    return (r.e2e_s - r.ttft_s) / (r.completion_tokens - 1)
 
 
 def itl_chunk_s(r: RequestResult) -> list[float]:

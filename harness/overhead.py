@@ -28,9 +28,9 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from kvbench.harness.backend import OpenAIBackend
-from kvbench.harness.fakeserver import FakeConfig, FakeServer
 from kvbench.harness.metrics import distribution, summarize
 from kvbench.harness.scheduler import Concurrency, Rate, run_load
+from kvbench.testing.fakeserver import FakeConfig, FakeServer
 
 
 @dataclass

@@ -18,8 +18,9 @@ import math
 
 import aiohttp
 
+from kvbench import front
 from kvbench.errors import one_line as _one_line
-from kvbench.harness import capacitychecks, evalphase, front, records, repeats
+from kvbench.harness import capacitychecks, evalphase, records, repeats
 from kvbench.harness.agreement import Canaries, Sample, collect, compare
 from kvbench.harness.backend import OpenAIBackend
 from kvbench.harness.endpoint import Endpoint, ServerFacts, describe, redact_url

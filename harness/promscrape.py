@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from prometheus_client.parser import text_string_to_metric_families
 
 from kvbench.harness import http
-from kvbench.harness.logparse import EngineCapacity
+from kvbench.logparse import EngineCapacity
 
 GAUGES = {
     "vllm:kv_cache_usage_perc": "kv_cache_usage",  # 0-1

@@ -36,8 +36,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from kvbench.datafiles import read_json
 from kvbench.errors import UsageError
 from kvbench.harness.findings import FindingKind, parse_kind
-from kvbench.harness.scrub import scrub_doc, scrub_table
 from kvbench.output import jsonable
+from kvbench.scrub import scrub_doc, scrub_table
 
 SCHEMA = "kvbench.run/2"
 SCHEMA_V1 = "kvbench.run/1"
@@ -293,7 +293,7 @@ class Stat(_Model):
 
 
 class FrontPoint(_Model):
-    """One point of a front (kvbench.harness.front.Point as stored): finite, and no negative throughput, so a
+    """One point of a front (kvbench.front.Point as stored): finite, and no negative throughput, so a
     damaged record cannot size a deployment (plan --from-run) from NaN or -5 tokens/s."""
 
     concurrency: int | float | None = Field(None, gt=0)  # interpolated (a float) in at_target
@@ -318,7 +318,7 @@ class FrontPoint(_Model):
 
 
 class Front(_Model):
-    """The trade-off curve of one dtype (kvbench.harness.front): every closed-loop point, which are on the
+    """The trade-off curve of one dtype (kvbench.front): every closed-loop point, which are on the
     Pareto front, and the cost where prices were given."""
 
     gpus: int = Field(ge=1)

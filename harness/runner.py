@@ -32,7 +32,7 @@ from kvbench.harness.capacitychecks import _tensor_parallel as _tensor_parallel 
 from kvbench.harness.capacitychecks import non_kv_report as non_kv_report  # its old home, for callers
 from kvbench.harness.comparisons import comparisons
 from kvbench.harness.endpoint import Endpoint, served_vllm
-from kvbench.harness.findings import FindingKind, findings
+from kvbench.harness.findings import FindingKind
 from kvbench.harness.machine import environment
 from kvbench.harness.metrics import DEFINITIONS
 from kvbench.harness.notices import notices
@@ -47,6 +47,7 @@ from kvbench.harness.records import (
     StopReason,
 )
 from kvbench.harness.runcontext import DtypeRun, RunState
+from kvbench.harness.runfindings import findings
 from kvbench.harness.scheduler import Concurrency, Rate
 from kvbench.harness.server import ServerConfig, VllmServer, stop_all
 from kvbench.harness.slo import SLO

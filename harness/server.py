@@ -21,7 +21,7 @@ from pathlib import Path
 
 from kvbench.errors import KvbenchError
 from kvbench.harness import http
-from kvbench.harness.logparse import EngineCapacity, parse_capacity, startup_error
+from kvbench.logparse import EngineCapacity, parse_capacity, startup_error
 
 # Every live server, so an interrupted run never leaves orphans (see stop_all).
 _LIVE: weakref.WeakSet[VllmServer] = weakref.WeakSet()

@@ -33,6 +33,14 @@ def _get(obj, key: str):
     return obj.get(key) if isinstance(obj, dict) else getattr(obj, key, None)
 
 
+def tpot_s(r) -> float | None:
+    """vLLM's TPOT of one request (a backend.RequestResult), or None (not completed, usage unknown, or a single
+    output token). Here, below metrics, so that an SLO can check one request without importing the metrics."""
+    if not r.ok or r.ttft_s is None or r.e2e_s is None or r.completion_tokens is None or r.completion_tokens <= 1:
+        return None
+    return (r.e2e_s - r.ttft_s) / (r.completion_tokens - 1)
+
+
 @dataclass(frozen=True)
 class SLO:
     """A service-level objective: bounds in ms that a request must meet (TTFT, TPOT as vLLM defines it, E2E;
@@ -71,8 +79,6 @@ class SLO:
     def meets(self, r) -> bool:
         """A completed request within every bound (a request of one output token has TPOT 0, as in vLLM;
         without the server's token count its TPOT cannot be verified, so it does not count)."""
-        from kvbench.harness.metrics import tpot_s
-
         if not r.ok:
             return False
         if self.ttft_ms is not None and not (r.ttft_s is not None and r.ttft_s * 1e3 <= self.ttft_ms):

@@ -21,8 +21,8 @@ from pathlib import Path
 
 from kvbench.errors import KvbenchError, UsageError
 from kvbench.harness import records
-from kvbench.harness.scrub import scrub_doc
 from kvbench.output import jsonable
+from kvbench.scrub import scrub_doc
 
 # What a results folder must hold free before a run starts: a summary (< 200 KB) and the first flush's samples.
 MIN_FREE_BYTES = 64 << 20

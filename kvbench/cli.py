@@ -23,7 +23,7 @@ from kvbench.commands import (
 )
 from kvbench.commands import eval as eval_cmd
 from kvbench.errors import KvbenchError
-from kvbench.harness.scrub import excerpt
+from kvbench.scrub import excerpt
 
 app = typer.Typer(
     name="kvbench",

@@ -3,15 +3,23 @@
 from __future__ import annotations
 
 import json
+import os
 import tomllib
 from functools import cache
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
+import platformdirs
+
 from kvbench.errors import UsageError
 
 DATA = resources.files("kvbench") / "data"
+
+
+def cache_root() -> Path:
+    """Where built files are cached (test models, generated task files): $KVBENCH_CACHE_DIR or the user cache."""
+    return Path(os.environ.get("KVBENCH_CACHE_DIR") or platformdirs.user_cache_dir("kvbench"))
 
 
 def data_path(relative: str) -> Path:

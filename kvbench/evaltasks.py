@@ -17,7 +17,7 @@ Items are deterministic from (task, seed, tokenizer): the haystack is pseudo-Eng
 own corpus generator, and each prompt is filled to its token budget as measured with the model's
 tokenizer. `write_tasks` writes them as lm-eval tasks (one JSONL + one YAML per task, from the template in
 kvbench/data/evaltasks/) into a folder keyed by seed and tokenizer fingerprint, for lm-eval's TaskManager
-(`include_path`). The same generator feeds the tiny model's training (kvbench.harness.tinytrain), with
+(`include_path`). The same generator feeds the tiny model's training (kvbench.tinymodel.train), with
 other seeds than the evaluation items.
 """
 
@@ -34,9 +34,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
+from kvbench import corpus
+from kvbench.datafiles import cache_root
 from kvbench.errors import UsageError, unknown_choice
 
-SEED = 1234  # evaluation items; training draws from other seeds (tinytrain.TRAIN_SEED)
+SEED = 1234  # evaluation items; training draws from other seeds (kvbench.tinymodel.train.TRAIN_SEED_BASE)
 PREFIX = "kvbench_"
 KINDS = ("passkey", "multikey", "needle", "manykeys", "track")
 # Whole context per item = prompt budget + room for the answer: the CPU default serves max_model_len 512.
@@ -157,15 +159,11 @@ def check_task_names(tasks: list[str]) -> None:
 
 def words(seed: int = 0) -> list[str]:
     """The pseudo-words of the tiny model's corpus (names for multi-key needles come from here too)."""
-    from kvbench.harness.tinymodel import corpus_words
-
-    return corpus_words(seed)
+    return corpus.corpus_words(seed)
 
 
 def sentence(rng: random.Random, vocab: list[str]) -> str:
-    from kvbench.harness.tinymodel import sentence as _sentence
-
-    return _sentence(rng, vocab)
+    return corpus.sentence(rng, vocab)
 
 
 def sentences(rng: random.Random, n: int) -> list[str]:
@@ -339,14 +337,12 @@ def template() -> str:
 
 
 def tasks_dir(tokenizer_dir: str | Path, seed: int = SEED, n: int = DEFAULT_ITEMS, root: Path | None = None) -> Path:
-    from kvbench.harness.tinymodel import cache_root
-
     name = f"seed{seed}-n{n}-tok{tokenizer_fingerprint(tokenizer_dir)}-def{definition_fingerprint()}"
     return (root or cache_root()) / "evaltasks" / name
 
 
 def wording() -> list:
-    """The tasks' fixed text: what a model trained on them learns (tinytrain hashes it into its fingerprint)."""
+    """The tasks' fixed text: what a model trained on them learns (its training hashes it into its fingerprint)."""
     return [
         [PASSKEY_INTRO, PASSKEY_NEEDLE, PASSKEY_QUESTION, MULTIKEY_INTRO, MULTIKEY_NEEDLE, MULTIKEY_QUESTION],
         [NEEDLE_INTRO, NEEDLE_NEEDLE, NEEDLE_QUESTION, MANYKEYS_INTRO, MANYKEYS_NEEDLE, MANYKEYS_QUESTION],

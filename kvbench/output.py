@@ -39,7 +39,7 @@ def terminal_safe(obj, plain_keys: tuple[str, ...] = ("log_tail",), markup: bool
     markup=False (for text that is escaped where it is printed), only the former."""
     from rich.markup import escape
 
-    from kvbench.harness.scrub import strip_control
+    from kvbench.scrub import strip_control
 
     def walk(value, plain: bool):
         if isinstance(value, str):

@@ -115,7 +115,7 @@ def plan_from_front(record, users: int, user_tps: float | None, prices: dict[str
     hour with the machine's price (from `prices`, else the price the run was given)."""
     import math
 
-    from kvbench.harness import front as fr
+    from kvbench import front as fr
 
     rows = []
     for d in record.dtypes:

@@ -13,7 +13,7 @@ import ast
 import re
 from dataclasses import dataclass, field
 
-from kvbench.harness.logparse import parse_capacity
+from kvbench.logparse import parse_capacity
 
 MAX_LINE_CHARS = 16_384  # a start-up line is < 1 kB; a longer one is cut before any pattern sees it
 # What each vLLM start-up prints once (the API server's version and its non-default arguments; V0's engine

@@ -1,6 +1,6 @@
 """kvbench's client against `vllm bench serve`'s, side by side, on the same zero-compute fake server.
 
-The fake (kvbench.harness.fakeserver, its own process, on uvloop) writes each whole response at once, so
+The fake (kvbench.testing.fakeserver, its own process, on uvloop) writes each whole response at once, so
 what is measured is the client: closed loop at `--concurrency` (64) with `--output-tokens` (16), each client
 sends `--requests` requests per round, and its requests/s is completed / the timed run's duration (vLLM's
 `request_throughput`, kvbench's `request_throughput_rps`: both from the first send to the last end).
@@ -299,8 +299,8 @@ def main(argv: list[str] | None = None) -> int:
 
     from vllm.tokenizers import get_tokenizer
 
-    from kvbench.harness.fakeserver import FakeConfig, FakeServer
-    from kvbench.harness.tinymodel import ensure_tiny_model
+    from kvbench.testing.fakeserver import FakeConfig, FakeServer
+    from kvbench.tinymodel.build import ensure_tiny_model
 
     model = a.model or str(ensure_tiny_model())
     tokenizer = get_tokenizer(model)

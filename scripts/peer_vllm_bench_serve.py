@@ -529,8 +529,8 @@ def main(argv: list[str] | None = None) -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     say = (lambda *x: None) if a.quiet else (lambda *x: print(*x, file=sys.stderr, flush=True))
 
-    from kvbench.harness.tinymodel import ensure_tiny_model
     from kvbench.harness.workload import load_tokenizer
+    from kvbench.tinymodel.build import ensure_tiny_model
 
     model_path = a.model or str(ensure_tiny_model())
     a.tokenizer_path = model_path
@@ -540,7 +540,7 @@ def main(argv: list[str] | None = None) -> int:
         if a.base_url:
             url = a.base_url.rstrip("/")
         elif a.fake_server:
-            from kvbench.harness.fakeserver import FakeConfig, FakeServer
+            from kvbench.testing.fakeserver import FakeConfig, FakeServer
 
             say("starting the fake server ...")
             cfg = FakeConfig(ttft_s=a.fake_ttft_ms / 1e3, itl_s=a.fake_itl_ms / 1e3, model=model_path)

@@ -17,7 +17,7 @@ from support import CPU, CPU_ARGS  # noqa: E402
 
 @pytest.fixture(scope="session")
 def tiny_model() -> Path:
-    from kvbench.harness.tinymodel import ensure_tiny_model
+    from kvbench.tinymodel.build import ensure_tiny_model
 
     return ensure_tiny_model()
 
@@ -25,7 +25,7 @@ def tiny_model() -> Path:
 @pytest.fixture(scope="session")
 def trained_model() -> Path:
     """The CPU default's trained tiny model (committed in kvbench/data/tinymodel/, its sha256 checked)."""
-    from kvbench.harness.tinymodel import ensure_trained_model
+    from kvbench.tinymodel.build import ensure_trained_model
 
     return ensure_trained_model()
 
@@ -33,7 +33,7 @@ def trained_model() -> Path:
 @pytest.fixture(scope="session")
 def gqa_model(tmp_path_factory):
     """A locally built model of another shape (GQA: 8 KV heads of head_dim 128), for `--model` on the CPU default."""
-    from kvbench.harness.tinymodel import ensure_gqa_model
+    from kvbench.tinymodel.build import ensure_gqa_model
 
     return ensure_gqa_model(tmp_path_factory.mktemp("models"))
 

@@ -192,8 +192,9 @@ def _sample_eval(dtype: str, machine_scale: float) -> dict:
 
 def add_front(doc: dict, price: float | None) -> dict:
     """The trade-off curve and repeat stats the runner adds, computed by the harness's own functions from the
-    sample's closed-loop phases (kvbench.harness.front, kvbench.harness.repeats)."""
-    from kvbench.harness import front, repeats
+    sample's closed-loop phases (kvbench.front, kvbench.harness.repeats)."""
+    from kvbench import front
+    from kvbench.harness import repeats
 
     for d in doc["dtypes"]:
         if d["status"] != "ok":

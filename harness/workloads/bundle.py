@@ -46,8 +46,8 @@ class _Texts:
     """Pseudo-English text of exactly n tokens (the tokenizer's own count, as vLLM counts a ShareGPT turn)."""
 
     def __init__(self, tok, rng: np.random.Generator):
-        from kvbench.harness.tinymodel import corpus
         from kvbench.harness.workload import _single_token_words
+        from kvbench.tinymodel.build import corpus
 
         self.tok, self.rng = tok, rng
         self.sentences = corpus()
@@ -229,8 +229,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--check", action="store_true", help="compare with the shipped files instead of writing them")
     ap.add_argument("--out", type=Path, default=None, help="folder to write (default: kvbench/data/workloads)")
     args = ap.parse_args(argv)
-    from kvbench.harness.tinymodel import ensure_tiny_model
     from kvbench.harness.workload import load_tokenizer
+    from kvbench.tinymodel.build import ensure_tiny_model
 
     tok = load_tokenizer(ensure_tiny_model())
     folder = args.out or data_path("workloads")

@@ -22,7 +22,7 @@ from typing import Any
 
 from kvbench.datafiles import data_path
 from kvbench.errors import UsageError
-from kvbench.harness.workloads.spec import KINDS, MAX_SPAN_S, parse_spec
+from kvbench.harness.workloads.spec import KINDS, parse_spec
 
 SHIPPED = "workloads.toml"
 FORMS = {
@@ -223,80 +223,3 @@ def named_workload(name: str, *, workloads_file: str | Path | None = None):
     raise UsageError(
         f"unknown workload {name!r}; choose from: {', '.join(names)}; or give KIND:ARGS, e.g. {FORMS['shared-prefix']}"
     )
-
-
-# --- back to a label ---------------------------------------------------------------------------------
-
-
-def to_shorthand(spec) -> str:
-    """The shorthand that makes `spec`, or `kind(key=value, ...)` where the shorthand cannot say it."""
-    k = spec.kind
-    if k == "fixed":
-        return _join(
-            k, [("prompt", spec.prompt_tokens), ("output", spec.output_tokens), ("requests", spec.num_requests)]
-        )
-    if k in ("sharegpt", "jsonl"):
-        return _join(k, [("", Path(spec.path).name), ("requests", spec.num_requests), ("output", spec.output_tokens)])
-    if k == "trace":
-        # Labels name the file, not where it lives (describe() keeps the full path).
-        return _join(
-            k,
-            [
-                ("", Path(spec.path).name),
-                ("time_scale", spec.time_scale if spec.time_scale != 1 else None),
-                ("block", spec.block_tokens if spec.block_tokens != 512 else None),
-                ("requests", spec.num_requests),
-                ("max_span", f"{spec.max_span_s:g}" if spec.max_span_s != MAX_SPAN_S else None),
-            ],
-        )
-    if k == "shared-prefix":
-        return _join(
-            k,
-            [
-                ("groups", spec.groups),
-                ("prefix", spec.prefix_tokens),
-                ("suffix", spec.suffix_tokens),
-                ("output", spec.output_tokens),
-                ("requests", spec.num_requests),
-            ],
-        )
-    if k == "multi-turn":
-        t = spec.turns
-        turns = t.min if t.min == t.max else f"{t.min}-{t.max}"
-        think = spec.think_time_s
-        simple = [
-            ("sessions", spec.sessions),
-            ("turns", turns),
-            ("user", _len(spec.user_tokens)),
-            ("reply", _len(spec.reply_tokens)),
-            ("think", f"{think.seconds:g}" if think.dist == "constant" else f"{think.dist}"),
-            ("concurrent", spec.max_concurrent_sessions),
-        ]
-        return _join(k, simple)
-    p, o = spec.prompt, spec.output
-    if p.dist == o.dist == "uniform" and p.range_ratio == o.range_ratio:
-        return _join(
-            k, [("input", p.mean), ("output", o.mean), ("range", f"{p.range_ratio:g}"), ("requests", spec.num_requests)]
-        )
-    return _join(k, [("input", _len(p)), ("output", _len(o)), ("requests", spec.num_requests)])
-
-
-def _len(length) -> str:
-    if length.dist == "fixed":
-        return str(length.value)
-    if length.dist == "uniform":
-        return f"uniform({length.mean}±{length.range_ratio:g})"
-    if length.dist == "normal":
-        return f"normal({length.mean:g},{length.std:g})"
-    if length.dist == "lognormal":
-        return (
-            f"lognormal(median={length.median:g},p90={length.p90:g})"
-            if length.median is not None
-            else f"lognormal(mean={length.mean:g},sigma={length.sigma:g})"
-        )
-    return f"histogram({len(length.weights)} bins)"
-
-
-def _join(kind: str, items: list[tuple[str, Any]]) -> str:
-    parts = [str(v) if not k else f"{k}={v}" for k, v in items if v is not None]
-    return f"{kind}:{','.join(parts)}"

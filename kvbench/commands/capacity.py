@@ -14,7 +14,7 @@ from kvbench.capacity import VLLM_DEFAULT_BLOCK_SIZE, Budget, budget_from_bytes,
 from kvbench.errors import UsageError
 from kvbench.formats import parse_format_list
 from kvbench.gpus import GpuSpec, get_gpu
-from kvbench.models import ModelSpec, by_hf_id, describe_layers, load_model
+from kvbench.models import ModelSpec, describe_layers, load_model
 from kvbench.output import console, num, print_json
 from kvbench.units import GB, GiB, fmt_gib, fmt_kib
 from kvbench.vllm_memory import NonKvEstimate, known_versions, predict_non_kv
@@ -357,13 +357,3 @@ def _print_table(spec: ModelSpec, card: GpuSpec, context: int, est: NonKvEstimat
         )
     for note in notes:
         console.print(note)
-
-
-def resolve_model_for_log(model: str | None, hf_id: str | None, source: Path) -> ModelSpec:
-    if model is not None:
-        return load_model(model)
-    name = by_hf_id(hf_id) if hf_id else None
-    if name is None:
-        what = f"model {hf_id!r}" if hf_id else "no model id"
-        raise UsageError(f"{source}: {what} is not among kvbench's shipped models; pass --model PATH/config.json")
-    return load_model(name)

@@ -12,6 +12,7 @@ from kvbench.capacity import capacity_for_ranks
 from kvbench.errors import UsageError
 from kvbench.formats import get_format
 from kvbench.gpus import GpuSpec, catalog, get_gpu
+from kvbench.models import ModelSpec, by_hf_id, load_model
 from kvbench.output import console, err_console, print_json
 from kvbench.startuplog import StartupLog, parse_startup_log, split_startups
 from kvbench.units import GiB
@@ -62,8 +63,6 @@ def predict_for_log(
     block_size=16,
 ):
     """kvbench's prediction with the log's settings, flags filling what it does not say (and overriding it)."""
-    from kvbench.commands.capacity import resolve_model_for_log
-
     spec = resolve_model_for_log(model, log.model, source)
     card = get_gpu(gpu) if gpu else gpu_for_total(log.total_gib)
     if card is None:
@@ -272,3 +271,15 @@ def _print_terms(rows: list[Comparison], est: NonKvEstimate, row) -> None:
     console.print(table)
     parts = est.stages[0].activation_parts
     console.print("activation peak = " + " + ".join(f"{t.name} {t.bytes / GiB:.2f}" for t in parts) + " GiB")
+
+
+def resolve_model_for_log(model: str | None, hf_id: str | None, source: Path) -> ModelSpec:
+    """--model's spec, else the shipped model the log names (a log-only question: `capacity` imports this
+    module for --from-log, never the other way round)."""
+    if model is not None:
+        return load_model(model)
+    name = by_hf_id(hf_id) if hf_id else None
+    if name is None:
+        what = f"model {hf_id!r}" if hf_id else "no model id"
+        raise UsageError(f"{source}: {what} is not among kvbench's shipped models; pass --model PATH/config.json")
+    return load_model(name)

@@ -13,11 +13,11 @@ from typing import Annotated
 import typer
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
 
 from kvbench.commands.nightly_plan import _plan_json, assumptions, render_plan
+from kvbench.commands.nightly_summary import render_summary
 from kvbench.errors import UsageError
-from kvbench.nightly.outcomes import EntryStatus, NightStatus, StepStatus
+from kvbench.nightly.outcomes import NightStatus
 from kvbench.output import console, print_json
 
 NAME = "nightly"
@@ -321,60 +321,3 @@ def _describe_detected(key: str | None) -> str:
     if key is None:
         return "no section of this config"
     return "no GPU, [machines.cpu]" if key == "cpu" else f"[machines.{key}]"
-
-
-STATUS_STYLE = {  # step and entry statuses (kvbench.nightly.orchestrate)
-    StepStatus.OK: "green",
-    StepStatus.FAILED: "bold red",
-    EntryStatus.INTERRUPTED: "red",
-    StepStatus.SKIPPED: "yellow",
-    StepStatus.REGRESSION: "bold red",
-    StepStatus.NOT_RUN: "yellow",
-}
-
-
-def _styled(status: str) -> str:
-    style = STATUS_STYLE.get(status)
-    return f"[{style}]{status}[/]" if style else status
-
-
-def render_summary(doc: dict, path: Path) -> None:
-    console.rule("[bold]nightly summary[/]", align="left")
-    table = Table(show_edge=False)
-    for col in ("entry", "status", "KV dtypes", "est. min", "min", "record"):
-        table.add_column(col, justify="right" if col.endswith("min") else "left")
-
-    def short(record: str | None) -> str:  # relative to the results folder: the machine and run id are what matter
-        if not record:
-            return "—"
-        parts = Path(record).parts
-        return str(Path(*parts[-3:])) if len(parts) >= 3 else record
-
-    for e in doc["entries"]:
-        dtypes = ", ".join(
-            f"{d} {s}" + (" (expected)" if d in e["expected"] else "") for d, s in e["dtypes"].items()
-        ) or (e["error"] or "")
-        table.add_row(
-            escape(e["name"]),
-            _styled(e["status"]),
-            escape(dtypes),
-            f"{e['estimate_s'] / 60:.1f}",
-            f"{e['seconds'] / 60:.1f}",
-            short(e["record"]),
-        )
-    console.print(table)
-    for s in doc["steps"].values():
-        console.print(
-            f"{s['name']}: {_styled(s['status'])} "
-            + escape(f"({s['detail']}){'; log ' + s['log'] if s.get('log') else ''}")
-        )
-    console.print(
-        f"{doc['minutes']:.1f} min of max_minutes {doc['budget_minutes']:g} "
-        f"(estimate {doc['estimate_minutes']:.1f}); summary: {path}"
-    )
-    if doc["status"] == NightStatus.OK:
-        console.print("[bold green]nightly OK[/]")
-        return
-    console.print(f"[bold red]nightly {doc['status'].upper()}[/], because:")
-    for r in doc["reasons"]:
-        console.print(f"  - {r}", markup=False, highlight=False)

@@ -171,7 +171,7 @@ def run_shard(ctx: dict, sp, index: int, night: str | None, out: Path | None, ex
 
 def run_shard_here(cfg, cfg_path, plan, est, target, asv_config: Path, out: Path | None, one: dict, run_night) -> int:
     """`kvbench nightly --shard I`: the installed vLLM checked as for a night, then run_shard."""
-    from kvbench.commands.nightly import render_summary
+    from kvbench.commands.nightly_summary import render_summary
     from kvbench.nightly import vllm
     from kvbench.nightly.target import results_dir_of
 
@@ -353,7 +353,7 @@ def fl_keep() -> int:
 def merge(paths: list[str], asv_config: Path, out: Path | None) -> int:
     """Shard folders, bucket paths or the launcher's plan.json into results/: validate, copy, then the gate,
     the dashboard and one summary per machine; exit 1 if any night is not OK or a shard is not merged."""
-    from kvbench.commands.nightly import render_summary
+    from kvbench.commands.nightly_summary import render_summary
     from kvbench.nightly import fleet as fl
     from kvbench.nightly import merge as mg
 

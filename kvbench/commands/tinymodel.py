@@ -43,7 +43,8 @@ def train(
     ] = 200,
 ) -> None:
     _passive_threads()
-    from kvbench.harness import tinymodel, tinytrain
+    from kvbench.tinymodel import build as tinymodel
+    from kvbench.tinymodel import train as tinytrain
 
     cliargs.number(report_items, "--report-items", low=0, kind="a whole number")
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
@@ -61,7 +62,7 @@ def verify(
         Path | None, typer.Option("--dir", help="Folder to check (default: kvbench/data/tinymodel).")
     ] = None,
 ) -> None:
-    from kvbench.harness import tinymodel
+    from kvbench.tinymodel import build as tinymodel
 
     folder = folder or tinymodel.committed_dir()
     if not folder.is_dir():
@@ -70,7 +71,7 @@ def verify(
 
 
 def _print_verify(folder: Path, bad: dict) -> None:
-    from kvbench.harness import tinymodel
+    from kvbench.tinymodel import build as tinymodel
 
     for name, digest in tinymodel.recorded_sha256().items():
         if name in bad:
@@ -104,7 +105,8 @@ def accuracy(
     import torch
 
     from kvbench import evaltasks
-    from kvbench.harness import tinyeval, tinymodel
+    from kvbench.harness import tinyeval
+    from kvbench.tinymodel import build as tinymodel
 
     cliargs.at_least_one(items, "--items")
     names = cliargs.names(tasks, "--tasks", "kvbench_needle_512")

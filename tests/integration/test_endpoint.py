@@ -15,7 +15,7 @@ from kvbench.datafiles import load_toml
 from kvbench.errors import UsageError
 from kvbench.harness import records
 from kvbench.harness.endpoint import check_url, parse_endpoints, redact_url, with_credentials
-from kvbench.harness.fakeserver import FakeConfig, FakeServer
+from kvbench.testing.fakeserver import FakeConfig, FakeServer
 
 CPU = load_toml("run_defaults.toml")["cpu"]
 KEY = "sk-kvbench-test-0123456789"

@@ -14,9 +14,9 @@ from support import kvbench
 from kvbench.errors import UsageError
 from kvbench.harness import http, records
 from kvbench.harness.backend import OpenAIBackend
-from kvbench.harness.fakeserver import FakeConfig, FakeServer
 from kvbench.harness.runner import Reporter, Runner
 from kvbench.harness.settings import RunSettings
+from kvbench.testing.fakeserver import FakeConfig, FakeServer
 
 KEY = "sk-kvbench-test-0123456789"
 TEAM = "hush-hush-42"

@@ -13,14 +13,14 @@ from support import kvbench
 
 from kvbench import evaltasks
 from kvbench.errors import KvbenchError, UsageError
-from kvbench.harness.fakeserver import FakeConfig, FakeServer
+from kvbench.testing.fakeserver import FakeConfig, FakeServer
 
 REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
 def tok_dir(tmp_path_factory):
-    from kvbench.harness.tinymodel import build_tokenizer
+    from kvbench.tinymodel.build import build_tokenizer
 
     path = tmp_path_factory.mktemp("tok")
     build_tokenizer(path)
@@ -34,7 +34,7 @@ def _cache(tmp_path_factory, monkeypatch):
 
 
 def test_fake_server_answers_pass_keys():
-    from kvbench.harness.fakeserver import passkey_answer
+    from kvbench.testing.fakeserver import passkey_answer
 
     assert passkey_answer("x The pass key is 12345. Remember it. y\nWhat is the pass key? The pass key is") == "12345"
     prompt = (

@@ -176,8 +176,8 @@ def fake_harness(monkeypatch, tmp_path, outcomes=None):
     FakeRunner.outcomes, FakeRunner.made = outcomes or {}, []
     monkeypatch.setattr("kvbench.harness.runner.Runner", FakeRunner)
     monkeypatch.setattr("kvbench.harness.defaults.accepted_kv_dtypes", lambda python=None: ("auto", "fp8", "nvfp4"))
-    monkeypatch.setattr("kvbench.harness.tinymodel.ensure_tiny_model", lambda: tmp_path / "tiny")
-    monkeypatch.setattr("kvbench.harness.tinymodel.default_model", lambda: tmp_path / "tiny")
+    monkeypatch.setattr("kvbench.tinymodel.build.ensure_tiny_model", lambda: tmp_path / "tiny")
+    monkeypatch.setattr("kvbench.tinymodel.build.default_model", lambda: tmp_path / "tiny")
 
 
 def fake_history_point(results: Path) -> Path:

@@ -18,9 +18,9 @@ import pytest
 
 from kvbench.errors import KvbenchError, UsageError
 from kvbench.harness import records
-from kvbench.harness.fakeserver import FakeConfig, FakeServer
 from kvbench.harness.runner import execute
 from kvbench.harness.settings import RunSettings
+from kvbench.testing.fakeserver import FakeConfig, FakeServer
 
 Usage = namedtuple("Usage", "total used free")
 

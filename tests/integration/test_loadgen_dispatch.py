@@ -12,9 +12,9 @@ import pytest
 
 from kvbench.harness import scheduler, waketimer
 from kvbench.harness.backend import OpenAIBackend
-from kvbench.harness.fakeserver import FakeConfig, FakeServer
 from kvbench.harness.scheduler import Concurrency, Rate, run_load
 from kvbench.harness.waketimer import WakeTimer
+from kvbench.testing.fakeserver import FakeConfig, FakeServer
 
 
 @pytest.fixture(scope="module")

@@ -14,9 +14,9 @@ import time
 import pytest
 
 from kvbench.harness.backend import OpenAIBackend
-from kvbench.harness.fakeserver import FakeConfig, FakeServer
 from kvbench.harness.metrics import summarize
 from kvbench.harness.scheduler import Concurrency, LoadResult, Rate, run_load, run_sweep, sustain_load
+from kvbench.testing.fakeserver import FakeConfig, FakeServer
 
 P = [[5, 6, 7, 8]] * 12
 
@@ -271,7 +271,7 @@ def test_warmup_is_kept_apart(server):
 
 def test_fake_server_cli_serves_models_and_metrics(tmp_path):
     proc = subprocess.Popen(
-        [sys.executable, "-m", "kvbench.harness.fakeserver", "--port", "0", "--ttft-ms", "1"],
+        [sys.executable, "-m", "kvbench.testing.fakeserver", "--port", "0", "--ttft-ms", "1"],
         stdout=subprocess.PIPE,
         text=True,
         start_new_session=True,

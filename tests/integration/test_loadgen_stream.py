@@ -17,10 +17,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from kvbench.harness.backend import _SSE, OpenAIBackend, RequestResult, _decode_event, _encode
-from kvbench.harness.fakeserver import FakeConfig, FakeServer
 from kvbench.harness.scheduler import Concurrency, run_load
-from kvbench.harness.scrub import excerpt
 from kvbench.harness.workload import Prompt
+from kvbench.scrub import excerpt
+from kvbench.testing.fakeserver import FakeConfig, FakeServer
 
 # --- the reference: the parser before the fast path, verbatim --------------------------------------------
 

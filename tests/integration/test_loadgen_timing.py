@@ -17,10 +17,10 @@ import numpy as np
 import pytest
 
 from kvbench.harness.backend import OpenAIBackend
-from kvbench.harness.fakeserver import FakeServer
 from kvbench.harness.metrics import summarize
 from kvbench.harness.scheduler import Concurrency, Rate, arrival_schedule, run_load
 from kvbench.harness.workload import Workload, make_prompts
+from kvbench.testing.fakeserver import FakeServer
 
 TOL_MS = 5.0
 EPS_MS = 0.05  # float noise on the lower bounds

@@ -400,8 +400,8 @@ def fake_night(tmp_path, monkeypatch, raw: dict, outcomes=None, sleep_s=0.0):
     FakeRunner.outcomes, FakeRunner.sleep_s, FakeRunner.made = outcomes or {}, sleep_s, []
     monkeypatch.setattr("kvbench.harness.runner.Runner", FakeRunner)
     monkeypatch.setattr("kvbench.harness.defaults.accepted_kv_dtypes", lambda python=None: ("auto", "fp8", "nvfp4"))
-    monkeypatch.setattr("kvbench.harness.tinymodel.ensure_tiny_model", lambda: tmp_path / "tiny")
-    monkeypatch.setattr("kvbench.harness.tinymodel.default_model", lambda: tmp_path / "tiny")
+    monkeypatch.setattr("kvbench.tinymodel.build.ensure_tiny_model", lambda: tmp_path / "tiny")
+    monkeypatch.setattr("kvbench.tinymodel.build.default_model", lambda: tmp_path / "tiny")
     (tmp_path / "asv.conf.json").write_text(json.dumps({"results_dir": "results"}))
     cfg = nconfig.parse(raw)
     plan = nmatrix.expand(cfg, "cpu")

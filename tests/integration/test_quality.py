@@ -10,7 +10,7 @@ import pytest
 from support import kvbench
 
 from kvbench.harness import records
-from kvbench.harness.fakeserver import FakeConfig, FakeServer
+from kvbench.testing.fakeserver import FakeConfig, FakeServer
 
 
 def test_a_dtype_wrong_only_under_load_is_excluded_and_its_canaries_report_it(tmp_path, trained_model):

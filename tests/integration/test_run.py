@@ -10,8 +10,8 @@ import time
 import pytest
 from support import kvbench, only_record, plan_for
 
-from kvbench.harness.fakeserver import FakeConfig, FakeServer
 from kvbench.harness.runner import Runner
+from kvbench.testing.fakeserver import FakeConfig, FakeServer
 
 SMALL = ["--num-requests", "16", "--concurrency", "4", "--search-cap", "8"]
 TASK = "kvbench_needle_512"  # one of the CPU default's tasks: retrieval at the run's context
@@ -70,7 +70,7 @@ def test_ctrl_c_while_a_phase_waits_for_its_canaries_keeps_the_measured_phase(tm
     # The load has finished and been measured; Ctrl-C lands while the phase awaits its canaries (seen in CI
     # when the signal came late). The phase must be in the record, and the dtype partial, not failed.
     from kvbench.harness import agreement
-    from kvbench.harness.fakeserver import FakeConfig, FakeServer
+    from kvbench.testing.fakeserver import FakeConfig, FakeServer
 
     async def interrupted_ride(self):
         raise asyncio.CancelledError  # what the awaiting phase sees when asyncio.run cancels it on SIGINT

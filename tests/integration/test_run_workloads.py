@@ -8,7 +8,7 @@ import pytest
 from support import kvbench, run_against
 
 from kvbench.harness import records
-from kvbench.harness.fakeserver import FakeConfig, FakeServer
+from kvbench.testing.fakeserver import FakeConfig, FakeServer
 
 FAST = dict(kv_cache_dtype="auto", max_model_len=512, ttft_s=0.002, itl_s=0.0005)
 

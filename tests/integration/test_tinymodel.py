@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from kvbench.harness import tinymodel
+from kvbench.tinymodel import build as tinymodel
 
 # Each quality task's auto accuracy must sit in this band (gains and losses both register), measured on the
 # first BAR_ITEMS items; kvbench_passkey_512 (kept from the first model) must stay solved.
@@ -57,7 +57,7 @@ def test_committed_config_and_tokenizer_are_the_recipes():
     config = json.loads((tinymodel.committed_dir() / "config.json").read_text())
     assert config == dict(tinymodel.CONFIG, vocab_size=config["vocab_size"])
     report = json.loads((tinymodel.committed_dir() / "training_report.json").read_text())
-    from kvbench.harness import tinytrain
+    from kvbench.tinymodel import train as tinytrain
 
     assert report["recipe"] == tinytrain.RECIPE and report["fingerprint"] == tinytrain.fingerprint()
 
@@ -69,7 +69,7 @@ def test_tokenizer_rebuilds_to_the_committed_bytes(tmp_path):
 
 
 def _short_recipe():
-    from kvbench.harness import tinytrain
+    from kvbench.tinymodel import train as tinytrain
 
     return {**tinytrain.RECIPE, "steps": 30, "batch": 4, "warmup": 5, "curriculum": [[0.0, 96]]}
 
@@ -77,7 +77,7 @@ def _short_recipe():
 def _train(tok, recipe):
     import torch
 
-    from kvbench.harness import tinytrain
+    from kvbench.tinymodel import train as tinytrain
 
     threads = torch.get_num_threads()
     torch.set_num_threads(recipe["threads"])
@@ -106,7 +106,7 @@ def test_recipe_on_a_short_schedule_learns_and_repeats_bit_for_bit():
 def test_previous_token_prior_attends_its_lags(tmp_path):
     import torch
 
-    from kvbench.harness import tinytrain
+    from kvbench.tinymodel import train as tinytrain
 
     tok = tinymodel.build_tokenizer(tmp_path)
     model = tinytrain.new_model(tok)

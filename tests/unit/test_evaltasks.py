@@ -13,7 +13,7 @@ from kvbench.errors import UsageError
 
 @pytest.fixture(scope="module")
 def tok_dir(tmp_path_factory):
-    from kvbench.harness.tinymodel import build_tokenizer
+    from kvbench.tinymodel.build import build_tokenizer
 
     path = tmp_path_factory.mktemp("tok")
     build_tokenizer(path)

@@ -6,7 +6,8 @@ import math
 
 import pytest
 
-from kvbench.harness import energy, front, repeats
+from kvbench import front
+from kvbench.harness import energy, repeats
 from kvbench.harness.runner import sweep_ladder
 
 # -- energy ---------------------------------------------------------------------------------------------------

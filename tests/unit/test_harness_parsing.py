@@ -8,11 +8,11 @@ import pytest
 
 from kvbench.errors import UsageError
 from kvbench.harness import records
-from kvbench.harness.logparse import parse_capacity, startup_error
 from kvbench.harness.machine import gpu_machine_name, machine_name, slug
 from kvbench.harness.promscrape import capacity_from_metrics, parse_metrics
 from kvbench.harness.slo import SLO, search
 from kvbench.harness.telemetry import NvmlSampler
+from kvbench.logparse import parse_capacity, startup_error
 
 ONE_LINE = (
     "(EngineCore pid=1) INFO 11-29 16:37:03 [kv_cache_utils.py:2327] CPU KV cache size: "
@@ -245,10 +245,10 @@ def test_tensor_parallel_from_vllm_args():
 def test_capacity_block_on_a_gpu_measures_the_overhead(tmp_path):
     from kvbench.harness import capacitychecks
     from kvbench.harness.endpoint import ServerFacts
-    from kvbench.harness.logparse import EngineCapacity
     from kvbench.harness.runner import Runner, RunPlan
     from kvbench.harness.scheduler import Concurrency
     from kvbench.harness.workload import Workload
+    from kvbench.logparse import EngineCapacity
     from kvbench.models import load_model
 
     plan = RunPlan(

@@ -13,7 +13,7 @@ from support import cli
 from typer.testing import CliRunner
 
 from kvbench.cli import app
-from kvbench.harness.logparse import engine_failure, parse_capacity, startup_error
+from kvbench.logparse import engine_failure, parse_capacity, startup_error
 from kvbench.startuplog import parse_startup_log, split_startups
 
 LOGS = Path(__file__).parents[1] / "data" / "vllm-startup-logs"

@@ -18,15 +18,13 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
-import os
 import random
 import shutil
 import tempfile
 from pathlib import Path
 
-import platformdirs
-
-from kvbench.datafiles import data_path, load_toml
+from kvbench.corpus import corpus_words, sentence
+from kvbench.datafiles import cache_root, data_path, load_toml
 from kvbench.errors import KvbenchError
 
 _SPEC = load_toml("tinymodel.toml")
@@ -51,10 +49,6 @@ CHAT_TEMPLATE = (
 def fingerprint() -> str:
     blob = json.dumps({"config": CONFIG, "seed": SEED, "recipe": RECIPE}, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:12]
-
-
-def cache_root() -> Path:
-    return Path(os.environ.get("KVBENCH_CACHE_DIR") or platformdirs.user_cache_dir("kvbench"))
 
 
 def model_dir(root: Path | None = None) -> Path:
@@ -140,27 +134,6 @@ def _ensure(dest: Path, build, stamp: str, rebuild: bool) -> Path:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
     return dest
-
-
-ONSETS = ["b", "c", "d", "f", "g", "h", "k", "l", "m", "n", "p", "r", "s", "t", "v", "w", "st", "tr", "ch", "sh"]
-VOWELS = ["a", "e", "i", "o", "u", "ai", "ea", "ou"]
-CODAS = ["", "n", "r", "s", "t", "l", "nd", "st"]
-COMMON = ["the", "a", "of", "and", "to", "in", "is", "that", "for", "on", "with", "as", "cache", "token", "model"]
-
-
-@functools.cache
-def corpus_words(seed: int = SEED) -> list[str]:
-    """The generated pseudo-English vocabulary (sorted, deterministic from `seed`)."""
-    rng = random.Random(seed)
-    return sorted(
-        {"".join(rng.choice(x) for x in (ONSETS, VOWELS, CODAS)) * rng.choice([1, 1, 2]) for _ in range(3000)}
-    )
-
-
-def sentence(rng: random.Random, vocab: list[str]) -> str:
-    n = rng.randint(5, 16)
-    words = [rng.choice(COMMON) if rng.random() < 0.3 else rng.choice(vocab) for _ in range(n)]
-    return " ".join(words).capitalize() + rng.choice([".", ".", ".", "?", "!"])
 
 
 def corpus(n_sentences: int = 4000, seed: int = SEED) -> list[str]:

@@ -33,7 +33,7 @@ from pathlib import Path
 
 from kvbench import evaltasks
 from kvbench.datafiles import load_toml
-from kvbench.harness import tinymodel
+from kvbench.tinymodel import build as tinymodel
 
 # Everything that shapes the trained weights; part of the fingerprint.
 RECIPE = load_toml("tinymodel.toml")["train"]

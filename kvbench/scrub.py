@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import re
 import threading
-from urllib.parse import quote
+from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
 
 REDACTED = "REDACTED"
 EXCERPT_CHARS = 200  # what a stored error keeps of a server's body
@@ -105,3 +105,39 @@ def scrub_table(table):
             values = [scrub_text(v) if v else v for v in table.column(i).to_pylist()]
             table = table.set_column(i, field, pa.array(values, type=field.type))
     return table
+
+
+# Query parameters whose values are secrets (Azure's api-key, signed URLs' sig, bearer tokens ...).
+SECRET_QUERY = (
+    "key",
+    "api_key",
+    "api-key",
+    "apikey",
+    "token",
+    "access_token",
+    "auth",
+    "secret",
+    "password",
+    "sig",
+    "signature",
+    "code",
+    "credential",
+    "x-api-key",
+)
+REDACTED = "REDACTED"
+
+
+def redact_url(url: str) -> str:
+    """The URL without user:password@ and without the values of secret-looking query parameters."""
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    if ":" in host:  # IPv6 literal
+        host = f"[{host}]"
+    try:
+        netloc = f"{host}:{parts.port}" if parts.port else host
+    except ValueError:  # a port that is not one: shown as given (check_url refuses it)
+        netloc = parts.netloc.rsplit("@", 1)[-1]
+    query = urlencode(
+        [(k, REDACTED if k.lower() in SECRET_QUERY else v) for k, v in parse_qsl(parts.query, keep_blank_values=True)]
+    )
+    return urlunsplit((parts.scheme, netloc, parts.path, query, ""))
