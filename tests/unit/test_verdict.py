@@ -116,7 +116,7 @@ def test_identical_conditions_are_one_test_printed_once_with_each_sides_concurre
     assert text.count("drop 0.4 points") == 1
     assert (
         "identical at rest (1 request at a time), at load (fp8 33 in flight, auto 16) and during load "
-        "(1 request at a time beside concurrency-16 traffic)" in text
+        "(1 at a time beside concurrency-16 traffic)" in text
     )
 
 
