@@ -92,6 +92,40 @@ def regressions_table(flagged: pd.DataFrame, link: str = "") -> str:
     )
 
 
+def _regression_trace(
+    hits: pd.DataFrame, factor: float, machine: str, size: int, showlegend: bool, unit: str | None = None
+) -> go.Scatter:
+    """A ring around each point `kvbench regress` flagged; with `unit`, the hover also gives the baseline."""
+    custom = []
+    for _, h in hits.iterrows():
+        row = [
+            esc(h["run_id"]),
+            esc(date_text(h["when"])),
+            esc(h["vllm_version"]),
+            esc(machine),
+            esc(h["kv_dtype"]),
+            fmt(h["change_pct"], 1, "%"),
+        ]
+        if unit is not None:
+            row.append(fmt(h["baseline"] * factor, 4))
+        custom.append(row)
+    baseline = "" if unit is None else f" vs baseline %{{customdata[6]}} {esc(unit)}"
+    return go.Scatter(
+        x=hits["when"],
+        y=hits["value"] * factor,
+        mode="markers",
+        name="regression (kvbench regress)",
+        legendgroup="regression",
+        showlegend=showlegend,
+        marker={"symbol": "circle-open", "size": size, "color": REGRESSION_COLOR, "line": {"width": 3}},
+        customdata=custom,
+        hovertemplate=(
+            f"<b>regression</b> %{{customdata[4]}}: %{{customdata[5]}}{baseline}<br>run %{{customdata[0]}}"
+            "<br>%{customdata[1]}<br>vLLM %{customdata[2]}<br>machine %{customdata[3]}<extra></extra>"
+        ),
+    )
+
+
 def _repeat_bars(pts: pd.DataFrame, factor: float) -> dict | None:
     """Error bars where a point's run repeated its fixed load: the 95% t interval of the mean of the repeats."""
     if "repeat_std" not in pts or "repeat_n" not in pts:
@@ -167,32 +201,8 @@ def metric_figure(frame: pd.DataFrame, regressions: pd.DataFrame, title: str, un
             hits = _regression_points(mreg, mframe)
             if not hits.empty:
                 fig.add_trace(
-                    go.Scatter(
-                        x=hits["when"],
-                        y=hits["value"] * factor,
-                        mode="markers",
-                        name="regression (kvbench regress)",
-                        legendgroup="regression",
-                        showlegend="regression" not in legend_done,
-                        marker={"symbol": "circle-open", "size": 22, "color": REGRESSION_COLOR, "line": {"width": 3}},
-                        customdata=[
-                            [
-                                esc(r["run_id"]),
-                                esc(date_text(r["when"])),
-                                esc(r["vllm_version"]),
-                                esc(machine),
-                                esc(r["kv_dtype"]),
-                                fmt(r["change_pct"], 1, "%"),
-                                fmt(r["baseline"] * factor, 4),
-                            ]
-                            for _, r in hits.iterrows()
-                        ],
-                        hovertemplate=(
-                            "<b>regression</b> %{customdata[4]}: %{customdata[5]} vs baseline %{customdata[6]}"
-                            f" {esc(shown_unit)}<br>run %{{customdata[0]}}"
-                            "<br>%{customdata[1]}<br>vLLM %{customdata[2]}"
-                            "<br>machine %{customdata[3]}<extra></extra>"
-                        ),
+                    _regression_trace(
+                        hits, factor, machine, size=22, showlegend="regression" not in legend_done, unit=shown_unit
                     ),
                     row=row,
                     col=1,
@@ -282,31 +292,7 @@ def glance_figure(frame: pd.DataFrame, regressions: pd.DataFrame, metrics: list[
         hits = _regression_points(flagged[flagged["metric"] == metric], mf) if not flagged.empty else flagged
         if not hits.empty:
             fig.add_trace(
-                go.Scatter(
-                    x=hits["when"],
-                    y=hits["value"] * factor,
-                    mode="markers",
-                    name="regression (kvbench regress)",
-                    legendgroup="regression",
-                    showlegend="regression" not in shown,
-                    marker={"symbol": "circle-open", "size": 16, "color": REGRESSION_COLOR, "line": {"width": 3}},
-                    customdata=[
-                        [
-                            esc(h["run_id"]),
-                            esc(date_text(h["when"])),
-                            esc(h["vllm_version"]),
-                            esc(machine),
-                            esc(h["kv_dtype"]),
-                            fmt(h["change_pct"], 1, "%"),
-                        ]
-                        for _, h in hits.iterrows()
-                    ],
-                    hovertemplate=(
-                        "<b>regression</b> %{customdata[4]}: "
-                        "%{customdata[5]}<br>run %{customdata[0]}<br>%{customdata[1]}"
-                        "<br>vLLM %{customdata[2]}<br>machine %{customdata[3]}<extra></extra>"
-                    ),
-                ),
+                _regression_trace(hits, factor, machine, size=16, showlegend="regression" not in shown),
                 row=r + 1,
                 col=c + 1,
             )
