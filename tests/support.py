@@ -128,3 +128,26 @@ def run_against(url: str, model, workload: str, tmp_path, *extra) -> tuple[dict,
     json.loads(out.stdout)  # --json prints one document
     path = records.find_records(tmp_path)[0]
     return records.load_record(path), records.samples_frame(path)
+
+
+SKY_SCHEMA = ROOT / "sky" / "task.schema.json"  # SkyPilot's task schema, vendored (its $comment names the source)
+
+
+def sky_validator():
+    import jsonschema
+
+    def case_insensitive_enum(validator, enums, instance, schema):
+        # SkyPilot's own keyword (sky.utils.schemas): an enum compared case-insensitively
+        if isinstance(instance, str) and instance.lower() not in {str(e).lower() for e in enums}:
+            yield jsonschema.ValidationError(f"{instance!r} is not one of {enums}")
+
+    base = jsonschema.Draft202012Validator
+    cls = jsonschema.validators.extend(base, {"case_insensitive_enum": case_insensitive_enum})
+    schema = json.loads(SKY_SCHEMA.read_text())
+    base.check_schema(schema)
+    return cls(schema)
+
+
+def sky_errors(doc: dict) -> list[str]:
+    """What the vendored SkyPilot task schema says is wrong with a task document ([] when it accepts it)."""
+    return [f"{'/'.join(map(str, e.path))}: {e.message}" for e in sky_validator().iter_errors(doc)]
