@@ -29,6 +29,31 @@ def kvbench(*args: str, cwd: Path | str = ROOT, env: dict | None = None, timeout
     return subprocess.run([*KVBENCH, *args], cwd=cwd, capture_output=True, text=True, env=full, timeout=timeout)
 
 
+# For tests about something else than the front, repeats and eval: one pass at one load, no tasks.
+LEAN = ["--no-sweep", "--repeat", "1", "--no-eval"]
+
+
+def kvbench_at(command: str, endpoint: str, model, results, *args: str, json_out: bool = True, env: dict | None = None):
+    """`kvbench COMMAND --endpoint ENDPOINT --model MODEL ARGS --results RESULTS [--json]` in a child process."""
+    tail = ["--json"] if json_out else []
+    return kvbench(
+        command, "--endpoint", endpoint, "--model", str(model), *args, "--results", str(results), *tail, env=env
+    )
+
+
+def json_summary(out) -> dict:
+    """The one JSON document a `--json` command printed, after checking that it exited 0."""
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads(out.stdout)
+
+
+def cpu_plan(results_dir: Path, **kw):
+    """A run plan of the CPU default without the front, repeats or eval (harness/defaults.build_plan)."""
+    from kvbench.harness.defaults import build_plan
+
+    return build_plan(CPU, on_gpu=False, slo=None, results_dir=results_dir, sweep=False, repeat=1, eval_tasks=[], **kw)
+
+
 def only_record(results: Path) -> dict:
     """The one run record under `results` (a test's run writes exactly one)."""
     paths = records.find_records(results)
@@ -107,25 +132,7 @@ def shipped(**changes) -> dict:
 
 def run_against(url: str, model, workload: str, tmp_path, *extra) -> tuple[dict, object]:
     """One lean `kvbench run` of `workload` against the endpoint at `url`: (its record, its requests)."""
-    out = kvbench(
-        "run",
-        "--endpoint",
-        f"auto={url}",
-        "--model",
-        str(model),
-        "--workload",
-        workload,
-        "--no-sweep",
-        "--repeat",
-        "1",
-        "--no-eval",
-        "--results",
-        str(tmp_path),
-        "--json",
-        *extra,
-    )
-    assert out.returncode == 0, out.stderr[-3000:]
-    json.loads(out.stdout)  # --json prints one document
+    json_summary(kvbench_at("run", f"auto={url}", model, tmp_path, "--workload", workload, *LEAN, *extra))
     path = records.find_records(tmp_path)[0]
     return records.load_record(path), records.samples_frame(path)
 

@@ -9,13 +9,11 @@ import shutil
 from pathlib import Path
 
 import pytest
-from support import cli
+from support import CPU, cli, cpu_plan
 
-from kvbench.datafiles import load_toml
 from kvbench.errors import UsageError
 from kvbench.harness.defaults import build_plan
 
-CPU = load_toml("run_defaults.toml")["cpu"]
 ROOT = Path(__file__).resolve().parents[2]
 # a committed run record with fronts (cpu-amd-epyc, price key cpu)
 FRONT_RECORD = ROOT / "results" / "cpu-amd-epyc" / "runs" / "20261201T113924Z-cpu-amd-epyc-8a542b.json"
@@ -284,16 +282,10 @@ def test_no_usage_failed_requests_and_no_canaries_are_stated(tmp_path, tiny_mode
         kv_cache_dtype="auto", max_model_len=512, usage=False, fail_every=5, metrics_body="not prometheus{"
     )
     with FakeServer(cfg) as srv:
-        p = build_plan(
-            CPU,
-            on_gpu=False,
+        p = cpu_plan(
+            tmp_path,
             model=str(tiny_model),
-            slo=None,
-            results_dir=tmp_path,
             machine="m",
-            sweep=False,
-            repeat=1,
-            eval_tasks=[],
             endpoints={"auto": srv.base_url},
             concurrency=[2],
             num_requests=10,

@@ -15,29 +15,21 @@ from collections import namedtuple
 from pathlib import Path
 
 import pytest
+from support import cpu_plan
 
-from kvbench.datafiles import load_toml
 from kvbench.errors import KvbenchError, UsageError
 from kvbench.harness import records
-from kvbench.harness.defaults import build_plan
 from kvbench.harness.fakeserver import FakeConfig, FakeServer
 from kvbench.harness.runner import execute
 
-CPU = load_toml("run_defaults.toml")["cpu"]
 Usage = namedtuple("Usage", "total used free")
 
 
 def plan(tmp_path, model, url, **kw):
-    p = build_plan(
-        CPU,
-        on_gpu=False,
+    p = cpu_plan(
+        tmp_path / "results",
         model=str(model),
-        slo=None,
-        results_dir=tmp_path / "results",
         machine="cpu-test",
-        sweep=False,
-        repeat=1,
-        eval_tasks=[],
         endpoints={None: url},
         concurrency=[2],
         num_requests=6,

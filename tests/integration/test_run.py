@@ -8,17 +8,13 @@ import json
 import time
 
 import pytest
-from support import kvbench, only_record
+from support import LEAN, cpu_plan, kvbench, kvbench_at, only_record
 
-from kvbench.datafiles import load_toml
-from kvbench.harness.defaults import build_plan
 from kvbench.harness.fakeserver import FakeConfig, FakeServer
 from kvbench.harness.runner import Runner
 
-CPU = load_toml("run_defaults.toml")["cpu"]
 SMALL = ["--num-requests", "16", "--concurrency", "4", "--search-cap", "8"]
 TASK = "kvbench_needle_512"  # one of the CPU default's tasks: retrieval at the run's context
-LEAN = ["--no-sweep", "--repeat", "1", "--no-eval"]  # for tests about something else than the front, repeats, eval
 
 
 # -- without vLLM -------------------------------------------------------------------------------------
@@ -36,12 +32,11 @@ def test_hung_server_ends_by_no_progress_timeout(tmp_path, tiny_model):
     # Every request hangs after two chunks: the phase must end by the stall timeout, not hang kvbench.
     with FakeServer(FakeConfig(ttft_s=0.01, itl_s=0.01, hang_every=1, hang_after_chunks=2)) as srv:
         t0 = time.monotonic()
-        out = kvbench(
+        out = kvbench_at(
             "run",
-            "--endpoint",
             srv.base_url,
-            "--model",
-            str(tiny_model),
+            tiny_model,
+            str(tmp_path),
             "--kv-dtypes",
             "auto",
             "--no-search",
@@ -52,8 +47,7 @@ def test_hung_server_ends_by_no_progress_timeout(tmp_path, tiny_model):
             "2",
             "--stall-timeout",
             "2",
-            "--results",
-            str(tmp_path),
+            json_out=False,
         )
         elapsed = time.monotonic() - t0
     assert elapsed < 60, out.stdout[-2000:]
@@ -70,17 +64,7 @@ def test_hung_server_ends_by_no_progress_timeout(tmp_path, tiny_model):
 
 
 def plan_for(tmp_path, dtypes, **kw):
-    return build_plan(
-        CPU,
-        on_gpu=False,
-        kv_dtypes=dtypes.split(","),
-        slo=None,
-        results_dir=tmp_path,
-        sweep=False,
-        repeat=1,
-        eval_tasks=[],
-        **kw,
-    )
+    return cpu_plan(tmp_path, kv_dtypes=dtypes.split(","), **kw)
 
 
 def test_ctrl_c_while_a_phase_waits_for_its_canaries_keeps_the_measured_phase(tmp_path, monkeypatch, tiny_model):
