@@ -326,14 +326,11 @@ def metric_order(history: pd.DataFrame, regressions: pd.DataFrame) -> list[str]:
 
 def build(data: SiteData) -> Page:
     page = Page(SLUG, TITLE)
-    parts = [
-        f"<h1>{esc(TITLE)}</h1>",
-        '<p class="lead">Each tracked metric (kvbench/data/metrics.toml) over commits, '
-        "per machine and KV dtype, from the "
-        "asv results under the results folder. Dotted lines mark a new vLLM version; red rings mark what "
-        "<code>kvbench regress</code> calls a regression. "
-        "Hover a point for its run, date, vLLM version and machine.</p>",
-    ]
+    parts = page.heading(
+        """Each tracked metric (kvbench/data/metrics.toml) over commits, per machine and KV dtype, from the asv results
+        under the results folder. Dotted lines mark a new vLLM version; red rings mark what <code>kvbench
+        regress</code> calls a regression. Hover a point for its run, date, vLLM version and machine."""
+    )
     h = data.history
     if h.empty:
         why = f" ({esc(data.history_note)})" if data.history_note else ""
@@ -346,8 +343,7 @@ def build(data: SiteData) -> Page:
                 "release), then rebuild with <code>kvbench dashboard</code>."
             )
         )
-        page.body = "\n".join(parts)
-        return page
+        return page.done(parts)
     flagged = _flagged(data.regressions)
     if not flagged.empty:
         parts.append(
@@ -444,5 +440,4 @@ def build(data: SiteData) -> Page:
                 raw={"dtype_html"},
             )
         parts.append(section(label, inner, anchor=slug(metric)))
-    page.body = "\n".join(parts)
-    return page
+    return page.done(parts)

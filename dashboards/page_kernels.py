@@ -181,14 +181,11 @@ def accuracy_figure(rows: pd.DataFrame, doc_machine: str) -> go.Figure:
 
 def build(data: SiteData) -> Page:
     page = Page(SLUG, TITLE)
-    parts = [
-        f"<h1>{esc(TITLE)}</h1>",
-        '<p class="lead">Does dequantizing NVFP4 in the attention kernel cost speed, '
-        "and how much accuracy does each format "
-        "give up? Kernel bandwidth counts the bytes the kernel must move (cache incl. "
-        "block scales, q, output) over its median "
-        "time; the roofline is the GPU catalog's HBM bandwidth. Accuracy is attention output vs an fp32 reference.</p>",
-    ]
+    parts = page.heading(
+        """Does dequantizing NVFP4 in the attention kernel cost speed, and how much accuracy does each format give up?
+        Kernel bandwidth counts the bytes the kernel must move (cache incl. block scales, q, output) over its median
+        time; the roofline is the GPU catalog's HBM bandwidth. Accuracy is attention output vs an fp32 reference."""
+    )
     # Kernels
     inner = ""
     if data.kernels.empty:
@@ -257,8 +254,7 @@ def build(data: SiteData) -> Page:
                     view, {"fmt": "format", "rel": "rel. L2 (real K/V)", "cos": "mean cosine", "mx": "max abs error"}
                 )
     parts.append(section("Accuracy per format and data source", inner))
-    page.body = "\n".join(parts)
-    return page
+    return page.done(parts)
 
 
 def _newest_per_machine(docs: list[dict]) -> list[dict]:

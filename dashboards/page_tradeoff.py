@@ -98,15 +98,12 @@ def front_figure(rows: pd.DataFrame, title: str, y: str, y_title: str) -> go.Fig
 
 def build(data: SiteData) -> Page:
     page = Page(SLUG, TITLE)
-    parts = [
-        f"<h1>{esc(TITLE)}</h1>",
-        '<p class="lead">What serving teams compare GPUs by: output tokens/s per GPU against tokens/s per user over a '
-        "concurrency ladder (<code>kvbench run --sweep</code>), "
-        "with the KV dtype as an axis. Lines join each dtype's Pareto "
-        "front (filled markers); hollow markers are beaten on both axes by another point. "
-        "Cost per million output tokens "
-        "appears where the run was given a price (<code>--price-per-hour</code>; kvbench ships none).</p>",
-    ]
+    parts = page.heading(
+        """What serving teams compare GPUs by: output tokens/s per GPU against tokens/s per user over a concurrency
+        ladder (<code>kvbench run --sweep</code>), with the KV dtype as an axis. Lines join each dtype's Pareto front
+        (filled markers); hollow markers are beaten on both axes by another point. Cost per million output tokens
+        appears where the run was given a price (<code>--price-per-hour</code>; kvbench ships none)."""
+    )
     if data.fronts.empty:
         parts.append(
             empty(
@@ -114,8 +111,7 @@ def build(data: SiteData) -> Page:
                 "<code>kvbench run</code> (the sweep is on by default) to draw the front."
             )
         )
-        page.body = "\n".join(parts)
-        return page
+        return page.done(parts)
     rows = newest(data.fronts)
     for setup, group in rows.groupby("setup", sort=True):
         inner = ""
@@ -192,5 +188,4 @@ def build(data: SiteData) -> Page:
             numeric={"concurrency", "user_tps_t", "output_tps_per_gpu_t", "ttft_p95_ms_t", "tpot_p95_ms_t", "usd"},
         )
         parts.append(section(str(setup), inner))
-    page.body = "\n".join(parts)
-    return page
+    return page.done(parts)
