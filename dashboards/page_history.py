@@ -139,6 +139,27 @@ def _repeat_bars(pts: pd.DataFrame, factor: float) -> dict | None:
     return {"type": "data", "array": half, "visible": True, "thickness": 1.2, "width": 4}
 
 
+def _dtype_line(pts: pd.DataFrame, dtype: str, factor: float, showlegend: bool, look: dict, custom, hover: str):
+    """One dtype's points over time, in its colour, dash and marker; look: the line's width, the markers' size
+    and (optionally) their outline."""
+    marker = {"color": color(dtype), "symbol": symbol(dtype), "size": look["size"]}
+    if "line" in look:
+        marker["line"] = look["line"]
+    return go.Scatter(
+        x=pts["when"],
+        y=pts["value"] * factor,
+        error_y=_repeat_bars(pts, factor),
+        mode="lines+markers",
+        name=esc(dtype),
+        legendgroup=dtype,
+        showlegend=showlegend,
+        line={"color": color(dtype), "dash": dash(dtype), "width": look["width"]},
+        marker=marker,
+        customdata=custom,
+        hovertemplate=hover,
+    )
+
+
 def metric_figure(frame: pd.DataFrame, regressions: pd.DataFrame, title: str, unit: str) -> go.Figure:
     metric = frame["metric"].iloc[0]
     shown_unit, factor = display_unit(unit)
@@ -168,32 +189,13 @@ def metric_figure(frame: pd.DataFrame, regressions: pd.DataFrame, title: str, un
                 ]
                 for _, r in pts.iterrows()
             ]
-            fig.add_trace(
-                go.Scatter(
-                    x=pts["when"],
-                    y=pts["value"] * factor,
-                    error_y=_repeat_bars(pts, factor),
-                    mode="lines+markers",
-                    name=esc(dtype),
-                    legendgroup=dtype,
-                    showlegend=dtype not in legend_done,
-                    line={"color": color(dtype), "dash": dash(dtype), "width": 2},
-                    marker={
-                        "color": color(dtype),
-                        "symbol": symbol(dtype),
-                        "size": 9,
-                        "line": {"color": "#fff", "width": 1},
-                    },
-                    customdata=custom,
-                    hovertemplate=(
-                        f"<b>%{{customdata[5]}}</b>: %{{y:.4g}} {esc(shown_unit)}<br>commit %{{customdata[4]}} "
-                        "(%{customdata[6]})<br>run %{customdata[0]}<br>%{customdata[1]}<br>vLLM %{customdata[2]}"
-                        "<br>machine %{customdata[3]}<extra></extra>"
-                    ),
-                ),
-                row=row,
-                col=1,
+            hover = (
+                f"<b>%{{customdata[5]}}</b>: %{{y:.4g}} {esc(shown_unit)}<br>commit %{{customdata[4]}} "
+                "(%{customdata[6]})<br>run %{customdata[0]}<br>%{customdata[1]}<br>vLLM %{customdata[2]}"
+                "<br>machine %{customdata[3]}<extra></extra>"
             )
+            big = {"width": 2, "size": 9, "line": {"color": "#fff", "width": 1}}
+            fig.add_trace(_dtype_line(pts, dtype, factor, dtype not in legend_done, big, custom, hover), row=row, col=1)
             legend_done.add(dtype)
         # Regressions `kvbench regress` found: a ring around the newest point it judged.
         mreg = flagged[flagged["machine"] == machine] if not flagged.empty else flagged
@@ -264,30 +266,18 @@ def glance_figure(frame: pd.DataFrame, regressions: pd.DataFrame, metrics: list[
         unit, factor = display_unit(mf["unit"].iloc[0])
         for dtype in ordered(mf["kv_dtype"]):
             pts = mf[mf["kv_dtype"] == dtype].sort_values("when")
-            fig.add_trace(
-                go.Scatter(
-                    x=pts["when"],
-                    y=pts["value"] * factor,
-                    error_y=_repeat_bars(pts, factor),
-                    mode="lines+markers",
-                    name=esc(dtype),
-                    legendgroup=dtype,
-                    showlegend=dtype not in shown,
-                    line={"color": color(dtype), "dash": dash(dtype), "width": 1.5},
-                    marker={"color": color(dtype), "symbol": symbol(dtype), "size": 7},
-                    customdata=[
-                        [esc(p["run_id"]), esc(date_text(p["when"])), esc(p["vllm_version"]), esc(machine), esc(dtype)]
-                        for _, p in pts.iterrows()
-                    ],
-                    hovertemplate=(
-                        "<b>%{customdata[4]}</b>: "
-                        f"%{{y:.4g}} {esc(unit)}<br>run %{{customdata[0]}}<br>%{{customdata[1]}}"
-                        "<br>vLLM %{customdata[2]}<br>machine %{customdata[3]}<extra></extra>"
-                    ),
-                ),
-                row=r + 1,
-                col=c + 1,
+            custom = [
+                [esc(p["run_id"]), esc(date_text(p["when"])), esc(p["vllm_version"]), esc(machine), esc(dtype)]
+                for _, p in pts.iterrows()
+            ]
+            hover = (
+                "<b>%{customdata[4]}</b>: "
+                f"%{{y:.4g}} {esc(unit)}<br>run %{{customdata[0]}}<br>%{{customdata[1]}}"
+                "<br>vLLM %{customdata[2]}<br>machine %{customdata[3]}<extra></extra>"
             )
+            small = {"width": 1.5, "size": 7}
+            line = _dtype_line(pts, dtype, factor, dtype not in shown, small, custom, hover)
+            fig.add_trace(line, row=r + 1, col=c + 1)
             shown.add(dtype)
         hits = _regression_points(flagged[flagged["metric"] == metric], mf) if not flagged.empty else flagged
         if not hits.empty:
