@@ -94,30 +94,15 @@ def kernel_figure(doc: dict, rows: pd.DataFrame) -> go.Figure:
     )
     peak = rows["peak_gbs"].dropna()
     copy = rows["copy_gbs"].dropna()
+    # (values, label, colour, dash, extra annotation keys); the label goes on the first subplot only
+    bounds = [(peak, "roofline", "#D55E00", "dash", {}), (copy, "measured copy", "#555", "dot", {"yanchor": "top"})]
     for col in range(1, len(titles) + 1):
-        if len(peak):
-            fig.add_hline(
-                y=float(peak.iloc[0]),
-                line={"color": "#D55E00", "dash": "dash"},
-                row=1,
-                col=col,
-                annotation={
-                    "text": f"roofline {float(peak.iloc[0]):,.0f} GB/s" if col == 1 else "",
-                    "font": {"color": "#D55E00"},
-                },
-            )
-        if len(copy):
-            fig.add_hline(
-                y=float(copy.iloc[0]),
-                line={"color": "#555", "dash": "dot"},
-                row=1,
-                col=col,
-                annotation={
-                    "text": f"measured copy {float(copy.iloc[0]):,.0f} GB/s" if col == 1 else "",
-                    "font": {"color": "#555"},
-                    "yanchor": "top",
-                },
-            )
+        for values, label, colour, dash, extra in bounds:
+            if len(values):
+                gbs = float(values.iloc[0])
+                annotation = {"text": f"{label} {gbs:,.0f} GB/s" if col == 1 else "", "font": {"color": colour}}
+                line = {"color": colour, "dash": dash}
+                fig.add_hline(y=gbs, line=line, row=1, col=col, annotation={**annotation, **extra})
     fig.update_yaxes(title_text="achieved bandwidth (GB/s, 10^9 B/s)", rangemode="tozero", row=1, col=1)
     style(fig, f"{machine}: kernel bandwidth vs the GPU's roofline", height=460)
     return fig
