@@ -51,6 +51,12 @@ def _gbs_trace(pts: pd.DataFrame, x: str, f: str, show: bool, hover: str, ident:
     )
 
 
+def _log_x(fig: go.Figure, col: int, title: str, values: pd.Series) -> None:
+    """Subplot `col`'s x axis: log scale with whole-number ticks spanning `values` (none when it is empty)."""
+    ticks = log_ticks(values.min(), values.max()) if not values.empty else None
+    fig.update_xaxes(type="log", title_text=title, row=1, col=col, tickformat=",d", tickvals=ticks)
+
+
 def kernel_figure(doc: dict, rows: pd.DataFrame) -> go.Figure:
     machine, run_id = doc.get("machine"), Path(doc["_path"]).stem
     ident = (machine, run_id, (doc.get("environment") or {}).get("vllm"))  # every point's hover names its run
@@ -70,28 +76,14 @@ def kernel_figure(doc: dict, rows: pd.DataFrame) -> go.Figure:
                 _gbs_trace(pts, "context", f, f not in shown, "decode: %{y:,.1f} GB/s at", ident), row=1, col=col
             )
             shown.add(f)
-        fig.update_xaxes(
-            type="log",
-            title_text="context (tokens)",
-            row=1,
-            col=col,
-            tickformat=",d",
-            tickvals=log_ticks(dec["context"].min(), dec["context"].max()),
-        )
+        _log_x(fig, col, "context (tokens)", dec["context"])
     wr = rows[rows["kernel"] == "write"]
     wcol = len(titles)
     for f in ordered(wr["format"]):
         pts = wr[wr["format"] == f].sort_values("tokens")
         fig.add_trace(_gbs_trace(pts, "tokens", f, f not in shown, "write: %{y:,.1f} GB/s for", ident), row=1, col=wcol)
         shown.add(f)
-    fig.update_xaxes(
-        type="log",
-        title_text="new tokens written (tokens)",
-        row=1,
-        col=wcol,
-        tickformat=",d",
-        tickvals=log_ticks(wr["tokens"].min(), wr["tokens"].max()) if not wr.empty else None,
-    )
+    _log_x(fig, wcol, "new tokens written (tokens)", wr["tokens"])
     peak = rows["peak_gbs"].dropna()
     copy = rows["copy_gbs"].dropna()
     # (values, label, colour, dash, extra annotation keys); the label goes on the first subplot only
