@@ -33,6 +33,11 @@ def newest(fronts: pd.DataFrame) -> pd.DataFrame:
     return keyed[keyed["run_id"].isin(last.values)]
 
 
+def _series(pts: pd.DataFrame, y: str, name: str) -> dict:
+    """A trace's points (tokens/s per user against `y`) and its legend entry, shared by a dtype's points and front."""
+    return {"x": pts["user_tps"], "y": pts[y], "name": name, "legendgroup": name}
+
+
 def front_figure(rows: pd.DataFrame, title: str, y: str, y_title: str) -> go.Figure:
     """Every point (hollow: off the front), lines through each dtype's front, per machine."""
     fig = go.Figure()
@@ -55,11 +60,8 @@ def front_figure(rows: pd.DataFrame, title: str, y: str, y_title: str) -> go.Fig
             custom = hover_data(pts, extra=["concurrency", "kv_cache_dtype", "phase"])
             fig.add_trace(
                 go.Scatter(
-                    x=pts["user_tps"],
-                    y=pts[y],
+                    **_series(pts, y, name),
                     mode="markers",
-                    name=name,
-                    legendgroup=name,
                     showlegend=emulated,
                     opacity=0.4 if emulated else 1.0,
                     marker={
@@ -82,11 +84,8 @@ def front_figure(rows: pd.DataFrame, title: str, y: str, y_title: str) -> go.Fig
             )
             fig.add_trace(
                 go.Scatter(
-                    x=on["user_tps"],
-                    y=on[y],
+                    **_series(on, y, name),
                     mode="lines",
-                    name=name,
-                    legendgroup=name,
                     line={"color": color(dtype), "dash": DASH[mi % len(DASH)], "width": 2},
                     hoverinfo="skip",
                 )
@@ -94,6 +93,16 @@ def front_figure(rows: pd.DataFrame, title: str, y: str, y_title: str) -> go.Fig
     fig.update_xaxes(title_text="interactivity, 1000 / median TPOT (tokens/s per user)")
     fig.update_yaxes(title_text=esc(y_title))
     return style(fig, title, height=460)
+
+
+# The chart's div id per quantity: "front" for throughput (the page's first chart), else the quantity's name.
+DIV_IDS = {"Throughput": "front", "Cost": "cost", "Energy": "energy"}
+
+
+def _front_div(page: Page, rows: pd.DataFrame, setup: str, what: str, y: str, y_title: str) -> str:
+    """The div of `what` (Throughput, Cost, Energy) against interactivity for one setup."""
+    fig = front_figure(rows, f"{what} vs interactivity — {setup}", y, y_title)
+    return page.plot(fig, f"{DIV_IDS[what]}-{slug(setup)}")
 
 
 def build(data: SiteData) -> Page:
@@ -120,26 +129,12 @@ def build(data: SiteData) -> Page:
                 f"One machine ({esc(group['machine'].iloc[0])}) has a front for this setup; run the same sweep on "
                 "another GPU and copy its <code>results/&lt;machine&gt;/</code> folder in to compare."
             )
-        inner += page.plot(
-            front_figure(
-                group,
-                f"Throughput vs interactivity — {setup}",
-                "output_tps_per_gpu",
-                "output throughput (tokens/s per GPU)",
-            ),
-            f"front-{slug(setup)}",
+        inner += _front_div(
+            page, group, setup, "Throughput", "output_tps_per_gpu", "output throughput (tokens/s per GPU)"
         )
         priced = group[group["usd_per_m_output"].notna()]
         if not priced.empty:
-            inner += page.plot(
-                front_figure(
-                    priced,
-                    f"Cost vs interactivity — {setup}",
-                    "usd_per_m_output",
-                    "cost (USD per million output tokens)",
-                ),
-                f"cost-{slug(setup)}",
-            )
+            inner += _front_div(page, priced, setup, "Cost", "usd_per_m_output", "cost (USD per million output tokens)")
             prices = priced.drop_duplicates(["machine", "price_key"])
             inner += note(
                 "Prices given to the runs: "
@@ -152,15 +147,8 @@ def build(data: SiteData) -> Page:
             )
         energy = group[group["energy_j_per_output_token"].notna()]
         if not energy.empty:
-            inner += page.plot(
-                front_figure(
-                    energy,
-                    f"Energy vs interactivity — {setup}",
-                    "energy_j_per_output_token",
-                    "energy, NVML (J per output token)",
-                ),
-                f"energy-{slug(setup)}",
-            )
+            title = "energy, NVML (J per output token)"
+            inner += _front_div(page, energy, setup, "Energy", "energy_j_per_output_token", title)
         else:
             inner += note(
                 "Energy per token: not measured on these machines (no NVML GPU power, no readable RAPL counters)."
