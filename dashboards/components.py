@@ -32,6 +32,17 @@ class Page:
         self.figures.append((div_id, fig))
         return fig_div(fig, div_id)
 
+    def heading(self, lead_html: str | None = None) -> list[str]:
+        """The page's first parts: its title and, where given, the lead paragraph that says what it shows (its
+        white space folded, so a page can write it as a wrapped triple-quoted paragraph)."""
+        lead = [f'<p class="lead">{" ".join(lead_html.split())}</p>'] if lead_html is not None else []
+        return [f"<h1>{esc(self.title)}</h1>", *lead]
+
+    def done(self, parts: list[str]) -> Page:
+        """The page with `parts` as its body (what every page's build returns)."""
+        self.body = "\n".join(parts)
+        return self
+
 
 def fig_div(fig: go.Figure, div_id: str) -> str:
     """A figure as a div that uses the site's one copy of plotly.js (loaded by the page shell)."""

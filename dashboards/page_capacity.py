@@ -243,15 +243,12 @@ def run_table(rows: pd.DataFrame) -> str:
 
 def build(data: SiteData) -> Page:
     page = Page(SLUG, TITLE)
-    parts = [
-        f"<h1>{esc(TITLE)}</h1>",
-        '<p class="lead">How many requests fit, per KV dtype, as the context grows. Lines: kvbench\'s capacity model '
-        "(vLLM's page accounting) for the run's model, "
-        "the KV budget the engine actually gave the cache and its block size. "
-        "Filled points: what the engine reported at start. "
-        "Open points: the highest concurrency the SLO search measured. "
-        "An engine point that sits on another dtype's line means the engine did not store that dtype.</p>",
-    ]
+    parts = page.heading(
+        """How many requests fit, per KV dtype, as the context grows. Lines: kvbench's capacity model (vLLM's page
+        accounting) for the run's model, the KV budget the engine actually gave the cache and its block size. Filled
+        points: what the engine reported at start. Open points: the highest concurrency the SLO search measured. An
+        engine point that sits on another dtype's line means the engine did not store that dtype."""
+    )
     if not data.records:
         parts.append(
             empty(
@@ -260,8 +257,7 @@ def build(data: SiteData) -> Page:
                 "gives the model's prediction alone."
             )
         )
-        page.body = "\n".join(parts)
-        return page
+        return page.done(parts)
     for doc in newest_record_per_machine(data.records):
         machine = doc.get("machine")
         inner = ""
@@ -293,5 +289,4 @@ def build(data: SiteData) -> Page:
         inner += emulated_note(rows) + run_table(rows)
         title = f"{machine} — run {doc.get('run_id')}, {workload_label(doc.get('config') or {})}"
         parts.append(section(title, inner, anchor=f"m-{machine}"))
-    page.body = "\n".join(parts)
-    return page
+    return page.done(parts)

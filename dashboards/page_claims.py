@@ -110,7 +110,7 @@ def verdict_figure(frame: pd.DataFrame, title: str) -> go.Figure:
 
 def build(data: SiteData) -> Page:
     page = Page(SLUG, TITLE)
-    parts = [f"<h1>{esc(TITLE)}</h1>"]
+    parts = page.heading()
     if data.claims is None or not data.verdicts:
         parts.append(
             empty(
@@ -118,8 +118,7 @@ def build(data: SiteData) -> Page:
                 "file is <code>kvbench/data/claims/nvfp4-kv-cache-article.toml</code>."
             )
         )
-        page.body = "\n".join(parts)
-        return page
+        return page.done(parts)
     doc = data.claims
     title = doc.get("title", "claims")
     tolerance = {c["id"]: c.get("tolerance_pct") for c in doc.get("claims", [])}
@@ -169,5 +168,4 @@ def build(data: SiteData) -> Page:
             ),
         )
     )
-    page.body = "\n".join(parts)
-    return page
+    return page.done(parts)

@@ -102,15 +102,12 @@ def comparison_figure(rows: pd.DataFrame) -> go.Figure:
 
 def build(data: SiteData) -> Page:
     page = Page(SLUG, TITLE)
-    parts = [
-        f"<h1>{esc(TITLE)}</h1>",
-        '<p class="lead">The same model and workload on every '
-        "machine (A100 vs H100 vs H200 …), newest run per machine, "
-        "per KV dtype. Runs are compared only with runs of the same model, "
-        "prompt/output lengths, context and fixed load. "
-        "<b>✕ partial</b> / <b>✕ failed</b> in a bar's place: "
-        "the dtype ran but its engine failed before that number was measured.</p>",
-    ]
+    parts = page.heading(
+        """The same model and workload on every machine (A100 vs H100 vs H200 …), newest run per machine, per KV dtype.
+        Runs are compared only with runs of the same model, prompt/output lengths, context and fixed load. <b>✕
+        partial</b> / <b>✕ failed</b> in a bar's place: the dtype ran but its engine failed before that number was
+        measured."""
+    )
     if data.runs.empty:
         parts.append(
             empty(
@@ -118,8 +115,7 @@ def build(data: SiteData) -> Page:
                 "machine and copy its <code>results/&lt;machine&gt;/</code> folder here to compare them."
             )
         )
-        page.body = "\n".join(parts)
-        return page
+        return page.done(parts)
     for (model, workload, context, load), rows in workload_groups(data.runs):
         title = f"{model}: {workload}, context {context}, fixed load {load}"
         inner = ""
@@ -154,5 +150,4 @@ def build(data: SiteData) -> Page:
             },
         )
         parts.append(section(title, inner))
-    page.body = "\n".join(parts)
-    return page
+    return page.done(parts)

@@ -92,6 +92,40 @@ def regressions_table(flagged: pd.DataFrame, link: str = "") -> str:
     )
 
 
+def _regression_trace(
+    hits: pd.DataFrame, factor: float, machine: str, size: int, showlegend: bool, unit: str | None = None
+) -> go.Scatter:
+    """A ring around each point `kvbench regress` flagged; with `unit`, the hover also gives the baseline."""
+    custom = []
+    for _, h in hits.iterrows():
+        row = [
+            esc(h["run_id"]),
+            esc(date_text(h["when"])),
+            esc(h["vllm_version"]),
+            esc(machine),
+            esc(h["kv_dtype"]),
+            fmt(h["change_pct"], 1, "%"),
+        ]
+        if unit is not None:
+            row.append(fmt(h["baseline"] * factor, 4))
+        custom.append(row)
+    baseline = "" if unit is None else f" vs baseline %{{customdata[6]}} {esc(unit)}"
+    return go.Scatter(
+        x=hits["when"],
+        y=hits["value"] * factor,
+        mode="markers",
+        name="regression (kvbench regress)",
+        legendgroup="regression",
+        showlegend=showlegend,
+        marker={"symbol": "circle-open", "size": size, "color": REGRESSION_COLOR, "line": {"width": 3}},
+        customdata=custom,
+        hovertemplate=(
+            f"<b>regression</b> %{{customdata[4]}}: %{{customdata[5]}}{baseline}<br>run %{{customdata[0]}}"
+            "<br>%{customdata[1]}<br>vLLM %{customdata[2]}<br>machine %{customdata[3]}<extra></extra>"
+        ),
+    )
+
+
 def _repeat_bars(pts: pd.DataFrame, factor: float) -> dict | None:
     """Error bars where a point's run repeated its fixed load: the 95% t interval of the mean of the repeats."""
     if "repeat_std" not in pts or "repeat_n" not in pts:
@@ -103,6 +137,27 @@ def _repeat_bars(pts: pd.DataFrame, factor: float) -> dict | None:
     if all(h != h for h in half):
         return None
     return {"type": "data", "array": half, "visible": True, "thickness": 1.2, "width": 4}
+
+
+def _dtype_line(pts: pd.DataFrame, dtype: str, factor: float, showlegend: bool, look: dict, custom, hover: str):
+    """One dtype's points over time, in its colour, dash and marker; look: the line's width, the markers' size
+    and (optionally) their outline."""
+    marker = {"color": color(dtype), "symbol": symbol(dtype), "size": look["size"]}
+    if "line" in look:
+        marker["line"] = look["line"]
+    return go.Scatter(
+        x=pts["when"],
+        y=pts["value"] * factor,
+        error_y=_repeat_bars(pts, factor),
+        mode="lines+markers",
+        name=esc(dtype),
+        legendgroup=dtype,
+        showlegend=showlegend,
+        line={"color": color(dtype), "dash": dash(dtype), "width": look["width"]},
+        marker=marker,
+        customdata=custom,
+        hovertemplate=hover,
+    )
 
 
 def metric_figure(frame: pd.DataFrame, regressions: pd.DataFrame, title: str, unit: str) -> go.Figure:
@@ -134,32 +189,13 @@ def metric_figure(frame: pd.DataFrame, regressions: pd.DataFrame, title: str, un
                 ]
                 for _, r in pts.iterrows()
             ]
-            fig.add_trace(
-                go.Scatter(
-                    x=pts["when"],
-                    y=pts["value"] * factor,
-                    error_y=_repeat_bars(pts, factor),
-                    mode="lines+markers",
-                    name=esc(dtype),
-                    legendgroup=dtype,
-                    showlegend=dtype not in legend_done,
-                    line={"color": color(dtype), "dash": dash(dtype), "width": 2},
-                    marker={
-                        "color": color(dtype),
-                        "symbol": symbol(dtype),
-                        "size": 9,
-                        "line": {"color": "#fff", "width": 1},
-                    },
-                    customdata=custom,
-                    hovertemplate=(
-                        f"<b>%{{customdata[5]}}</b>: %{{y:.4g}} {esc(shown_unit)}<br>commit %{{customdata[4]}} "
-                        "(%{customdata[6]})<br>run %{customdata[0]}<br>%{customdata[1]}<br>vLLM %{customdata[2]}"
-                        "<br>machine %{customdata[3]}<extra></extra>"
-                    ),
-                ),
-                row=row,
-                col=1,
+            hover = (
+                f"<b>%{{customdata[5]}}</b>: %{{y:.4g}} {esc(shown_unit)}<br>commit %{{customdata[4]}} "
+                "(%{customdata[6]})<br>run %{customdata[0]}<br>%{customdata[1]}<br>vLLM %{customdata[2]}"
+                "<br>machine %{customdata[3]}<extra></extra>"
             )
+            big = {"width": 2, "size": 9, "line": {"color": "#fff", "width": 1}}
+            fig.add_trace(_dtype_line(pts, dtype, factor, dtype not in legend_done, big, custom, hover), row=row, col=1)
             legend_done.add(dtype)
         # Regressions `kvbench regress` found: a ring around the newest point it judged.
         mreg = flagged[flagged["machine"] == machine] if not flagged.empty else flagged
@@ -167,32 +203,8 @@ def metric_figure(frame: pd.DataFrame, regressions: pd.DataFrame, title: str, un
             hits = _regression_points(mreg, mframe)
             if not hits.empty:
                 fig.add_trace(
-                    go.Scatter(
-                        x=hits["when"],
-                        y=hits["value"] * factor,
-                        mode="markers",
-                        name="regression (kvbench regress)",
-                        legendgroup="regression",
-                        showlegend="regression" not in legend_done,
-                        marker={"symbol": "circle-open", "size": 22, "color": REGRESSION_COLOR, "line": {"width": 3}},
-                        customdata=[
-                            [
-                                esc(r["run_id"]),
-                                esc(date_text(r["when"])),
-                                esc(r["vllm_version"]),
-                                esc(machine),
-                                esc(r["kv_dtype"]),
-                                fmt(r["change_pct"], 1, "%"),
-                                fmt(r["baseline"] * factor, 4),
-                            ]
-                            for _, r in hits.iterrows()
-                        ],
-                        hovertemplate=(
-                            "<b>regression</b> %{customdata[4]}: %{customdata[5]} vs baseline %{customdata[6]}"
-                            f" {esc(shown_unit)}<br>run %{{customdata[0]}}"
-                            "<br>%{customdata[1]}<br>vLLM %{customdata[2]}"
-                            "<br>machine %{customdata[3]}<extra></extra>"
-                        ),
+                    _regression_trace(
+                        hits, factor, machine, size=22, showlegend="regression" not in legend_done, unit=shown_unit
                     ),
                     row=row,
                     col=1,
@@ -254,59 +266,23 @@ def glance_figure(frame: pd.DataFrame, regressions: pd.DataFrame, metrics: list[
         unit, factor = display_unit(mf["unit"].iloc[0])
         for dtype in ordered(mf["kv_dtype"]):
             pts = mf[mf["kv_dtype"] == dtype].sort_values("when")
-            fig.add_trace(
-                go.Scatter(
-                    x=pts["when"],
-                    y=pts["value"] * factor,
-                    error_y=_repeat_bars(pts, factor),
-                    mode="lines+markers",
-                    name=esc(dtype),
-                    legendgroup=dtype,
-                    showlegend=dtype not in shown,
-                    line={"color": color(dtype), "dash": dash(dtype), "width": 1.5},
-                    marker={"color": color(dtype), "symbol": symbol(dtype), "size": 7},
-                    customdata=[
-                        [esc(p["run_id"]), esc(date_text(p["when"])), esc(p["vllm_version"]), esc(machine), esc(dtype)]
-                        for _, p in pts.iterrows()
-                    ],
-                    hovertemplate=(
-                        "<b>%{customdata[4]}</b>: "
-                        f"%{{y:.4g}} {esc(unit)}<br>run %{{customdata[0]}}<br>%{{customdata[1]}}"
-                        "<br>vLLM %{customdata[2]}<br>machine %{customdata[3]}<extra></extra>"
-                    ),
-                ),
-                row=r + 1,
-                col=c + 1,
+            custom = [
+                [esc(p["run_id"]), esc(date_text(p["when"])), esc(p["vllm_version"]), esc(machine), esc(dtype)]
+                for _, p in pts.iterrows()
+            ]
+            hover = (
+                "<b>%{customdata[4]}</b>: "
+                f"%{{y:.4g}} {esc(unit)}<br>run %{{customdata[0]}}<br>%{{customdata[1]}}"
+                "<br>vLLM %{customdata[2]}<br>machine %{customdata[3]}<extra></extra>"
             )
+            small = {"width": 1.5, "size": 7}
+            line = _dtype_line(pts, dtype, factor, dtype not in shown, small, custom, hover)
+            fig.add_trace(line, row=r + 1, col=c + 1)
             shown.add(dtype)
         hits = _regression_points(flagged[flagged["metric"] == metric], mf) if not flagged.empty else flagged
         if not hits.empty:
             fig.add_trace(
-                go.Scatter(
-                    x=hits["when"],
-                    y=hits["value"] * factor,
-                    mode="markers",
-                    name="regression (kvbench regress)",
-                    legendgroup="regression",
-                    showlegend="regression" not in shown,
-                    marker={"symbol": "circle-open", "size": 16, "color": REGRESSION_COLOR, "line": {"width": 3}},
-                    customdata=[
-                        [
-                            esc(h["run_id"]),
-                            esc(date_text(h["when"])),
-                            esc(h["vllm_version"]),
-                            esc(machine),
-                            esc(h["kv_dtype"]),
-                            fmt(h["change_pct"], 1, "%"),
-                        ]
-                        for _, h in hits.iterrows()
-                    ],
-                    hovertemplate=(
-                        "<b>regression</b> %{customdata[4]}: "
-                        "%{customdata[5]}<br>run %{customdata[0]}<br>%{customdata[1]}"
-                        "<br>vLLM %{customdata[2]}<br>machine %{customdata[3]}<extra></extra>"
-                    ),
-                ),
+                _regression_trace(hits, factor, machine, size=16, showlegend="regression" not in shown),
                 row=r + 1,
                 col=c + 1,
             )
@@ -340,14 +316,11 @@ def metric_order(history: pd.DataFrame, regressions: pd.DataFrame) -> list[str]:
 
 def build(data: SiteData) -> Page:
     page = Page(SLUG, TITLE)
-    parts = [
-        f"<h1>{esc(TITLE)}</h1>",
-        '<p class="lead">Each tracked metric (kvbench/data/metrics.toml) over commits, '
-        "per machine and KV dtype, from the "
-        "asv results under the results folder. Dotted lines mark a new vLLM version; red rings mark what "
-        "<code>kvbench regress</code> calls a regression. "
-        "Hover a point for its run, date, vLLM version and machine.</p>",
-    ]
+    parts = page.heading(
+        """Each tracked metric (kvbench/data/metrics.toml) over commits, per machine and KV dtype, from the asv results
+        under the results folder. Dotted lines mark a new vLLM version; red rings mark what <code>kvbench
+        regress</code> calls a regression. Hover a point for its run, date, vLLM version and machine."""
+    )
     h = data.history
     if h.empty:
         why = f" ({esc(data.history_note)})" if data.history_note else ""
@@ -360,8 +333,7 @@ def build(data: SiteData) -> Page:
                 "release), then rebuild with <code>kvbench dashboard</code>."
             )
         )
-        page.body = "\n".join(parts)
-        return page
+        return page.done(parts)
     flagged = _flagged(data.regressions)
     if not flagged.empty:
         parts.append(
@@ -458,5 +430,4 @@ def build(data: SiteData) -> Page:
                 raw={"dtype_html"},
             )
         parts.append(section(label, inner, anchor=slug(metric)))
-    page.body = "\n".join(parts)
-    return page
+    return page.done(parts)

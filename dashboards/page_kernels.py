@@ -51,6 +51,12 @@ def _gbs_trace(pts: pd.DataFrame, x: str, f: str, show: bool, hover: str, ident:
     )
 
 
+def _log_x(fig: go.Figure, col: int, title: str, values: pd.Series) -> None:
+    """Subplot `col`'s x axis: log scale with whole-number ticks spanning `values` (none when it is empty)."""
+    ticks = log_ticks(values.min(), values.max()) if not values.empty else None
+    fig.update_xaxes(type="log", title_text=title, row=1, col=col, tickformat=",d", tickvals=ticks)
+
+
 def kernel_figure(doc: dict, rows: pd.DataFrame) -> go.Figure:
     machine, run_id = doc.get("machine"), Path(doc["_path"]).stem
     ident = (machine, run_id, (doc.get("environment") or {}).get("vllm"))  # every point's hover names its run
@@ -70,54 +76,25 @@ def kernel_figure(doc: dict, rows: pd.DataFrame) -> go.Figure:
                 _gbs_trace(pts, "context", f, f not in shown, "decode: %{y:,.1f} GB/s at", ident), row=1, col=col
             )
             shown.add(f)
-        fig.update_xaxes(
-            type="log",
-            title_text="context (tokens)",
-            row=1,
-            col=col,
-            tickformat=",d",
-            tickvals=log_ticks(dec["context"].min(), dec["context"].max()),
-        )
+        _log_x(fig, col, "context (tokens)", dec["context"])
     wr = rows[rows["kernel"] == "write"]
     wcol = len(titles)
     for f in ordered(wr["format"]):
         pts = wr[wr["format"] == f].sort_values("tokens")
         fig.add_trace(_gbs_trace(pts, "tokens", f, f not in shown, "write: %{y:,.1f} GB/s for", ident), row=1, col=wcol)
         shown.add(f)
-    fig.update_xaxes(
-        type="log",
-        title_text="new tokens written (tokens)",
-        row=1,
-        col=wcol,
-        tickformat=",d",
-        tickvals=log_ticks(wr["tokens"].min(), wr["tokens"].max()) if not wr.empty else None,
-    )
+    _log_x(fig, wcol, "new tokens written (tokens)", wr["tokens"])
     peak = rows["peak_gbs"].dropna()
     copy = rows["copy_gbs"].dropna()
+    # (values, label, colour, dash, extra annotation keys); the label goes on the first subplot only
+    bounds = [(peak, "roofline", "#D55E00", "dash", {}), (copy, "measured copy", "#555", "dot", {"yanchor": "top"})]
     for col in range(1, len(titles) + 1):
-        if len(peak):
-            fig.add_hline(
-                y=float(peak.iloc[0]),
-                line={"color": "#D55E00", "dash": "dash"},
-                row=1,
-                col=col,
-                annotation={
-                    "text": f"roofline {float(peak.iloc[0]):,.0f} GB/s" if col == 1 else "",
-                    "font": {"color": "#D55E00"},
-                },
-            )
-        if len(copy):
-            fig.add_hline(
-                y=float(copy.iloc[0]),
-                line={"color": "#555", "dash": "dot"},
-                row=1,
-                col=col,
-                annotation={
-                    "text": f"measured copy {float(copy.iloc[0]):,.0f} GB/s" if col == 1 else "",
-                    "font": {"color": "#555"},
-                    "yanchor": "top",
-                },
-            )
+        for values, label, colour, dash, extra in bounds:
+            if len(values):
+                gbs = float(values.iloc[0])
+                annotation = {"text": f"{label} {gbs:,.0f} GB/s" if col == 1 else "", "font": {"color": colour}}
+                line = {"color": colour, "dash": dash}
+                fig.add_hline(y=gbs, line=line, row=1, col=col, annotation={**annotation, **extra})
     fig.update_yaxes(title_text="achieved bandwidth (GB/s, 10^9 B/s)", rangemode="tozero", row=1, col=1)
     style(fig, f"{machine}: kernel bandwidth vs the GPU's roofline", height=460)
     return fig
@@ -181,14 +158,11 @@ def accuracy_figure(rows: pd.DataFrame, doc_machine: str) -> go.Figure:
 
 def build(data: SiteData) -> Page:
     page = Page(SLUG, TITLE)
-    parts = [
-        f"<h1>{esc(TITLE)}</h1>",
-        '<p class="lead">Does dequantizing NVFP4 in the attention kernel cost speed, '
-        "and how much accuracy does each format "
-        "give up? Kernel bandwidth counts the bytes the kernel must move (cache incl. "
-        "block scales, q, output) over its median "
-        "time; the roofline is the GPU catalog's HBM bandwidth. Accuracy is attention output vs an fp32 reference.</p>",
-    ]
+    parts = page.heading(
+        """Does dequantizing NVFP4 in the attention kernel cost speed, and how much accuracy does each format give up?
+        Kernel bandwidth counts the bytes the kernel must move (cache incl. block scales, q, output) over its median
+        time; the roofline is the GPU catalog's HBM bandwidth. Accuracy is attention output vs an fp32 reference."""
+    )
     # Kernels
     inner = ""
     if data.kernels.empty:
@@ -257,8 +231,7 @@ def build(data: SiteData) -> Page:
                     view, {"fmt": "format", "rel": "rel. L2 (real K/V)", "cos": "mean cosine", "mx": "max abs error"}
                 )
     parts.append(section("Accuracy per format and data source", inner))
-    page.body = "\n".join(parts)
-    return page
+    return page.done(parts)
 
 
 def _newest_per_machine(docs: list[dict]) -> list[dict]:

@@ -187,16 +187,12 @@ def length_scatter(doc: dict) -> go.Figure | None:
 
 def build(data: SiteData) -> Page:
     page = Page(SLUG, TITLE)
-    parts = [
-        f"<h1>{esc(TITLE)}</h1>",
-        '<p class="lead">P95 time to first token and time per output '
-        "token as concurrency rises, from the SLO search of the "
-        "newest run per machine (phases <code>slo-c&lt;N&gt;</code>) "
-        "and its fixed closed-loop load. Filled markers met the "
-        "SLO, open ones missed it; the dashed line is the SLO; "
-        "the dotted line per dtype is its knee, the highest concurrency "
-        "that met the SLO.</p>",
-    ]
+    parts = page.heading(
+        """P95 time to first token and time per output token as concurrency rises, from the SLO search of the newest run
+        per machine (phases <code>slo-c&lt;N&gt;</code>) and its fixed closed-loop load. Filled markers met the SLO,
+        open ones missed it; the dashed line is the SLO; the dotted line per dtype is its knee, the highest
+        concurrency that met the SLO."""
+    )
     if not data.records:
         parts.append(
             empty(
@@ -204,8 +200,7 @@ def build(data: SiteData) -> Page:
                 "search probes rising concurrency) to fill this page."
             )
         )
-        page.body = "\n".join(parts)
-        return page
+        return page.done(parts)
     for doc in newest_record_per_machine(data.records):
         machine = doc.get("machine")
         probes = data.probes[data.probes["run_id"] == doc.get("run_id")] if not data.probes.empty else data.probes
@@ -240,5 +235,4 @@ def build(data: SiteData) -> Page:
 
         title = f"{machine} — {workload_label(doc.get('config') or {})} — run {doc.get('run_id')}"
         parts.append(section(title, inner, anchor=f"m-{machine}"))
-    page.body = "\n".join(parts)
-    return page
+    return page.done(parts)

@@ -285,13 +285,11 @@ def regressions_html(data: SiteData) -> str:
 
 def build(data: SiteData) -> Page:
     page = Page(SLUG, TITLE)
-    parts = [
-        f"<h1>{esc(TITLE)}</h1>",
-        '<p class="lead">Which KV-cache dtype to run on each machine, '
-        "and what it buys: the newest <code>kvbench run</code> "
-        "per machine and dtype, capacity three ways (measured under the SLO, engine-reported, capacity model), latency "
-        "at the fixed load, and the accuracy each dtype costs.</p>",
-    ]
+    parts = page.heading(
+        """Which KV-cache dtype to run on each machine, and what it buys: the newest <code>kvbench run</code> per
+        machine and dtype, capacity three ways (measured under the SLO, engine-reported, capacity model), latency at
+        the fixed load, and the accuracy each dtype costs."""
+    )
     if data.problems:
         parts.append(note("Some inputs were skipped:<br>" + "<br>".join(esc(p) for p in data.problems), "warn"))
     if data.runs.empty:
@@ -323,5 +321,4 @@ def build(data: SiteData) -> Page:
             parts.append(section(title, inner, anchor=anchor))
         parts.append(section("Capacity at a glance", page.plot(capacity_figure(latest), "overview-capacity")))
     parts.append(section("Regressions", regressions_html(data)))
-    page.body = "\n".join(parts)
-    return page
+    return page.done(parts)

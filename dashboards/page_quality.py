@@ -57,18 +57,16 @@ def accuracy_figure(rows: pd.DataFrame, title: str) -> go.Figure:
 
 def build(data: SiteData) -> Page:
     page = Page(SLUG, TITLE)
-    parts = [
-        f"<h1>{esc(TITLE)}</h1>",
-        '<p class="lead">Task accuracy per KV dtype through '
-        "lm-evaluation-harness (temperature 0), measured one request at a "
-        "time, at the run's serving concurrency and while its fixed load runs; every item is compared with auto's "
-        "answer to the same item. The verdict is non-inferiority: a dtype is eligible only when the one-sided "
-        "bound on its drop against auto (Tango's score test, Holm over tasks × conditions) stays inside the "
-        "budget; <i>undecided</i> (too few items to tell) and <i>inferior</i> are not; the Overview's line per "
-        "dtype gives the bound, the budget and the items that would decide it (docs/verdict.md). The "
-        "<i>vs auto</i> column here is the two-sided McNemar description of the same pairs. Canaries (greedy "
-        "outputs recorded at rest) ride inside every load phase.</p>",
-    ]
+    parts = page.heading(
+        """Task accuracy per KV dtype through lm-evaluation-harness (temperature 0), measured one request at a time, at
+        the run's serving concurrency and while its fixed load runs; every item is compared with auto's answer to the
+        same item. The verdict is non-inferiority: a dtype is eligible only when the one-sided bound on its drop
+        against auto (Tango's score test, Holm over tasks × conditions) stays inside the budget; <i>undecided</i>
+        (too few items to tell) and <i>inferior</i> are not; the Overview's line per dtype gives the bound, the
+        budget and the items that would decide it (docs/verdict.md). The <i>vs auto</i> column here is the two-sided
+        McNemar description of the same pairs. Canaries (greedy outputs recorded at rest) ride inside every load
+        phase."""
+    )
     if data.quality.empty:
         parts.append(
             empty(
@@ -77,8 +75,7 @@ def build(data: SiteData) -> Page:
                 "tasks); on a GPU pass <code>--eval-tasks gsm8k</code>."
             )
         )
-        page.body = "\n".join(parts)
-        return page
+        return page.done(parts)
     # each machine and model's newest run; transform keeps the sorted frame's order, so align it back first
     latest = data.quality.sort_values("created_at").groupby(["machine", "model"])["run_id"].transform("last")
     rows = data.quality[data.quality["run_id"] == latest.reindex(data.quality.index)]
@@ -157,5 +154,4 @@ def build(data: SiteData) -> Page:
                 ),
             )
         )
-    page.body = "\n".join(parts)
-    return page
+    return page.done(parts)

@@ -33,6 +33,11 @@ def newest(fronts: pd.DataFrame) -> pd.DataFrame:
     return keyed[keyed["run_id"].isin(last.values)]
 
 
+def _series(pts: pd.DataFrame, y: str, name: str) -> dict:
+    """A trace's points (tokens/s per user against `y`) and its legend entry, shared by a dtype's points and front."""
+    return {"x": pts["user_tps"], "y": pts[y], "name": name, "legendgroup": name}
+
+
 def front_figure(rows: pd.DataFrame, title: str, y: str, y_title: str) -> go.Figure:
     """Every point (hollow: off the front), lines through each dtype's front, per machine."""
     fig = go.Figure()
@@ -55,11 +60,8 @@ def front_figure(rows: pd.DataFrame, title: str, y: str, y_title: str) -> go.Fig
             custom = hover_data(pts, extra=["concurrency", "kv_cache_dtype", "phase"])
             fig.add_trace(
                 go.Scatter(
-                    x=pts["user_tps"],
-                    y=pts[y],
+                    **_series(pts, y, name),
                     mode="markers",
-                    name=name,
-                    legendgroup=name,
                     showlegend=emulated,
                     opacity=0.4 if emulated else 1.0,
                     marker={
@@ -82,11 +84,8 @@ def front_figure(rows: pd.DataFrame, title: str, y: str, y_title: str) -> go.Fig
             )
             fig.add_trace(
                 go.Scatter(
-                    x=on["user_tps"],
-                    y=on[y],
+                    **_series(on, y, name),
                     mode="lines",
-                    name=name,
-                    legendgroup=name,
                     line={"color": color(dtype), "dash": DASH[mi % len(DASH)], "width": 2},
                     hoverinfo="skip",
                 )
@@ -96,17 +95,24 @@ def front_figure(rows: pd.DataFrame, title: str, y: str, y_title: str) -> go.Fig
     return style(fig, title, height=460)
 
 
+# The chart's div id per quantity: "front" for throughput (the page's first chart), else the quantity's name.
+DIV_IDS = {"Throughput": "front", "Cost": "cost", "Energy": "energy"}
+
+
+def _front_div(page: Page, rows: pd.DataFrame, setup: str, what: str, y: str, y_title: str) -> str:
+    """The div of `what` (Throughput, Cost, Energy) against interactivity for one setup."""
+    fig = front_figure(rows, f"{what} vs interactivity — {setup}", y, y_title)
+    return page.plot(fig, f"{DIV_IDS[what]}-{slug(setup)}")
+
+
 def build(data: SiteData) -> Page:
     page = Page(SLUG, TITLE)
-    parts = [
-        f"<h1>{esc(TITLE)}</h1>",
-        '<p class="lead">What serving teams compare GPUs by: output tokens/s per GPU against tokens/s per user over a '
-        "concurrency ladder (<code>kvbench run --sweep</code>), "
-        "with the KV dtype as an axis. Lines join each dtype's Pareto "
-        "front (filled markers); hollow markers are beaten on both axes by another point. "
-        "Cost per million output tokens "
-        "appears where the run was given a price (<code>--price-per-hour</code>; kvbench ships none).</p>",
-    ]
+    parts = page.heading(
+        """What serving teams compare GPUs by: output tokens/s per GPU against tokens/s per user over a concurrency
+        ladder (<code>kvbench run --sweep</code>), with the KV dtype as an axis. Lines join each dtype's Pareto front
+        (filled markers); hollow markers are beaten on both axes by another point. Cost per million output tokens
+        appears where the run was given a price (<code>--price-per-hour</code>; kvbench ships none)."""
+    )
     if data.fronts.empty:
         parts.append(
             empty(
@@ -114,8 +120,7 @@ def build(data: SiteData) -> Page:
                 "<code>kvbench run</code> (the sweep is on by default) to draw the front."
             )
         )
-        page.body = "\n".join(parts)
-        return page
+        return page.done(parts)
     rows = newest(data.fronts)
     for setup, group in rows.groupby("setup", sort=True):
         inner = ""
@@ -124,26 +129,12 @@ def build(data: SiteData) -> Page:
                 f"One machine ({esc(group['machine'].iloc[0])}) has a front for this setup; run the same sweep on "
                 "another GPU and copy its <code>results/&lt;machine&gt;/</code> folder in to compare."
             )
-        inner += page.plot(
-            front_figure(
-                group,
-                f"Throughput vs interactivity — {setup}",
-                "output_tps_per_gpu",
-                "output throughput (tokens/s per GPU)",
-            ),
-            f"front-{slug(setup)}",
+        inner += _front_div(
+            page, group, setup, "Throughput", "output_tps_per_gpu", "output throughput (tokens/s per GPU)"
         )
         priced = group[group["usd_per_m_output"].notna()]
         if not priced.empty:
-            inner += page.plot(
-                front_figure(
-                    priced,
-                    f"Cost vs interactivity — {setup}",
-                    "usd_per_m_output",
-                    "cost (USD per million output tokens)",
-                ),
-                f"cost-{slug(setup)}",
-            )
+            inner += _front_div(page, priced, setup, "Cost", "usd_per_m_output", "cost (USD per million output tokens)")
             prices = priced.drop_duplicates(["machine", "price_key"])
             inner += note(
                 "Prices given to the runs: "
@@ -156,15 +147,8 @@ def build(data: SiteData) -> Page:
             )
         energy = group[group["energy_j_per_output_token"].notna()]
         if not energy.empty:
-            inner += page.plot(
-                front_figure(
-                    energy,
-                    f"Energy vs interactivity — {setup}",
-                    "energy_j_per_output_token",
-                    "energy, NVML (J per output token)",
-                ),
-                f"energy-{slug(setup)}",
-            )
+            title = "energy, NVML (J per output token)"
+            inner += _front_div(page, energy, setup, "Energy", "energy_j_per_output_token", title)
         else:
             inner += note(
                 "Energy per token: not measured on these machines (no NVML GPU power, no readable RAPL counters)."
@@ -192,5 +176,4 @@ def build(data: SiteData) -> Page:
             numeric={"concurrency", "user_tps_t", "output_tps_per_gpu_t", "ttft_p95_ms_t", "tpot_p95_ms_t", "usd"},
         )
         parts.append(section(str(setup), inner))
-    page.body = "\n".join(parts)
-    return page
+    return page.done(parts)

@@ -11,6 +11,11 @@ from kvbench.harness.records import Finding, PhaseKind, RunRecord
 FAILED_SHARE = 0.05
 
 
+def _warning(dtype: str, kind: FindingKind, text: str) -> Finding:
+    """A warning about one dtype, its text led by the dtype's name."""
+    return Finding(level="warning", kind=kind, dtype=dtype, text=f"{dtype}: {text}")
+
+
 def notices(record: RunRecord) -> list[Finding]:
     out = []
     for d in record.dtypes:
@@ -18,18 +23,11 @@ def notices(record: RunRecord) -> list[Finding]:
         completed = sum(p.summary.completed for p in d.phases)
         unknown = sum(int(getattr(p.summary, "completion_tokens_unknown", 0) or 0) for p in d.phases)
         if unknown:
-            out.append(
-                Finding(
-                    level="warning",
-                    kind=FindingKind.NO_USAGE,
-                    dtype=d.kv_cache_dtype,
-                    text=(
-                        f"{d.kv_cache_dtype}: the server sent no usage for {unknown:,} of {completed:,} completed "
-                        "requests: their token counts, TPOT and throughput are unknown (vLLM sends usage; a proxy "
-                        "in front may strip it)"
-                    ),
-                )
+            text = (
+                f"the server sent no usage for {unknown:,} of {completed:,} completed requests: their token "
+                "counts, TPOT and throughput are unknown (vLLM sends usage; a proxy in front may strip it)"
             )
+            out.append(_warning(d.kv_cache_dtype, FindingKind.NO_USAGE, text))
         done = sum(p.summary.completed for p in fixed)
         failed = sum(p.summary.failed for p in fixed)
         if failed and failed > FAILED_SHARE * (done + failed):
@@ -38,16 +36,9 @@ def notices(record: RunRecord) -> list[Finding]:
                 for reason, n in p.summary.failure_reasons.items():
                     reasons[reason] = reasons.get(reason, 0) + n
             why = ", ".join(f"{r} x{n}" for r, n in sorted(reasons.items(), key=lambda kv: -kv[1])[:3])
-            out.append(
-                Finding(
-                    level="warning",
-                    kind=FindingKind.FAILED_REQUESTS,
-                    dtype=d.kv_cache_dtype,
-                    text=(
-                        f"{d.kv_cache_dtype}: {failed:,} of {done + failed:,} fixed-load requests failed "
-                        f"({failed / (done + failed):.0%}; {why}): its latencies describe only the requests that "
-                        "completed"
-                    ),
-                )
+            text = (
+                f"{failed:,} of {done + failed:,} fixed-load requests failed ({failed / (done + failed):.0%}; "
+                f"{why}): its latencies describe only the requests that completed"
             )
+            out.append(_warning(d.kv_cache_dtype, FindingKind.FAILED_REQUESTS, text))
     return out

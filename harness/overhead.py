@@ -141,6 +141,17 @@ def _token_prompts(n: int, tokens: int, salt: int) -> list[list[int]]:
     return [[(i * 7 + k * 13 + salt) % 1000 + 3 for k in range(tokens)] for i in range(n)]
 
 
+async def _load(url: str, model: str, prompts: Sequence | None, shape: tuple, warmup: int, mode, **kw):
+    """(prompts sent, the load's result, its summary) of one load of kvbench's client: `prompts`, or `requests`
+    token-id prompts of `prompt_tokens` (shape: requests, prompt_tokens, output_tokens), after `warmup` others."""
+    requests, prompt_tokens, output_tokens = shape
+    prompts = list(prompts) if prompts is not None else _token_prompts(requests, prompt_tokens, 0)
+    warm = _token_prompts(warmup, prompt_tokens, 500)
+    backend = OpenAIBackend(url, model, request_timeout_s=60)
+    lr = await run_load(backend, prompts, output_tokens, mode, stall_timeout_s=10, warmup_prompts=warm, **kw)
+    return prompts, lr, summarize(lr)
+
+
 async def closed_loop_rate(
     url: str,
     prompts: Sequence | None = None,
@@ -157,12 +168,10 @@ async def closed_loop_rate(
 
     prompts: what to send (default: `requests` token-id prompts of `prompt_tokens`); warmup: that many
     requests first, outside the figure (default: one per connection), so connections are open."""
-    prompts = list(prompts) if prompts is not None else _token_prompts(requests, prompt_tokens, 0)
-    warm = _token_prompts(concurrency if warmup is None else warmup, prompt_tokens, 500)
-    backend = OpenAIBackend(url, model, request_timeout_s=60)
-    mode = Concurrency(concurrency)
-    lr = await run_load(backend, prompts, output_tokens, mode, stall_timeout_s=10, warmup_prompts=warm)
-    s = summarize(lr)
+    warm = concurrency if warmup is None else warmup
+    prompts, lr, s = await _load(
+        url, model, prompts, (requests, prompt_tokens, output_tokens), warm, Concurrency(concurrency)
+    )
     return {
         "requests_per_s": s.request_throughput_rps,
         "requests": len(prompts),
@@ -191,13 +200,9 @@ async def open_loop_lag(
     """Schedule lag (actual minus intended send time) of kvbench's client at `rate_rps` open loop, gamma
     arrivals of shape `burstiness` (1: Poisson, inf: constant gaps), no concurrency cap; realtime: the
     client under SCHED_FIFO, as `kvbench run` runs it on CPU machines by default."""
-    prompts = list(prompts) if prompts is not None else _token_prompts(requests, prompt_tokens, 0)
-    warm = _token_prompts(warmup, prompt_tokens, 500)
-    backend = OpenAIBackend(url, model, request_timeout_s=60)
     mode = Rate(rate_rps, burstiness=burstiness, seed=seed)
-    kw = dict(stall_timeout_s=10, warmup_prompts=warm, realtime=realtime)
-    lr = await run_load(backend, prompts, output_tokens, mode, **kw)
-    s = summarize(lr)
+    shape = (requests, prompt_tokens, output_tokens)
+    prompts, lr, s = await _load(url, model, prompts, shape, warmup, mode, realtime=realtime)
     lag = s.schedule_lag_ms
     return {
         "rate_rps": rate_rps,

@@ -209,6 +209,19 @@ class Parts:
         return self.intro + " ".join(hay) + self.question
 
 
+def _named_keys(rng: random.Random, n_keys: int, texts: tuple[str, str, str], depth: float, pool: list) -> Parts:
+    """`n_keys` named keys (texts: intro, needle, question), one of them asked for (multikey, manykeys)."""
+    intro, needle, question = texts
+    names = rng.sample(words(), n_keys)
+    keys_ = [key(rng) for _ in names]
+    needles = [needle.format(name=n, key=k) for n, k in zip(names, keys_, strict=True)]
+    # The asked-for needle sits at `depth`; the distractors at random places.
+    asked = rng.randrange(n_keys)
+    positions = [depth if i == asked else rng.random() for i in range(n_keys)]
+    qa = [(question.format(name=n), k) for n, k in zip(names, keys_, strict=True)]
+    return Parts(intro, needles, positions, *qa[asked], pool, qa[:asked] + qa[asked + 1 :])
+
+
 def parts(
     kind: str,
     budget: int,
@@ -232,23 +245,10 @@ def parts(
         key_ = long_key(rng, digits or NEEDLE_DIGITS)
         return Parts(NEEDLE_INTRO, [NEEDLE_NEEDLE.format(key=key_)], [depth], NEEDLE_QUESTION, key_, pool)
     if kind == "multikey":
-        names = rng.sample(words(), MULTIKEY_KEYS)
-        keys_ = [key(rng) for _ in names]
-        needles = [MULTIKEY_NEEDLE.format(name=n, key=k) for n, k in zip(names, keys_, strict=True)]
-        # The asked-for needle sits at `depth`; the distractors at random places.
-        asked = rng.randrange(MULTIKEY_KEYS)
-        positions = [depth if i == asked else rng.random() for i in range(MULTIKEY_KEYS)]
-        qa = [(MULTIKEY_QUESTION.format(name=n), k) for n, k in zip(names, keys_, strict=True)]
-        return Parts(MULTIKEY_INTRO, needles, positions, *qa[asked], pool, qa[:asked] + qa[asked + 1 :])
+        return _named_keys(rng, MULTIKEY_KEYS, (MULTIKEY_INTRO, MULTIKEY_NEEDLE, MULTIKEY_QUESTION), depth, pool)
     if kind == "manykeys":
-        n_keys = keys or MANYKEYS_KEYS
-        names = rng.sample(words(), n_keys)
-        keys_ = [key(rng) for _ in names]
-        needles = [MANYKEYS_NEEDLE.format(name=n, key=k) for n, k in zip(names, keys_, strict=True)]
-        asked = rng.randrange(n_keys)
-        positions = [depth if i == asked else rng.random() for i in range(n_keys)]
-        qa = [(MANYKEYS_QUESTION.format(name=n), k) for n, k in zip(names, keys_, strict=True)]
-        return Parts(MANYKEYS_INTRO, needles, positions, *qa[asked], pool, qa[:asked] + qa[asked + 1 :])
+        texts = (MANYKEYS_INTRO, MANYKEYS_NEEDLE, MANYKEYS_QUESTION)
+        return _named_keys(rng, keys or MANYKEYS_KEYS, texts, depth, pool)
     if kind == "track":
         n = updates or TRACK_UPDATES
         change = TRACK_CHANGE if change is None else change

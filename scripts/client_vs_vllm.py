@@ -46,6 +46,8 @@ from datetime import UTC, datetime
 from importlib import metadata
 from pathlib import Path
 
+from peer_vllm_bench_serve import aiohttp_trust_env  # the same switch (scripts/ is on sys.path)
+
 REPO = Path(__file__).resolve().parents[1]
 CLIENTS = ("kvbench", "vllm", "vllm_as_shipped")
 LAGS = ("poisson", "constant", "poisson_realtime")
@@ -54,28 +56,6 @@ TRUST_ENV = {"vllm": False, "vllm_as_shipped": True}
 
 
 # --- vLLM's client -----------------------------------------------------------------------------------
-
-
-@contextlib.contextmanager
-def aiohttp_trust_env(enabled: bool):
-    """`enabled=False`: aiohttp sessions opened inside are opened with trust_env=False, whatever the caller
-    asked (vllm bench serve asks for True); nothing else changes. Same switch as the peer script's."""
-    if enabled:
-        yield
-        return
-    import aiohttp
-
-    orig = aiohttp.ClientSession.__init__
-
-    def init(self, *args, **kw):
-        kw["trust_env"] = False
-        orig(self, *args, **kw)
-
-    aiohttp.ClientSession.__init__ = init
-    try:
-        yield
-    finally:
-        aiohttp.ClientSession.__init__ = orig
 
 
 def vllm_argv(url: str, model: str, a, seed: int, requests: int) -> list[str]:

@@ -29,6 +29,32 @@ def kvbench(*args: str, cwd: Path | str = ROOT, env: dict | None = None, timeout
     return subprocess.run([*KVBENCH, *args], cwd=cwd, capture_output=True, text=True, env=full, timeout=timeout)
 
 
+# For tests about something else than the front, repeats and eval: one pass at one load, no tasks.
+LEAN = ["--no-sweep", "--repeat", "1", "--no-eval"]
+
+
+def kvbench_at(command: str, endpoint: str, model, results, *args: str, json_out: bool = True, env: dict | None = None):
+    """`kvbench COMMAND --endpoint ENDPOINT --model MODEL ARGS --results RESULTS [--json]` in a child process."""
+    tail = ["--json"] if json_out else []
+    return kvbench(
+        command, "--endpoint", endpoint, "--model", str(model), *args, "--results", str(results), *tail, env=env
+    )
+
+
+def json_summary(out) -> dict:
+    """The one JSON document a `--json` command printed, after checking that it exited 0."""
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads(out.stdout)
+
+
+def cpu_plan(results_dir: Path, **kw):
+    """A run plan of the CPU default without the SLO search, the front, repeats or eval (RunSettings' plan)."""
+    from kvbench.harness.settings import RunSettings
+
+    lean = dict(no_search=True, sweep=False, repeat=1, eval_tasks=[])
+    return RunSettings.for_machine(False, results_dir=results_dir, **{**lean, **kw}).plan()
+
+
 def only_record(results: Path) -> dict:
     """The one run record under `results` (a test's run writes exactly one)."""
     paths = records.find_records(results)
@@ -107,40 +133,34 @@ def shipped(**changes) -> dict:
 
 def run_against(url: str, model, workload: str, tmp_path, *extra) -> tuple[dict, object]:
     """One lean `kvbench run` of `workload` against the endpoint at `url`: (its record, its requests)."""
-    out = kvbench(
-        "run",
-        "--endpoint",
-        f"auto={url}",
-        "--model",
-        str(model),
-        "--workload",
-        workload,
-        "--no-sweep",
-        "--repeat",
-        "1",
-        "--no-eval",
-        "--results",
-        str(tmp_path),
-        "--json",
-        *extra,
-    )
-    assert out.returncode == 0, out.stderr[-3000:]
-    json.loads(out.stdout)  # --json prints one document
+    json_summary(kvbench_at("run", f"auto={url}", model, tmp_path, "--workload", workload, *LEAN, *extra))
     path = records.find_records(tmp_path)[0]
     return records.load_record(path), records.samples_frame(path)
 
 
 def plan_for(tmp_path, dtypes: str, **kw):
-    """A lean CPU plan of `dtypes` ("auto,fp8") into tmp_path: no SLO search, no sweep, one repeat, no eval."""
-    from kvbench.harness.settings import RunSettings
+    """A lean CPU plan of `dtypes` ("auto,fp8") into tmp_path (cpu_plan)."""
+    return cpu_plan(tmp_path, kv_dtypes=dtypes.split(","), **kw)
 
-    return RunSettings.for_machine(
-        False,
-        kv_dtypes=dtypes.split(","),
-        no_search=True,
-        results_dir=tmp_path,
-        sweep=False,
-        repeat=1,
-        eval_tasks=[],
-        **kw,
-    ).plan()
+
+SKY_SCHEMA = ROOT / "sky" / "task.schema.json"  # SkyPilot's task schema, vendored (its $comment names the source)
+
+
+def sky_validator():
+    import jsonschema
+
+    def case_insensitive_enum(validator, enums, instance, schema):
+        # SkyPilot's own keyword (sky.utils.schemas): an enum compared case-insensitively
+        if isinstance(instance, str) and instance.lower() not in {str(e).lower() for e in enums}:
+            yield jsonschema.ValidationError(f"{instance!r} is not one of {enums}")
+
+    base = jsonschema.Draft202012Validator
+    cls = jsonschema.validators.extend(base, {"case_insensitive_enum": case_insensitive_enum})
+    schema = json.loads(SKY_SCHEMA.read_text())
+    base.check_schema(schema)
+    return cls(schema)
+
+
+def sky_errors(doc: dict) -> list[str]:
+    """What the vendored SkyPilot task schema says is wrong with a task document ([] when it accepts it)."""
+    return [f"{'/'.join(map(str, e.path))}: {e.message}" for e in sky_validator().iter_errors(doc)]

@@ -24,6 +24,7 @@ from pathlib import Path
 from kvbench.errors import KvbenchError, UsageError
 from kvbench.nightly.config import CPU, NightlyConfig
 from kvbench.nightly.estimate import MachineEstimate
+from kvbench.nightly.manifest import read_document
 from kvbench.nightly.matrix import MachinePlan, machine_folder
 from kvbench.nightly.shards import Shard, ShardPlan
 
@@ -115,12 +116,13 @@ def load_template(root: Path) -> dict:
     import yaml
 
     path = Path(root) / TEMPLATE
-    try:
-        doc = yaml.safe_load(path.read_text())
-    except FileNotFoundError:
-        raise UsageError(f"{path} not found: run --launch from the kvbench checkout") from None
-    except yaml.YAMLError as exc:
-        raise UsageError(f"{path}: not valid YAML ({' '.join(str(exc).split())})") from None
+    doc = read_document(
+        path,
+        yaml.safe_load,
+        (yaml.YAMLError,),
+        f"{path} not found: run --launch from the kvbench checkout",
+        lambda exc: f"{path}: not valid YAML ({' '.join(str(exc).split())})",
+    )
     if not isinstance(doc, dict) or "setup" not in doc or "resources" not in doc:
         raise UsageError(f"{path}: not a SkyPilot task with setup and resources")
     return doc

@@ -20,6 +20,7 @@ import os
 import shutil
 import socket
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
@@ -187,17 +188,29 @@ def host() -> str:
 # -- reading one ----------------------------------------------------------------------------------------
 
 
+def read_document(path: Path, parse: Callable[[str], Any], bad: tuple, missing: str, invalid: Callable) -> Any:
+    """`parse` of the text at `path`; a one-line UsageError, `missing` when there is no such file and
+    `invalid(exc)` when reading or parsing raises one of `bad` (shard manifests, the SkyPilot task template)."""
+    try:
+        return parse(path.read_text())
+    except FileNotFoundError:
+        raise UsageError(missing) from None
+    except bad as exc:
+        raise UsageError(invalid(exc)) from None
+
+
 def read_manifest(folder: Path) -> ShardManifest:
     """The manifest of a shard folder, validated; one-line UsageError when it is missing or damaged."""
     import json
 
     path = Path(folder) / MANIFEST
-    try:
-        doc = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise UsageError(f"{folder}: no {MANIFEST}: the shard did not finish (or this is not a shard folder)") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise UsageError(f"{path}: not a JSON shard manifest ({exc})") from None
+    doc = read_document(
+        path,
+        json.loads,
+        (OSError, UnicodeDecodeError, json.JSONDecodeError),
+        f"{folder}: no {MANIFEST}: the shard did not finish (or this is not a shard folder)",
+        lambda exc: f"{path}: not a JSON shard manifest ({exc})",
+    )
     try:
         return ShardManifest.model_validate(doc)
     except ValidationError as exc:

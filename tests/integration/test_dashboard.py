@@ -7,12 +7,11 @@ from __future__ import annotations
 import importlib.util
 import json
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pandas as pd
 import pytest
+from support import kvbench
 
 from kvbench.dashboards import data as site_data
 from kvbench.dashboards import derive, site, theme
@@ -130,21 +129,7 @@ def test_every_page_has_its_plots(sample_pages):
 
 def test_cli_writes_site(tmp_path):
     (tmp_path / "results").mkdir()
-    out = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "kvbench",
-            "dashboard",
-            "--results",
-            str(tmp_path / "results"),
-            "--out",
-            str(tmp_path / "site"),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    out = kvbench("dashboard", "--results", str(tmp_path / "results"), "--out", str(tmp_path / "site"), timeout=120)
     assert out.returncode == 0, out.stderr
     assert "wrote 9 pages" in out.stdout and (tmp_path / "site" / "index.html").is_file()
 

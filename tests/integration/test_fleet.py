@@ -12,16 +12,14 @@ import os
 import shutil
 import subprocess
 import time
-import tomllib
 from pathlib import Path
 
 import pytest
 import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from support import kvbench
+from support import kvbench, shipped, sky_errors, toml_text
 
-from kvbench.datafiles import data_path
 from kvbench.errors import KvbenchError, UsageError
 from kvbench.harness.records import DtypeStatus, RunRecord, utc_iso
 from kvbench.harness.runner import Runner
@@ -36,33 +34,22 @@ from kvbench.nightly import orchestrate
 from kvbench.nightly import shards as nshards
 
 ROOT = Path(__file__).resolve().parents[2]
-SHIPPED = tomllib.loads(data_path("nightly.toml").read_text())
 MACHINE = "cpu-amd-epyc"  # the committed CPU history: the base every test night adds to
 NEW_COMMIT = "f00dfeed" * 5
 
 
-def shipped(**changes) -> dict:
-    raw = json.loads(json.dumps(SHIPPED))
-    for dotted, value in changes.items():
-        *parents, key = dotted.split(".")
-        node = raw
-        for p in parents:
-            node = node.setdefault(p, {})
-        if value is None:
-            node.pop(key, None)
-        else:
-            node[key] = value
-    return raw
-
-
-def toml_text(d: dict, prefix: str = "") -> str:
-    scalars = {k: v for k, v in d.items() if not isinstance(v, dict)}
-    tables = {k: v for k, v in d.items() if isinstance(v, dict)}
-    out = [f"[{prefix}]"] if prefix and scalars else []
-    out += [f"{k} = {json.dumps(v)}" for k, v in scalars.items()]
-    for k, v in tables.items():
-        out.append(toml_text(v, f"{prefix}.{k}" if prefix else k))
-    return "\n".join(out) + "\n"
+def merge_into(project_dir: Path, shards: Path, cwd: Path):
+    """`kvbench nightly --merge` of `shards` into the project at `project_dir` (its asv config, its site)."""
+    return kvbench(
+        "nightly",
+        "--merge",
+        str(shards),
+        "--asv-config",
+        str(project_dir / "asv.conf.json"),
+        "--out",
+        str(project_dir / "site"),
+        cwd=cwd,
+    )
 
 
 # -- sharding -------------------------------------------------------------------------------------------------
@@ -344,16 +331,7 @@ def test_three_shards_merge_into_what_one_machine_would_have_written(tmp_path, m
     folders = split_into_shards(single, before, doc, sp, raw, tmp_path / "bucket", night)
 
     merged = project(tmp_path, "merged")
-    out = kvbench(
-        "nightly",
-        "--merge",
-        str(tmp_path / "bucket" / night),
-        "--asv-config",
-        str(merged / "asv.conf.json"),
-        "--out",
-        str(merged / "site"),
-        cwd=tmp_path,
-    )
+    out = merge_into(merged, tmp_path / "bucket" / night, cwd=tmp_path)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr
     assert "nightly OK" in out.stdout and len(folders) == 3
 
@@ -419,16 +397,7 @@ def test_a_failed_a_missing_and_an_overlapping_shard_are_reported_and_the_rest_m
 
     merged = project(tmp_path, "merged")
     asv_points = len(list((merged / "results" / MACHINE).glob("*-existing-*.json")))
-    out = kvbench(
-        "nightly",
-        "--merge",
-        str(tmp_path / "bucket"),
-        "--asv-config",
-        str(merged / "asv.conf.json"),
-        "--out",
-        str(merged / "site"),
-        cwd=tmp_path,
-    )
+    out = merge_into(merged, tmp_path / "bucket", cwd=tmp_path)
     assert out.returncode == 1, out.stdout[-3000:] + out.stderr
     doc = json.loads((merged / "results" / MACHINE / "nightly" / f"{night}-{MACHINE}.json").read_text())
     assert doc["status"] == "failed"
@@ -531,18 +500,6 @@ def test_a_shard_that_cannot_start_writes_its_failure_for_the_merge(tmp_path, mo
 # -- SkyPilot tasks -------------------------------------------------------------------------------------------
 
 
-def sky_validator():
-    import jsonschema
-
-    def case_insensitive_enum(validator, enums, instance, schema):
-        if isinstance(instance, str) and instance.lower() not in {str(e).lower() for e in enums}:
-            yield jsonschema.ValidationError(f"{instance!r} is not one of {enums}")
-
-    base = jsonschema.Draft202012Validator
-    cls = jsonschema.validators.extend(base, {"case_insensitive_enum": case_insensitive_enum})
-    return cls(json.loads((ROOT / "sky" / "task.schema.json").read_text()))
-
-
 def skypilot():
     try:
         import sky
@@ -555,7 +512,7 @@ def check_with_skypilot(path: Path) -> None:
     """SkyPilot's own loader when it is installed (it is not in the dev extra: 0.14 pins click<8.2, which
     breaks check-jsonschema and huggingface-hub's CLI), and always the vendored schema of that loader."""
     doc = yaml.safe_load(path.read_text())
-    errors = [f"{'/'.join(map(str, e.path))}: {e.message}" for e in sky_validator().iter_errors(doc)]
+    errors = sky_errors(doc)
     assert errors == [], errors
     if (sky := skypilot()) is not None:
         task = sky.Task.from_yaml(str(path))

@@ -15,26 +15,21 @@ from collections import namedtuple
 from pathlib import Path
 
 import pytest
+from support import cpu_plan
 
 from kvbench.errors import KvbenchError, UsageError
 from kvbench.harness import records
 from kvbench.harness.runner import execute
-from kvbench.harness.settings import RunSettings
 from kvbench.testing.fakeserver import FakeConfig, FakeServer
 
 Usage = namedtuple("Usage", "total used free")
 
 
 def plan(tmp_path, model, url, **kw):
-    p = RunSettings.for_machine(
-        False,
+    p = cpu_plan(
+        tmp_path / "results",
         model=str(model),
-        no_search=True,
-        results_dir=tmp_path / "results",
         machine="cpu-test",
-        sweep=False,
-        repeat=1,
-        eval_tasks=[],
         endpoints={None: url},
         concurrency=[2],
         num_requests=6,

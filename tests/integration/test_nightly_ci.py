@@ -14,13 +14,13 @@ from pathlib import Path
 
 import pytest
 import yaml
+from support import SKY_SCHEMA, sky_errors
 
 from kvbench.nightly import config as nconfig
 
 ROOT = Path(__file__).resolve().parents[2]
 WORKFLOW = ROOT / ".github" / "workflows" / "nightly.yml"
 SKY_TASK = ROOT / "sky" / "nightly.yaml"
-SKY_SCHEMA = ROOT / "sky" / "task.schema.json"
 
 
 def load_yaml(path: Path) -> dict:
@@ -160,25 +160,6 @@ def test_workflow_and_sky_call_only_existing_nightly_options():
 
 
 # -- the SkyPilot task ----------------------------------------------------------------------------------
-
-
-def sky_validator():
-    import jsonschema
-
-    def case_insensitive_enum(validator, enums, instance, schema):
-        # SkyPilot's own keyword (sky.utils.schemas): an enum compared case-insensitively
-        if isinstance(instance, str) and instance.lower() not in {str(e).lower() for e in enums}:
-            yield jsonschema.ValidationError(f"{instance!r} is not one of {enums}")
-
-    base = jsonschema.Draft202012Validator
-    cls = jsonschema.validators.extend(base, {"case_insensitive_enum": case_insensitive_enum})
-    schema = json.loads(SKY_SCHEMA.read_text())
-    base.check_schema(schema)
-    return cls(schema)
-
-
-def sky_errors(doc: dict) -> list[str]:
-    return [f"{'/'.join(map(str, e.path))}: {e.message}" for e in sky_validator().iter_errors(doc)]
 
 
 def test_sky_schema_is_skypilots_with_its_source():

@@ -4,13 +4,26 @@ server stands in for such an engine (it answers kvbench's pass-key task, wrongly
 
 from __future__ import annotations
 
-import json
-
 import pytest
-from support import kvbench
+from support import json_summary, kvbench_at
 
 from kvbench.harness import records
 from kvbench.testing.fakeserver import FakeConfig, FakeServer
+
+
+def run_auto_and_fp8(a: FakeServer, b: FakeServer, model, results, *args: str):
+    """One `kvbench run --json` of auto on server `a` and fp8 on server `b` at one load (no search, no sweep)."""
+    return kvbench_at(
+        "run",
+        f"auto={a.base_url},fp8={b.base_url}",
+        model,
+        results,
+        "--no-search",
+        "--no-sweep",
+        "--repeat",
+        "1",
+        *args,
+    )
 
 
 def test_a_dtype_wrong_only_under_load_is_excluded_and_its_canaries_report_it(tmp_path, trained_model):
@@ -26,16 +39,11 @@ def test_a_dtype_wrong_only_under_load_is_excluded_and_its_canaries_report_it(tm
         num_gpu_blocks=2048,
     )
     with FakeServer(good) as a, FakeServer(bad) as b:
-        out = kvbench(
-            "run",
-            "--endpoint",
-            f"auto={a.base_url},fp8={b.base_url}",
-            "--model",
-            str(trained_model),
-            "--no-search",
-            "--no-sweep",
-            "--repeat",
-            "1",
+        out = run_auto_and_fp8(
+            a,
+            b,
+            trained_model,
+            tmp_path,
             "--concurrency",
             "8",
             "--num-requests",
@@ -44,12 +52,8 @@ def test_a_dtype_wrong_only_under_load_is_excluded_and_its_canaries_report_it(tm
             "kvbench_passkey_512",  # the task the fake server can answer
             "--eval-limit",
             "60",
-            "--results",
-            str(tmp_path),
-            "--json",
         )
-    assert out.returncode == 0, out.stderr[-3000:]
-    summary = json.loads(out.stdout)
+    summary = json_summary(out)
     gate = summary["quality"]["gate"]
     assert gate["auto"]["eligible"] and not gate["fp8"]["eligible"] and gate["fp8"]["breach"]
     assert gate["fp8"]["kind"] == "accuracy" and gate["fp8"]["accuracy"] == "inferior"
@@ -93,16 +97,11 @@ def test_each_failure_mode_condition_catches_a_dtype_that_fails_only_there(mode,
         FakeServer(FakeConfig(kv_cache_dtype="auto", **common)) as a,
         FakeServer(FakeConfig(kv_cache_dtype="fp8", num_gpu_blocks=2048, **common, **fault)) as b,
     ):
-        out = kvbench(
-            "run",
-            "--endpoint",
-            f"auto={a.base_url},fp8={b.base_url}",
-            "--model",
-            str(trained_model),
-            "--no-search",
-            "--no-sweep",
-            "--repeat",
-            "1",
+        out = run_auto_and_fp8(
+            a,
+            b,
+            trained_model,
+            tmp_path,
             "--concurrency",
             "4",
             "--num-requests",
@@ -111,12 +110,8 @@ def test_each_failure_mode_condition_catches_a_dtype_that_fails_only_there(mode,
             "kvbench_passkey_512",
             "--eval-limit",
             "40",
-            "--results",
-            str(tmp_path),
-            "--json",
         )
-    assert out.returncode == 0, out.stderr[-3000:]
-    summary = json.loads(out.stdout)
+    summary = json_summary(out)
     gate = summary["quality"]["gate"]
     assert gate["auto"]["eligible"] and not gate["fp8"]["eligible"], gate
     assert named in gate["fp8"]["reason"], gate["fp8"]["reason"]

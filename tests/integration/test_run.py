@@ -8,14 +8,13 @@ import json
 import time
 
 import pytest
-from support import kvbench, only_record, plan_for
+from support import LEAN, kvbench, kvbench_at, only_record, plan_for
 
 from kvbench.harness.runner import Runner
 from kvbench.testing.fakeserver import FakeConfig, FakeServer
 
 SMALL = ["--num-requests", "16", "--concurrency", "4", "--search-cap", "8"]
 TASK = "kvbench_needle_512"  # one of the CPU default's tasks: retrieval at the run's context
-LEAN = ["--no-sweep", "--repeat", "1", "--no-eval"]  # for tests about something else than the front, repeats, eval
 
 
 # -- without vLLM -------------------------------------------------------------------------------------
@@ -33,12 +32,11 @@ def test_hung_server_ends_by_no_progress_timeout(tmp_path, tiny_model):
     # Every request hangs after two chunks: the phase must end by the stall timeout, not hang kvbench.
     with FakeServer(FakeConfig(ttft_s=0.01, itl_s=0.01, hang_every=1, hang_after_chunks=2)) as srv:
         t0 = time.monotonic()
-        out = kvbench(
+        out = kvbench_at(
             "run",
-            "--endpoint",
             srv.base_url,
-            "--model",
-            str(tiny_model),
+            tiny_model,
+            str(tmp_path),
             "--kv-dtypes",
             "auto",
             "--no-search",
@@ -49,8 +47,7 @@ def test_hung_server_ends_by_no_progress_timeout(tmp_path, tiny_model):
             "2",
             "--stall-timeout",
             "2",
-            "--results",
-            str(tmp_path),
+            json_out=False,
         )
         elapsed = time.monotonic() - t0
     assert elapsed < 60, out.stdout[-2000:]

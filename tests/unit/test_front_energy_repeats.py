@@ -7,7 +7,7 @@ import math
 import pytest
 
 from kvbench import front
-from kvbench.harness import energy, repeats
+from kvbench.harness import energy, repeats, telemetry
 from kvbench.harness.runner import sweep_ladder
 
 # -- energy ---------------------------------------------------------------------------------------------------
@@ -18,17 +18,7 @@ def samples(ts, watts, gpu=0):
     return [[t, gpu, 0.0, w, 0.0, 0.0, 0.0, 0.0, 0.0] for t, w in zip(ts, watts, strict=False)]
 
 
-FIELDS = [
-    "t",
-    "gpu",
-    "memory_used_bytes",
-    "power_w",
-    "sm_util_pct",
-    "mem_util_pct",
-    "sm_clock_mhz",
-    "mem_clock_mhz",
-    "temperature_c",
-]
+FIELDS = list(telemetry.FIELDS)  # as a record stores them
 
 
 def test_constant_and_linear_power_integrate_exactly():
