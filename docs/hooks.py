@@ -2,7 +2,7 @@
 
 A page holds a marker line; the build replaces it with markdown:
     <!-- generated: cli-reference -->    every `kvbench` command, from the typer app in kvbench/cli.py
-    <!-- generated: record-schema -->    the run record's types, from the pydantic models in harness/records.py
+    <!-- generated: record-schema -->    the run record's types, from the pydantic models in harness/records/schema.py
 An unknown marker fails the build (a typo would otherwise publish an empty section).
 """
 
@@ -73,7 +73,7 @@ def cli_reference() -> str:
 
 
 def _comments(model: type) -> dict[str, str]:
-    """Trailing `# comments` of a class's field lines: records.py documents its fields that way."""
+    """Trailing `# comments` of a class's field lines: records/schema.py documents its fields that way."""
     try:
         source = inspect.getsource(model)
     except (OSError, TypeError):

@@ -18,7 +18,8 @@ from pathlib import Path
 
 from kvbench import stats
 from kvbench.harness.evaluation import EvalResult
-from kvbench.harness.records import _replace_atomic, new_run_id, utc_iso, write_atomic
+from kvbench.harness.records import new_run_id, utc_iso, write_atomic
+from kvbench.harness.records.storage import _replace_atomic
 from kvbench.scrub import scrub_table
 
 SCHEMA = "kvbench.eval/1"

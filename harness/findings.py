@@ -6,7 +6,7 @@ wording. What cannot be told is `other`.
 
 The findings a run derives from its record when it finishes are built in harness/runfindings.py; the verdict
 (kvbench/verdict.py) and harness/notices.py add theirs. This module is the record's vocabulary only, so the
-record (harness/records.py) can import it without importing what derives findings.
+record (harness/records/) can import it without importing what derives findings.
 """
 
 from __future__ import annotations

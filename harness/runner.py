@@ -1,6 +1,6 @@
 """One `kvbench run`: for each KV-cache dtype, a vLLM server (started here, or an --endpoint checked against
 what it says it runs), its capacity three ways, an SLO search and fixed-load phases, with /metrics and
-NVML alongside; one typed record (harness/records.py), flushed after every dtype, with its samples in Parquet.
+NVML alongside; one typed record (harness/records/), flushed after every dtype, with its samples in Parquet.
 
 `execute(plan)` is the one entry point (the CLI, the asv suite and the nightly all call it): it owns the
 event loop, SIGTERM, the deadline, and stopping every server; it returns the record, or raises

@@ -25,7 +25,7 @@ from kvbench.harness.records import CONDITIONS, RunRecord, conditions
 REFERENCE = "auto"
 REFERENCE_STATE, NO_EVAL, EVAL_FAILED = "reference", "no eval", "eval failed"
 NON_INFERIOR, INFERIOR, UNDECIDED = ni.NON_INFERIOR, ni.INFERIOR, ni.UNDECIDED
-SHORT = CONDITIONS  # what each condition is called (harness/records.py)
+SHORT = CONDITIONS  # what each condition is called (harness/records/schema.py)
 
 
 @dataclass(frozen=True)

@@ -187,7 +187,7 @@ MAY_IMPORT_HARNESS = (
     "kvbench.progress",  # the live display of a run: implements the runner's Reporter
     "kvbench.tinymodel.train",  # a build tool: its report measures the trained model with the harness's tinyeval
 )
-# Modules that read run records and judge them: they may import the record format, which harness/records.py
+# Modules that read run records and judge them: they may import the record format, which harness/records/
 # defines (with the finding kinds, failure modes and repeat statistics that records carry), and nothing else
 # of the harness. Moving the record format under kvbench/ would let this list go.
 READS_RECORDS = ("kvbench.claims", "kvbench.compare", "kvbench.history", "kvbench.verdict")
