@@ -289,7 +289,7 @@ def test_no_usage_failed_requests_and_no_canaries_are_stated(tmp_path, tiny_mode
             endpoints={"auto": srv.base_url},
             concurrency=[2],
             num_requests=10,
-        ).plan()
+        )
         p.agreement_prompts = p.canaries = 0
         doc = asyncio.run(Runner(p).run()).as_doc()
     d = doc["dtypes"][0]

@@ -34,7 +34,7 @@ def plan(tmp_path, model, url, **kw):
         concurrency=[2],
         num_requests=6,
         **kw,
-    ).plan()
+    )
     p.agreement_prompts = p.canaries = 0
     return p
 

