@@ -38,4 +38,4 @@ test: setup
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(MKDOCS) build --strict
-	$(PY) -m pytest
+	$(PY) -m pytest --durations=40
