@@ -1,6 +1,6 @@
-"""The fleet side of `kvbench nightly` (kvbench/commands/nightly_settings.py declares the options): shards in the dry
-run, one shard's night (`--shard`), `--launch sky` and `--merge`. The logic is kvbench.nightly's shards,
-manifest, fleet and merge modules (kvbench/commands/nightly_settings.py checks the flags); this file prints."""
+"""The fleet side of `kvbench nightly` (kvbench/commands/nightly_settings.py declares and checks the options):
+shards in the dry run, one shard's night (`--shard`), `--launch sky` and `--merge`. The logic is kvbench.nightly's
+shards, manifest, fleet and merge modules; this file prints."""
 
 from __future__ import annotations
 
