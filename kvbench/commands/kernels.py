@@ -28,6 +28,11 @@ def settings_of(ctx: typer.Context, values: dict) -> KernelsSettings:
 
 @command_from(KernelsSettings, settings_of)
 def command(ctx: typer.Context, s: KernelsSettings) -> None:
+    measure(s)
+
+
+def measure(s: KernelsSettings) -> None:
+    """The grid timed on this device and the record written (kernels/run_on_gpu.sh calls this directly)."""
     fmts, ctxs, bats, wtok = s.grid()
     if not _device_ready(s.interpret, s.as_json):
         return
