@@ -40,21 +40,23 @@ if ! "$PYTHON" -c "import kvbench.kernels" 2>/dev/null; then
 fi
 missing=$("$PYTHON" -c "
 import importlib.util as u
-print(' '.join(m for m in ('torch', 'triton', 'typer', 'rich', 'numpy') if u.find_spec(m) is None))")
+print(' '.join(m for m in ('torch', 'triton', 'typer', 'rich', 'numpy', 'pydantic') if u.find_spec(m) is None))")
 if [[ -n "$missing" ]]; then
     echo "run_on_gpu.sh: missing Python packages: $missing (this script installs nothing)" | tee "$OUT/kernels.log" >&2
     exit 3
 fi
 "$PYTHON" -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'gpu:', torch.cuda.get_device_name() if torch.cuda.is_available() else None)" | tee "$OUT/kernels.log"
 
-# Call the command function directly: only kvbench.commands.kernels and kvbench.kernels get imported.
+# Call the command's body directly with its settings: only kvbench.commands.kernels (and its settings) and
+# kvbench.kernels get imported.
 set +e
 COLUMNS=160 timeout --signal=INT --kill-after=20 "$WALL_S" "$PYTHON" - "${EXTRA[@]}" <<EOF 2>&1 | tee -a "$OUT/kernels.log"
 import sys
 from pathlib import Path
-from kvbench.commands.kernels import command
-command(formats="$FORMATS", contexts="$CONTEXTS", batches="$BATCHES", write_tokens="$WRITE_TOKENS",
-        max_seconds=$CASES_S, results_dir=Path("$OUT") / "results", interpret="--interpret" in sys.argv[1:])
+from kvbench.commands.kernels import measure
+from kvbench.commands.kernels_settings import KernelsSettings
+measure(KernelsSettings(formats="$FORMATS", contexts="$CONTEXTS", batches="$BATCHES", write_tokens="$WRITE_TOKENS",
+        max_seconds=$CASES_S, results_dir=Path("$OUT") / "results", interpret="--interpret" in sys.argv[1:]))
 EOF
 rc=${PIPESTATUS[0]}
 set -e

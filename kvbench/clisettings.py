@@ -37,10 +37,9 @@ def options(model: type[BaseModel]) -> list[inspect.Parameter]:
             show_envvar=flag.envvar is not None,
         )
         kind = flag.cli if flag.cli is not None else field.annotation
+        default = inspect.Parameter.empty if field.is_required() else field.default  # required: typer asks for it
         params.append(
-            inspect.Parameter(
-                name, inspect.Parameter.KEYWORD_ONLY, default=field.default, annotation=Annotated[kind, option]
-            )
+            inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=Annotated[kind, option])
         )
     return params
 

@@ -20,6 +20,18 @@ TP_SIZES = (1, 2, 4, 8)
 
 
 @dataclass(frozen=True)
+class Layout:
+    """The vLLM settings a plan holds fixed for every GPU and dtype: the TP sizes it tries, the pipeline stages,
+    the weight format, the release whose accounting it models, the tokens per step."""
+
+    tensor_parallel_sizes: tuple[int, ...] = TP_SIZES
+    pipeline_parallel_size: int = 1
+    weights: str = "auto"
+    vllm_version: str | None = None
+    max_num_batched_tokens: int | None = None
+
+
+@dataclass(frozen=True)
 class PlanRow:
     gpu: str
     dtype: str
@@ -46,28 +58,23 @@ def plan_row(
     overhead_gb: float | None = None,
     max_num_seqs: int | None = None,
     price_per_hour: float | None = None,
-    *,
-    tensor_parallel_sizes: tuple[int, ...] = TP_SIZES,
-    pipeline_parallel_size: int = 1,
-    weights: str = "auto",
-    vllm_version: str | None = None,
-    max_num_batched_tokens: int | None = None,
+    layout: Layout = Layout(),
 ) -> PlanRow:
     """The cheapest replica layout: per TP size, vLLM's capacity with the same non-KV terms as
     `kvbench capacity` (kvbench.vllm_memory), users capped at max_num_seqs, replicas to reach `users`."""
     best: PlanRow | None = None
     reason = None
-    for tp in tensor_parallel_sizes:
+    for tp in layout.tensor_parallel_sizes:
         est = predict_non_kv(
             model,
             gpu,
             utilization=utilization,
             tensor_parallel_size=tp,
-            pipeline_parallel_size=pipeline_parallel_size,
-            weights=weights,
-            vllm_version=vllm_version,
+            pipeline_parallel_size=layout.pipeline_parallel_size,
+            weights=layout.weights,
+            vllm_version=layout.vllm_version,
             max_num_seqs=max_num_seqs,
-            max_num_batched_tokens=max_num_batched_tokens,
+            max_num_batched_tokens=layout.max_num_batched_tokens,
             max_model_len=context,
         )
         pool = kv_budget_gb * 1e9 if kv_budget_gb is not None else None
@@ -84,7 +91,7 @@ def plan_row(
             if pool is None and overhead is None
             else (pool if pool is not None else min(s.requested.bytes - s.weights.bytes - overhead for s in est.stages))
         )
-        group = tp * pipeline_parallel_size
+        group = tp * layout.pipeline_parallel_size
         candidate = PlanRow(
             gpu=gpu.key,
             dtype=fmt.key,
@@ -103,7 +110,8 @@ def plan_row(
             best = candidate
     if best is None:
         why = reason or (
-            f"the weights ({model.weight_bytes / 1e9:.1f} GB) leave no KV room even at TP={tensor_parallel_sizes[-1]}"
+            f"the weights ({model.weight_bytes / 1e9:.1f} GB) leave no KV room "
+            f"even at TP={layout.tensor_parallel_sizes[-1]}"
         )
         return PlanRow(gpu.key, fmt.key, False, why, None, 0, 0, "", None, None, None, None)
     return best

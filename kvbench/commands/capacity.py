@@ -2,246 +2,62 @@
 
 from __future__ import annotations
 
-import math
-from pathlib import Path
-from typing import Annotated
-
 import typer
 from rich.table import Table
 
-from kvbench import gpus, models
-from kvbench.capacity import VLLM_DEFAULT_BLOCK_SIZE, Budget, budget_from_bytes, capacity_for_ranks
+from kvbench.capacity import Budget, budget_from_bytes, capacity_for_ranks
+from kvbench.clisettings import command_from
+from kvbench.commands.capacity_settings import CapacitySettings
 from kvbench.errors import UsageError
 from kvbench.formats import parse_format_list
 from kvbench.gpus import GpuSpec, get_gpu
 from kvbench.models import ModelSpec, describe_layers, load_model
 from kvbench.output import console, num, print_json
 from kvbench.units import GB, GiB, fmt_gib, fmt_kib
-from kvbench.vllm_memory import NonKvEstimate, known_versions, predict_non_kv
-from kvbench.weights import WEIGHT_CHOICES
+from kvbench.vllm_memory import NonKvEstimate, predict_non_kv
 
 NAME = "capacity"
 HELP = "KV bytes per token, tokens that fit and max concurrent sequences per KV dtype: naive formula vs vLLM's pages."
 
-ModelOpt = Annotated[
-    str, typer.Option("--model", "-m", help=f"Short name ({', '.join(models.catalog())}) or a path to a config.json.")
-]
-GpuOpt = Annotated[str, typer.Option("--gpu", "-g", help=f"GPU: {', '.join(gpus.catalog())}.")]
-ContextOpt = Annotated[
-    int, typer.Option("--context", "-c", help="Tokens per sequence (prompt + output; vLLM's max_model_len).")
-]
-DtypesOpt = Annotated[
-    str,
-    typer.Option(
-        "--kv-dtype", help="Comma-separated KV-cache dtypes: auto (model dtype), fp8, fp8_e5m2, nvfp4, mxfp4."
-    ),
-]
-BudgetOpt = Annotated[
-    float | None,
-    typer.Option("--kv-budget-gb", help="KV-cache pool per GPU in GB (10^9 bytes), instead of deriving it."),
-]
-UtilOpt = Annotated[
-    float | None,
-    typer.Option(
-        "--gpu-memory-utilization", help="vLLM's fraction of device memory (default: that vLLM release's default)."
-    ),
-]
-OverheadOpt = Annotated[
-    float | None,
-    typer.Option(
-        "--overhead-gb",
-        help="GB per GPU for activations, non-torch memory and CUDA graphs, replacing kvbench's model of them.",
-    ),
-]
-BasisOpt = Annotated[
-    str,
-    typer.Option("--memory-basis", help="'device': the total torch reports (vLLM's basis); 'spec': the spec-sheet GB."),
-]
-TpOpt = Annotated[
-    int, typer.Option("--tensor-parallel-size", help="GPUs per model replica, tensor parallel (vLLM's -tp).")
-]
-PpOpt = Annotated[int, typer.Option("--pipeline-parallel-size", help="Pipeline stages per replica (vLLM's -pp).")]
-WeightsOpt = Annotated[
-    str,
-    typer.Option(
-        "--weights",
-        help="Weight format: auto (config's dtype or quantization_config), bf16, fp16, fp32, fp8, int8, int4.",
-    ),
-]
-VersionOpt = Annotated[
-    str | None,
-    typer.Option(
-        "--vllm-version",
-        help=(
-            "vLLM release whose accounting to model (default: the installed vLLM, "
-            f"else the newest known: {', '.join(known_versions())})."
-        ),
-    ),
-]
-SeqsOpt = Annotated[
-    int | None,
-    typer.Option(
-        "--max-num-seqs", help="vLLM's cap on running sequences (default: vLLM's default for the GPU and release)."
-    ),
-]
-BatchedOpt = Annotated[
-    int | None,
-    typer.Option(
-        "--max-num-batched-tokens", help="vLLM's tokens per step; sizes the profiling run (default: vLLM's default)."
-    ),
-]
+
+def settings_of(ctx: typer.Context, values: dict) -> CapacitySettings:
+    return CapacitySettings(**values)
 
 
-def check_number(
-    flag: str,
-    value: float | None,
-    low: float = 0.0,
-    high: float = math.inf,
-    *,
-    low_open: bool = True,
-    high_open: bool = False,
-) -> None:
-    """One-line error unless `value` is a finite number in range (None means: not given); kvbench.cliargs's rule."""
-    from kvbench import cliargs
-
-    if high_open and value is not None and value >= high:
-        raise UsageError(f"{flag} must be a finite number < {high:g}, got {value:g}")
-    cliargs.number(value, flag, low=low, low_open=low_open, high=None if math.isinf(high) else high)
-
-
-def check_parallel_flags(
-    tp: int,
-    pp: int,
-    max_num_seqs: int | None,
-    max_num_batched_tokens: int | None,
-    weights: str,
-    utilization: float | None,
-    overhead_gb: float | None,
-) -> None:
-    for flag, value in (
-        ("--tensor-parallel-size", tp),
-        ("--pipeline-parallel-size", pp),
-        ("--max-num-seqs", max_num_seqs),
-        ("--max-num-batched-tokens", max_num_batched_tokens),
-    ):
-        if value is not None and value < 1:
-            raise UsageError(f"{flag} must be a positive integer, got {value}")
-    if weights not in WEIGHT_CHOICES:
-        raise UsageError(f"unknown --weights {weights!r}; choose from: {', '.join(WEIGHT_CHOICES)}")
-    check_number("--gpu-memory-utilization", utilization, 0.0, 1.0)
-    check_number("--overhead-gb", overhead_gb, 0.0, low_open=False)
-
-
-def command(
-    model: ModelOpt = None,
-    gpu: GpuOpt = None,
-    context: ContextOpt = None,
-    kv_dtype: DtypesOpt = "auto,fp8,nvfp4",
-    kv_budget_gb: BudgetOpt = None,
-    gpu_memory_utilization: UtilOpt = None,
-    overhead_gb: OverheadOpt = None,
-    memory_basis: BasisOpt = "device",
-    tensor_parallel_size: TpOpt = 1,
-    pipeline_parallel_size: PpOpt = 1,
-    weights: WeightsOpt = "auto",
-    vllm_version: VersionOpt = None,
-    max_num_seqs: SeqsOpt = None,
-    max_num_batched_tokens: BatchedOpt = None,
-    block_size: Annotated[
-        int, typer.Option("--block-size", help="vLLM KV block size in tokens (16 on CUDA).")
-    ] = VLLM_DEFAULT_BLOCK_SIZE,
-    from_log: Annotated[
-        Path | None,
-        typer.Option(
-            "--from-log",
-            help="A vLLM start-up log: take its settings and compare its figures with kvbench's, term by term.",
-        ),
-    ] = None,
-    start: Annotated[
-        int | None,
-        typer.Option(
-            "--start",
-            help="With --from-log: which start-up of a log that holds several to read (1 = the first; "
-            "default: the last complete one).",
-        ),
-    ] = None,
-    as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of tables.")] = False,
-) -> None:
-    if start is not None and from_log is None:
-        raise UsageError("--start picks a start-up of a --from-log log; give --from-log FILE")
-    if from_log is not None:
+@command_from(CapacitySettings, settings_of)
+def command(ctx: typer.Context, s: CapacitySettings) -> None:
+    if s.from_log is not None:
         from kvbench.commands.fromlog import compare_log
 
-        compare_log(
-            from_log,
-            model,
-            gpu,
-            context,
-            kv_dtype,
-            gpu_memory_utilization,
-            tensor_parallel_size,
-            pipeline_parallel_size,
-            weights,
-            vllm_version,
-            max_num_seqs,
-            max_num_batched_tokens,
-            block_size,
-            as_json,
-            start,
-        )
+        compare_log(s)
         return
-    _check_flags(model, gpu, context, block_size, memory_basis, kv_budget_gb, gpu_memory_utilization)
-    check_parallel_flags(
-        tensor_parallel_size,
-        pipeline_parallel_size,
-        max_num_seqs,
-        max_num_batched_tokens,
-        weights,
-        gpu_memory_utilization,
-        overhead_gb,
-    )
-    spec = load_model(model)
-    card = get_gpu(gpu)
-    formats = parse_format_list(kv_dtype)
+    spec = load_model(s.model)
+    card = get_gpu(s.gpu)
+    formats = parse_format_list(s.kv_dtype)
     est = predict_non_kv(
         spec,
         card,
-        utilization=gpu_memory_utilization,
-        tensor_parallel_size=tensor_parallel_size,
-        pipeline_parallel_size=pipeline_parallel_size,
-        weights=weights,
-        vllm_version=vllm_version,
-        max_num_seqs=max_num_seqs,
-        max_num_batched_tokens=max_num_batched_tokens,
-        max_model_len=context,
+        utilization=s.gpu_memory_utilization,
+        tensor_parallel_size=s.tensor_parallel_size,
+        pipeline_parallel_size=s.pipeline_parallel_size,
+        weights=s.weights,
+        vllm_version=s.vllm_version,
+        max_num_seqs=s.max_num_seqs,
+        max_num_batched_tokens=s.max_num_batched_tokens,
+        max_model_len=s.context,
     )
-    pool, overhead = _overrides(est, card, kv_budget_gb, overhead_gb, memory_basis)
-    rows = capacity_for_ranks(spec, formats, context, est, card, block_size, pool, overhead)
+    pool, overhead = _overrides(est, card, s.kv_budget_gb, s.overhead_gb, s.memory_basis)
+    rows = capacity_for_ranks(spec, formats, s.context, est, card, s.block_size, pool, overhead)
     budget = _budget(est, pool, overhead)
     if budget.kv_bytes <= 0:
         raise UsageError(
             f"no memory left for the KV cache: {budget.derivation}; "
             "use more GPUs (--tensor-parallel-size, kvbench plan), smaller --weights or --kv-budget-gb"
         )
-    if as_json:
-        print_json(_as_json(spec, card, context, est, budget, rows))
+    if s.as_json:
+        print_json(_as_json(spec, card, s.context, est, budget, rows))
         return
-    _print_table(spec, card, context, est, budget, rows, block_size)
-
-
-def _check_flags(model, gpu, context, block_size, memory_basis, kv_budget_gb, gpu_memory_utilization) -> None:
-    missing = [flag for flag, v in (("--model", model), ("--gpu", gpu), ("--context", context)) if v is None]
-    if missing:
-        raise UsageError(f"missing {', '.join(missing)} (or give --from-log FILE)")
-    if context <= 0:
-        raise UsageError(f"--context must be a positive number of tokens, got {context}")
-    if block_size <= 0:
-        raise UsageError(f"--block-size must be positive, got {block_size}")
-    if memory_basis not in ("device", "spec"):
-        raise UsageError(f"unknown memory basis {memory_basis!r}; choose from: device, spec")
-    if kv_budget_gb is not None and gpu_memory_utilization is not None:
-        raise UsageError("give either --kv-budget-gb or --gpu-memory-utilization, not both")
-    check_number("--kv-budget-gb", kv_budget_gb)
+    _print_table(spec, card, s.context, est, budget, rows, s.block_size)
 
 
 def _as_json(spec, card, context: int, est, budget, rows: list) -> dict:

@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Annotated
 
 import typer
 
 from kvbench import cliargs, evaltasks
+from kvbench.clisettings import command_from
+from kvbench.commands.eval_settings import EvalSettings
 from kvbench.datafiles import load_toml
 from kvbench.errors import UsageError
 from kvbench.output import console, err_console, print_json
@@ -29,161 +30,40 @@ HELP = (
 CONTEXT_SETTINGS = {"allow_extra_args": True, "ignore_unknown_options": True}
 
 
-def _tasks(text: str | None) -> list[str]:
-    return cliargs.names(text, "--tasks", evaltasks.DEFAULT_TASK) if text is not None else [evaltasks.DEFAULT_TASK]
-
-
 def _needed_len(tasks: list[str]) -> int | None:
     """The context kvbench's own tasks need (None when none of them is asked for)."""
     lens = [evaltasks.parse_task(t)[1] for t in tasks if t.startswith(evaltasks.PREFIX)]
     return max(lens) if lens else None
 
 
-def command(
-    ctx: typer.Context,
-    model: Annotated[
-        str | None,
-        typer.Option(
-            "--model",
-            "-m",
-            help=(
-                "HF id or local path (required with a GPU; CPU default: the trained tiny model). With --endpoint: a "
-                "local copy of the served model's tokenizer."
-            ),
-        ),
-    ] = None,
-    kv_dtypes: Annotated[
-        str | None,
-        typer.Option(
-            "--kv-dtypes",
-            help=(
-                "Comma-separated --kv-cache-dtype values (default auto,fp8,nvfp4; with --endpoint: what the servers "
-                "run)."
-            ),
-        ),
-    ] = None,
-    tasks: Annotated[
-        str | None,
-        typer.Option(
-            "--tasks",
-            help=(
-                f"Comma-separated lm-eval tasks (default {evaltasks.DEFAULT_TASK}; bundled: "
-                f"kvbench_passkey_/kvbench_multikey_ + 512/1024/2048/4096; any lm-eval task whose data can be had, "
-                f"e.g. gsm8k)."
-            ),
-        ),
-    ] = None,
-    limit: Annotated[
-        int | None,
-        typer.Option(
-            "--limit",
-            help=(f"First N items of each task (default: all; bundled tasks have {evaltasks.DEFAULT_ITEMS})."),
-        ),
-    ] = None,
-    max_seq_lengths: Annotated[
-        str | None,
-        typer.Option(
-            "--max-seq-lengths",
-            help=(
-                "Comma-separated context lengths in tokens at which lm-eval's synthetic long-context tasks (ruler, "
-                "niah_*) generate their items, e.g. 4096,8192 (lm-eval's metadata max_seq_lengths)."
-            ),
-        ),
-    ] = None,
-    concurrency: Annotated[
-        int | None,
-        typer.Option(
-            "--concurrency",
-            help=(
-                "Requests in flight for the at-load pass (default: the backend's serving concurrency). The at-rest "
-                "pass is 1."
-            ),
-        ),
-    ] = None,
-    max_model_len: Annotated[
-        int | None,
-        typer.Option(
-            "--max-model-len",
-            help=("vLLM --max-model-len (default: the backend default, or what the bundled tasks need)."),
-        ),
-    ] = None,
-    endpoint: Annotated[
-        str | None,
-        typer.Option(
-            "--endpoint",
-            help=(
-                "Evaluate running servers instead: URL (one server, its dtype read from /metrics) or "
-                "auto=URL1,fp8=URL2,..."
-            ),
-        ),
-    ] = None,
-    api_key: Annotated[
-        str | None,
-        typer.Option(
-            "--api-key",
-            envvar="OPENAI_API_KEY",
-            show_envvar=True,
-            help=("Bearer key for --endpoint servers (never recorded)."),
-        ),
-    ] = None,
-    header: Annotated[
-        list[str] | None,
-        typer.Option(
-            "--header", help=("Extra header for --endpoint servers, 'NAME: VALUE' (repeatable; never recorded).")
-        ),
-    ] = None,
-    results: Annotated[
-        Path, typer.Option("--results", help=("Where records go: <dir>/<machine>/evals/<id>.json (+ .items.parquet)."))
-    ] = Path("results"),
-    startup_timeout: Annotated[
-        float | None, typer.Option("--startup-timeout", help=("Seconds to wait for each server to become ready."))
-    ] = None,
-    as_json: Annotated[
-        bool, typer.Option("--json", help=("Print one JSON document on stdout (progress goes to stderr)."))
-    ] = False,
-) -> int:
+def settings_of(ctx: typer.Context, values: dict) -> EvalSettings:
+    return EvalSettings(extra_args=list(ctx.args), **values)
+
+
+@command_from(EvalSettings, settings_of)
+def command(ctx: typer.Context, s: EvalSettings) -> int:
     from kvbench.harness.machine import machine_name, nvml_gpus
     from kvbench.harness.records import check_writable
 
-    task_list, lengths = _check_options(tasks, max_seq_lengths, limit, concurrency, max_model_len, startup_timeout)
     gpus, _ = nvml_gpus()
     defaults = load_toml("run_defaults.toml")["gpu" if gpus else "cpu"]
-    conc = concurrency or defaults["concurrency"][0]
-    headers = _headers(header, api_key, endpoint)
-    extra = list(ctx.args)
-    if endpoint is not None and extra:
-        raise UsageError(
-            f"vLLM arguments after -- ({' '.join(extra)}) apply only when kvbench starts the server; "
-            "drop them with --endpoint"
-        )
+    conc = s.concurrency or defaults["concurrency"][0]
     machine = machine_name()
-    check_writable(results, machine)
+    check_writable(s.results, machine)
 
-    if endpoint is not None:
-        runs, model_name, tokenizer, notes = _endpoint_servers(endpoint, headers, kv_dtypes, model)
-        _check_endpoint_len(task_list, runs)
-        plan = _Plan(task_list, limit, conc, results, machine, model_name, tokenizer, None, notes, headers)
-        plan.max_seq_lengths = lengths
-        return _run(plan, endpoint_runs=runs, as_json=as_json)
+    if s.endpoint is not None:
+        runs, model_name, tokenizer, notes = _endpoint_servers(s.endpoint, s.headers, s.kv_dtypes, s.model)
+        _check_endpoint_len(s.task_list, runs)
+        plan = _Plan(s.task_list, s.limit, conc, s.results, machine, model_name, tokenizer, None, notes, s.headers)
+        plan.max_seq_lengths = s.lengths
+        return _run(plan, endpoint_runs=runs, as_json=s.as_json)
 
     server, model_name, model_path = _server_settings(
-        model, kv_dtypes, max_model_len, startup_timeout, task_list, defaults, bool(gpus), extra
+        s.model, s.kv_dtypes, s.max_model_len, s.startup_timeout, s.task_list, defaults, bool(gpus), s.extra_args
     )
-    plan = _Plan(task_list, limit, conc, results, machine, model_name, model_path, server, [], {})
-    plan.max_seq_lengths = lengths
-    return _run(plan, endpoint_runs=None, as_json=as_json)
-
-
-def _check_options(tasks, max_seq_lengths, limit, concurrency, max_model_len, startup_timeout):
-    """The task list (names checked) and lengths, every number checked before any server starts."""
-    task_list = _tasks(tasks)
-    evaltasks.check_task_names(task_list)  # before any server (or the tiny model's training) starts
-    lengths = cliargs.int_list(max_seq_lengths, "--max-seq-lengths", "4096,8192") if max_seq_lengths else None
-    cliargs.at_least_one(limit, "--limit")
-    cliargs.at_least_one(concurrency, "--concurrency")
-    cliargs.at_least_one(max_model_len, "--max-model-len")
-    cliargs.positive(startup_timeout, "--startup-timeout", unit="s")
-    return task_list, lengths
+    plan = _Plan(s.task_list, s.limit, conc, s.results, machine, model_name, model_path, server, [], {})
+    plan.max_seq_lengths = s.lengths
+    return _run(plan, endpoint_runs=None, as_json=s.as_json)
 
 
 def _check_endpoint_len(task_list: list[str], runs: dict) -> None:
@@ -235,23 +115,6 @@ def _server_settings(model, kv_dtypes, max_model_len, startup_timeout, task_list
         "offline": not gpus,
     }
     return server, model_name, model_path
-
-
-def _headers(header: list[str] | None, api_key: str | None, endpoint: str | None) -> dict[str, str]:
-    from kvbench.harness.endpoint import parse_headers
-
-    headers = parse_headers(header)
-    if api_key is not None and endpoint is not None:
-        from kvbench.harness.endpoint import has_control
-
-        if not api_key.strip():
-            raise UsageError("--api-key (or OPENAI_API_KEY) is empty; give the key, or unset it")
-        if has_control(api_key.strip()):
-            raise UsageError("--api-key (or OPENAI_API_KEY) holds control characters (CR, LF ...); give the key alone")
-        headers.setdefault("Authorization", f"Bearer {api_key.strip()}")
-    if header and endpoint is None:
-        raise UsageError("--api-key/--header are for --endpoint servers; kvbench's own servers need none")
-    return headers
 
 
 def _endpoint_servers(endpoint: str, headers: dict[str, str], kv_dtypes: str | None, model: str | None):

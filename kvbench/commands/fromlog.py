@@ -45,53 +45,55 @@ def gpu_for_total(total_gib: float | None) -> GpuSpec | None:
     return min(near, key=lambda g: abs(g.torch_total_gib - total_gib)) if near else None
 
 
-def predict_for_log(
-    log: StartupLog,
-    source: Path,
-    *,
-    model=None,
-    gpu=None,
-    context=None,
-    kv_dtype=None,
-    utilization=None,
-    tp=None,
-    pp=None,
-    weights=None,
-    vllm_version=None,
-    max_num_seqs=None,
-    max_num_batched_tokens=None,
-    block_size=16,
-):
+@dataclass(frozen=True)
+class LogOverrides:
+    """What the command line says over (or in place of) the log: `capacity`'s flags, None where not given."""
+
+    model: str | None = None
+    gpu: str | None = None
+    context: int | None = None
+    kv_dtype: str | None = None
+    utilization: float | None = None
+    tp: int | None = None
+    pp: int | None = None
+    weights: str | None = None
+    vllm_version: str | None = None
+    max_num_seqs: int | None = None
+    max_num_batched_tokens: int | None = None
+    block_size: int = 16
+
+
+def predict_for_log(log: StartupLog, source: Path, flags: LogOverrides = LogOverrides()):
     """kvbench's prediction with the log's settings, flags filling what it does not say (and overriding it)."""
-    spec = resolve_model_for_log(model, log.model, source)
-    card = get_gpu(gpu) if gpu else gpu_for_total(log.total_gib)
+    spec = resolve_model_for_log(flags.model, log.model, source)
+    card = get_gpu(flags.gpu) if flags.gpu else gpu_for_total(log.total_gib)
     if card is None:
         raise UsageError(f"{source}: no GPU in kvbench's catalog reports {log.total_gib} GiB; pass --gpu")
-    max_len = context or log.max_model_len
+    max_len = flags.context or log.max_model_len
     if max_len is None:
         raise UsageError(f"{source}: the log does not say max_model_len; pass --context")
-    args = log.args
+    args, weights = log.args, flags.weights
     if weights in (None, "auto"):
         dtype_arg = str(args.get("dtype", "auto")).lower()
         weights = VLLM_QUANTIZATION_WEIGHTS.get(str(args.get("quantization", "")).lower()) or "auto"
         dtype = None if dtype_arg == "auto" else VLLM_DTYPE_ARGS.get(dtype_arg)
     else:
         dtype = None
-    fmt = get_format(kv_dtype or str(args.get("kv_cache_dtype", "auto")))
+    fmt = get_format(flags.kv_dtype or str(args.get("kv_cache_dtype", "auto")))
     est = predict_non_kv(
         spec,
         card,
-        utilization=utilization if utilization is not None else log.utilization,
-        tensor_parallel_size=tp if tp and tp > 1 else log.tensor_parallel_size,
-        pipeline_parallel_size=pp if pp and pp > 1 else log.pipeline_parallel_size,
+        utilization=flags.utilization if flags.utilization is not None else log.utilization,
+        tensor_parallel_size=flags.tp if flags.tp and flags.tp > 1 else log.tensor_parallel_size,
+        pipeline_parallel_size=flags.pp if flags.pp and flags.pp > 1 else log.pipeline_parallel_size,
         weights=weights,
         dtype=dtype,
-        vllm_version=vllm_version or log.vllm_version,
-        max_num_seqs=max_num_seqs or args.get("max_num_seqs"),
-        max_num_batched_tokens=max_num_batched_tokens or args.get("max_num_batched_tokens"),
+        vllm_version=flags.vllm_version or log.vllm_version,
+        max_num_seqs=flags.max_num_seqs or args.get("max_num_seqs"),
+        max_num_batched_tokens=flags.max_num_batched_tokens or args.get("max_num_batched_tokens"),
         max_model_len=max_len,
     )
-    row = capacity_for_ranks(spec, [fmt], max_len, est, card, args.get("block_size") or block_size)[0]
+    row = capacity_for_ranks(spec, [fmt], max_len, est, card, args.get("block_size") or flags.block_size)[0]
     return spec, card, est, row, max_len
 
 
@@ -158,43 +160,28 @@ def comparisons(log: StartupLog, est: NonKvEstimate, kv_tokens: int) -> list[Com
     return out
 
 
-def compare_log(
-    path: Path,
-    model,
-    gpu,
-    context,
-    kv_dtype,
-    utilization,
-    tp,
-    pp,
-    weights,
-    vllm_version,
-    max_num_seqs,
-    max_num_batched_tokens,
-    block_size,
-    as_json,
-    start: int | None = None,
-) -> None:
-    picked = start
-    log, start, count = choose_startup(Path(path), read_log(Path(path)), start)
+def compare_log(settings) -> None:
+    """`capacity --from-log`: `settings` are the command's CapacitySettings (kvbench/commands/capacity_settings.py)."""
+    s = settings
+    path, picked, as_json, vllm_version = s.from_log, s.start, s.as_json, s.vllm_version
+    log, start, count = choose_startup(Path(path), read_log(Path(path)), picked)
     note = _start_note(path, count, start, picked)
-    kv = None if kv_dtype == "auto,fp8,nvfp4" else kv_dtype  # the capacity default: take the log's dtype instead
-    spec, card, est, row, max_len = predict_for_log(
-        log,
-        Path(path),
-        model=model,
-        gpu=gpu,
-        context=context,
+    kv = None if s.kv_dtype == "auto,fp8,nvfp4" else s.kv_dtype  # the capacity default: take the log's dtype instead
+    flags = LogOverrides(
+        model=s.model,
+        gpu=s.gpu,
+        context=s.context,
         kv_dtype=kv,
-        utilization=utilization,
-        tp=tp,
-        pp=pp,
-        weights=weights,
+        utilization=s.gpu_memory_utilization,
+        tp=s.tensor_parallel_size,
+        pp=s.pipeline_parallel_size,
+        weights=s.weights,
         vllm_version=vllm_version,
-        max_num_seqs=max_num_seqs,
-        max_num_batched_tokens=max_num_batched_tokens,
-        block_size=block_size,
+        max_num_seqs=s.max_num_seqs,
+        max_num_batched_tokens=s.max_num_batched_tokens,
+        block_size=s.block_size,
     )
+    spec, card, est, row, max_len = predict_for_log(log, Path(path), flags)
     rows = comparisons(log, est, row.kv_tokens)
     if as_json:
         print_json(

@@ -5,15 +5,13 @@ from __future__ import annotations
 import os
 import sys
 import time
-from pathlib import Path
-from typing import Annotated
 
 import typer
 from rich.table import Table
 
-from kvbench import cliargs
+from kvbench.clisettings import command_from
+from kvbench.commands.kernels_settings import KernelsSettings
 from kvbench.errors import UsageError
-from kvbench.kernels.names import KERNEL_FORMATS
 from kvbench.output import console, err_console, print_json
 
 NAME = "kernels"
@@ -23,79 +21,32 @@ HELP = (
     "Needs a CUDA GPU (SM80+); --interpret runs tiny shapes in Triton's CPU interpreter."
 )
 
-GPU_GRID = {"contexts": "1024,4096,16384,32768,131072", "batches": "1,8,32"}
-INTERPRET_GRID = {"contexts": "32,64", "batches": "1,2"}
+
+def settings_of(ctx: typer.Context, values: dict) -> KernelsSettings:
+    return KernelsSettings(**values)
 
 
-def command(
-    model: Annotated[
-        str, typer.Option("--model", "-m", help="Attention shape from this model (heads, KV heads, head_dim).")
-    ] = "llama-3.1-8b",
-    formats: Annotated[
-        str, typer.Option("--formats", help=f"Comma-separated: {', '.join(KERNEL_FORMATS)}.")
-    ] = "fp16,fp8,nvfp4",
-    contexts: Annotated[
-        str | None,
-        typer.Option("--contexts", help=f"Decode context lengths in tokens (default {GPU_GRID['contexts']})."),
-    ] = None,
-    batches: Annotated[
-        str | None, typer.Option("--batches", help=f"Decode batch sizes (default {GPU_GRID['batches']}).")
-    ] = None,
-    write_tokens: Annotated[
-        str | None,
-        typer.Option(
-            "--write-tokens",
-            help=(
-                "Tokens per reshape-and-cache call (default: each batch size, "
-                "i.e. a decode step, and each context, i.e. a prefill)."
-            ),
-        ),
-    ] = None,
-    gpu: Annotated[
-        str | None,
-        typer.Option(
-            "--gpu", "-g", help="Catalog entry for the peak bandwidth (default: matched from the device name)."
-        ),
-    ] = None,
-    block_size: Annotated[int, typer.Option("--block-size", help="Tokens per page (vLLM's CUDA default 16).")] = 16,
-    max_cache_gb: Annotated[
-        float | None,
-        typer.Option(
-            "--max-cache-gb", help="Skip cases whose cache needs more than this (default: 40% of free GPU memory)."
-        ),
-    ] = None,
-    max_seconds: Annotated[
-        float | None,
-        typer.Option(
-            "--max-seconds", help="Stop starting new cases after this many seconds; the record says 'partial'."
-        ),
-    ] = None,
-    interpret: Annotated[
-        bool,
-        typer.Option(
-            "--interpret", help="Run in Triton's interpreter on the CPU (tiny grid; times are not GPU times)."
-        ),
-    ] = False,
-    results_dir: Annotated[
-        Path, typer.Option("--results", help="Where records go: <dir>/<machine>/kernels/<time>.json.")
-    ] = Path("results"),
-    record: Annotated[bool, typer.Option("--record/--no-record", help="Write the record.")] = True,
-    as_json: Annotated[bool, typer.Option("--json", help="Print the record as JSON instead of tables.")] = False,
-) -> None:
-    fmts, ctxs, bats, wtok = _grid(formats, contexts, batches, write_tokens, interpret)
-    _check_limits(max_cache_gb, max_seconds, block_size, gpu)
-    if not _device_ready(interpret, as_json):
+@command_from(KernelsSettings, settings_of)
+def command(ctx: typer.Context, s: KernelsSettings) -> None:
+    measure(s)
+
+
+def measure(s: KernelsSettings) -> None:
+    """The grid timed on this device and the record written (kernels/run_on_gpu.sh calls this directly)."""
+    fmts, ctxs, bats, wtok = s.grid()
+    if not _device_ready(s.interpret, s.as_json):
         return
     import torch
 
     from kvbench.kernels import bench, records
 
-    shape = bench.AttnShape.from_model(model, block_size)
+    shape = bench.AttnShape.from_model(s.model, s.block_size)
     dev = bench.device()
-    card = bench.catalog_gpu(dev, gpu)
+    card = bench.catalog_gpu(dev, s.gpu)
     peak = card.hbm_bandwidth_gbs if card else None
     started = records.utc_now()
     t0 = time.monotonic()
+    max_cache_gb = s.max_cache_gb
     if max_cache_gb is None and dev.type == "cuda":
         max_cache_gb = 0.4 * torch.cuda.mem_get_info()[0] / 1e9
     cases = [("decode", f, b, c) for b in bats for c in ctxs for f in fmts] + [
@@ -106,7 +57,7 @@ def command(
         "created_at": started.isoformat(timespec="seconds"),
         "machine": records.machine_name(),
         "environment": records.environment(),
-        "mode": "interpret" if interpret else "gpu",
+        "mode": "interpret" if s.interpret else "gpu",
         "status": "complete",
         "shape": {
             "model": shape.name,
@@ -119,44 +70,21 @@ def command(
         "grid": {"formats": fmts, "contexts": ctxs, "batches": bats, "write_tokens": wtok},
         "skipped": [],
     }
-    _run_cases(doc, cases, shape, dev, peak, max_seconds, max_cache_gb, t0, as_json)
+    _run_cases(doc, cases, shape, dev, peak, s.max_seconds, max_cache_gb, t0, s.as_json)
     doc["ratios"] = bench.ratios(doc["decode"], shape)
     doc["targets"] = bench.targets(doc["write"], doc["ratios"]) if dev.type == "cuda" else None
     doc["elapsed_s"] = time.monotonic() - t0
     path = (
-        records.write_atomic(records.record_path(results_dir, "kernels", doc["machine"], started), doc)
-        if record
+        records.write_atomic(records.record_path(s.results_dir, "kernels", doc["machine"], started), doc)
+        if s.record
         else None
     )
-    if as_json:
+    if s.as_json:
         print_json(doc)
         return
     _print(doc)
     if path:
         console.print(f"record: {path}")
-
-
-def _grid(formats: str, contexts, batches, write_tokens, interpret: bool):
-    """(formats, contexts, batches, write sizes): the flags, or the grid for the GPU or the interpreter."""
-    fmts = cliargs.choices(formats, "--formats", KERNEL_FORMATS, "KV format")
-    grid = INTERPRET_GRID if interpret else GPU_GRID
-    ctxs = cliargs.int_list(contexts or grid["contexts"], "--contexts", GPU_GRID["contexts"])
-    bats = cliargs.int_list(batches or grid["batches"], "--batches", GPU_GRID["batches"])
-    wtok = (
-        cliargs.int_list(write_tokens, "--write-tokens", "16,4096") if write_tokens else sorted(set(bats) | set(ctxs))
-    )
-    return fmts, ctxs, bats, wtok
-
-
-def _check_limits(max_cache_gb, max_seconds, block_size: int, gpu: str | None) -> None:
-    cliargs.positive(max_cache_gb, "--max-cache-gb", "GB")
-    cliargs.positive(max_seconds, "--max-seconds", "s")
-    if block_size <= 0 or block_size & (block_size - 1):
-        raise UsageError(f"--block-size must be a power of two, got {block_size}")
-    if gpu is not None:
-        from kvbench.gpus import get_gpu
-
-        get_gpu(gpu)  # unknown names: one line with the choices
 
 
 def _device_ready(interpret: bool, as_json: bool) -> bool:

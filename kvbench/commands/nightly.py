@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import signal
 from pathlib import Path
-from typing import Annotated
 
 import typer
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from kvbench.clisettings import command_from
 from kvbench.commands.nightly_plan import _plan_json, assumptions, render_plan
+from kvbench.commands.nightly_settings import NightlySettings
 from kvbench.commands.nightly_summary import render_summary
 from kvbench.errors import UsageError
 from kvbench.nightly.outcomes import NightStatus
@@ -30,128 +31,28 @@ HELP = (
 PRINTS = ("machine", "install-args", "models")
 
 
-def command(
-    config: Annotated[
-        Path | None,
-        typer.Option("--config", help="Nightly config TOML (default: the shipped kvbench/data/nightly.toml)."),
-    ] = None,
-    dry_run: Annotated[
-        bool,
-        typer.Option("--dry-run", help="Check the config and print the plans, estimates and costs; start nothing."),
-    ] = False,
-    gpu: Annotated[
-        str | None,
-        typer.Option(
-            "--gpu", help="Config section: a GPU key (h100-sxm, ...) or cpu. Default: this machine's (dry run: all)."
-        ),
-    ] = None,
-    price_per_hour: Annotated[
-        str | None,
-        typer.Option(
-            "--price-per-hour",
-            help="USD per GPU-hour for the cost, e.g. h100-sxm=2.65,h200=3.5 (kvbench ships no prices).",
-        ),
-    ] = None,
-    asv_config: Annotated[
-        Path,
-        typer.Option(
-            "--asv-config", help="asv config of the kvbench checkout; records and history go to its results_dir."
-        ),
-    ] = Path("asv.conf.json"),
-    out: Annotated[
-        Path | None, typer.Option("--out", help="Dashboard folder (default: the config's dashboard.out).")
-    ] = None,
-    print_what: Annotated[
-        str | None,
-        typer.Option(
-            "--print",
-            help=(
-                "Print one thing for scripts and exit: machine (results folder name), "
-                "install-args (`uv pip install` arguments for the config's vLLM), models (HF ids to download)."
-            ),
-        ),
-    ] = None,
-    as_json: Annotated[bool, typer.Option("--json", help="With --dry-run: the plans as JSON.")] = False,
-    shards: Annotated[
-        int | None,
-        typer.Option(
-            "--shards",
-            help="Cut each section's night into N shards that run on N machines at once (default: [fleet] shards); "
-            "--dry-run prints them with minutes, cost and the night's wall-clock.",
-        ),
-    ] = None,
-    shard: Annotated[
-        int | None, typer.Option("--shard", help="Run shard I (1-based) of --shards N here, into a shard folder.")
-    ] = None,
-    shard_plan: Annotated[
-        Path | None,
-        typer.Option("--shard-plan", help="The partition the launcher computed (plan.json): who owns which entry."),
-    ] = None,
-    shard_out: Annotated[
-        Path | None,
-        typer.Option("--shard-out", help="The shard's folder (default shards/<night>/<section>/shard-I-of-N)."),
-    ] = None,
-    night: Annotated[
-        str | None, typer.Option("--night", help="The night's id, the same on every shard (default: today, UTC).")
-    ] = None,
-    launch: Annotated[
-        str | None,
-        typer.Option(
-            "--launch",
-            help="sky: write one SkyPilot task per shard (sky/nightly.yaml) and submit them as managed jobs; "
-            "with --dry-run only the task files.",
-        ),
-    ] = None,
-    yes: Annotated[bool, typer.Option("--yes", help="Launch even when the estimate exceeds [fleet]'s budget.")] = False,
-    wait: Annotated[
-        float | None,
-        typer.Option("--wait", help="With --launch: wait up to this many minutes for the shards, cancel the rest."),
-    ] = None,
-    bucket: Annotated[
-        str | None,
-        typer.Option("--bucket", help="With --launch: where shards write (s3://... or gs://...); overrides [fleet]."),
-    ] = None,
-    fleet_dir: Annotated[
-        Path | None, typer.Option("--fleet-dir", help="Where --launch writes the task files (default fleet/<night>).")
-    ] = None,
-    merge: Annotated[
-        list[str] | None,
-        typer.Option(
-            "--merge",
-            help="Merge a night's shards into results/: shard folders, a bucket path (s3://, gs://) or the "
-            "launcher's plan.json; then the gate, the dashboard and the summary. Repeatable.",
-        ),
-    ] = None,
-) -> int:
+def settings_of(ctx: typer.Context, values: dict) -> NightlySettings:
+    return NightlySettings(**values)
+
+
+@command_from(NightlySettings, settings_of)
+def command(ctx: typer.Context, s: NightlySettings) -> int:
     from kvbench.commands import nightly_fleet as fleet
     from kvbench.nightly import config as nconfig
     from kvbench.nightly.estimate import estimate_machine, fits, model_spec
     from kvbench.nightly.matrix import expand
 
-    fleet.check_flags(
-        shards=shards,
-        shard=shard,
-        shard_plan=shard_plan,
-        shard_out=shard_out,
-        night=night,
-        launch=launch,
-        merge=merge,
-        wait=wait,
-        yes=yes,
-        bucket=bucket,
-        dry_run=dry_run,
-        print_what=print_what,
-    )
-    if merge:
-        return fleet.merge(merge, asv_config, out)
-    cfg, cfg_path = nconfig.load(config)
+    if s.merge:
+        return fleet.merge(s.merge, s.asv_config, s.out)
+    cfg, cfg_path = nconfig.load(s.config)
+    gpu = s.gpu
     if gpu is not None and gpu not in cfg.machines:
         raise UsageError(
             f"--gpu {gpu!r} has no [machines.{gpu}] section in {cfg_path}; choose from: {', '.join(cfg.machines)}"
         )
-    prices = _prices(price_per_hour, cfg)
-    if print_what is not None:
-        return _print(print_what, cfg, gpu)
+    prices = _prices(s.price_per_hour, cfg)
+    if s.print_what is not None:
+        return _print(s.print_what, cfg, gpu)
 
     keys = [gpu] if gpu else list(cfg.machines)
     plans = {k: expand(cfg, k) for k in keys}
@@ -160,58 +61,62 @@ def command(
             if (why := fits(model_spec(model), plan)) is not None:
                 raise UsageError(f"[machines.{plan.key}]: {why}")
     estimates = {k: estimate_machine(cfg, p, prices) for k, p in plans.items()}
-    if launch:
-        ctx = {"cfg": cfg, "cfg_path": cfg_path, "plans": plans, "estimates": estimates, "gpu": gpu, "bucket": bucket}
-        return fleet.launch(ctx, keys, shards, yes, wait, fleet_dir, dry_run)
-    n_shards = shards or (cfg.fleet.shards if cfg.fleet.shards > 1 else None)
-    sharded = fleet.shard_plans(plans, estimates, n_shards) if dry_run and n_shards else {}
-
-    if dry_run:
-        detected = _detected_key(cfg)
-        if as_json:
-            print_json(
-                {
-                    "config": str(cfg_path),
-                    "detected": detected,
-                    "machines": [
-                        {
-                            **_plan_json(cfg, plans[k], estimates[k]),
-                            **({"shards": fleet.shards_json(sharded[k])} if k in sharded else {}),
-                        }
-                        for k in keys
-                    ],
-                    "assumptions": assumptions(cfg),
-                }
-            )
-        else:
-            console.print(
-                f"[bold]kvbench nightly plan[/] from {cfg_path} (this machine: "
-                f"{escape(_describe_detected(detected))}); nothing is started"
-            )
-            for k in keys:
-                render_plan(cfg, plans[k], estimates[k], k == detected)
-                if k in sharded:
-                    fleet.render_shards(sharded[k], plans[k])
-            console.print("[bold]assumptions[/]")
-            for line in assumptions(cfg):
-                console.print(escape(f"  - {line}"))
-        over = [k for k in keys if estimates[k].over_budget]
-        if over:
-            raise UsageError(
-                "refused: "
-                + "; ".join(
-                    f"[machines.{k}] estimate {estimates[k].minutes:.1f} min exceeds max_minutes "
-                    f"{estimates[k].max_minutes:g}"
-                    for k in over
-                )
-                + " (trim the matrix or raise max_minutes)"
-            )
-        return 0
-
-    if as_json:
+    if s.launch:
+        ctx = {"cfg": cfg, "cfg_path": cfg_path, "plans": plans, "estimates": estimates, "gpu": gpu, "bucket": s.bucket}
+        return fleet.launch(ctx, keys, s.shards, s.yes, s.wait, s.fleet_dir, s.dry_run)
+    if s.dry_run:
+        n_shards = s.shards or (cfg.fleet.shards if cfg.fleet.shards > 1 else None)
+        sharded = fleet.shard_plans(plans, estimates, n_shards) if n_shards else {}
+        return _dry_run(cfg, cfg_path, keys, plans, estimates, sharded, s.as_json)
+    if s.as_json:
         raise UsageError("--json goes with --dry-run (a run writes its summary to results/<machine>/nightly/)")
-    one = {"shards": shards, "shard": shard, "shard_plan": shard_plan, "shard_out": shard_out, "night": night}
-    return _run(cfg, cfg_path, gpu, estimates, plans, asv_config, out, one if shard is not None else None)
+    return _run(cfg, cfg_path, gpu, estimates, plans, s.asv_config, s.out, s.one_shard())
+
+
+def _dry_run(cfg, cfg_path: Path, keys: list, plans: dict, estimates: dict, sharded: dict, as_json: bool) -> int:
+    """Every machine's plan, estimate and shards, printed or as JSON; refused (exit 2) over a section's budget."""
+    from kvbench.commands import nightly_fleet as fleet
+
+    detected = _detected_key(cfg)
+    if as_json:
+        print_json(
+            {
+                "config": str(cfg_path),
+                "detected": detected,
+                "machines": [
+                    {
+                        **_plan_json(cfg, plans[k], estimates[k]),
+                        **({"shards": fleet.shards_json(sharded[k])} if k in sharded else {}),
+                    }
+                    for k in keys
+                ],
+                "assumptions": assumptions(cfg),
+            }
+        )
+    else:
+        console.print(
+            f"[bold]kvbench nightly plan[/] from {cfg_path} (this machine: "
+            f"{escape(_describe_detected(detected))}); nothing is started"
+        )
+        for k in keys:
+            render_plan(cfg, plans[k], estimates[k], k == detected)
+            if k in sharded:
+                fleet.render_shards(sharded[k], plans[k])
+        console.print("[bold]assumptions[/]")
+        for line in assumptions(cfg):
+            console.print(escape(f"  - {line}"))
+    over = [k for k in keys if estimates[k].over_budget]
+    if over:
+        raise UsageError(
+            "refused: "
+            + "; ".join(
+                f"[machines.{k}] estimate {estimates[k].minutes:.1f} min exceeds max_minutes "
+                f"{estimates[k].max_minutes:g}"
+                for k in over
+            )
+            + " (trim the matrix or raise max_minutes)"
+        )
+    return 0
 
 
 # -- the run ------------------------------------------------------------------------------------------

@@ -1,6 +1,6 @@
-"""The fleet side of `kvbench nightly` (kvbench/commands/nightly.py declares the options): shards in the dry
-run, one shard's night (`--shard`), `--launch sky` and `--merge`. The logic is kvbench.nightly's shards,
-manifest, fleet and merge modules; this file checks the flags and prints."""
+"""The fleet side of `kvbench nightly` (kvbench/commands/nightly_settings.py declares and checks the options):
+shards in the dry run, one shard's night (`--shard`), `--launch sky` and `--merge`. The logic is kvbench.nightly's
+shards, manifest, fleet and merge modules; this file prints."""
 
 from __future__ import annotations
 
@@ -13,40 +13,6 @@ from rich.table import Table
 
 from kvbench.errors import UsageError
 from kvbench.output import console
-
-LAUNCHERS = ("sky",)
-
-
-def check_flags(
-    *, shards, shard, shard_plan, shard_out, night, launch, merge, wait, yes, bucket, dry_run, print_what
-) -> None:
-    """Flags that do not go together, or out of range: one line each."""
-    if shards is not None and shards < 1:
-        raise UsageError(f"--shards {shards}: give 1 or more")
-    if launch is not None and launch not in LAUNCHERS:
-        raise UsageError(f"unknown --launch {launch!r}; choose from: {', '.join(LAUNCHERS)}")
-    if merge and (dry_run or launch or shard is not None or print_what):
-        raise UsageError("--merge goes alone (with --asv-config and --out): it merges shards that have run")
-    if shard is None and (shard_plan is not None or shard_out is not None or night is not None):
-        raise UsageError("--shard-plan, --shard-out and --night go with --shard I (one shard of the night, here)")
-    if shards is not None and shard is None and not dry_run and launch is None:
-        raise UsageError("--shards N goes with --dry-run (print them), --launch sky (rent them) or --shard I (run one)")
-    if shard is not None and (shards is None and shard_plan is None):
-        raise UsageError("--shard needs --shards N (or the launcher's --shard-plan FILE)")
-    if shard is not None and (dry_run or launch):
-        raise UsageError("--shard runs one shard here; drop --dry-run and --launch (`--dry-run --shards N` prints all)")
-    if wait is not None and (launch is None or wait <= 0):
-        raise UsageError(f"--wait {wait:g} needs --launch and a number of minutes above 0")
-    if bucket is not None:
-        from kvbench.nightly.config import BUCKET
-
-        if launch is None:
-            raise UsageError("--bucket goes with --launch (the config's [fleet] bucket otherwise)")
-        if not BUCKET.match(bucket):
-            raise UsageError(f"--bucket {bucket!r} is not a bucket URL; give s3://NAME[/prefix] or gs://NAME[/prefix]")
-    if yes and launch is None:
-        raise UsageError("--yes confirms a --launch over the config's [fleet] budget; there is no launch here")
-
 
 # -- shards in the dry run ----------------------------------------------------------------------------------
 

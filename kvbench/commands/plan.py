@@ -3,31 +3,18 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
 
 import typer
 from rich.table import Table
 
-from kvbench.commands.capacity import (
-    BasisOpt,
-    BatchedOpt,
-    BudgetOpt,
-    DtypesOpt,
-    OverheadOpt,
-    PpOpt,
-    UtilOpt,
-    VersionOpt,
-    WeightsOpt,
-    check_number,
-    check_parallel_flags,
-)
-from kvbench.errors import UsageError
+from kvbench.clisettings import command_from
+from kvbench.commands.plan_settings import PlanSettings
 from kvbench.formats import parse_format_list
 from kvbench.gpus import catalog as gpu_catalog
 from kvbench.gpus import parse_gpu_list
 from kvbench.models import load_model
 from kvbench.output import console, print_json
-from kvbench.plan import TP_SIZES, plan_row
+from kvbench.plan import TP_SIZES, Layout, plan_row
 from kvbench.vllm_memory import release
 
 NAME = "plan"
@@ -43,117 +30,51 @@ def parse_prices(text: str | None, known: set[str]) -> dict[str, float]:
     )
 
 
-def command(
-    users: Annotated[int, typer.Option("--users", "-u", help="Concurrent sequences to serve.")],
-    model: Annotated[
-        str | None, typer.Option("--model", "-m", help="Short name or a config.json path (not with --from-run).")
-    ] = None,
-    context: Annotated[
-        int | None, typer.Option("--context", "-c", help="Tokens per sequence (not with --from-run).")
-    ] = None,
-    from_run: Annotated[
-        Path | None,
-        typer.Option(
-            "--from-run",
-            help="Size from a run record's measured throughput/interactivity front instead of the capacity model.",
-        ),
-    ] = None,
-    user_tps: Annotated[
-        float | None,
-        typer.Option(
-            "--user-tps",
-            help=(
-                "With --from-run: the interactivity each user gets, "
-                "tokens/s (default: the best point under the run's SLO)."
-            ),
-        ),
-    ] = None,
-    gpus: Annotated[
-        str, typer.Option("--gpus", help="Comma-separated GPU keys to compare.")
-    ] = "a100-80gb,h100-sxm,h200",
-    kv_dtype: DtypesOpt = "auto,fp8,nvfp4",
-    price_per_hour: Annotated[
-        str | None, typer.Option("--price-per-hour", help="USD per GPU-hour, e.g. h100-sxm=2.65,h200=3.5.")
-    ] = None,
-    kv_budget_gb: BudgetOpt = None,
-    gpu_memory_utilization: UtilOpt = None,
-    overhead_gb: OverheadOpt = None,
-    memory_basis: BasisOpt = "device",
-    max_num_seqs: Annotated[
-        int | None,
-        typer.Option("--max-num-seqs", help="vLLM's cap on running sequences (default: vLLM's default for each GPU)."),
-    ] = None,
-    tensor_parallel_size: Annotated[
-        int | None,
-        typer.Option("--tensor-parallel-size", help=f"Fix the TP size (default: try {', '.join(map(str, TP_SIZES))})."),
-    ] = None,
-    pipeline_parallel_size: PpOpt = 1,
-    weights: WeightsOpt = "auto",
-    vllm_version: VersionOpt = None,
-    max_num_batched_tokens: BatchedOpt = None,
-    as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
-) -> None:
-    if from_run is not None:
-        return _from_run(from_run, users, user_tps, price_per_hour, as_json)
-    _check_sizing(model, context, users, kv_budget_gb, gpu_memory_utilization, memory_basis)
-    check_parallel_flags(
-        1 if tensor_parallel_size is None else tensor_parallel_size,
-        pipeline_parallel_size,
-        max_num_seqs,
-        max_num_batched_tokens,
-        weights,
-        gpu_memory_utilization,
-        overhead_gb,
-    )
+def settings_of(ctx: typer.Context, values: dict) -> PlanSettings:
+    return PlanSettings(**values)
+
+
+@command_from(PlanSettings, settings_of)
+def command(ctx: typer.Context, s: PlanSettings) -> None:
+    if s.from_run is not None:
+        return _from_run(s.from_run, s.users, s.user_tps, s.price_per_hour, s.as_json)
     util = (
-        release(vllm_version).default_gpu_memory_utilization
-        if gpu_memory_utilization is None
-        else gpu_memory_utilization
+        release(s.vllm_version).default_gpu_memory_utilization
+        if s.gpu_memory_utilization is None
+        else s.gpu_memory_utilization
     )
-    tp_sizes = TP_SIZES if tensor_parallel_size is None else (tensor_parallel_size,)
-    spec = load_model(model)
-    cards = parse_gpu_list(gpus)
-    formats = parse_format_list(kv_dtype)
-    prices = parse_prices(price_per_hour, {c.key for c in cards})
+    layout = Layout(
+        tensor_parallel_sizes=TP_SIZES if s.tensor_parallel_size is None else (s.tensor_parallel_size,),
+        pipeline_parallel_size=s.pipeline_parallel_size,
+        weights=s.weights,
+        vllm_version=s.vllm_version,
+        max_num_batched_tokens=s.max_num_batched_tokens,
+    )
+    spec = load_model(s.model)
+    cards = parse_gpu_list(s.gpus)
+    formats = parse_format_list(s.kv_dtype)
+    prices = parse_prices(s.price_per_hour, {c.key for c in cards})
     rows = [
         plan_row(
             spec,
             fmt,
             card,
-            users,
-            context,
+            s.users,
+            s.context,
             util,
-            kv_budget_gb,
-            overhead_gb,
-            max_num_seqs,
+            s.kv_budget_gb,
+            s.overhead_gb,
+            s.max_num_seqs,
             prices.get(card.key),
-            tensor_parallel_sizes=tp_sizes,
-            pipeline_parallel_size=pipeline_parallel_size,
-            weights=weights,
-            vllm_version=vllm_version,
-            max_num_batched_tokens=max_num_batched_tokens,
+            layout,
         )
         for card in cards
         for fmt in formats
     ]
-    if as_json:
-        print_json({"model": spec.name, "users": users, "context": context, "utilization": util, "rows": rows})
+    if s.as_json:
+        print_json({"model": spec.name, "users": s.users, "context": s.context, "utilization": util, "rows": rows})
         return
-    _print_rows(spec.name, users, context, util, rows, bool(prices))
-
-
-def _check_sizing(model, context, users, kv_budget_gb, gpu_memory_utilization, memory_basis) -> None:
-    if model is None or context is None:
-        raise UsageError("give --model and --context (or --from-run RUN.json to size from a measured front)")
-    if users <= 0 or context <= 0:
-        raise UsageError(f"--users and --context must be positive, got {users} and {context}")
-    if kv_budget_gb is not None and gpu_memory_utilization is not None:
-        raise UsageError("give either --kv-budget-gb or --gpu-memory-utilization, not both")
-    if memory_basis != "device":
-        raise UsageError(
-            "kvbench plan sizes with the device-reported memory; --memory-basis spec is for `kvbench capacity`"
-        )
-    check_number("--kv-budget-gb", kv_budget_gb)
+    _print_rows(spec.name, s.users, s.context, util, rows, bool(prices))
 
 
 def _print_rows(model_name: str, users: int, context: int, util: float, rows: list, priced: bool) -> None:
@@ -195,8 +116,6 @@ def _from_run(path: Path, users: int, user_tps: float | None, price_text: str | 
     from kvbench.harness.records import read_record
     from kvbench.plan import plan_from_front
 
-    cliargs.at_least_one(users, "--users")
-    cliargs.positive(user_tps, "--user-tps", "tokens/s per user")
     record = read_record(path)
     keys = sorted(
         {d.front.price_key for d in record.dtypes if d.front and d.front.price_key} | {"cpu"} | set(gpu_catalog())

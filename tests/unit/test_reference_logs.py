@@ -12,7 +12,7 @@ import pytest
 from typer.testing import CliRunner
 
 from kvbench.cli import app
-from kvbench.commands.fromlog import predict_for_log
+from kvbench.commands.fromlog import LogOverrides, predict_for_log
 from kvbench.startuplog import parse_startup_log
 from kvbench.units import GiB
 
@@ -64,9 +64,7 @@ def _cases():
 def _predict(path: Path):
     case = CASES.get(path.name, {})
     log = parse_startup_log(path.read_text())
-    _, _, est, row, _ = predict_for_log(
-        log,
-        path,
+    flags = LogOverrides(
         model=case.get("model"),
         gpu=case.get("gpu"),
         context=case.get("max_model_len"),
@@ -74,6 +72,7 @@ def _predict(path: Path):
         weights=case.get("weights"),
         vllm_version=case.get("vllm_version", CASES["default_vllm_version"]),
     )
+    _, _, est, row, _ = predict_for_log(log, path, flags)
     return log, est, row
 
 

@@ -1,0 +1,188 @@
+"""Every setting of `kvbench capacity`, declared once: its flag, default, check and help (harness/settings.py's
+Flag; the command line is generated from the fields by kvbench/clisettings.py). The sizing settings that
+`kvbench plan` shares are declared here once, as Annotated types both models use."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Annotated
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from kvbench import gpus, models
+from kvbench.capacity import VLLM_DEFAULT_BLOCK_SIZE
+from kvbench.errors import UsageError
+from kvbench.harness.settings import Flag
+from kvbench.vllm_memory import known_versions
+from kvbench.weights import WEIGHT_CHOICES
+
+# -- the sizing settings `capacity` and `plan` share ------------------------------------------------------------
+KvDtypes = Annotated[
+    str,
+    Flag("--kv-dtype"),
+    Field(description="Comma-separated KV-cache dtypes: auto (model dtype), fp8, fp8_e5m2, nvfp4, mxfp4."),
+]
+KvBudgetGb = Annotated[
+    float | None,
+    Flag("--kv-budget-gb"),
+    Field(description="KV-cache pool per GPU in GB (10^9 bytes), instead of deriving it."),
+]
+Utilization = Annotated[
+    float | None,
+    Flag("--gpu-memory-utilization"),
+    Field(description="vLLM's fraction of device memory (default: that vLLM release's default)."),
+]
+OverheadGb = Annotated[
+    float | None,
+    Flag("--overhead-gb"),
+    Field(
+        description="GB per GPU for activations, non-torch memory and CUDA graphs, replacing kvbench's model of them."
+    ),
+]
+MemoryBasis = Annotated[
+    str,
+    Flag("--memory-basis"),
+    Field(description="'device': the total torch reports (vLLM's basis); 'spec': the spec-sheet GB."),
+]
+PipelineParallel = Annotated[
+    int, Flag("--pipeline-parallel-size"), Field(description="Pipeline stages per replica (vLLM's -pp).")
+]
+Weights = Annotated[
+    str,
+    Flag("--weights"),
+    Field(
+        description="Weight format: auto (config's dtype or quantization_config), bf16, fp16, fp32, fp8, int8, int4."
+    ),
+]
+VllmVersion = Annotated[
+    str | None,
+    Flag("--vllm-version"),
+    Field(
+        description=(
+            "vLLM release whose accounting to model (default: the installed vLLM, "
+            f"else the newest known: {', '.join(known_versions())})."
+        )
+    ),
+]
+BatchedTokens = Annotated[
+    int | None,
+    Flag("--max-num-batched-tokens"),
+    Field(description="vLLM's tokens per step; sizes the profiling run (default: vLLM's default)."),
+]
+
+
+def check_number(
+    flag: str,
+    value: float | None,
+    low: float = 0.0,
+    high: float = math.inf,
+    *,
+    low_open: bool = True,
+    high_open: bool = False,
+) -> None:
+    """One-line error unless `value` is a finite number in range (None means: not given); kvbench.cliargs's rule."""
+    from kvbench import cliargs
+
+    if high_open and value is not None and value >= high:
+        raise UsageError(f"{flag} must be a finite number < {high:g}, got {value:g}")
+    cliargs.number(value, flag, low=low, low_open=low_open, high=None if math.isinf(high) else high)
+
+
+def check_parallel_flags(
+    tp: int,
+    pp: int,
+    max_num_seqs: int | None,
+    max_num_batched_tokens: int | None,
+    weights: str,
+    utilization: float | None,
+    overhead_gb: float | None,
+) -> None:
+    for flag, value in (
+        ("--tensor-parallel-size", tp),
+        ("--pipeline-parallel-size", pp),
+        ("--max-num-seqs", max_num_seqs),
+        ("--max-num-batched-tokens", max_num_batched_tokens),
+    ):
+        if value is not None and value < 1:
+            raise UsageError(f"{flag} must be a positive integer, got {value}")
+    if weights not in WEIGHT_CHOICES:
+        raise UsageError(f"unknown --weights {weights!r}; choose from: {', '.join(WEIGHT_CHOICES)}")
+    check_number("--gpu-memory-utilization", utilization, 0.0, 1.0)
+    check_number("--overhead-gb", overhead_gb, 0.0, low_open=False)
+
+
+class CapacitySettings(BaseModel):
+    """What one `kvbench capacity` is asked to do; the fields are the command's options, in --help order."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: Annotated[str | None, Flag("--model", "-m")] = Field(
+        None, description=f"Short name ({', '.join(models.catalog())}) or a path to a config.json."
+    )
+    gpu: Annotated[str | None, Flag("--gpu", "-g")] = Field(None, description=f"GPU: {', '.join(gpus.catalog())}.")
+    context: Annotated[int | None, Flag("--context", "-c")] = Field(
+        None, description="Tokens per sequence (prompt + output; vLLM's max_model_len)."
+    )
+    kv_dtype: KvDtypes = "auto,fp8,nvfp4"
+    kv_budget_gb: KvBudgetGb = None
+    gpu_memory_utilization: Utilization = None
+    overhead_gb: OverheadGb = None
+    memory_basis: MemoryBasis = "device"
+    tensor_parallel_size: Annotated[int, Flag("--tensor-parallel-size")] = Field(
+        1, description="GPUs per model replica, tensor parallel (vLLM's -tp)."
+    )
+    pipeline_parallel_size: PipelineParallel = 1
+    weights: Weights = "auto"
+    vllm_version: VllmVersion = None
+    max_num_seqs: Annotated[int | None, Flag("--max-num-seqs")] = Field(
+        None, description="vLLM's cap on running sequences (default: vLLM's default for the GPU and release)."
+    )
+    max_num_batched_tokens: BatchedTokens = None
+    block_size: Annotated[int, Flag("--block-size")] = Field(
+        VLLM_DEFAULT_BLOCK_SIZE, description="vLLM KV block size in tokens (16 on CUDA)."
+    )
+    from_log: Annotated[Path | None, Flag("--from-log")] = Field(
+        None, description="A vLLM start-up log: take its settings and compare its figures with kvbench's, term by term."
+    )
+    start: Annotated[int | None, Flag("--start")] = Field(
+        None,
+        description=(
+            "With --from-log: which start-up of a log that holds several to read (1 = the first; "
+            "default: the last complete one)."
+        ),
+    )
+    as_json: Annotated[bool, Flag("--json")] = Field(False, description="Print JSON instead of tables.")
+
+    @model_validator(mode="after")
+    def _check(self) -> CapacitySettings:
+        """The flag checks, in the order the command always made them (the first wrong flag is the one named);
+        with --from-log the log supplies what is missing and kvbench/commands/fromlog.py checks it."""
+        if self.start is not None and self.from_log is None:
+            raise UsageError("--start picks a start-up of a --from-log log; give --from-log FILE")
+        if self.from_log is not None:
+            return self
+        missing = [
+            f for f, v in (("--model", self.model), ("--gpu", self.gpu), ("--context", self.context)) if v is None
+        ]
+        if missing:
+            raise UsageError(f"missing {', '.join(missing)} (or give --from-log FILE)")
+        if self.context <= 0:
+            raise UsageError(f"--context must be a positive number of tokens, got {self.context}")
+        if self.block_size <= 0:
+            raise UsageError(f"--block-size must be positive, got {self.block_size}")
+        if self.memory_basis not in ("device", "spec"):
+            raise UsageError(f"unknown memory basis {self.memory_basis!r}; choose from: device, spec")
+        if self.kv_budget_gb is not None and self.gpu_memory_utilization is not None:
+            raise UsageError("give either --kv-budget-gb or --gpu-memory-utilization, not both")
+        check_number("--kv-budget-gb", self.kv_budget_gb)
+        check_parallel_flags(
+            self.tensor_parallel_size,
+            self.pipeline_parallel_size,
+            self.max_num_seqs,
+            self.max_num_batched_tokens,
+            self.weights,
+            self.gpu_memory_utilization,
+            self.overhead_gb,
+        )
+        return self
