@@ -230,3 +230,39 @@ def test_the_exceptions_still_exist():
 def test_harness_holds_no_test_double_or_model_builder(name):
     folder = ROOT / _package_dirs()["kvbench.harness"]
     assert not list(folder.rglob(f"{name}.py")), f"harness/ has {name}.py: it belongs outside the harness"
+
+
+# Sizes a reader can hold in mind: a module of harness/ or kvbench/ under 500 lines, a function under 80 lines
+# and 12 parameters. A command generated from a typed settings model takes that one object, so its settings
+# count once, in the model (kvbench/clisettings.py).
+MAX_MODULE_LINES, MAX_FUNCTION_LINES, MAX_PARAMETERS = 500, 80, 12
+
+
+def _in_sized_folders(path: Path) -> bool:
+    return path.relative_to(ROOT).parts[0] in ("harness", "kvbench")
+
+
+def test_no_module_over_500_lines():
+    long = [
+        f"{path.relative_to(ROOT)}: {n} lines"
+        for path in modules().values()
+        if _in_sized_folders(path) and (n := path.read_text().count("\n")) > MAX_MODULE_LINES
+    ]
+    assert not long, long
+
+
+def test_no_function_over_80_lines_or_12_parameters():
+    big = []
+    for path in modules().values():
+        if not _in_sized_folders(path):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            a = node.args
+            params = [*a.posonlyargs, *a.args, *a.kwonlyargs, *filter(None, (a.vararg, a.kwarg))]
+            n = len([p for p in params if p.arg not in ("self", "cls")])
+            lines = node.end_lineno - node.lineno + 1
+            if lines > MAX_FUNCTION_LINES or n > MAX_PARAMETERS:
+                big.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.name}: {lines} lines, {n} parameters")
+    assert not big, big
