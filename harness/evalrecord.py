@@ -19,7 +19,7 @@ from pathlib import Path
 from kvbench import stats
 from kvbench.harness.evaluation import EvalResult
 from kvbench.harness.records import new_run_id, utc_iso, write_atomic
-from kvbench.harness.records.storage import _replace_atomic
+from kvbench.harness.records.storage import _replace_atomic, item_columns
 from kvbench.scrub import scrub_table
 
 SCHEMA = "kvbench.eval/1"
@@ -137,12 +137,7 @@ def _items_table(results: dict[RunKey, EvalResult]):
             ("task", pa.string()),
             ("kv_cache_dtype", pa.string()),
             ("concurrency", pa.int32()),
-            ("doc_id", pa.int64()),
-            ("prompt_sha256", pa.string()),
-            ("target", pa.string()),
-            ("response", pa.string()),
-            ("filtered", pa.string()),
-            ("score", pa.float64()),
+            *item_columns(),
         ]
     )
     return pa.table(cols, schema=schema)

@@ -216,14 +216,23 @@ def _eval_schema():
             ("condition", pa.string()),
             ("concurrency", pa.int64()),
             ("task", pa.string()),
-            ("doc_id", pa.int64()),
-            ("prompt_sha256", pa.string()),
-            ("target", pa.string()),
-            ("response", pa.string()),
-            ("filtered", pa.string()),
-            ("score", pa.float64()),
+            *item_columns(),
         ]
     )
+
+
+def item_columns() -> list:
+    """One evaluated item's columns, in a run record's eval samples and in a `kvbench eval` record alike."""
+    import pyarrow as pa
+
+    return [
+        ("doc_id", pa.int64()),
+        ("prompt_sha256", pa.string()),
+        ("target", pa.string()),
+        ("response", pa.string()),
+        ("filtered", pa.string()),
+        ("score", pa.float64()),
+    ]
 
 
 def _finite(v):

@@ -175,14 +175,19 @@ class CapacitySettings(BaseModel):
             raise UsageError(f"unknown memory basis {self.memory_basis!r}; choose from: device, spec")
         if self.kv_budget_gb is not None and self.gpu_memory_utilization is not None:
             raise UsageError("give either --kv-budget-gb or --gpu-memory-utilization, not both")
-        check_number("--kv-budget-gb", self.kv_budget_gb)
-        check_parallel_flags(
-            self.tensor_parallel_size,
-            self.pipeline_parallel_size,
-            self.max_num_seqs,
-            self.max_num_batched_tokens,
-            self.weights,
-            self.gpu_memory_utilization,
-            self.overhead_gb,
-        )
+        check_sizing(self, self.tensor_parallel_size)
         return self
+
+
+def check_sizing(s, tensor_parallel_size: int) -> None:
+    """The sizing flags capacity and plan share (their settings declare them with these names)."""
+    check_number("--kv-budget-gb", s.kv_budget_gb)
+    check_parallel_flags(
+        tensor_parallel_size,
+        s.pipeline_parallel_size,
+        s.max_num_seqs,
+        s.max_num_batched_tokens,
+        s.weights,
+        s.gpu_memory_utilization,
+        s.overhead_gb,
+    )

@@ -19,8 +19,7 @@ from kvbench.commands.capacity_settings import (
     Utilization,
     VllmVersion,
     Weights,
-    check_number,
-    check_parallel_flags,
+    check_sizing,
 )
 from kvbench.errors import UsageError
 from kvbench.harness.settings import Flag
@@ -91,14 +90,5 @@ class PlanSettings(BaseModel):
             raise UsageError(
                 "kvbench plan sizes with the device-reported memory; --memory-basis spec is for `kvbench capacity`"
             )
-        check_number("--kv-budget-gb", self.kv_budget_gb)
-        check_parallel_flags(
-            1 if self.tensor_parallel_size is None else self.tensor_parallel_size,
-            self.pipeline_parallel_size,
-            self.max_num_seqs,
-            self.max_num_batched_tokens,
-            self.weights,
-            self.gpu_memory_utilization,
-            self.overhead_gb,
-        )
+        check_sizing(self, 1 if self.tensor_parallel_size is None else self.tensor_parallel_size)
         return self
