@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import random
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -132,16 +132,7 @@ class _JsonlLine(BaseModel):
 def _jsonl(ctx: _Context, num_requests):
     s = ctx.spec
     lines = []
-    for lineno, raw in enumerate(_read_lines(s.path), start=1):
-        if not raw.strip():
-            continue
-        where = f"{s.path} line {lineno}"
-        try:
-            row = _JsonlLine.model_validate(json.loads(raw))
-        except json.JSONDecodeError as exc:
-            raise UsageError(f"{where}: not JSON ({exc.msg})") from None
-        except ValidationError as exc:
-            raise UsageError(explain(exc, where, _JsonlLine)) from None
+    for lineno, where, row in validated_lines(s.path, _JsonlLine):
         if (row.prompt is None) == (row.prompt_tokens is None):
             raise UsageError(f'{where}: give either "prompt" (text) or "prompt_tokens" (a count), not both or neither')
         if row.output_tokens is None and s.output_tokens is None:
@@ -196,6 +187,21 @@ def _read_json(path: str) -> Any:
     from kvbench.datafiles import read_json
 
     return read_json(Path(path), missing=f"{path}: no such file", bad="not valid JSON")
+
+
+def validated_lines(path: str, model: type[BaseModel]) -> Iterator[tuple[int, str, BaseModel]]:
+    """Each non-blank line of a JSONL file as `model`: (its 1-based line number, "FILE line N", the row); a
+    line that is not JSON or does not fit the model is a one-line UsageError naming it."""
+    for lineno, raw in enumerate(_read_lines(path), start=1):
+        if not raw.strip():
+            continue
+        where = f"{path} line {lineno}"
+        try:
+            yield lineno, where, model.model_validate(json.loads(raw))
+        except json.JSONDecodeError as exc:
+            raise UsageError(f"{where}: not JSON ({exc.msg})") from None
+        except ValidationError as exc:
+            raise UsageError(explain(exc, where, model)) from None
 
 
 def _read_lines(path: str) -> Sequence[str]:

@@ -2,17 +2,15 @@
 
 from __future__ import annotations
 
-import json
 import math
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
 from kvbench.errors import UsageError
 from kvbench.harness.workload import Prompt
 from kvbench.harness.workloads.context import _Context, _rng
-from kvbench.harness.workloads.datasets import _read_lines
+from kvbench.harness.workloads.datasets import validated_lines
 from kvbench.harness.workloads.plan import PlannedRequest
-from kvbench.harness.workloads.spec import explain
 
 
 class _TraceLine(BaseModel):
@@ -26,16 +24,7 @@ class _TraceLine(BaseModel):
 def read_trace(path: str) -> list[tuple[int, _TraceLine]]:
     """(line number, record) for every record of a Mooncake-style trace; one-line errors."""
     out, last = [], None
-    for lineno, raw in enumerate(_read_lines(path), start=1):
-        if not raw.strip():
-            continue
-        where = f"{path} line {lineno}"
-        try:
-            rec = _TraceLine.model_validate(json.loads(raw))
-        except json.JSONDecodeError as exc:
-            raise UsageError(f"{where}: not JSON ({exc.msg})") from None
-        except ValidationError as exc:
-            raise UsageError(explain(exc, where, _TraceLine)) from None
+    for lineno, where, rec in validated_lines(path, _TraceLine):
         if any(h < 0 for h in rec.hash_ids):
             raise UsageError(f"{where}: hash_ids must be whole numbers >= 0")
         if last is not None and rec.timestamp < last:
