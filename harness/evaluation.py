@@ -170,14 +170,14 @@ def evaluate(
     if limit is not None and limit < 1:
         raise UsageError(f"--limit must be at least 1, got {limit}")
     _quiet_lm_eval()
+    lm_eval.evaluator.add_env_info = _no_env_survey
     tm = task_manager(tasks, tokenizer, n_items, seed, max_seq_lengths)
     check_tasks(tasks, tm)
     check_offline(tasks, tm)
     lm = LocalCompletionsAPI(
         base_url=f"{base_url.rstrip('/')}/v1/completions",
         model=served_model,
-        tokenizer=str(tokenizer),
-        tokenizer_backend="huggingface",
+        tokenizer_backend=None,  # given below, loaded by kvbench.tokenizer
         tokenized_requests=False,
         num_concurrent=num_concurrent,
         max_retries=1,  # a failed request is a finding, not something to hide behind retries
@@ -185,6 +185,7 @@ def evaluate(
         header=dict(headers) if headers else None,
         **({"max_length": max_length} if max_length else {}),
     )
+    _give_tokenizer(lm, tokenizer)
     t0 = time.monotonic()
     try:
         out = simple_evaluate(
@@ -264,6 +265,23 @@ def _task_result(task: str, out: dict) -> TaskResult:
         )
     items.sort(key=lambda i: i.doc_id)
     return TaskResult(task=task, metric=metric_key, value=float(results[metric_key]), n=len(items), items=items)
+
+
+def _give_tokenizer(lm, tokenizer: str | Path) -> None:
+    """What lm-eval 0.4.13's `tokenizer_backend="huggingface"` sets up (TemplateAPI.__init__), with the tokenizer
+    from kvbench.tokenizer: the same object AutoTokenizer gives, without its ~4.5 s of imports in the worker."""
+    from lm_eval.models.utils import configure_pad_token
+
+    from kvbench.tokenizer import load_tokenizer
+
+    lm.tokenizer_backend = "huggingface"
+    lm.tokenizer = configure_pad_token(load_tokenizer(tokenizer))
+
+
+def _no_env_survey(storage: dict) -> None:
+    # lm-eval's add_env_info runs torch's collect_env (pip list, lscpu, ...: ~0.35 s) after every evaluation, a
+    # run evaluates each dtype in six conditions, and kvbench records the machine itself (harness/machine.py).
+    storage["pretty_env_info"] = "not collected (kvbench records the environment in the run record)"
 
 
 def _quiet_lm_eval() -> None:

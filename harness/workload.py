@@ -24,6 +24,8 @@ from typing import Any, Literal
 
 import numpy as np
 
+from kvbench.tokenizer import load_tokenizer
+
 Api = Literal["completions", "chat"]
 
 
@@ -101,13 +103,6 @@ class Prompts(list):
             "prompt_tokens_max": max(counts) if counts else None,
             "note": self.note,
         }
-
-
-def load_tokenizer(path: str | Path):
-    """The model's own tokenizer from a local directory (no hub access)."""
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(str(path), local_files_only=True)
 
 
 def allowed_token_ids(tokenizer_or_vocab: Any, special_ids: Sequence[int] = ()) -> np.ndarray:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import tempfile
 import tomllib
 from functools import cache
 from importlib import resources
@@ -20,6 +21,18 @@ DATA = resources.files("kvbench") / "data"
 def cache_root() -> Path:
     """Where built files are cached (test models, generated task files): $KVBENCH_CACHE_DIR or the user cache."""
     return Path(os.environ.get("KVBENCH_CACHE_DIR") or platformdirs.user_cache_dir("kvbench"))
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    """`text` into `path` through a temporary file beside it: a reader sees the old file or the whole new one."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as fh:
+            fh.write(text)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
 
 
 def data_path(relative: str) -> Path:

@@ -26,16 +26,14 @@ from __future__ import annotations
 import difflib
 import hashlib
 import json
-import os
 import random
 import string
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
 from kvbench import corpus
-from kvbench.datafiles import cache_root
+from kvbench.datafiles import cache_root, write_text_atomic
 from kvbench.errors import UsageError, unknown_choice
 
 SEED = 1234  # evaluation items; training draws from other seeds (kvbench.tinymodel.train.TRAIN_SEED_BASE)
@@ -363,8 +361,6 @@ def write_tasks(
     tokenizer_dir: str | Path, tasks: list[str], seed: int = SEED, n: int = DEFAULT_ITEMS, root: Path | None = None
 ) -> Path:
     """Write each task's JSONL + YAML (once; later calls reuse them) and return the folder for include_path."""
-    from transformers import AutoTokenizer
-
     for task in tasks:
         parse_task(task)
     folder = tasks_dir(tokenizer_dir, seed, n, root)
@@ -372,11 +368,13 @@ def write_tasks(
     if not missing:
         return folder
     folder.mkdir(parents=True, exist_ok=True)
-    tok = AutoTokenizer.from_pretrained(str(tokenizer_dir))
+    from kvbench.tokenizer import load_tokenizer
+
+    tok = load_tokenizer(tokenizer_dir)
     for task in missing:
         items = generate(task, tok, n, seed)
         data = "".join(json.dumps(item.doc(), sort_keys=True) + "\n" for item in items)
-        _write_atomic(folder / f"{task}.jsonl", data)
+        write_text_atomic(folder / f"{task}.jsonl", data)
         # The YAML last: its presence means the task is complete.
         yaml = string.Template(template()).substitute(
             task=task,
@@ -384,16 +382,5 @@ def write_tasks(
             until=json.dumps(list(STOP)),
             max_gen_toks=MAX_GEN_TOKS[parse_task(task)[0]],
         )
-        _write_atomic(folder / f"{task}.yaml", yaml)
+        write_text_atomic(folder / f"{task}.yaml", yaml)
     return folder
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as fh:
-            fh.write(text)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)

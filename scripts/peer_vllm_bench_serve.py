@@ -529,8 +529,8 @@ def main(argv: list[str] | None = None) -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     say = (lambda *x: None) if a.quiet else (lambda *x: print(*x, file=sys.stderr, flush=True))
 
-    from kvbench.harness.workload import load_tokenizer
     from kvbench.tinymodel.build import ensure_tiny_model
+    from kvbench.tokenizer import load_tokenizer
 
     model_path = a.model or str(ensure_tiny_model())
     a.tokenizer_path = model_path

@@ -80,6 +80,17 @@ def vllm_servers(tiny_model, tmp_path_factory):
 
 
 @pytest.fixture(autouse=True)
+def _wide_console(monkeypatch):
+    # kvbench's consoles take their width when kvbench.output is first imported, from whatever stdout and
+    # COLUMNS the importing process had (pytest's capture, an xdist worker): in-process CLI calls print tables
+    # at a fixed wide width, as `kvbench` in a child process does with COLUMNS=220 (support.kvbench).
+    from kvbench import output
+
+    monkeypatch.setattr(output.console, "width", 220)
+    monkeypatch.setattr(output.err_console, "width", 220)
+
+
+@pytest.fixture(autouse=True)
 def _offline(monkeypatch):
     # No test may reach a model hub.
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")

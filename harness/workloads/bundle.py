@@ -229,8 +229,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--check", action="store_true", help="compare with the shipped files instead of writing them")
     ap.add_argument("--out", type=Path, default=None, help="folder to write (default: kvbench/data/workloads)")
     args = ap.parse_args(argv)
-    from kvbench.harness.workload import load_tokenizer
     from kvbench.tinymodel.build import ensure_tiny_model
+    from kvbench.tokenizer import load_tokenizer
 
     tok = load_tokenizer(ensure_tiny_model())
     folder = args.out or data_path("workloads")

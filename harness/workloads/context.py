@@ -15,9 +15,9 @@ from kvbench.harness.workload import (
     _single_token_words,
     _templated_len,
     allowed_token_ids,
-    load_tokenizer,
 )
 from kvbench.harness.workloads.plan import PlannedRequest, RequestPlan
+from kvbench.tokenizer import load_tokenizer
 
 # Seed-sequence salts: one per use, large so they never equal a request index (numpy ignores trailing zero
 # words of a seed sequence, so each salt is used with one arity only).

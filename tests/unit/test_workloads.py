@@ -15,7 +15,7 @@ import pytest
 
 from kvbench.datafiles import data_path, load_toml
 from kvbench.errors import UsageError
-from kvbench.harness.workload import Prompt, Workload, load_tokenizer, make_prompts
+from kvbench.harness.workload import Prompt, Workload, make_prompts
 from kvbench.harness.workloads import (
     KINDS,
     FixedSpec,
@@ -26,6 +26,7 @@ from kvbench.harness.workloads import (
     walk_sessions,
 )
 from kvbench.harness.workloads.lengths import Histogram, LogNormal, Normal, Uniform
+from kvbench.tokenizer import load_tokenizer
 
 VOCAB = 300  # synthetic completions kinds build from a vocabulary size alone
 
