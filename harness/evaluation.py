@@ -197,7 +197,7 @@ def evaluate(
             gen_kwargs={"temperature": 0.0, "do_sample": False},
             random_seed=seed,
             numpy_random_seed=seed,
-            torch_random_seed=seed,
+            torch_random_seed=None,  # the server generates: seeding torch here would only import it (~1 s)
             fewshot_random_seed=seed,
             bootstrap_iters=0,
         )

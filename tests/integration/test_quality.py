@@ -4,6 +4,8 @@ server stands in for such an engine (it answers kvbench's pass-key task, wrongly
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 from support import json_summary, kvbench_at
 
@@ -11,19 +13,10 @@ from kvbench.harness import records
 from kvbench.testing.fakeserver import FakeConfig, FakeServer
 
 
-def run_auto_and_fp8(a: FakeServer, b: FakeServer, model, results, *args: str):
-    """One `kvbench run --json` of auto on server `a` and fp8 on server `b` at one load (no search, no sweep)."""
-    return kvbench_at(
-        "run",
-        f"auto={a.base_url},fp8={b.base_url}",
-        model,
-        results,
-        "--no-search",
-        "--no-sweep",
-        "--repeat",
-        "1",
-        *args,
-    )
+def run_servers(servers: dict[str, FakeServer], model, results, *args: str):
+    """One `kvbench run --json` of each dtype on its server ({dtype: server}) at one load (no search, no sweep)."""
+    endpoints = ",".join(f"{dtype}={srv.base_url}" for dtype, srv in servers.items())
+    return kvbench_at("run", endpoints, model, results, "--no-search", "--no-sweep", "--repeat", "1", *args)
 
 
 def test_a_dtype_wrong_only_under_load_is_excluded_and_its_canaries_report_it(tmp_path, trained_model):
@@ -39,9 +32,8 @@ def test_a_dtype_wrong_only_under_load_is_excluded_and_its_canaries_report_it(tm
         num_gpu_blocks=2048,
     )
     with FakeServer(good) as a, FakeServer(bad) as b:
-        out = run_auto_and_fp8(
-            a,
-            b,
+        out = run_servers(
+            {"auto": a, "fp8": b},
             trained_model,
             tmp_path,
             "--concurrency",
@@ -78,28 +70,30 @@ def test_a_dtype_wrong_only_under_load_is_excluded_and_its_canaries_report_it(tm
 
 
 FAILURE_MODES = {
-    # fault on the fp8 server -> the condition the verdict must name
+    # fault on a server -> the condition the verdict must name
     "batched": ({"corrupt_above": 8}, "batched (32 in flight on both)"),
     "mixed": ({"corrupt_beside_prefill": True}, "mixed steps (4 at a time beside concurrency-2 traffic"),
     "prefix": ({"corrupt_cached": True}, "prefix-cache hit (1 at a time, the first 75% of each prompt cached"),
     "degenerate": ({"degenerate_every": 3}, "degenerate answers: "),
 }
+# Two faulty dtypes per run (fp8 and fp8_e5m2, both 8-bit: each pages twice auto's tokens, as its format implies,
+# so its one fault is the only thing wrong with it), which halves the runs without sharing a fault between them.
+PAIRS = [("batched", "mixed"), ("prefix", "degenerate")]
 
 
-@pytest.mark.parametrize("mode", list(FAILURE_MODES))
-def test_each_failure_mode_condition_catches_a_dtype_that_fails_only_there(mode, tmp_path, trained_model):
-    """The field's failure modes (harness/failuremodes.py), one at a time: an fp8 server right everywhere but in
-    one condition is excluded, and the verdict names that condition; auto, right everywhere, is recommended."""
-    fault, named = FAILURE_MODES[mode]
+@pytest.mark.parametrize("modes", PAIRS, ids=["-".join(p) for p in PAIRS])
+def test_each_failure_mode_condition_catches_a_dtype_that_fails_only_there(modes, tmp_path, trained_model):
+    """The field's failure modes (harness/failuremodes.py), one per dtype: a server right everywhere but in one
+    condition is excluded, and the verdict names that condition; auto, right everywhere, is recommended."""
     common = dict(answers="passkey", max_model_len=512, ttft_s=0.02, itl_s=0.001)
-    # fp8 pages twice auto's tokens, as the format implies: the only thing wrong with it is the one fault
-    with (
-        FakeServer(FakeConfig(kv_cache_dtype="auto", **common)) as a,
-        FakeServer(FakeConfig(kv_cache_dtype="fp8", num_gpu_blocks=2048, **common, **fault)) as b,
-    ):
-        out = run_auto_and_fp8(
-            a,
-            b,
+    faulty = dict(zip(("fp8", "fp8_e5m2"), modes, strict=True))
+    with contextlib.ExitStack() as stack:
+        servers = {"auto": stack.enter_context(FakeServer(FakeConfig(kv_cache_dtype="auto", **common)))}
+        for dtype, mode in faulty.items():
+            cfg = FakeConfig(kv_cache_dtype=dtype, num_gpu_blocks=2048, **common, **FAILURE_MODES[mode][0])
+            servers[dtype] = stack.enter_context(FakeServer(cfg))
+        out = run_servers(
+            servers,
             trained_model,
             tmp_path,
             "--concurrency",
@@ -113,20 +107,23 @@ def test_each_failure_mode_condition_catches_a_dtype_that_fails_only_there(mode,
         )
     summary = json_summary(out)
     gate = summary["quality"]["gate"]
-    assert gate["auto"]["eligible"] and not gate["fp8"]["eligible"], gate
-    assert named in gate["fp8"]["reason"], gate["fp8"]["reason"]
+    assert gate["auto"]["eligible"], gate
     assert summary["quality"]["recommendation"]["dtype"] == "auto"
-    evals = summary["eval"]["fp8"]
-    assert set(evals) >= {"rest", "load", "batched", "mixed", "prefix", "during_load"}, set(evals)
-    task = "kvbench_passkey_512"
-    if mode != "degenerate":  # the faulty condition loses most items to auto (batched: those beyond 8 in
-        # flight; mixed: those beside a prefill); every other condition none
-        for cond, summary_ in evals.items():
-            vs = summary_["tasks"][task].get("vs_auto") or {}
-            want = (vs["losses"] >= vs["n"] // 2) if cond == mode else (vs["losses"] == 0)
-            assert want, (cond, vs, summary_.get("traffic"))
-    else:
-        junk = {cond: s["degenerate"]["empty"] for cond, s in evals.items()}
-        assert all(n > 0 for n in junk.values()), junk
-    if mode == "prefix":  # the condition says how much of each prompt it had cached
-        assert evals["prefix"]["prefix_share"] == 0.75
+    for dtype, mode in faulty.items():
+        assert not gate[dtype]["eligible"], gate
+        named = FAILURE_MODES[mode][1]
+        assert named in gate[dtype]["reason"], gate[dtype]["reason"]
+        evals = summary["eval"][dtype]
+        assert set(evals) >= {"rest", "load", "batched", "mixed", "prefix", "during_load"}, set(evals)
+        task = "kvbench_passkey_512"
+        if mode != "degenerate":  # the faulty condition loses most items to auto (batched: those beyond 8 in
+            # flight; mixed: those beside a prefill); every other condition none
+            for cond, summary_ in evals.items():
+                vs = summary_["tasks"][task].get("vs_auto") or {}
+                want = (vs["losses"] >= vs["n"] // 2) if cond == mode else (vs["losses"] == 0)
+                assert want, (dtype, cond, vs, summary_.get("traffic"))
+        else:
+            junk = {cond: s["degenerate"]["empty"] for cond, s in evals.items()}
+            assert all(n > 0 for n in junk.values()), junk
+        if mode == "prefix":  # the condition says how much of each prompt it had cached
+            assert evals["prefix"]["prefix_share"] == 0.75
