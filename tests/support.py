@@ -29,6 +29,33 @@ def kvbench(*args: str, cwd: Path | str = ROOT, env: dict | None = None, timeout
     return subprocess.run([*KVBENCH, *args], cwd=cwd, capture_output=True, text=True, env=full, timeout=timeout)
 
 
+def kvbench_here(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    """`kvbench ARGS` in this process, giving what `kvbench` gives (exit status, stdout, stderr) without a child's
+    start-up (~0.7 s of imports): for commands that end quickly (refusals, help, tables). What the process
+    boundary itself decides (stdout holding one JSON document, signals, a run against a server, the environment
+    a child inherits) is tested through `kvbench`."""
+    import contextlib
+    import io
+
+    from kvbench.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    saved = dict(os.environ)
+    os.environ.pop("OPENAI_API_KEY", None)
+    os.environ.update(COLUMNS="220", **(env or {}))
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                main([str(a) for a in args])
+                code = 0
+            except SystemExit as exc:
+                code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+    return subprocess.CompletedProcess(["kvbench", *args], code, out.getvalue(), err.getvalue())
+
+
 # For tests about something else than the front, repeats and eval: one pass at one load, no tasks.
 LEAN = ["--no-sweep", "--repeat", "1", "--no-eval"]
 

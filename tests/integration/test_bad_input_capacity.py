@@ -1,19 +1,14 @@
-"""Bad numbers and bad model configs reach the user as one line and exit 2, through the real CLI (issue 11)."""
+"""Bad numbers and bad model configs reach the user as one line and exit 2, through the CLI."""
 
 import json
-import subprocess
 
 import pytest
-from support import KVBENCH
+from support import kvbench_here
 
 from kvbench.datafiles import data_path
 
 BASE = ["capacity", "-m", "llama-3.1-8b", "-g", "h100-sxm", "-c", "4096"]
 PLAN = ["plan", "-m", "llama-3.1-8b", "-u", "10", "-c", "4096", "--gpus", "h100-sxm"]
-
-
-def run(*args):
-    return subprocess.run([*KVBENCH, *args], capture_output=True, text=True, timeout=60)
 
 
 def one_line_exit_2(out, *needles):
@@ -48,11 +43,11 @@ def one_line_exit_2(out, *needles):
     ],
 )
 def test_bad_numeric_flag_is_one_line(base, flag, value):
-    one_line_exit_2(run(*base, flag, value), flag.lstrip("-").split("-")[0])
+    one_line_exit_2(kvbench_here(*base, flag, value), flag.lstrip("-").split("-")[0])
 
 
 def test_context_zero_is_rejected_not_defaulted():
-    one_line_exit_2(run("capacity", "-m", "llama-3.1-8b", "-g", "h100-sxm", "-c", "0"), "--context")
+    one_line_exit_2(kvbench_here("capacity", "-m", "llama-3.1-8b", "-g", "h100-sxm", "-c", "0"), "--context")
 
 
 def _config(tmp_path, **changes):
@@ -77,7 +72,7 @@ def _config(tmp_path, **changes):
 )
 @pytest.mark.parametrize("value", [-8, 0, "8", True, 8.5])
 def test_bad_config_value_is_one_line(tmp_path, field, value):
-    out = run("capacity", "-m", str(_config(tmp_path, **{field: value})), "-g", "h100-sxm", "-c", "64")
+    out = kvbench_here("capacity", "-m", str(_config(tmp_path, **{field: value})), "-g", "h100-sxm", "-c", "64")
     one_line_exit_2(out, "config.json", f"'{field}'", repr(value), "positive integer")
 
 
@@ -91,15 +86,15 @@ def test_bad_config_value_is_one_line(tmp_path, field, value):
     ],
 )
 def test_bad_config_type_is_one_line(tmp_path, field, value, form):
-    out = run("capacity", "-m", str(_config(tmp_path, **{field: value})), "-g", "h100-sxm", "-c", "64")
+    out = kvbench_here("capacity", "-m", str(_config(tmp_path, **{field: value})), "-g", "h100-sxm", "-c", "64")
     one_line_exit_2(out, f"'{field}'", form)
 
 
 def test_null_where_required_and_binary_config(tmp_path):
     one_line_exit_2(
-        run("capacity", "-m", str(_config(tmp_path, hidden_size=None)), "-g", "h100-sxm", "-c", "64"),
+        kvbench_here("capacity", "-m", str(_config(tmp_path, hidden_size=None)), "-g", "h100-sxm", "-c", "64"),
         "lacks 'hidden_size'",
     )
     path = tmp_path / "config.json"
     path.write_bytes(b"\xff\xfe\x00binary")
-    one_line_exit_2(run("capacity", "-m", str(path), "-g", "h100-sxm", "-c", "64"), "not UTF-8")
+    one_line_exit_2(kvbench_here("capacity", "-m", str(path), "-g", "h100-sxm", "-c", "64"), "not UTF-8")

@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from support import kvbench
+from support import kvbench_here
 
 from kvbench.errors import UsageError
 from kvbench.harness.settings import RunSettings
@@ -48,7 +48,7 @@ def test_an_unwritable_results_folder_is_found_before_measuring(tmp_path, where)
     pytest.importorskip("vllm")
     (tmp_path / "under-a-file").write_text("a file, not a folder")
     target = where if where.startswith("/") else str(tmp_path / where)
-    out = kvbench("run", "--kv-dtypes", "auto", "--results", target)
+    out = kvbench_here("run", "--kv-dtypes", "auto", "--results", target)
     lines = out.stderr.strip().splitlines()
     assert (
         out.returncode == 2 and len(lines) == 1 and "cannot write run records" in lines[0] and "--results" in lines[0]
@@ -68,6 +68,6 @@ def test_an_unwritable_results_folder_is_found_before_measuring(tmp_path, where)
     ],
 )
 def test_cli_bad_flags_are_one_line(args, message):
-    out = kvbench("run", *args)
+    out = kvbench_here("run", *args)
     lines = out.stderr.strip().splitlines()
     assert out.returncode == 2 and len(lines) == 1 and message in lines[0], out.stderr[-1000:]

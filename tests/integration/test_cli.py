@@ -1,16 +1,15 @@
 """The kvbench command as a user runs it: help on every subcommand, JSON, one-line errors, exit codes."""
 
 import json
-import os
-import subprocess
 
 import pytest
-from support import KVBENCH
+from support import kvbench_here
 
 
 def run(*args, check=False):
-    env = {**os.environ, "COLUMNS": "200"}
-    return subprocess.run([*KVBENCH, *args], capture_output=True, text=True, env=env, check=check, timeout=120)
+    out = kvbench_here(*args)
+    assert out.returncode == 0 or not check, out.stderr
+    return out
 
 
 SUBCOMMANDS = ["capacity", "claims", "plan", "eval"]

@@ -9,7 +9,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from support import kvbench
+from support import kvbench, kvbench_here
 
 from kvbench.harness import records
 
@@ -59,7 +59,7 @@ def test_a_damaged_asv_point_is_named_and_the_gate_refuses_to_judge(history, dam
         key = next(k for k in doc["results"] if "output_throughput" in k)
         doc["results"][key][0] = ["fast", "faster", "fastest"]
         point.write_text(json.dumps(doc))
-    gate = kvbench("regress", "--results", str(results), "--config", str(conf))
+    gate = kvbench_here("regress", "--results", str(results), "--config", str(conf))
     line = one_line(gate)
     assert str(point) in line and "corrupt asv result" in line and "regression" not in gate.stdout
     shown = kvbench("history", "show", "--config", str(conf), cwd=conf.parent)
@@ -101,13 +101,13 @@ def _damaged_records(tmp_path: Path) -> dict[str, Path]:
 def test_damaged_records_are_one_line_in_report_and_skipped_by_claims_and_compare(tmp_path):
     cases = _damaged_records(tmp_path)
     for name, path in cases.items():
-        line = one_line(kvbench("report", str(path)))
+        line = one_line(kvbench_here("report", str(path)))
         assert str(path) in line, name
     good = tmp_path / "results" / "cpu-x" / "runs" / RECORD.name
     shutil.copy(RECORD, good)
-    claims = kvbench("claims", "--results", str(tmp_path / "results"))
+    claims = kvbench_here("claims", "--results", str(tmp_path / "results"))
     assert claims.returncode == 0 and all(str(p) in claims.stderr for p in cases.values())
-    compare = kvbench("compare", RECORD.stem, RECORD.stem, "--results", str(tmp_path / "results"))
+    compare = kvbench_here("compare", RECORD.stem, RECORD.stem, "--results", str(tmp_path / "results"))
     assert compare.returncode == 0, compare.stderr[-2000:]
     assert "skipped" in compare.stderr and "Traceback" not in compare.stderr
 

