@@ -120,19 +120,21 @@ def task_manager(
     for t in ours:
         evaltasks.parse_task(t)  # one line naming the bundled tasks if misspelt
     lengths = tuple(max_seq_lengths) if max_seq_lengths else None
-    return _task_manager(tuple(tasks), str(tokenizer), n_items, seed, lengths)
+    return _task_manager(tuple(sorted(set(ours))), len(ours) < len(tasks), str(tokenizer), n_items, seed, lengths)
 
 
 @functools.lru_cache(maxsize=8)
-def _task_manager(tasks: tuple[str, ...], tokenizer: str, n_items: int, seed: int, lengths: tuple[int, ...] | None):
-    # Indexing lm-eval's own task folder takes ~9 s on 2 cores: a run evaluates each dtype in three conditions,
-    # so its worker builds the index once, and not at all when every task is kvbench's own.
+def _task_manager(
+    ours: tuple[str, ...], lm_evals: bool, tokenizer: str, n_items: int, seed: int, lengths: tuple[int, ...] | None
+):
+    # Indexing lm-eval's own task folder takes ~5-9 s on 2 cores: a run evaluates each dtype in six conditions,
+    # so its worker builds the index once (whichever lm-eval tasks are asked), and not at all when every task is
+    # kvbench's own (`lm_evals` false).
     from lm_eval.tasks import TaskManager
 
-    ours = [t for t in tasks if t.startswith(evaltasks.PREFIX)]
-    include = [str(evaltasks.write_tasks(tokenizer, ours, seed=seed, n=n_items))] if ours else None
+    include = [str(evaltasks.write_tasks(tokenizer, list(ours), seed=seed, n=n_items))] if ours else None
     metadata = {"tokenizer": tokenizer, "max_seq_lengths": list(lengths)} if lengths else None
-    return TaskManager(include_path=include, include_defaults=len(ours) < len(tasks), metadata=metadata)
+    return TaskManager(include_path=include, include_defaults=lm_evals, metadata=metadata)
 
 
 def evaluate(

@@ -92,7 +92,7 @@ def test_when_no_write_fits_under_results_the_record_goes_to_the_temp_folder(tmp
 
 def test_sighup_keeps_the_partial_record(tmp_path, tiny_model):
     # A long phase against a slow fake server; SIGHUP (a closed terminal) arrives mid-load.
-    with FakeServer(FakeConfig(kv_cache_dtype="auto", max_model_len=512, ttft_s=0.05, itl_s=0.01)) as srv:
+    with FakeServer(FakeConfig(kv_cache_dtype="auto", max_model_len=512, ttft_s=0.02, itl_s=0.002)) as srv:
         env = {**os.environ, "COLUMNS": "200"}
         env.pop("OPENAI_API_KEY", None)
         cmd = [sys.executable, "-m", "kvbench", "run", "--endpoint", srv.base_url, "--model", str(tiny_model)]
