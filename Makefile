@@ -5,6 +5,12 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.kvbench-installed
 # NO_MKDOCS_2_WARNING: Material 9.7+ prints a banner about its end of life (May 2027) on every build.
 MKDOCS := NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs
+# Tests start hundreds of `kvbench` child processes: with PYTHONDONTWRITEBYTECODE set (some CI images set it),
+# each would compile kvbench's modules again (~0.2 s) and pytest would re-rewrite every test module per worker.
+PYTEST := env -u PYTHONDONTWRITEBYTECODE $(PY) -m pytest
+# unit + integration in parallel (pytest-xdist, one worker per core); e2e alone, since its vLLM servers are
+# shared per session and two sessions would start two of each on a small box.
+FAST_TIERS := $(PYTEST) -n auto tests/unit tests/integration
 
 .PHONY: setup run docs test test-fast
 
@@ -30,7 +36,7 @@ docs: setup
 # The developer's loop: lint, then tests/unit and tests/integration (no vLLM, no browser), in under 3 minutes.
 test-fast: setup
 	$(VENV)/bin/ruff check .
-	$(PY) -m pytest -q tests/unit tests/integration
+	$(FAST_TIERS) -q
 
 # CI: everything, tests/e2e too (real vLLM, headless Chromium, a built wheel)
 test: setup
@@ -38,4 +44,5 @@ test: setup
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(MKDOCS) build --strict
-	$(PY) -m pytest --durations=40
+	$(FAST_TIERS) --durations=20
+	$(PYTEST) tests/e2e --durations=20

@@ -58,8 +58,15 @@ def all_figures(pages):
 # --- building -----------------------------------------------------------------------------------------------
 
 
-def test_builds_from_committed_results(tmp_path):
+@pytest.fixture(scope="module")
+def committed():
+    """The committed results, loaded, and their pages (built once for the tests that read them)."""
     loaded = site_data.load(REPO / "results", asv_conf=REPO / "asv.conf.json")
+    return loaded, {p.slug: p for p in site.build_pages(loaded)}
+
+
+def test_builds_from_committed_results(tmp_path, committed):
+    loaded, pages = committed
     written = site.write_site(loaded, tmp_path / "site")
     assert [p.stem for p in written] == PAGE_SLUGS
     assert (tmp_path / "site" / site.PLOTLY_JS).stat().st_size > 1_000_000  # plotly.js bundled once
@@ -69,7 +76,6 @@ def test_builds_from_committed_results(tmp_path):
         assert '<script src="assets/plotly.min.js"></script>' in html
         assert not re.search(r'<script[^>]+src="(https?:)?//', html), f"{page.name} fetches a script from the network"
     assert loaded.problems == []
-    pages = {p.slug: p for p in site.build_pages(loaded)}
     if not loaded.accuracy.empty:  # the committed accuracy record is plotted
         assert any(d.startswith("accuracy-") for d, _ in pages["kernels"].figures)
     if not loaded.history.empty:  # the committed history: the glance figure plus one chart per measured metric
@@ -80,11 +86,10 @@ def test_builds_from_committed_results(tmp_path):
             assert pages[slug].figures, slug
 
 
-def test_workload_runs_are_named_by_their_workload_not_placeholder_lengths():
+def test_workload_runs_are_named_by_their_workload_not_placeholder_lengths(committed):
     # The committed Intel records hold one run of each workload kind; a spec's lengths vary per request, so
     # the overview names the workload where a fixed run gives its lengths, and the capacity page titles say it.
-    loaded = site_data.load(REPO / "results", asv_conf=REPO / "asv.conf.json")
-    pages = {p.slug: p for p in site.build_pages(loaded)}
+    loaded, pages = committed
     overview = pages["index"].body
     assert "workload shared-prefix (prefix-cache)" in overview
     assert "workload trace (" in overview and "workload multi-turn (" in overview
@@ -370,20 +375,24 @@ def test_kernels_page_draws_roofline(sample_pages):
 # --- writing -----------------------------------------------------------------------------------------------------
 
 
-def test_site_is_swapped_in_whole(tmp_path, sample_data, monkeypatch):
+def test_site_is_swapped_in_whole(tmp_path, sample_data, sample_pages, monkeypatch):
+    built = list(sample_pages.values())  # the pages themselves are other tests' subject: built once
+    monkeypatch.setattr(site, "build_pages", lambda data: built)
     out = tmp_path / "site"
     site.write_site(sample_data, out, generated_at="first")
     assert "first" in (out / "index.html").read_text()
 
-    def broken(data):
-        raise RuntimeError("page failed")
+    def broken(page, *args):
+        if page.slug == "claims":  # some pages are written, then one fails
+            raise RuntimeError("page failed")
+        return "<html></html>"
 
-    monkeypatch.setattr(site.page_claims, "build", broken)
-    with pytest.raises(RuntimeError):
-        site.write_site(sample_data, out, generated_at="second")
+    with monkeypatch.context() as m:
+        m.setattr(site, "render_page", broken)
+        with pytest.raises(RuntimeError):
+            site.write_site(sample_data, out, generated_at="second")
     assert "first" in (out / "index.html").read_text()  # the old site is intact
     assert sorted(p.name for p in tmp_path.iterdir()) == ["site"]  # no temp folders left
-    monkeypatch.undo()
     site.write_site(sample_data, out, generated_at="third")
     assert "third" in (out / "index.html").read_text() and sorted(p.name for p in tmp_path.iterdir()) == ["site"]
 

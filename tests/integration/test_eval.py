@@ -12,6 +12,7 @@ import pytest
 from support import json_summary, kvbench_at, kvbench_here
 
 from kvbench import evaltasks
+from kvbench.datafiles import cache_root
 from kvbench.errors import KvbenchError, UsageError
 from kvbench.testing.fakeserver import FakeConfig, FakeServer
 
@@ -25,6 +26,9 @@ def tok_dir(tmp_path_factory):
     path = tmp_path_factory.mktemp("tok")
     build_tokenizer(path)
     return path
+
+
+USER_CACHE = cache_root()  # before _cache points kvbench elsewhere
 
 
 @pytest.fixture(autouse=True)
@@ -172,7 +176,8 @@ def test_eval_cli_text_output(tok_dir, tmp_path):
     ],
 )
 def test_bad_input_is_one_line(args, message, tmp_path):
-    out = kvbench_here("eval", *args, "--results", str(tmp_path))
+    # refused before any task file is written, so the user's cache (vLLM's facts, asked once) is left to it
+    out = kvbench_here("eval", *args, "--results", str(tmp_path), env={"KVBENCH_CACHE_DIR": str(USER_CACHE)})
     assert out.returncode == 2, out.stderr
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and message in lines[0], out.stderr

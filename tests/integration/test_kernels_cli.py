@@ -28,7 +28,7 @@ def run(*args, env=None, timeout=600):
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU")
 def test_kernels_without_gpu_says_so_and_exits_0(tmp_path):
-    out = run("kernels", "--results", str(tmp_path))
+    out = kvbench_here("kernels", "--results", str(tmp_path))
     assert out.returncode == 0, out.stderr
     assert "no CUDA GPU" in out.stdout and "--interpret" in out.stdout
     assert not list(tmp_path.glob("*/kernels"))

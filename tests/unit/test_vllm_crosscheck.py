@@ -23,8 +23,22 @@ import torch
 
 from kvbench.kernels import nvfp4, paged_cache
 
-emu = pytest.importorskip("vllm.model_executor.layers.quantization.utils.nvfp4_emulation_utils")
-torch_utils = pytest.importorskip("vllm.utils.torch_utils")
+
+class _Imported:
+    """A vLLM module imported when a test first reads from it (skipping that test without vLLM), not when pytest
+    collects this file: importing vLLM takes ~5 s, which every test worker would pay at collection."""
+
+    def __init__(self, name: str):
+        self._name, self._module = name, None
+
+    def __getattr__(self, attr: str):
+        if self._module is None:
+            self._module = pytest.importorskip(self._name)
+        return getattr(self._module, attr)
+
+
+emu = _Imported("vllm.model_executor.layers.quantization.utils.nvfp4_emulation_utils")
+torch_utils = _Imported("vllm.utils.torch_utils")
 
 
 def inputs():
