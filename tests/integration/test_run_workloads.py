@@ -67,8 +67,8 @@ def test_dataset_files_run_each_conversation_at_its_own_lengths(tmp_path, tiny_m
 
 def test_a_trace_replays_on_its_send_times_without_a_search(tmp_path, tiny_model):
     with FakeServer(FakeConfig(**FAST)) as srv:
-        # the bundled trace (trace-small) at a fifth of its replay time: 200 requests over 4.8 s
-        doc, samples = run_against(srv.base_url, tiny_model, f"trace:{TRACE},block=64,time_scale=0.1", tmp_path)
+        # the bundled trace (trace-small) at a tenth of its replay time: 200 requests over 2.4 s
+        doc, samples = run_against(srv.base_url, tiny_model, f"trace:{TRACE},block=64,time_scale=0.05", tmp_path)
     d = doc["dtypes"][0]
     assert [p["kind"] for p in d["phases"]] == ["fixed"]  # its own timing: no SLO probes, no ladder
     assert any("keeps its own timing" in w for w in d["warnings"])
