@@ -8,7 +8,19 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from kvbench.dashboards.components import Page, date_text, dtype_chip, empty, fmt, note, section, slug, table, text
+from kvbench.dashboards.components import (
+    Page,
+    date_text,
+    dtype_chip,
+    empty,
+    fmt,
+    note,
+    section,
+    slug,
+    table,
+    text,
+    vline,
+)
 from kvbench.dashboards.data import REGRESSION, SiteData
 from kvbench.dashboards.theme import REGRESSION_COLOR, color, dash, dtype_sort_key, esc, ordered, style, symbol
 from kvbench.harness.repeats import half_width
@@ -212,7 +224,7 @@ def metric_figure(frame: pd.DataFrame, regressions: pd.DataFrame, title: str, un
                 legend_done.add("regression")
         # vLLM release boundaries and the version under every point.
         for x, new, old in boundaries(mframe):
-            fig.add_vline(x=x, line={"color": "#666", "dash": "dot", "width": 1.5}, row=row, col=1)
+            vline(fig, x, {"color": "#666", "dash": "dot", "width": 1.5}, row, 1)
             fig.add_annotation(
                 x=x,
                 y=1,
@@ -288,7 +300,7 @@ def glance_figure(frame: pd.DataFrame, regressions: pd.DataFrame, metrics: list[
             )
             shown.add("regression")
         for x, _, _ in boundaries(mf):
-            fig.add_vline(x=x, line={"color": "#888", "dash": "dot", "width": 1}, row=r + 1, col=c + 1)
+            vline(fig, x, {"color": "#888", "dash": "dot", "width": 1}, r + 1, c + 1)
         if 0 < len(ticks) <= MAX_LABELLED_TICKS:
             fig.update_xaxes(
                 tickvals=list(ticks["when"]),

@@ -30,8 +30,6 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-import aiohttp
-
 from kvbench import evaltasks
 from kvbench.datafiles import load_toml
 from kvbench.harness.evaluation import EvalResult, ItemResult, TaskResult
@@ -105,6 +103,8 @@ async def prefix_condition(
     """Each item of kvbench's own tasks, one at a time: first its first PREFIX_SHARE (prefix_text, 1 token out, so
     vLLM caches its blocks), then the item itself as lm-eval sends it (text, greedy, its stop strings and answer
     room), scored as lm-eval scores it (exact match of the stripped answer)."""
+    import aiohttp  # here: the verdict (report, dashboard, claims) imports this module for its definitions
+
     out: dict[str, TaskResult] = {}
     t0 = time.monotonic()
     timeout = aiohttp.ClientTimeout(total=timeout_s)
