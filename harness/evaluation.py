@@ -286,7 +286,13 @@ def _no_env_survey(storage: dict) -> None:
     storage["pretty_env_info"] = "not collected (kvbench records the environment in the run record)"
 
 
+def _greedy_note(record: logging.LogRecord) -> bool:
+    # lm-eval warns on every evaluation that gen_kwargs override the task's: kvbench's greedy decoding, on purpose
+    return not str(record.msg).startswith("generation_kwargs:")
+
+
 def _quiet_lm_eval() -> None:
     # lm-eval logs every request setting at INFO; kvbench reports progress itself (on stderr).
     for name in ("lm-eval", "lm_eval", "httpx"):
         logging.getLogger(name).setLevel(logging.WARNING)
+    logging.getLogger("lm_eval.evaluator").addFilter(_greedy_note)  # once: addFilter skips a filter it has

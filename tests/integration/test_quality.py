@@ -105,7 +105,7 @@ def test_each_failure_mode_condition_catches_a_dtype_that_fails_only_there(modes
             "--eval-tasks",
             "kvbench_passkey_512",
             "--eval-limit",
-            "40",
+            "30",
         )
     summary = json_summary(out)
     gate = summary["quality"]["gate"]
