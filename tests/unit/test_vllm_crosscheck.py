@@ -32,6 +32,8 @@ class _Imported:
         self._name, self._module = name, None
 
     def __getattr__(self, attr: str):
+        if attr.startswith("_"):  # pytest's collection asks every module-level name for __test__, _mock_name, ...
+            raise AttributeError(attr)
         if self._module is None:
             self._module = pytest.importorskip(self._name)
         return getattr(self._module, attr)
