@@ -10,7 +10,8 @@ MKDOCS := NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs
 PYTEST := env -u PYTHONDONTWRITEBYTECODE $(PY) -m pytest
 # unit + integration in parallel (pytest-xdist, one worker per core); e2e alone, since its vLLM servers are
 # shared per session and two sessions would start two of each on a small box.
-FAST_TIERS := $(PYTEST) -n auto tests/unit tests/integration
+# One OpenMP thread per worker: the workers already fill the cores, and torch's spinning threads would fight them.
+FAST_TIERS := OMP_NUM_THREADS=1 $(PYTEST) -n auto tests/unit tests/integration
 
 .PHONY: setup run docs test test-fast
 

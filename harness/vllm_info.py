@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import importlib.metadata as md
 import json
 import os
@@ -11,7 +10,7 @@ import subprocess
 import sys
 from functools import cache
 
-from kvbench.datafiles import cache_root, write_text_atomic
+from kvbench.datafiles import cached_answer
 from kvbench.errors import KvbenchError
 
 _PROBE = """
@@ -44,26 +43,14 @@ def vllm_facts(python: str = sys.executable) -> dict:
 
     Importing vLLM takes about 10 s on 2 cores, so for this interpreter the answer is kept on disk under what
     it depends on (_facts_key) and asked again only when that changes."""
-    key = _facts_key(python)
-    path = cache_root() / "vllm-facts" / f"{key}.json" if key else None
-    if path is not None and path.is_file():
-        try:
-            return json.loads(path.read_text())
-        except ValueError:  # a damaged entry is asked again and rewritten
-            pass
-    facts = _probe(python)
-    if path is not None:
-        with contextlib.suppress(OSError):  # a read-only cache costs speed, not the answer
-            path.parent.mkdir(parents=True, exist_ok=True)
-            write_text_atomic(path, json.dumps(facts))
-    return facts
+    return cached_answer("vllm-facts", _facts_key(python), lambda: _probe(python))
 
 
-def _facts_key(python: str) -> str | None:
-    """A digest of what the probe's answer depends on, read without importing vLLM: the probe itself, this
-    interpreter, the installed vLLM distribution (version and RECORD, which a reinstall rewrites), the general
-    plugins installed, and the environment vLLM reads to pick its plugins and platform. None for another
-    interpreter (an asv environment: asked every time) or when vLLM is not installed (the probe says so)."""
+def _facts_key(python: str) -> list | None:
+    """What the probe's answer depends on, read without importing vLLM: the probe itself, this interpreter, the
+    installed vLLM distribution (version and RECORD, which a reinstall rewrites), the general plugins installed,
+    and the environment vLLM reads to pick its plugins and platform. None for another interpreter (an asv
+    environment: asked every time) or when vLLM is not installed (the probe says so)."""
     if os.path.realpath(python) != os.path.realpath(sys.executable):
         return None
     dist = _vllm_distribution()
@@ -73,7 +60,7 @@ def _facts_key(python: str) -> str | None:
     env = {k: os.environ.get(k) for k in _PLATFORM_ENV}
     parts = [_PROBE, sys.executable, dist.version, dist.read_text("RECORD") or "", plugins, env]
     parts.append(os.path.exists("/dev/nvidiactl"))  # a GPU driver: vLLM's platform detection looks for one
-    return hashlib.sha256(json.dumps(parts).encode()).hexdigest()[:16]
+    return parts
 
 
 def _vllm_distribution():

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import json
 import os
 import tempfile
 import tomllib
+from collections.abc import Callable
 from functools import cache
 from importlib import resources
 from pathlib import Path
@@ -33,6 +36,36 @@ def write_text_atomic(path: Path, text: str) -> None:
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
+
+
+def cached_answer(kind: str, key: list | None, compute: Callable[[], Any]) -> Any:
+    """compute()'s JSON-able answer, kept as cache_root()/kind/<digest of key>.json and read back while `key`
+    (everything the answer depends on) is unchanged; key None: computed every time. A damaged entry is computed
+    and written again; a cache that cannot be written costs speed, not the answer."""
+    if key is None:
+        return compute()
+    digest = hashlib.sha256(json.dumps(key, default=str).encode()).hexdigest()[:16]
+    path = cache_root() / kind / f"{digest}.json"
+    if path.is_file():
+        with contextlib.suppress(ValueError):
+            return json.loads(path.read_text())
+    answer = compute()
+    with contextlib.suppress(OSError):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_text_atomic(path, json.dumps(answer))
+    return answer
+
+
+def distribution_key(*names: str) -> list | None:
+    """What says an installed distribution changed: the first of `names` installed, its version and its RECORD
+    (which every install rewrites); None when none is installed."""
+    import importlib.metadata as md
+
+    for name in names:
+        with contextlib.suppress(md.PackageNotFoundError):
+            dist = md.distribution(name)
+            return [name, dist.version, dist.read_text("RECORD") or ""]
+    return None
 
 
 def data_path(relative: str) -> Path:

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import difflib
 import hashlib
+import importlib.util
 import json
 import random
 import string
@@ -33,7 +34,7 @@ from pathlib import Path
 from typing import Protocol
 
 from kvbench import corpus
-from kvbench.datafiles import cache_root, write_text_atomic
+from kvbench.datafiles import cache_root, cached_answer, distribution_key, write_text_atomic
 from kvbench.errors import UsageError, unknown_choice
 
 SEED = 1234  # evaluation items; training draws from other seeds (kvbench.tinymodel.train.TRAIN_SEED_BASE)
@@ -138,13 +139,10 @@ def check_task_names(tasks: list[str]) -> None:
         if task.startswith(PREFIX):
             parse_task(task)
     others = [t for t in tasks if not t.startswith(PREFIX)]
-    if not others:
+    if not others or importlib.util.find_spec("lm_eval") is None:  # without lm-eval, its evaluation says so
         return
-    try:
-        from lm_eval.tasks import TaskManager
-    except ImportError:  # lm-eval itself says so when the evaluation starts
-        return
-    known = set(TaskManager().all_tasks)
+    # lm-eval's index of its ~10,000 task files takes ~5 s to build; the names are kept per lm-eval install
+    known = set(cached_answer("lm-eval-tasks", distribution_key("lm_eval", "lm-eval"), _lm_eval_task_names))
     for task in others:
         if task not in known:
             near = difflib.get_close_matches(task, sorted(known), n=3)
@@ -153,6 +151,12 @@ def check_task_names(tasks: list[str]) -> None:
                 + (f"; did you mean {', '.join(near)}?" if near else "")
                 + f" (lm-eval knows {len(known):,}: `lm-eval ls tasks`; kvbench's own: {', '.join(task_names())})"
             )
+
+
+def _lm_eval_task_names() -> list[str]:
+    from lm_eval.tasks import TaskManager
+
+    return sorted(TaskManager().all_tasks)
 
 
 def words(seed: int = 0) -> list[str]:

@@ -31,9 +31,9 @@ def kvbench(*args: str, cwd: Path | str = ROOT, env: dict | None = None, timeout
 
 def kvbench_here(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
     """`kvbench ARGS` in this process, giving what `kvbench` gives (exit status, stdout, stderr) without a child's
-    start-up (~0.7 s of imports): for commands that end quickly (refusals, help, tables). What the process
-    boundary itself decides (stdout holding one JSON document, signals, a run against a server, the environment
-    a child inherits) is tested through `kvbench`."""
+    start-up (0.7-2.5 s of imports: most of a short run against a fake server). What the process boundary itself
+    decides (stdout holding one JSON document, signals, exit on SIGHUP, the environment a child inherits) is
+    tested through `kvbench`, and the e2e tier runs vLLM through it."""
     import contextlib
     import io
 
@@ -61,9 +61,9 @@ LEAN = ["--no-sweep", "--repeat", "1", "--no-eval"]
 
 
 def kvbench_at(command: str, endpoint: str, model, results, *args: str, json_out: bool = True, env: dict | None = None):
-    """`kvbench COMMAND --endpoint ENDPOINT --model MODEL ARGS --results RESULTS [--json]` in a child process."""
+    """`kvbench COMMAND --endpoint ENDPOINT --model MODEL ARGS --results RESULTS [--json]`, in this process."""
     tail = ["--json"] if json_out else []
-    return kvbench(
+    return kvbench_here(
         command, "--endpoint", endpoint, "--model", str(model), *args, "--results", str(results), *tail, env=env
     )
 

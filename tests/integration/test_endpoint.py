@@ -9,7 +9,7 @@ import subprocess
 import sys
 
 import pytest
-from support import LEAN, everything_under, json_summary, kvbench, kvbench_at, one_line_error
+from support import LEAN, everything_under, json_summary, kvbench_at, kvbench_here, one_line_error
 
 from kvbench.errors import UsageError
 from kvbench.harness import records
@@ -78,7 +78,9 @@ def test_each_dtype_on_its_own_server_and_a_contradicting_label_is_refused(tmp_p
 
 def test_api_key_and_headers_reach_the_server_and_never_the_record(tmp_path, tiny_model):
     with FakeServer(FakeConfig(kv_cache_dtype="auto", max_model_len=512, api_key=KEY)) as srv:
-        refused = kvbench("run", "--endpoint", srv.base_url, "--model", str(tiny_model), "--results", str(tmp_path))
+        refused = kvbench_here(
+            "run", "--endpoint", srv.base_url, "--model", str(tiny_model), "--results", str(tmp_path)
+        )
         assert "HTTP 401" in one_line_error(refused) and "--api-key" in refused.stderr
         out = kvbench_at(
             "run",
@@ -113,9 +115,9 @@ def test_an_endpoint_that_is_not_an_openai_server_is_refused(tmp_path):
     try:
         line = srv.stdout.readline()
         port = int(line.split("port ")[1].split(" ")[0])
-        out = kvbench("run", "--endpoint", f"http://127.0.0.1:{port}", "--results", str(tmp_path / "r"))
+        out = kvbench_here("run", "--endpoint", f"http://127.0.0.1:{port}", "--results", str(tmp_path / "r"))
     finally:
         srv.terminate()
     assert "HTTP 404" in one_line_error(out) and not (tmp_path / "r").exists()
-    refused = kvbench("run", "--endpoint", "http://127.0.0.1:9", "--results", str(tmp_path / "r"))
+    refused = kvbench_here("run", "--endpoint", "http://127.0.0.1:9", "--results", str(tmp_path / "r"))
     assert "no answer" in one_line_error(refused)

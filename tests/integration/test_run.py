@@ -8,7 +8,7 @@ import json
 import time
 
 import pytest
-from support import LEAN, kvbench, kvbench_at, only_record, plan_for
+from support import LEAN, kvbench_at, kvbench_here, only_record, plan_for
 
 from kvbench.harness.runner import Runner
 from kvbench.testing.fakeserver import FakeConfig, FakeServer
@@ -22,7 +22,7 @@ TASK = "kvbench_needle_512"  # one of the CPU default's tasks: retrieval at the 
 
 def test_unknown_dtype_lists_what_vllm_accepts():
     pytest.importorskip("vllm")
-    out = kvbench("run", "--kv-dtypes", "auto,fp3", "--no-search")
+    out = kvbench_here("run", "--kv-dtypes", "auto,fp3", "--no-search")
     assert out.returncode == 2
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and "'fp3'" in lines[0] and "fp8_e5m2" in lines[0] and "nvfp4" in lines[0]

@@ -83,7 +83,7 @@ def test_written_tasks_load_in_lm_eval(tok_dir, tmp_path):
     assert folder == evaltasks.write_tasks(tok_dir, ["kvbench_passkey_512"], n=6, root=tmp_path)  # reused
     rows = [json.loads(line) for line in (folder / "kvbench_passkey_512.jsonl").read_text().splitlines()]
     assert len(rows) == 6 and rows[0]["doc_id"] == 0
-    tm = TaskManager(include_path=str(folder))
+    tm = TaskManager(include_path=str(folder), include_defaults=False)  # as kvbench loads its own tasks
     task = tm.load(["kvbench_passkey_512"])["tasks"]["kvbench_passkey_512"]
     docs = list(task.test_docs())
     assert task.doc_to_text(docs[0]) == rows[0]["prompt"] and task.doc_to_target(docs[0]) == rows[0]["answer"]
@@ -146,3 +146,15 @@ def test_task_files_are_keyed_by_the_task_definition(tok_dir, tmp_path, monkeypa
     first = evaltasks.tasks_dir(tok_dir, root=tmp_path)
     monkeypatch.setattr(evaltasks, "NEEDLE_DIGITS", evaltasks.NEEDLE_DIGITS + 1)
     assert evaltasks.tasks_dir(tok_dir, root=tmp_path) != first  # other items: not the cached files
+
+
+def test_lm_eval_task_names_are_indexed_once_per_install(tmp_path, monkeypatch):
+    pytest.importorskip("lm_eval")
+    monkeypatch.setenv("KVBENCH_CACHE_DIR", str(tmp_path))
+    built = []
+    monkeypatch.setattr(evaltasks, "_lm_eval_task_names", lambda: built.append(1) or ["gsm8k", "ruler"])
+    evaltasks.check_task_names(["gsm8k"])
+    evaltasks.check_task_names(["ruler", "kvbench_passkey_512"])  # read back, not indexed again
+    with pytest.raises(UsageError, match="unknown lm-eval task 'gsm8kk'; did you mean gsm8k"):
+        evaltasks.check_task_names(["gsm8kk"])
+    assert built == [1] and len(list((tmp_path / "lm-eval-tasks").glob("*.json"))) == 1
