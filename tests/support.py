@@ -60,12 +60,22 @@ def kvbench_here(*args: str, env: dict | None = None) -> subprocess.CompletedPro
 LEAN = ["--no-sweep", "--repeat", "1", "--no-eval"]
 
 
-def kvbench_at(command: str, endpoint: str, model, results, *args: str, json_out: bool = True, env: dict | None = None):
-    """`kvbench COMMAND --endpoint ENDPOINT --model MODEL ARGS --results RESULTS [--json]`, in this process."""
+def kvbench_at(
+    command: str,
+    endpoint: str,
+    model,
+    results,
+    *args: str,
+    json_out: bool = True,
+    env: dict | None = None,
+    child: bool = False,
+):
+    """`kvbench COMMAND --endpoint ENDPOINT --model MODEL ARGS --results RESULTS [--json]`: in this process against
+    a fake server; `child` (real vLLM, e2e) in a child process, as a user runs it, apart from the session's
+    shared servers, which are this process's children."""
     tail = ["--json"] if json_out else []
-    return kvbench_here(
-        command, "--endpoint", endpoint, "--model", str(model), *args, "--results", str(results), *tail, env=env
-    )
+    argv = [command, "--endpoint", endpoint, "--model", str(model), *args, "--results", str(results), *tail]
+    return kvbench(*argv, env=env) if child else kvbench_here(*argv, env=env)
 
 
 def json_summary(out) -> dict:
@@ -158,9 +168,9 @@ def shipped(**changes) -> dict:
     return raw
 
 
-def run_against(url: str, model, workload: str, tmp_path, *extra) -> tuple[dict, object]:
+def run_against(url: str, model, workload: str, tmp_path, *extra, child: bool = False) -> tuple[dict, object]:
     """One lean `kvbench run` of `workload` against the endpoint at `url`: (its record, its requests)."""
-    json_summary(kvbench_at("run", f"auto={url}", model, tmp_path, "--workload", workload, *LEAN, *extra))
+    json_summary(kvbench_at("run", f"auto={url}", model, tmp_path, "--workload", workload, *LEAN, *extra, child=child))
     path = records.find_records(tmp_path)[0]
     return records.load_record(path), records.samples_frame(path)
 

@@ -139,6 +139,7 @@ def test_endpoint_mode_reads_capacity_from_metrics(vllm_servers, tiny_model, tmp
         "--concurrency",
         "2",
         json_out=False,
+        child=True,
     )
     assert out.returncode == 0, out.stdout[-2000:]
     d = only_record(tmp_path)["dtypes"][0]

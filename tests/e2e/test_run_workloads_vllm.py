@@ -21,6 +21,7 @@ def test_shared_prefixes_hit_the_real_servers_prefix_cache(vllm_servers, tiny_mo
         "--no-search",
         "--concurrency",
         "2",
+        child=True,
     )
     pc = doc["dtypes"][0]["phases"][-1]["prefix_cache"]
     assert pc["queries_tokens"] >= 16 * 288 * 0.9  # every prompt token was looked up ...
