@@ -207,7 +207,7 @@ def test_ctrl_c_under_asyncio_run_returns_what_was_measured(server, tmp_path):
         def progress(done, total):
             print("progress", done, total, flush=True)
 
-        lr = asyncio.run(run_load(OpenAIBackend({server.base_url!r}, "m"), [[1, 2]] * 40, 8, Concurrency(2),
+        lr = asyncio.run(run_load(OpenAIBackend({server.base_url!r}, "m"), [[1, 2]] * 200, 8, Concurrency(2),
                                   on_progress=progress))
         s = summarize(lr)
         print(json.dumps({{"interrupted": lr.interrupted, "completed": s.completed, "failed": s.failed,
