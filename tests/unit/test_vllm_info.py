@@ -12,7 +12,7 @@ from kvbench.harness import vllm_info
 
 @pytest.fixture
 def probes(monkeypatch, tmp_path):
-    if vllm_info._vllm_distribution() is None:
+    if vllm_info._facts_key(sys.executable) is None:
         pytest.skip("vLLM is not installed: nothing is cached without it")
     monkeypatch.setenv("KVBENCH_CACHE_DIR", str(tmp_path))
     monkeypatch.delenv("VLLM_PLUGINS", raising=False)
