@@ -14,7 +14,8 @@ keeps as CI artifacts. Everything that reads records (`report`, `compare`, `clai
 the dashboards) needs only the summary.
 
 Readers accept `kvbench.run/1` (one JSON with every request inside) and `kvbench.run/2`. A v1 record is
-upgraded on load to the v2 shape; its embedded requests stay readable through `samples_frame`.
+upgraded on load to the v2 shape; its embedded requests stay readable through `samples_frame`
+(`kvbench history upgrade` rewrites it as v2 for good).
 Every record is validated on load: a damaged one is named with its path and the first bad field, never
 half-believed.
 
@@ -23,6 +24,7 @@ The package, by what each module holds (none imports one listed after it):
     migrate.py   kvbench.run/1 records upgraded to the v2 shape, and their embedded samples
     storage.py   names and paths, atomic writes, the Parquet samples, validated reading
     queries.py   finding records, headline numbers, the pandas tables readers use
+    upgrade.py   v1 records rewritten as v2 for good (`kvbench history upgrade`), each read back first
 Everything is re-exported here: `from kvbench.harness import records; records.X` is the public path. To patch
 a function for a test, patch it where it lives (e.g. `records.storage._replace_atomic`), which is where its
 callers look it up.

@@ -68,6 +68,11 @@ def v1_samples(doc: dict, table: str):
     """A v1 record's embedded samples as a "requests" or "series" table (v1 records had no evaluations)."""
     import pandas as pd
 
+    return pd.DataFrame(v1_rows(doc, table))
+
+
+def v1_rows(doc: dict, table: str) -> list[dict]:
+    """A v1 record's embedded requests (table "requests") or /metrics snapshots ("series") as sample rows."""
     rows = []
     for d in doc.get("dtypes") or []:
         dtype = d.get("kv_cache_dtype")
@@ -101,4 +106,4 @@ def v1_samples(doc: dict, table: str):
                             "value": value,
                         }
                     )
-    return pd.DataFrame(rows)
+    return rows

@@ -1,5 +1,6 @@
 """`kvbench history run`: add one asv history point (one `kvbench run` + the asv suite) for this machine
-and the vLLM in a venv. `kvbench history show`: the history table. The keying scheme is in kvbench.asvrun."""
+and the vLLM in a venv. `kvbench history show`: the history table. `kvbench history upgrade`: the history's
+kvbench.run/1 records rewritten as kvbench.run/2. The keying scheme is in kvbench.asvrun."""
 
 from __future__ import annotations
 
@@ -21,13 +22,16 @@ from kvbench.output import console, err_console, fmt_value, print_json, vllm_lab
 NAME = "history"
 HELP = (
     "run: add one asv history point for this machine and the vLLM in --venv "
-    "(one kvbench run + the asv suite); show: the history table."
+    "(one kvbench run + the asv suite); show: the history table; upgrade: rewrite kvbench.run/1 records "
+    "(every request inside one JSON) as kvbench.run/2 (summary + Parquet samples), checked to read back the same."
 )
-ACTIONS = ("run", "show")
+ACTIONS = ("run", "show", "upgrade")
 
 
 def command(
-    action: Annotated[str, typer.Argument(help="run (add a history point) or show (print the history).")],
+    action: Annotated[
+        str, typer.Argument(help="run (add a history point), show (print the history) or upgrade (v1 records).")
+    ],
     venv: Annotated[
         Path | None,
         typer.Option(
@@ -67,7 +71,7 @@ def command(
         ),
     ] = False,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Say what would run; change nothing.")] = False,
-    as_json: Annotated[bool, typer.Option("--json", help="show: print the rows as JSON.")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="show, upgrade: print the rows as JSON.")] = False,
 ) -> int:
     if action not in ACTIONS:
         raise UsageError(f"unknown action {action!r}; choose from: {', '.join(ACTIONS)}")
@@ -76,6 +80,8 @@ def command(
     project = AsvProject.load(config)
     if action == "show":
         return show(project, machine, as_json)
+    if action == "upgrade":
+        return upgrade(project, as_json)
     cliargs.positive(wait_load, "--wait-load")
     return run(project, venv, machine, model, bench, commit, dry_run, wait_load)
 
@@ -195,6 +201,22 @@ def _table(rows, title: str) -> Table:
             first.label, first.direction, *[fmt_value(by[d].value, by[d].unit) if d in by else "—" for d in dtypes]
         )
     return table
+
+
+def upgrade(project, as_json: bool) -> int:
+    """Exit 1 when a record could not be rewritten faithfully (it is left as it was, and named)."""
+    from kvbench.harness.records.upgrade import upgrade_records
+
+    with console.status(f"rewriting kvbench.run/1 records under {project.results_dir}"):
+        outcomes = upgrade_records(project.results_dir)
+    failed = [p for p, outcome in outcomes if outcome.startswith("left")]
+    if as_json:
+        print_json([{"record": p, "outcome": o} for p, o in outcomes])
+    else:
+        for p, outcome in outcomes:
+            console.print(f"{escape(p)}: {escape(outcome)}")
+        console.print(f"{len(outcomes) - len(failed)} of {len(outcomes)} kvbench.run/1 records rewritten")
+    return 1 if failed else 0
 
 
 def show(project, machine: str | None, as_json: bool) -> int:

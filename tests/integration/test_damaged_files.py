@@ -15,12 +15,8 @@ from kvbench.harness import records
 
 ROOT = Path(__file__).resolve().parents[2]
 COMMITTED = ROOT / "results"
-# the newest committed kvbench.run/1 record (older records must stay readable)
-RECORD = [
-    p
-    for p in sorted((COMMITTED / "cpu-amd-epyc" / "runs").glob("*.json"))
-    if json.loads(p.read_text()).get("schema") == records.SCHEMA_V1
-][-1]
+# a kvbench.run/1 record (older records must stay readable): a committed one, its requests cut to 3 per phase
+RECORD = ROOT / "tests" / "data" / "v1-record.json"
 
 
 def one_line(out, code=2) -> str:
@@ -103,11 +99,11 @@ def test_damaged_records_are_one_line_in_report_and_skipped_by_claims_and_compar
     for name, path in cases.items():
         line = one_line(kvbench_here("report", str(path)))
         assert str(path) in line, name
-    good = tmp_path / "results" / "cpu-x" / "runs" / RECORD.name
-    shutil.copy(RECORD, good)
+    run_id = json.loads(RECORD.read_text())["run_id"]
+    shutil.copy(RECORD, tmp_path / "results" / "cpu-x" / "runs" / f"{run_id}.json")
     claims = kvbench_here("claims", "--results", str(tmp_path / "results"))
     assert claims.returncode == 0 and all(str(p) in claims.stderr for p in cases.values())
-    compare = kvbench_here("compare", RECORD.stem, RECORD.stem, "--results", str(tmp_path / "results"))
+    compare = kvbench_here("compare", run_id, run_id, "--results", str(tmp_path / "results"))
     assert compare.returncode == 0, compare.stderr[-2000:]
     assert "skipped" in compare.stderr and "Traceback" not in compare.stderr
 

@@ -185,30 +185,13 @@ def fake_history_point(results: Path) -> Path:
 
 
 def project(tmp_path: Path, name: str) -> Path:
-    """A checkout's results/ as main holds it before the night: the committed CPU history, its kvbench.run/1
-    records without the requests and series they embed (30 MB that every gate and dashboard in a test would
-    parse again; a night moves and links records, it does not read their requests)."""
+    """A checkout's results/ as main holds it before the night: the committed CPU history."""
     root = tmp_path / name
     (root / "results").mkdir(parents=True)
     shutil.copytree(ROOT / "results" / MACHINE, root / "results" / MACHINE)
-    for path in (root / "results" / MACHINE / "runs").glob("*.json"):
-        doc = json.loads(path.read_text())
-        if doc.get("schema") == "kvbench.run/1":
-            path.write_text(json.dumps(_without_embedded_samples(doc)))
     shutil.copy(ROOT / "results" / "benchmarks.json", root / "results" / "benchmarks.json")
     shutil.copy(ROOT / "asv.conf.json", root / "asv.conf.json")
     return root
-
-
-def _without_embedded_samples(doc: dict) -> dict:
-    for d in doc["dtypes"]:
-        for p in d.get("phases") or []:
-            p["requests"] = []
-        d.get("metrics", {})["during"] = []
-        d.get("telemetry", {})["samples"] = []
-        if isinstance(d.get("agreement"), dict):
-            d["agreement"]["samples"] = []
-    return doc
 
 
 THREE_UNITS = {

@@ -1,0 +1,98 @@
+"""Rewriting kvbench.run/1 records (every request inside one JSON) as kvbench.run/2 for good: the summary
+through the v2 types, the embedded samples into the Parquet files a v2 run writes, each record read back and
+put back as it was if anything would differ (`kvbench history upgrade`)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from kvbench.datafiles import read_json
+from kvbench.harness.records import migrate, queries, storage
+from kvbench.harness.records.schema import SCHEMA, SCHEMA_V1
+from kvbench.harness.records.storage import SampleStore, _request_schema, parse_record, write_record
+
+
+def rewrite_v1(path, doc: dict):
+    """Rewrite the kvbench.run/1 record at `path` (`doc`, already read) as kvbench.run/2: the same summary, and
+    its embedded requests, agreement outputs and /metrics and NVML samples moved into the Parquet files beside it
+    (what a v2 run writes). Returns the v2 record; the caller checks it reads back the same."""
+    record = parse_record(doc, path)
+    store = SampleStore(record.run_id)
+    names = set(_request_schema().names)
+    store.requests = [{k: v for k, v in row.items() if k in names} for row in migrate.v1_rows(doc, "requests")]
+    store.series = migrate.v1_rows(doc, "series")
+    for d in doc.get("dtypes") or []:
+        dtype = d.get("kv_cache_dtype")
+        agreement = d.get("agreement")
+        if isinstance(agreement, dict) and agreement.get("samples"):
+            store.add_agreement(dtype, agreement["samples"], agreement.get("teacher_forced"))
+        tel = d.get("telemetry") or {}
+        if tel.get("samples"):
+            store.add_telemetry(dtype, _Telemetry(tel["fields"], tel["samples"]))
+    record.schema_ = SCHEMA
+    write_record(path, record, store)
+    return record
+
+
+def upgrade_records(where) -> list[tuple[str, str]]:
+    """Every kvbench.run/1 record under `where` rewritten as kvbench.run/2 (rewrite_v1), then read back: the
+    summary must equal the v1 reading (floats at v2's 6 decimals) and every embedded sample must be in the Parquet
+    files, unchanged; otherwise the v1 file is put back and the record named. Returns (path, outcome) per record."""
+    outcomes = []
+    for path in queries.find_records(where):
+        original = path.read_bytes()
+        doc = read_json(path, missing=f"run record not found: {path}", bad="not a JSON run record")
+        if not isinstance(doc, dict) or doc.get("schema") != SCHEMA_V1:
+            continue
+        before = storage._micro(storage.parse_record(doc, path).as_doc())
+        samples = {t: queries.samples_frame([path], t) for t in ("requests", "series")}
+        agreement = {
+            d.get("kv_cache_dtype"): [s["tokens"] for s in (d.get("agreement") or {}).get("samples") or []]
+            for d in doc.get("dtypes") or []
+            if isinstance(d.get("agreement"), dict) and d["agreement"].get("samples")
+        }
+        rewrite_v1(path, doc)
+        problem = _differs(before, storage.load_record(path), samples, agreement, path)
+        if problem:
+            storage._replace_atomic(path, lambda fh, original=original: fh.write(original))
+            for name in storage.samples_paths(path):
+                name.unlink(missing_ok=True)
+            outcomes.append((str(path), f"left as kvbench.run/1: {problem}"))
+        else:
+            outcomes.append((str(path), f"kvbench.run/2 ({len(original) / 1e6:.1f} MB of JSON before)"))
+    return outcomes
+
+
+def _differs(before: dict, after: dict, samples: dict, agreement: dict, path) -> str | None:
+    """What the rewrite changed, or None: the summary apart from its schema and samples fields, each samples
+    table's v1 rows, and the agreement outputs v1 kept in the summary ({dtype: tokens of each}), which are now
+    the requests table's agreement rows."""
+    strip = ("schema", "samples")
+    if {k: v for k, v in before.items() if k not in strip} != {k: v for k, v in after.items() if k not in strip}:
+        return "its summary reads differently"
+    for table, old in samples.items():
+        new = queries.samples_frame([path], table)
+        if table == "requests" and not new.empty:
+            rows = new[new.phase_kind == "agreement"]
+            moved = {d: [list(t) for t in g.output_ids] for d, g in rows.groupby("kv_cache_dtype", sort=False)}
+            if moved != agreement:
+                return "the agreement outputs differ from the summary's"
+            new = new[new.phase_kind != "agreement"].reset_index(drop=True)
+        if len(new) != len(old):
+            return f"{table}: {len(old)} rows before, {len(new)} after"
+        for col in old.columns:
+
+            def norm(v):
+                v = v.tolist() if hasattr(v, "tolist") else v
+                return None if isinstance(v, float) and math.isnan(v) else v
+
+            if [norm(v) for v in old[col]] != [norm(v) for v in new[col]]:
+                return f"{table}.{col} differs"
+    return None
+
+
+@dataclass
+class _Telemetry:
+    fields: list
+    samples: list
