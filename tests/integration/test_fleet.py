@@ -372,6 +372,7 @@ def test_a_failed_a_missing_and_an_overlapping_shard_are_reported_and_the_rest_m
             **THREE_UNITS,
             "workloads.cpu-third": {"prompt_tokens": 32, "output_tokens": 8, "num_requests": 8, "concurrency": [2]},
             "machines.cpu.workloads": ["cpu-small", "cpu-other", "cpu-third"],
+            "dashboard.enabled": False,  # the pages of a merge are the three-shard test's subject
         }
     )
     night, sp, folders, _ = synthetic_night(tmp_path, monkeypatch, raw)
@@ -426,7 +427,8 @@ def test_a_failed_a_missing_and_an_overlapping_shard_are_reported_and_the_rest_m
 
 
 def test_damaged_duplicate_and_unfinished_shards_are_not_merged(tmp_path, monkeypatch):
-    night, sp, folders, _ = synthetic_night(tmp_path, monkeypatch, shipped(**THREE_UNITS, **{"gate.enabled": False}))
+    raw = shipped(**THREE_UNITS, **{"gate.enabled": False, "dashboard.enabled": False})
+    night, sp, folders, _ = synthetic_night(tmp_path, monkeypatch, raw)
     entry_shard = next(s for s in sp.shards if not s.owns_history)
     record = next((folders[entry_shard.index] / "results" / MACHINE / "runs").glob("*.json"))
     record.write_text(record.read_text().replace('"status":"ok"', '"status":"fine"', 1))  # altered in transit

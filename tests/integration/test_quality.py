@@ -43,7 +43,7 @@ def test_a_dtype_wrong_only_under_load_is_excluded_and_its_canaries_report_it(tm
             "--eval-tasks",
             "kvbench_passkey_512",  # the task the fake server can answer
             "--eval-limit",
-            "40",
+            "24",
         )
     summary = json_summary(out)
     gate = summary["quality"]["gate"]
@@ -66,7 +66,7 @@ def test_a_dtype_wrong_only_under_load_is_excluded_and_its_canaries_report_it(tm
     assert all(len(t["scores_sha256"]) == 64 for c in ("rest", "load") for t in fp8[c]["tasks"].values())
     items = records.samples_frame(records.find_records(tmp_path), "evals")
     conditions = {"rest", "load", "batched", "mixed", "prefix", "during_load"}  # harness/evalphase.py
-    assert set(items.condition) == conditions and len(items) == 2 * 6 * 40  # every item kept
+    assert set(items.condition) == conditions and len(items) == 2 * 6 * 24  # every item kept
 
 
 FAILURE_MODES = {
@@ -105,7 +105,7 @@ def test_each_failure_mode_condition_catches_a_dtype_that_fails_only_there(modes
             "--eval-tasks",
             "kvbench_passkey_512",
             "--eval-limit",
-            "30",
+            "20",
         )
     summary = json_summary(out)
     gate = summary["quality"]["gate"]
