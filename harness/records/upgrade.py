@@ -8,6 +8,7 @@ import math
 from dataclasses import dataclass
 
 from kvbench.datafiles import read_json
+from kvbench.errors import KvbenchError
 from kvbench.harness.records import migrate, queries, storage
 from kvbench.harness.records.schema import SCHEMA, SCHEMA_V1
 from kvbench.harness.records.storage import SampleStore, _request_schema, parse_record, write_record
@@ -38,22 +39,25 @@ def rewrite_v1(path, doc: dict):
 def upgrade_records(where) -> list[tuple[str, str]]:
     """Every kvbench.run/1 record under `where` rewritten as kvbench.run/2 (rewrite_v1), then read back: the
     summary must equal the v1 reading (floats at v2's 6 decimals) and every embedded sample must be in the Parquet
-    files, unchanged; otherwise the v1 file is put back and the record named. Returns (path, outcome) per record."""
+    files, unchanged; otherwise the v1 file is put back and the record named ("left as ..."), and the next one
+    goes on. Returns (path, outcome) per v1 record, and per file that could not be read as a record."""
     outcomes = []
     for path in queries.find_records(where):
         original = path.read_bytes()
-        doc = read_json(path, missing=f"run record not found: {path}", bad="not a JSON run record")
-        if not isinstance(doc, dict) or doc.get("schema") != SCHEMA_V1:
+        try:
+            doc = read_json(path, missing=f"run record not found: {path}", bad="not a JSON run record")
+            if not isinstance(doc, dict) or doc.get("schema") != SCHEMA_V1:
+                continue
+            before = storage._micro(storage.parse_record(doc, path).as_doc())
+        except KvbenchError as exc:
+            outcomes.append((str(path), f"left as it was: {exc}"))
             continue
-        before = storage._micro(storage.parse_record(doc, path).as_doc())
-        samples = {t: queries.samples_frame([path], t) for t in ("requests", "series")}
-        agreement = {
-            d.get("kv_cache_dtype"): [s["tokens"] for s in (d.get("agreement") or {}).get("samples") or []]
-            for d in doc.get("dtypes") or []
-            if isinstance(d.get("agreement"), dict) and d["agreement"].get("samples")
-        }
-        rewrite_v1(path, doc)
-        problem = _differs(before, storage.load_record(path), samples, agreement, path)
+        expected = _v1_samples(doc, path)
+        try:
+            rewrite_v1(path, doc)
+            problem = _differs(before, storage.load_record(path), expected, path)
+        except (OSError, KvbenchError) as exc:  # a full disk, a read-back that fails: the v1 file goes back
+            problem = str(exc)
         if problem:
             storage._replace_atomic(path, lambda fh, original=original: fh.write(original))
             for name in storage.samples_paths(path):
@@ -64,32 +68,55 @@ def upgrade_records(where) -> list[tuple[str, str]]:
     return outcomes
 
 
-def _differs(before: dict, after: dict, samples: dict, agreement: dict, path) -> str | None:
+def _v1_samples(doc: dict, path) -> dict:
+    """What the rewrite must carry over: the v1 reading of the requests and /metrics tables, and the samples the
+    v1 summary kept itself (agreement outputs: {dtype: tokens of each}; NVML: {dtype: rows in long form})."""
+    agreement, nvml = {}, {}
+    for d in doc.get("dtypes") or []:
+        dtype = d.get("kv_cache_dtype")
+        kept = (d.get("agreement") or {}).get("samples") if isinstance(d.get("agreement"), dict) else None
+        if kept:
+            agreement[dtype] = [list(s["tokens"]) for s in kept]
+        tel = d.get("telemetry") or {}
+        if tel.get("samples"):
+            nvml[dtype] = len(tel["samples"]) * (len(tel["fields"]) - 2)  # one row per field beyond t and gpu
+    tables = {t: queries.samples_frame([path], t) for t in ("requests", "series")}
+    return {"tables": tables, "agreement": agreement, "nvml": nvml}
+
+
+def _differs(before: dict, after: dict, expected: dict, path) -> str | None:
     """What the rewrite changed, or None: the summary apart from its schema and samples fields, each samples
-    table's v1 rows, and the agreement outputs v1 kept in the summary ({dtype: tokens of each}), which are now
-    the requests table's agreement rows."""
+    table's v1 rows, and the samples the v1 summary kept itself, now rows of the requests (agreement) and series
+    (NVML) tables."""
     strip = ("schema", "samples")
     if {k: v for k, v in before.items() if k not in strip} != {k: v for k, v in after.items() if k not in strip}:
         return "its summary reads differently"
-    for table, old in samples.items():
+    for table, old in expected["tables"].items():
         new = queries.samples_frame([path], table)
-        if table == "requests" and not new.empty:
+        if table == "requests":
             rows = new[new.phase_kind == "agreement"]
             moved = {d: [list(t) for t in g.output_ids] for d, g in rows.groupby("kv_cache_dtype", sort=False)}
-            if moved != agreement:
+            if moved != expected["agreement"]:
                 return "the agreement outputs differ from the summary's"
-            new = new[new.phase_kind != "agreement"].reset_index(drop=True)
+            new = new[new.phase_kind != "agreement"]
+        else:
+            rows = new[new.source == "nvml"]
+            if rows.groupby("kv_cache_dtype", sort=False).size().to_dict() != expected["nvml"]:
+                return "the NVML samples differ from the summary's"
+            new = new[new.source != "nvml"]
+        new = new.reset_index(drop=True)
         if len(new) != len(old):
             return f"{table}: {len(old)} rows before, {len(new)} after"
         for col in old.columns:
-
-            def norm(v):
-                v = v.tolist() if hasattr(v, "tolist") else v
-                return None if isinstance(v, float) and math.isnan(v) else v
-
-            if [norm(v) for v in old[col]] != [norm(v) for v in new[col]]:
+            if [_plain(v) for v in old[col]] != [_plain(v) for v in new[col]]:
                 return f"{table}.{col} differs"
     return None
+
+
+def _plain(v):
+    """A cell as plain Python (arrays as lists, NaN as None), so a v1 frame and a Parquet frame compare."""
+    v = v.tolist() if hasattr(v, "tolist") else v
+    return None if isinstance(v, float) and math.isnan(v) else v
 
 
 @dataclass

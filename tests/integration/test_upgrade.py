@@ -18,13 +18,23 @@ from kvbench.harness.records import storage
 V1 = DATA / "v1-record.json"
 
 
+NVML = {  # what a GPU run's v1 record kept of NVML: fields, then one row per sample
+    "available": True,
+    "interval_s": 0.1,
+    "fields": ["t", "gpu", "power_w", "memory_used_bytes"],
+    "samples": [[0.0, 0, 301.5, 7.1e10], [0.1, 0, 305.25, 7.2e10]],
+}
+
+
 def project(tmp_path: Path) -> Path:
-    """A checkout holding one v1 record; returns the record's path."""
+    """A checkout holding one v1 record (its first dtype with NVML samples, as a GPU run's); returns its path."""
     shutil.copy(ROOT / "asv.conf.json", tmp_path / "asv.conf.json")
     runs = tmp_path / "results" / "cpu-x" / "runs"
     runs.mkdir(parents=True)
-    path = runs / f"{json.loads(V1.read_text())['run_id']}.json"
-    shutil.copy(V1, path)
+    doc = json.loads(V1.read_text())
+    doc["dtypes"][0]["telemetry"] = NVML
+    path = runs / f"{doc['run_id']}.json"
+    path.write_text(json.dumps(doc))
     return path
 
 
@@ -59,8 +69,11 @@ def test_a_v1_record_becomes_v2_and_reads_back_the_same(tmp_path):
     measured = new[new.phase_kind != "agreement"].reset_index(drop=True)
     for col in ("ttft_s", "e2e_s", "completion_tokens", "ok", "kv_cache_dtype", "phase"):
         pd.testing.assert_series_equal(measured[col], old["requests"][col], check_dtype=False)
-    pd.testing.assert_series_equal(records.samples_frame([path], "series")["value"], old["series"]["value"])
-    assert after.samples.request_rows == len(new) and after.samples.series_rows == len(old["series"])
+    series = records.samples_frame([path], "series")
+    metrics, nvml = series[series.source == "metrics"], series[series.source == "nvml"]
+    pd.testing.assert_series_equal(metrics["value"].reset_index(drop=True), old["series"]["value"])
+    assert sorted(nvml.value) == [301.5, 305.25, 7.1e10, 7.2e10] and set(nvml.kv_cache_dtype) == {"auto"}
+    assert after.samples.request_rows == len(new) and after.samples.series_rows == len(old["series"]) + 4
 
     again, rows = upgrade(tmp_path)
     assert again.returncode == 0 and rows == []  # nothing left to rewrite
@@ -87,3 +100,18 @@ def test_a_rewrite_that_loses_a_sample_is_undone_and_named(lose, named, tmp_path
     assert row["outcome"].startswith(f"left as kvbench.run/1: {named}"), row
     assert path.read_bytes() == original  # the v1 file as it was
     assert sorted(p.name for p in path.parent.iterdir()) == [path.name]  # no Parquet left beside it
+
+
+def test_a_damaged_v1_record_is_named_and_the_others_are_upgraded(tmp_path):
+    good = project(tmp_path)
+    doc = json.loads(good.read_text())
+    doc["dtypes"][0]["capacity"]["engine"]["kv_tokens"] = "lots"
+    bad = good.with_name("20261129T000000Z-cpu-x-000000.json")
+    bad.write_text(json.dumps(doc))
+    damaged = bad.read_bytes()
+    out, rows = upgrade(tmp_path)
+    assert out.returncode == 1
+    by = {Path(r["record"]).name: r["outcome"] for r in rows}
+    assert by[good.name].startswith("kvbench.run/2")
+    assert by[bad.name].startswith("left as it was: ") and "kv_tokens" in by[bad.name], by
+    assert bad.read_bytes() == damaged and json.loads(good.read_text())["schema"] == records.SCHEMA
