@@ -113,16 +113,42 @@ def paired_difference_ci(table: PairedTable, confidence: float = 0.95) -> tuple[
 
 @cache
 def _critical_losses(d: int, alpha: float) -> int | None:
-    """The smallest loss count k (of d discordant pairs) with an exact two-sided p below alpha; None if none."""
-    for k in range((d + 1) // 2, d + 1):
+    """The smallest loss count k (of d discordant pairs) with an exact two-sided p below alpha; None if none.
+    Found from the binomial cdf at once (p = 2 P(X <= d - k) for k >= d/2), then confirmed by the test itself
+    at k and k - 1; where float rounding would make those disagree, the plain search over k decides."""
+    import numpy as np
+    from scipy.stats import binom
+
+    first = (d + 1) // 2
+    ks = np.arange(first, d + 1)
+    below = np.flatnonzero(2 * binom.cdf(d - ks, d, 0.5) < alpha)
+    if not len(below):
+        if mcnemar_exact(d, 0) >= alpha:
+            return None
+    else:
+        k = int(ks[below[0]])
+        if mcnemar_exact(k, d - k) < alpha and (k == first or mcnemar_exact(k - 1, d - k + 1) >= alpha):
+            return k
+    for k in range(first, d + 1):
         if mcnemar_exact(k, d - k) < alpha:
             return k
     return None
 
 
+@cache
+def _critical_table(n: int, alpha: float):
+    """For every discordant count d in 1..n that can reject at all: (d, its critical loss count) as arrays."""
+    import numpy as np
+
+    pairs = [(d, k) for d in range(1, n + 1) if (k := _critical_losses(d, alpha)) is not None]
+    return np.array([d for d, _ in pairs], dtype=int), np.array([k for _, k in pairs], dtype=int)
+
+
 def mcnemar_power(n: int, drop: float, gain_rate: float = 0.0, alpha: float = 0.05) -> float:
     """Probability that the exact McNemar test rejects (in the direction of a drop) over n paired items when
-    the candidate loses items at rate drop + gain_rate and gains at gain_rate."""
+    the candidate loses items at rate drop + gain_rate and gains at gain_rate: the sum over discordant counts d
+    of P(d discordant) * P(at least d's critical losses among them), one vectorised scipy call per factor."""
+    import numpy as np
     from scipy.stats import binom
 
     p_loss, p_gain = drop + gain_rate, gain_rate
@@ -131,16 +157,12 @@ def mcnemar_power(n: int, drop: float, gain_rate: float = 0.0, alpha: float = 0.
         return 0.0
     if p_disc > 1:
         raise ValueError("drop + 2 * gain_rate exceeds 1")
-    share = p_loss / p_disc
-    power = 0.0
-    pd = binom.pmf(range(n + 1), n, p_disc)
-    for d in range(1, n + 1):
-        if pd[d] < 1e-15:
-            continue
-        k = _critical_losses(d, alpha)
-        if k is not None:
-            power += pd[d] * binom.sf(k - 1, d, share)
-    return float(power)
+    ds, ks = _critical_table(n, alpha)
+    if not len(ds):
+        return 0.0
+    pd = binom.pmf(ds, n, p_disc)
+    keep = pd >= 1e-15  # terms too small to move the sum
+    return float(np.sum(pd[keep] * binom.sf(ks[keep] - 1, ds[keep], p_loss / p_disc)))
 
 
 @cache  # a report asks for the same n once per dtype and concurrency

@@ -67,6 +67,17 @@ def test_newcombe_interval_is_sane_and_matches_wald_for_large_n():
     assert lo == pytest.approx(d - stats.Z95 * se, abs=1e-3) and hi == pytest.approx(d + stats.Z95 * se, abs=1e-3)
 
 
+@pytest.mark.parametrize("alpha", [0.05, 0.05 / 6, 0.001])
+def test_critical_losses_are_where_the_exact_test_first_rejects(alpha):
+    """The cdf shortcut gives what searching k with the test itself gives, for every d it is asked about."""
+
+    def search(d):
+        return next((k for k in range((d + 1) // 2, d + 1) if stats.mcnemar_exact(k, d - k) < alpha), None)
+
+    for d in [*range(1, 90), 299, 500]:
+        assert stats._critical_losses(d, alpha) == search(d), d
+
+
 def test_detectable_drop():
     # Only losses: the exact test needs >= 6 of 6 discordant pairs one way (2 * 2^-6 < 0.05 <= 2 * 2^-5), so
     # for n items the drop d must give P(Binomial(n, d) >= 6) >= 0.8.
