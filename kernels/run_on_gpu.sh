@@ -5,8 +5,8 @@
 #   OUT=/some/dir kernels/run_on_gpu.sh            # on an SM80+ NVIDIA GPU (A100, H100, H200, ...)
 #   DRY=1 OUT=/tmp/x kernels/run_on_gpu.sh         # tiny grid in Triton's CPU interpreter: checks the path
 #
-# Needs: python3 with torch (CUDA build), triton, typer, rich, numpy (whatever the machine has; nothing
-# is installed). If kvbench is not installed, it is imported from this checkout through a temporary
+# Needs: python3 with torch (CUDA build), triton, typer, rich, numpy, pydantic, platformdirs (whatever the
+# machine has; nothing is installed: put missing pure-Python ones on PYTHONPATH). If kvbench is not installed, it is imported from this checkout through a temporary
 # package folder of symlinks (kernels/ is the subpackage kvbench.kernels, as pyproject.toml maps it).
 set -euo pipefail
 
@@ -14,6 +14,10 @@ REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 OUT="${OUT:?set OUT to the folder for records and the log}"
 PYTHON="${PYTHON:-python3}"
 mkdir -p "$OUT"
+OUT="$(cd "$OUT" && pwd)"
+# Run from a neutral folder: Python puts the current folder first on sys.path, and from the checkout's root
+# that finds the bare kvbench/ folder (no kernels/ or harness/ inside) ahead of the shim below.
+cd /
 
 # The fixed grid (Llama-3.1-8B layer: 32 query heads, 8 KV heads, head_dim 128, 16-token pages).
 FORMATS="fp16,fp8,nvfp4"
@@ -40,7 +44,7 @@ if ! "$PYTHON" -c "import kvbench.kernels" 2>/dev/null; then
 fi
 missing=$("$PYTHON" -c "
 import importlib.util as u
-print(' '.join(m for m in ('torch', 'triton', 'typer', 'rich', 'numpy', 'pydantic') if u.find_spec(m) is None))")
+print(' '.join(m for m in ('torch', 'triton', 'typer', 'rich', 'numpy', 'pydantic', 'platformdirs') if u.find_spec(m) is None))")
 if [[ -n "$missing" ]]; then
     echo "run_on_gpu.sh: missing Python packages: $missing (this script installs nothing)" | tee "$OUT/kernels.log" >&2
     exit 3
