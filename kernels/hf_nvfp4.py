@@ -47,3 +47,32 @@ def greedy(model, tok, prompt: str, max_new_tokens: int, stop: tuple[str, ...] =
     text = tok.decode(out[0, ids.shape[1] :], skip_special_tokens=True)
     cut = min((i for i in (text.find(s) for s in stop) if i >= 0), default=len(text))
     return text[:cut]
+
+
+@torch.inference_mode()
+def divergence(model, tok, prompt: str, served: str, max_new_tokens: int, stop: tuple[str, ...] = ()):
+    """Where the reference's greedy choice first departs from a served continuation, and by how much.
+
+    The served text is fed back token by token (teacher forcing); at each step the reference's own choice is
+    compared with the served token, and where the served text ends short of `max_new_tokens`, with the best
+    stop token (a stop string or EOS: the engine stopped there). Returns None when the reference would have
+    produced the served text itself, else (step, gap): the reference's logit for its own choice minus its
+    logit for the served one. A small gap is a near tie that bf16 rounding in a different kernel can flip
+    (NVFP4 rounds K/V to 4 bits, so a K value on a code boundary amplifies such a flip); a large one means
+    the two computed different things.
+    """
+    prompt_ids = tok(prompt, return_tensors="pt").input_ids
+    served_ids = tok(served, add_special_tokens=False, return_tensors="pt").input_ids
+    logits = model(torch.cat([prompt_ids, served_ids], 1)).logits[0, prompt_ids.shape[1] - 1 :].float()
+    for step, token in enumerate(served_ids[0].tolist()):
+        choice = int(logits[step].argmax())
+        if choice != token:
+            return step, float(logits[step, choice] - logits[step, token])
+    if served_ids.shape[1] >= max_new_tokens:
+        return None
+    enders = [i for i in range(len(tok)) if any(s in tok.decode([i]) for s in stop)] + [tok.eos_token_id]
+    last = logits[served_ids.shape[1]]
+    choice = int(last.argmax())
+    if choice in enders:
+        return None
+    return served_ids.shape[1], float(last[choice] - last[enders].max())

@@ -104,22 +104,37 @@ def test_cli_end_to_end_with_emulated_nvfp4(tmp_path):
 
 def _answers_match_transformers_with_nvfp4_kv(path: Path, doc: dict) -> None:
     """The independent cross-check: nvfp4's answers at rest, served by vLLM + kvbench's backend, against the same
-    items answered by the model in plain transformers with K/V rounded through kvbench.kernels.nvfp4 (no vLLM)."""
+    items answered by the model in plain transformers with K/V rounded through kvbench.kernels.nvfp4 (no vLLM).
+
+    Both run bf16 in different kernels, and rounding K to 4 bits turns a last-bit difference in a K value that
+    sits on a code boundary into a whole code step, so an answer may part at a near tie: the Intel CI box gave
+    37/40 equal answers, each of the three parting where the reference's top two logits were 0.31-0.69 apart
+    (auto, served against plain transformers, gave 40/40). So: most answers equal, and every answer that is
+    not equal parts where the reference rates the served token within NEAR_TIE logits of its own choice (a
+    backend computing something else parts at confident steps: typical top-two gaps on this task are 2-6).
+    """
     from kvbench import evaltasks
     from kvbench.kernels import hf_nvfp4
 
+    near_tie = 1.0  # logits: the served token has at least e^-1 of the reference's choice's probability
     evals = records.samples_frame(path, "evals")
     rows = evals[(evals.kv_cache_dtype == "nvfp4") & (evals.condition == "rest")]
     model, tok = hf_nvfp4.load(doc["config"]["model"])
-    agree = 0
+    agree, parted = 0, []
     for task, group in rows.groupby("task"):
+        kind, _ = evaltasks.parse_task(task)
         items = {i.doc_id: i for i in evaltasks.generate(task, tok, int(group.doc_id.max()) + 1)}
-        for doc_id, served in zip(group.doc_id, group.filtered, strict=True):
-            kind, _ = evaltasks.parse_task(task)
-            mine = hf_nvfp4.greedy(model, tok, items[doc_id].prompt, evaltasks.MAX_GEN_TOKS[kind], evaltasks.STOP)
-            mine = mine.strip()
-            agree += mine == "".join((served or "").split())
-    assert len(rows) == 40 and agree >= 0.95 * len(rows), (agree, len(rows))
+        for doc_id, served, response in zip(group.doc_id, group.filtered, group.response, strict=True):
+            prompt, max_toks = items[doc_id].prompt, evaltasks.MAX_GEN_TOKS[kind]
+            mine = hf_nvfp4.greedy(model, tok, prompt, max_toks, evaltasks.STOP).strip()
+            if mine == "".join((served or "").split()):
+                agree += 1
+            else:
+                parted.append(
+                    (doc_id, hf_nvfp4.divergence(model, tok, prompt, response or "", max_toks, evaltasks.STOP))
+                )
+    assert len(rows) == 40 and agree >= 0.85 * len(rows), (agree, parted)
+    assert all(gap is not None and gap[1] <= near_tie for _, gap in parted), parted
 
 
 @pytest.mark.vllm
