@@ -6,8 +6,9 @@
 #   DRY=1 OUT=/tmp/x kernels/run_on_gpu.sh         # tiny grid in Triton's CPU interpreter: checks the path
 #
 # Needs: python3 with torch (CUDA build), triton, typer, rich, numpy, pydantic, platformdirs (whatever the
-# machine has; nothing is installed: put missing pure-Python ones on PYTHONPATH). If kvbench is not installed, it is imported from this checkout through a temporary
-# package folder of symlinks (kernels/ is the subpackage kvbench.kernels, as pyproject.toml maps it).
+# machine has; nothing is installed: put missing pure-Python ones on PYTHONPATH). If kvbench is not
+# installed, it is imported from this checkout through a temporary package folder of symlinks (kernels/
+# is the subpackage kvbench.kernels, as pyproject.toml maps it).
 set -euo pipefail
 
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -15,6 +16,7 @@ OUT="${OUT:?set OUT to the folder for records and the log}"
 PYTHON="${PYTHON:-python3}"
 mkdir -p "$OUT"
 OUT="$(cd "$OUT" && pwd)"
+[[ "$PYTHON" == */* ]] && PYTHON="$(cd "$(dirname "$PYTHON")" && pwd)/$(basename "$PYTHON")"
 # Run from a neutral folder: Python puts the current folder first on sys.path, and from the checkout's root
 # that finds the bare kvbench/ folder (no kernels/ or harness/ inside) ahead of the shim below.
 cd /
