@@ -102,21 +102,12 @@ class TaskScore:
         }
 
 
-def _stop_ids(tok) -> set[int]:
-    ids = {tok.eos_token_id}
-    for token, i in tok.get_vocab().items():
-        text = tok.convert_tokens_to_string([token])
-        if text[:1] in evaltasks.STOP:
-            ids.add(i)
-    return ids
-
-
 def score_items(model, tok, task: str, items: Sequence[evaltasks.Item], kv_dtype: str = "auto", batch: int = 16):
     """Greedy exact match of `model` on `items` with a `kv_dtype` cache; a TaskScore (call prepare(model) first)."""
     import torch
 
     kind, _ = evaltasks.parse_task(task)
-    stops = _stop_ids(tok)
+    stops = evaltasks.stop_token_ids(tok)
     out = TaskScore(task, kv_dtype)
     _SWITCH.dtype = kv_dtype
     try:

@@ -50,12 +50,12 @@ def greedy(model, tok, prompt: str, max_new_tokens: int, stop: tuple[str, ...] =
 
 
 @torch.inference_mode()
-def divergence(model, tok, prompt: str, served: str, max_new_tokens: int, stop: tuple[str, ...] = ()):
+def divergence(model, tok, prompt: str, served: str, max_new_tokens: int, stop_ids: set[int]):
     """Where the reference's greedy choice first departs from a served continuation, and by how much.
 
     The served text is fed back token by token (teacher forcing); at each step the reference's own choice is
     compared with the served token, and where the served text ends short of `max_new_tokens`, with the best
-    stop token (a stop string or EOS: the engine stopped there). Returns None when the reference would have
+    of `stop_ids` (evaltasks.stop_token_ids: the engine stopped there). Returns None when the reference would have
     produced the served text itself, else (step, gap): the reference's logit for its own choice minus its
     logit for the served one. A small gap is a near tie that bf16 rounding in a different kernel can flip
     (NVFP4 rounds K/V to 4 bits, so a K value on a code boundary amplifies such a flip); a large one means
@@ -70,7 +70,7 @@ def divergence(model, tok, prompt: str, served: str, max_new_tokens: int, stop: 
             return step, float(logits[step, choice] - logits[step, token])
     if served_ids.shape[1] >= max_new_tokens:
         return None
-    enders = [i for i in range(len(tok)) if any(s in tok.decode([i]) for s in stop)] + [tok.eos_token_id]
+    enders = sorted(stop_ids)
     last = logits[served_ids.shape[1]]
     choice = int(last.argmax())
     if choice in enders:

@@ -112,6 +112,15 @@ class Item:
 STOP = ("\n", ".")  # generation stops at either (lm-eval's `until`; the task YAML is written with it)
 
 
+def stop_token_ids(tok) -> set[int]:
+    """The token ids a greedy answer ends on: EOS and every token whose text starts with a STOP string."""
+    ids = {tok.eos_token_id}
+    for token, i in tok.get_vocab().items():
+        if tok.convert_tokens_to_string([token])[:1] in STOP:
+            ids.add(i)
+    return ids
+
+
 def score(response: str, answer: str) -> int:
     """1 if the response, cut at the first stop string and stripped, is exactly the answer (as lm-eval scores it)."""
     for stop in STOP:

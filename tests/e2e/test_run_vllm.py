@@ -110,7 +110,7 @@ def _answers_match_transformers_with_nvfp4_kv(path: Path, doc: dict) -> None:
     sits on a code boundary into a whole code step, so an answer may part at a near tie: the Intel CI box gave
     37/40 equal answers, each of the three parting where the reference's top two logits were 0.31-0.69 apart
     (auto, served against plain transformers, gave 40/40). So: most answers equal, and every answer that is
-    not equal parts where the reference rates the served token within NEAR_TIE logits of its own choice (a
+    not equal parts where the reference rates the served token within near_tie logits of its own choice (a
     backend computing something else parts at confident steps: typical top-two gaps on this task are 2-6).
     """
     from kvbench import evaltasks
@@ -120,6 +120,7 @@ def _answers_match_transformers_with_nvfp4_kv(path: Path, doc: dict) -> None:
     evals = records.samples_frame(path, "evals")
     rows = evals[(evals.kv_cache_dtype == "nvfp4") & (evals.condition == "rest")]
     model, tok = hf_nvfp4.load(doc["config"]["model"])
+    stops = evaltasks.stop_token_ids(tok)
     agree, parted = 0, []
     for task, group in rows.groupby("task"):
         kind, _ = evaltasks.parse_task(task)
@@ -130,9 +131,7 @@ def _answers_match_transformers_with_nvfp4_kv(path: Path, doc: dict) -> None:
             if mine == "".join((served or "").split()):
                 agree += 1
             else:
-                parted.append(
-                    (doc_id, hf_nvfp4.divergence(model, tok, prompt, response or "", max_toks, evaltasks.STOP))
-                )
+                parted.append((doc_id, hf_nvfp4.divergence(model, tok, prompt, response or "", max_toks, stops)))
     assert len(rows) == 40 and agree >= 0.85 * len(rows), (agree, parted)
     assert all(gap is not None and gap[1] <= near_tie for _, gap in parted), parted
 
