@@ -26,8 +26,10 @@ import triton.language as tl
 from kvbench.kernels.paged_cache import (
     _FMT_CODE,
     PagedKVCache,
+    e2m1_decode_f16,
     e2m1_decode_tl,
     e4m3_decode,
+    e4m3_decode_f16,
     e5m2_decode,
     read_reference,
 )
@@ -38,6 +40,15 @@ LOG2E = 1.4426950408889634
 # The kernel rounds q to the query dtype's precision (as vLLM does) and the softmax weights P to it
 # before P·V; everything else accumulates in fp32.
 TOLERANCE = {"float16": 2e-3, "bfloat16": 2e-2, "float32": 2e-3}
+
+# What the partition kernel computes (kernels/variants.py has the torch reference of each): the attention
+# itself, or one of two cost-isolating variants of the same loop that write what their reference says.
+VARIANTS = {"full": 0, "load_only": 1, "dequant_only": 2}
+# How NVFP4 tiles are dequantized: "f32" (E2M1 through fp32 selects, block scale as an fp32 multiply) or the
+# candidate "f16" (E2M1 bits straight into fp16 as value·2^-14, one fp16 multiply by the block scale; the 2^14
+# is folded into qk_scale and the V scale). Both are exact, so both equal the same reference.
+DEQUANT = {"f32": 0, "f16": 1}
+F16_FOLD = 2.0**14
 
 
 # ---------------------------------------------------------------------------------------------
@@ -95,9 +106,20 @@ def _load_rows(
 
 @triton.jit
 def _load_nvfp4(
-    cache_ptr, page, tok, n_mask, side, FP8_DECODE: tl.constexpr, HKV: tl.constexpr, h, T: tl.constexpr, D: tl.constexpr
+    cache_ptr,
+    page,
+    tok,
+    n_mask,
+    side,
+    FP8_DECODE: tl.constexpr,
+    HKV: tl.constexpr,
+    h,
+    T: tl.constexpr,
+    D: tl.constexpr,
+    DEQ: tl.constexpr = 0,
 ):
-    """(even, odd) columns of NVFP4 rows as float32 [TILE_N, D/2], block scales applied (global not)."""
+    """(even, odd) columns of NVFP4 rows [TILE_N, D/2], block scales applied (global not): float32 (DEQ 0),
+    or fp16 times 2^-14 (DEQ 1)."""
     NB: tl.constexpr = D // 16
     W: tl.constexpr = D // 2 + D // 16
     side_base = (page * 2 + side) * (HKV * T * W)
@@ -110,11 +132,47 @@ def _load_nvfp4(
         mask=n_mask[:, None],
         other=0,
     )
-    sf = e4m3_decode(sf_bytes, FP8_DECODE)  # [TILE_N, NB]
     tile_n: tl.constexpr = data.shape[0]
-    lo = tl.reshape(e2m1_decode_tl(data & 0xF), [tile_n, NB, 8]) * sf[:, :, None]
-    hi = tl.reshape(e2m1_decode_tl(data >> 4), [tile_n, NB, 8]) * sf[:, :, None]
+    if DEQ == 1:
+        sf = e4m3_decode_f16(sf_bytes, FP8_DECODE)  # [TILE_N, NB] fp16, exact
+        lo = tl.reshape(e2m1_decode_f16(data & 0xF), [tile_n, NB, 8]) * sf[:, :, None]
+        hi = tl.reshape(e2m1_decode_f16(data >> 4), [tile_n, NB, 8]) * sf[:, :, None]
+    else:
+        sf = e4m3_decode(sf_bytes, FP8_DECODE)  # [TILE_N, NB]
+        lo = tl.reshape(e2m1_decode_tl(data & 0xF), [tile_n, NB, 8]) * sf[:, :, None]
+        hi = tl.reshape(e2m1_decode_tl(data >> 4), [tile_n, NB, 8]) * sf[:, :, None]
     return tl.reshape(lo, [tile_n, D // 2]), tl.reshape(hi, [tile_n, D // 2])
+
+
+@triton.jit
+def _load_raw(
+    cache_ptr, page, tok, n_mask, side, FMT: tl.constexpr, HKV: tl.constexpr, h, T: tl.constexpr, D: tl.constexpr
+):
+    """The load-only variant's tile: the stored bits of side's rows as int32, not decoded. fp16/bf16/fp8:
+    [TILE_N, D] element bits; nvfp4: ([TILE_N, D/2] data bytes, [TILE_N, D/16] scale bytes)."""
+    if FMT == 3:
+        NB: tl.constexpr = D // 16
+        W: tl.constexpr = D // 2 + D // 16
+        side_base = (page * 2 + side) * (HKV * T * W)
+        row = h * T + tok
+        data = tl.load(
+            cache_ptr + (side_base + row * (D // 2))[:, None] + tl.arange(0, D // 2)[None, :],
+            mask=n_mask[:, None],
+            other=0,
+        )
+        sf = tl.load(
+            cache_ptr + (side_base + HKV * T * (D // 2) + row * NB)[:, None] + tl.arange(0, NB)[None, :],
+            mask=n_mask[:, None],
+            other=0,
+        )
+        return data.to(tl.int32), sf.to(tl.int32)
+    else:
+        row = ((page * 2 + side) * HKV + h) * T + tok
+        x = tl.load(cache_ptr + row[:, None] * D + tl.arange(0, D)[None, :], mask=n_mask[:, None], other=0)
+        if FMT == 0:
+            return x.to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF, 0
+        else:
+            return x.to(tl.int32), 0
 
 
 @triton.jit
@@ -151,6 +209,8 @@ def _decode_partition_kernel(
     D: tl.constexpr,
     TILE_N: tl.constexpr,
     UPCAST: tl.constexpr,
+    VARIANT: tl.constexpr = 0,
+    DEQ: tl.constexpr = 0,
 ):
     b = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1)
@@ -161,53 +221,242 @@ def _decode_partition_kernel(
         end = tl.minimum(start + partition, seq_len)
         rows = tl.arange(0, GROUP_PAD)
         row_mask = rows < GROUP
-        q_row = q_ptr + b * stride_qb + (h * GROUP + rows) * stride_qh
-        dt = q_ptr.dtype.element_ty
-        m_i = tl.full([GROUP_PAD], float("-inf"), tl.float32)
-        l_i = tl.zeros([GROUP_PAD], tl.float32)
-        if FMT == 3:
-            half = tl.arange(0, D // 2)
-            q_even = tl.load(q_row[:, None] + 2 * half[None, :], mask=row_mask[:, None], other=0.0)
-            q_odd = tl.load(q_row[:, None] + 2 * half[None, :] + 1, mask=row_mask[:, None], other=0.0)
-            acc_e = tl.zeros([GROUP_PAD, D // 2], tl.float32)
-            acc_o = tl.zeros([GROUP_PAD, D // 2], tl.float32)
-        else:
-            cols = tl.arange(0, D)
-            qv = tl.load(q_row[:, None] + cols[None, :], mask=row_mask[:, None], other=0.0)
-            acc = tl.zeros([GROUP_PAD, D], tl.float32)
-        for n0 in range(start, end, TILE_N):
-            offs = n0 + tl.arange(0, TILE_N)
-            n_mask = offs < end
-            page = tl.load(block_table_ptr + b * stride_bt + offs // T, mask=n_mask, other=0).to(tl.int64)
-            tok = offs % T
-            if FMT == 3:
-                k_lo, k_hi = _load_nvfp4(cache_ptr, page, tok, n_mask, 0, FP8_DECODE, HKV, h, T, D)
-                s = _mma(q_even, tl.trans(k_lo), dt, UPCAST) + _mma(q_odd, tl.trans(k_hi), dt, UPCAST)
-            else:
-                k = _load_rows(cache_ptr, page, tok, n_mask, 0, cols, FMT, FP8_DECODE, HKV, h, T, D)
-                s = _mma(qv, tl.trans(k), dt, UPCAST)
-            s = tl.where(n_mask[None, :], s * qk_scale, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(s, axis=1))
-            alpha = tl.exp2(m_i - m_new)
-            pr = tl.exp2(s - m_new[:, None])
-            l_i = l_i * alpha + tl.sum(pr, axis=1)
-            if FMT == 3:
-                v_lo, v_hi = _load_nvfp4(cache_ptr, page, tok, n_mask, 1, FP8_DECODE, HKV, h, T, D)
-                acc_e = acc_e * alpha[:, None] + _mma(pr, v_lo, dt, UPCAST)
-                acc_o = acc_o * alpha[:, None] + _mma(pr, v_hi, dt, UPCAST)
-            else:
-                v = _load_rows(cache_ptr, page, tok, n_mask, 1, cols, FMT, FP8_DECODE, HKV, h, T, D)
-                acc = acc * alpha[:, None] + _mma(pr, v, dt, UPCAST)
-            m_i = m_new
         qh = h * GROUP + rows
         stat = (b * (HKV * GROUP) + qh) * max_parts + p
-        tl.store(m_ptr + stat, m_i, mask=row_mask)
-        tl.store(l_ptr + stat, l_i, mask=row_mask)
-        if FMT == 3:
-            tl.store(acc_ptr + stat[:, None] * D + 2 * half[None, :], acc_e, mask=row_mask[:, None])
-            tl.store(acc_ptr + stat[:, None] * D + 2 * half[None, :] + 1, acc_o, mask=row_mask[:, None])
+        if VARIANT == 0:
+            _attend(
+                q_ptr,
+                cache_ptr,
+                block_table_ptr,
+                m_ptr,
+                l_ptr,
+                acc_ptr,
+                qk_scale,
+                stride_qb,
+                stride_qh,
+                stride_bt,
+                b,
+                h,
+                start,
+                end,
+                rows,
+                row_mask,
+                stat,
+                FMT,
+                FP8_DECODE,
+                HKV,
+                GROUP,
+                GROUP_PAD,
+                T,
+                D,
+                TILE_N,
+                UPCAST,
+                DEQ,
+            )
         else:
-            tl.store(acc_ptr + stat[:, None] * D + cols[None, :], acc, mask=row_mask[:, None])
+            _isolate(
+                q_ptr,
+                cache_ptr,
+                block_table_ptr,
+                m_ptr,
+                l_ptr,
+                acc_ptr,
+                stride_bt,
+                b,
+                h,
+                p,
+                start,
+                end,
+                row_mask,
+                stat,
+                FMT,
+                FP8_DECODE,
+                HKV,
+                GROUP_PAD,
+                T,
+                D,
+                TILE_N,
+                VARIANT,
+                DEQ,
+            )
+
+
+@triton.jit
+def _attend(
+    q_ptr,
+    cache_ptr,
+    block_table_ptr,
+    m_ptr,
+    l_ptr,
+    acc_ptr,
+    qk_scale,
+    stride_qb,
+    stride_qh,
+    stride_bt,
+    b,
+    h,
+    start,
+    end,
+    rows,
+    row_mask,
+    stat,
+    FMT: tl.constexpr,
+    FP8_DECODE: tl.constexpr,
+    HKV: tl.constexpr,
+    GROUP: tl.constexpr,
+    GROUP_PAD: tl.constexpr,
+    T: tl.constexpr,
+    D: tl.constexpr,
+    TILE_N: tl.constexpr,
+    UPCAST: tl.constexpr,
+    DEQ: tl.constexpr,
+):
+    """The attention of one (sequence, kv head, partition): softmax statistics and unnormalised output."""
+    q_row = q_ptr + b * stride_qb + (h * GROUP + rows) * stride_qh
+    dt = q_ptr.dtype.element_ty
+    m_i = tl.full([GROUP_PAD], float("-inf"), tl.float32)
+    l_i = tl.zeros([GROUP_PAD], tl.float32)
+    if FMT == 3:
+        half = tl.arange(0, D // 2)
+        q_even = tl.load(q_row[:, None] + 2 * half[None, :], mask=row_mask[:, None], other=0.0)
+        q_odd = tl.load(q_row[:, None] + 2 * half[None, :] + 1, mask=row_mask[:, None], other=0.0)
+        acc_e = tl.zeros([GROUP_PAD, D // 2], tl.float32)
+        acc_o = tl.zeros([GROUP_PAD, D // 2], tl.float32)
+    else:
+        cols = tl.arange(0, D)
+        qv = tl.load(q_row[:, None] + cols[None, :], mask=row_mask[:, None], other=0.0)
+        acc = tl.zeros([GROUP_PAD, D], tl.float32)
+    for n0 in range(start, end, TILE_N):
+        offs = n0 + tl.arange(0, TILE_N)
+        n_mask = offs < end
+        page = tl.load(block_table_ptr + b * stride_bt + offs // T, mask=n_mask, other=0).to(tl.int64)
+        tok = offs % T
+        if FMT == 3:
+            k_lo, k_hi = _load_nvfp4(cache_ptr, page, tok, n_mask, 0, FP8_DECODE, HKV, h, T, D, DEQ)
+            s = _mma(q_even, tl.trans(k_lo), dt, UPCAST) + _mma(q_odd, tl.trans(k_hi), dt, UPCAST)
+        else:
+            k = _load_rows(cache_ptr, page, tok, n_mask, 0, cols, FMT, FP8_DECODE, HKV, h, T, D)
+            s = _mma(qv, tl.trans(k), dt, UPCAST)
+        s = tl.where(n_mask[None, :], s * qk_scale, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        alpha = tl.exp2(m_i - m_new)
+        pr = tl.exp2(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(pr, axis=1)
+        if FMT == 3:
+            v_lo, v_hi = _load_nvfp4(cache_ptr, page, tok, n_mask, 1, FP8_DECODE, HKV, h, T, D, DEQ)
+            acc_e = acc_e * alpha[:, None] + _mma(pr, v_lo, dt, UPCAST)
+            acc_o = acc_o * alpha[:, None] + _mma(pr, v_hi, dt, UPCAST)
+        else:
+            v = _load_rows(cache_ptr, page, tok, n_mask, 1, cols, FMT, FP8_DECODE, HKV, h, T, D)
+            acc = acc * alpha[:, None] + _mma(pr, v, dt, UPCAST)
+        m_i = m_new
+    tl.store(m_ptr + stat, m_i, mask=row_mask)
+    tl.store(l_ptr + stat, l_i, mask=row_mask)
+    if FMT == 3:
+        tl.store(acc_ptr + stat[:, None] * D + 2 * half[None, :], acc_e, mask=row_mask[:, None])
+        tl.store(acc_ptr + stat[:, None] * D + 2 * half[None, :] + 1, acc_o, mask=row_mask[:, None])
+    else:
+        tl.store(acc_ptr + stat[:, None] * D + cols[None, :], acc, mask=row_mask[:, None])
+
+
+@triton.jit
+def _isolate(
+    q_ptr,
+    cache_ptr,
+    block_table_ptr,
+    m_ptr,
+    l_ptr,
+    acc_ptr,
+    stride_bt,
+    b,
+    h,
+    p,
+    start,
+    end,
+    row_mask,
+    stat,
+    FMT: tl.constexpr,
+    FP8_DECODE: tl.constexpr,
+    HKV: tl.constexpr,
+    GROUP_PAD: tl.constexpr,
+    T: tl.constexpr,
+    D: tl.constexpr,
+    TILE_N: tl.constexpr,
+    VARIANT: tl.constexpr,
+    DEQ: tl.constexpr,
+):
+    """The cost-isolating variants over the same tiles, accumulated element-wise (the cheapest use that keeps
+    the work alive) and summed over tokens at the end. VARIANT 1 (load only): the stored bits as integers;
+    VARIANT 2 (dequantize, no dot): the K + V values as the attention loop would feed them to the MMA. Every
+    query row of the group gets the same column sums; m = 0 and l = 1 on partition 0 only, so the merge adds
+    the partitions up (times the V scale)."""
+    dt = q_ptr.dtype.element_ty
+    half = tl.arange(0, D // 2)
+    cols = tl.arange(0, D)
+    if VARIANT == 1:
+        if FMT == 3:
+            sum_e = tl.zeros([TILE_N, D // 2], tl.int32)
+            sum_s = tl.zeros([TILE_N, D // 16], tl.int32)
+        else:
+            sum_x = tl.zeros([TILE_N, D], tl.int32)
+    else:
+        if FMT == 3:
+            sum_e = tl.zeros([TILE_N, D // 2], tl.float32)
+            sum_o = tl.zeros([TILE_N, D // 2], tl.float32)
+        else:
+            sum_x = tl.zeros([TILE_N, D], tl.float32)
+    for n0 in range(start, end, TILE_N):
+        offs = n0 + tl.arange(0, TILE_N)
+        n_mask = offs < end
+        page = tl.load(block_table_ptr + b * stride_bt + offs // T, mask=n_mask, other=0).to(tl.int64)
+        tok = offs % T
+        if VARIANT == 1:
+            if FMT == 3:
+                kd, ks = _load_raw(cache_ptr, page, tok, n_mask, 0, FMT, HKV, h, T, D)
+                vd, vs = _load_raw(cache_ptr, page, tok, n_mask, 1, FMT, HKV, h, T, D)
+                sum_e += kd + vd
+                sum_s += ks + vs
+            else:
+                kx, _k = _load_raw(cache_ptr, page, tok, n_mask, 0, FMT, HKV, h, T, D)
+                vx, _v = _load_raw(cache_ptr, page, tok, n_mask, 1, FMT, HKV, h, T, D)
+                sum_x += kx + vx
+        else:
+            if FMT == 3:
+                k_lo, k_hi = _load_nvfp4(cache_ptr, page, tok, n_mask, 0, FP8_DECODE, HKV, h, T, D, DEQ)
+                v_lo, v_hi = _load_nvfp4(cache_ptr, page, tok, n_mask, 1, FP8_DECODE, HKV, h, T, D, DEQ)
+                sum_e += k_lo.to(dt).to(tl.float32) + v_lo.to(dt).to(tl.float32)
+                sum_o += k_hi.to(dt).to(tl.float32) + v_hi.to(dt).to(tl.float32)
+            else:
+                k = _load_rows(cache_ptr, page, tok, n_mask, 0, cols, FMT, FP8_DECODE, HKV, h, T, D)
+                v = _load_rows(cache_ptr, page, tok, n_mask, 1, cols, FMT, FP8_DECODE, HKV, h, T, D)
+                sum_x += k.to(dt).to(tl.float32) + v.to(dt).to(tl.float32)
+    rows = tl.arange(0, GROUP_PAD)
+    tl.store(m_ptr + stat, tl.zeros([GROUP_PAD], tl.float32), mask=row_mask)
+    tl.store(l_ptr + stat, tl.where(rows >= 0, (p == 0).to(tl.float32), 0.0), mask=row_mask)
+    if FMT == 3:
+        even = tl.sum(sum_e, axis=0).to(tl.float32)
+        if VARIANT == 1:  # odd columns: the scale bytes of the block each column pair is in
+            blocks = tl.sum(sum_s, axis=0).to(tl.float32)
+            odd = tl.reshape(tl.broadcast_to(blocks[:, None], [D // 16, 8]), [D // 2])
+        else:
+            odd = tl.sum(sum_o, axis=0)
+        tl.store(
+            acc_ptr + stat[:, None] * D + 2 * half[None, :],
+            tl.broadcast_to(even[None, :], [GROUP_PAD, D // 2]),
+            mask=row_mask[:, None],
+        )
+        tl.store(
+            acc_ptr + stat[:, None] * D + 2 * half[None, :] + 1,
+            tl.broadcast_to(odd[None, :], [GROUP_PAD, D // 2]),
+            mask=row_mask[:, None],
+        )
+    else:
+        total = tl.sum(sum_x, axis=0).to(tl.float32)
+        tl.store(
+            acc_ptr + stat[:, None] * D + cols[None, :],
+            tl.broadcast_to(total[None, :], [GROUP_PAD, D]),
+            mask=row_mask[:, None],
+        )
 
 
 @triton.jit
@@ -276,13 +525,23 @@ def decode_attention(
     max_seq_len: int | None = None,
     fp8_decode: int | None = None,
     workspace: dict | None = None,
+    variant: str = "full",
+    dequant: str = "f32",
+    num_warps: int | None = None,
+    num_stages: int | None = None,
 ) -> torch.Tensor:
     """Triton: [B, Hq, D] attention output of one query token per sequence against its paged K/V.
 
     q: [B, Hq, D] fp16/bf16 (the model dtype; the dequantized cache is converted to it for the
     matmuls). block_table: int32 [B, max_pages]; seq_lens: int32 [B]. workspace: a dict the caller
-    keeps to reuse the split-KV buffers between calls (benchmarks).
+    keeps to reuse the split-KV buffers between calls (benchmarks). variant: "full" (attention), or a
+    cost-isolating variant (VARIANTS; kernels/variants.py has what they compute). dequant: NVFP4's DEQUANT
+    path. num_warps / num_stages: Triton's launch options (None: Triton's defaults), swept by kernels/sweep.py.
     """
+    if variant not in VARIANTS or dequant not in DEQUANT:
+        raise ValueError(
+            f"variant {variant!r} / dequant {dequant!r}: choose from {', '.join(VARIANTS)} / {', '.join(DEQUANT)}"
+        )
     b, hq, d = q.shape
     if hq % c.num_kv_heads:
         raise ValueError(f"{hq} query heads are not a multiple of {c.num_kv_heads} KV heads")
@@ -309,6 +568,9 @@ def decode_attention(
             acc=torch.empty(b, hq, max_parts, d, dtype=torch.float32, device=q.device),
         )
     out = torch.empty(b, hq, d, dtype=out_dtype or q.dtype, device=q.device)
+    # the f16 path's values are 2^-14 times the stored ones, for K and V alike
+    fold = F16_FOLD if c.fmt == "nvfp4" and dequant == "f16" and variant != "load_only" else 1.0
+    launch = {k: v for k, v in (("num_warps", num_warps), ("num_stages", num_stages)) if v is not None}
     _decode_partition_kernel[(b, c.num_kv_heads, max_parts)](
         q,
         c.cache,
@@ -317,7 +579,7 @@ def decode_attention(
         ws["m"],
         ws["l"],
         ws["acc"],
-        sm_scale * c.k_scale * LOG2E,
+        sm_scale * c.k_scale * LOG2E * fold,
         q.stride(0),
         q.stride(1),
         block_table.stride(0),
@@ -332,6 +594,9 @@ def decode_attention(
         D=d,
         TILE_N=tile_n,
         UPCAST=q.dtype == torch.bfloat16 and q.device.type != "cuda",
+        VARIANT=VARIANTS[variant],
+        DEQ=DEQUANT[dequant],
+        **launch,
     )
     _decode_reduce_kernel[(b, hq)](
         ws["m"],
@@ -339,7 +604,7 @@ def decode_attention(
         ws["acc"],
         seq_lens,
         out,
-        c.v_scale,
+        c.v_scale * fold,
         max_parts,
         partition,
         out.stride(0),

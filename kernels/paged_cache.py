@@ -245,6 +245,24 @@ def e2m1_decode_tl(nibble):
     return tl.where((n & 0x8) != 0, -v, v)
 
 
+@triton.jit
+def e2m1_decode_f16(nibble):
+    """fp16 of E2M1 codes times 2^-14, by bits alone (candidate): [s|e1 e0|m] moved to fp16's sign, the two
+    low exponent bits and the top mantissa bit is e2m1 · 2^-14 for every code (e = 0 lands on fp16's
+    subnormals, m · 2^-15, as E2M1's own subnormal m · 0.5)."""
+    n = nibble.to(tl.uint16)
+    return (((n & 0x8) << 12) | ((n & 0x7) << 9)).to(tl.float16, bitcast=True)
+
+
+@triton.jit
+def e4m3_decode_f16(b, MODE: tl.constexpr):
+    """fp16 of E4M3 bytes (every E4M3 value is exact in fp16): native on sm_89+, else through e4m3_decode."""
+    if MODE == 1:
+        return b.to(tl.float8e4nv, bitcast=True).to(tl.float16)
+    else:
+        return e4m3_decode(b, MODE).to(tl.float16)
+
+
 # ---------------------------------------------------------------------------------------------
 # Triton: reshape-and-cache
 # ---------------------------------------------------------------------------------------------

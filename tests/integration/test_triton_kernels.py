@@ -214,3 +214,31 @@ def test_kernels_end_to_end_write_then_read():
     ) @ v.float().transpose(0, 1)
     rel = float((ref[0] - exact.reshape(-1, d)).norm() / exact.norm())
     assert 0.01 < rel < 0.3
+
+
+@here_only
+@pytest.mark.parametrize("fmt", ["fp16", "bf16", "fp8", "nvfp4"])
+def test_cost_variants_and_f16_dequant_equal_their_references(fmt):
+    """The sweep's variants: load-only and dequantize-only write what kernels/variants.py says, and the
+    candidate f16 NVFP4 dequantization gives the attention the f32 path gives (both are exact)."""
+    from kvbench.kernels import variants as va
+
+    hkv, group, d, t = 2, 3, 32, 4
+    seq_lens = torch.tensor([1, 9, 40], dtype=torch.int32)
+    qdt = torch.bfloat16 if fmt == "bf16" else torch.float16
+    scales = {"fp8": (0.02, 0.01), "nvfp4": (0.5, 0.25)}.get(fmt, (1.0, 1.0))
+    c, bt = _fill(fmt, seq_lens, hkv, d, t, qdt, *scales, outlier=True)
+    q = torch.randn(len(seq_lens), hkv * group, d, generator=torch.Generator().manual_seed(3)).to(qdt)
+    ref = da.decode_attention_reference(q, c, bt, seq_lens)
+    c.cache = c.cache.to(DEVICE)
+    args = (q.to(DEVICE), c, bt.to(DEVICE), seq_lens.to(DEVICE))
+    kw = {"out_dtype": torch.float32, "tile_n": 16, "partition": 16}
+    for deq in ("f32", "f16") if fmt == "nvfp4" else ("f32",):
+        out = da.decode_attention(*args, dequant=deq, **kw)
+        assert float((out.cpu() - ref).abs().max() / ref.abs().max()) < da.TOLERANCE[str(qdt)[6:]], deq
+        for variant in ("load_only", "dequant_only"):
+            got = da.decode_attention(*args, dequant=deq, variant=variant, **kw)
+            expect = va.variant_reference(variant, c, bt, seq_lens, hkv * group)
+            assert va.max_rel_err(got, expect) < va.TOLERANCE[variant], (deq, variant)
+    with pytest.raises(ValueError, match="choose from full, load_only, dequant_only"):
+        da.decode_attention(*args, variant="skip")

@@ -31,7 +31,7 @@ def _fp_fusion(monkeypatch):
     monkeypatch.setenv("TRITON_DEFAULT_FP_FUSION", "1")  # Triton 3.9's default, without its warning
 
 
-def compile_decode(cap, fmt, mode, head_dim=128, group=4):
+def compile_decode(cap, fmt, mode, head_dim=128, group=4, variant=0, deq=0, tile_n=64, num_warps=4, num_stages=3):
     qdt = "bf16" if fmt == "bf16" else "fp16"
     sig = {
         "q_ptr": f"*{qdt}",
@@ -56,11 +56,17 @@ def compile_decode(cap, fmt, mode, head_dim=128, group=4):
         "GROUP_PAD": max(16, group),
         "T": 16,
         "D": head_dim,
-        "TILE_N": 64,
+        "TILE_N": tile_n,
         "UPCAST": False,
+        "VARIANT": variant,
+        "DEQ": deq,
     }
     sig |= {k: "constexpr" for k in consts}
-    return triton.compile(ASTSource(da._decode_partition_kernel, sig, consts), target=GPUTarget("cuda", cap, 32))
+    return triton.compile(
+        ASTSource(da._decode_partition_kernel, sig, consts),
+        target=GPUTarget("cuda", cap, 32),
+        options={"num_warps": num_warps, "num_stages": num_stages},
+    )
 
 
 def compile_write(cap, fmt):
@@ -130,3 +136,15 @@ def test_native_e4m3_is_refused_below_sm89_which_is_why_the_decode_is_portable()
         chain.append(str(exc))
         exc = exc.__cause__ or exc.__context__
     assert any("fp8e4nv" in text and "not supported" in text for text in chain), chain[-1][-500:]
+
+
+@pytest.mark.parametrize("fmt", ["fp16", "fp8", "nvfp4"])
+def test_cost_variants_and_candidates_compile_for_hopper(fmt):
+    # what kernels/sweep.py launches on an H100/H200: the two cost-isolating variants, and the candidate
+    # configurations at their extremes (f16 dequant, TILE_N 128 with 8 warps and 1 or 3 stages)
+    for variant in (1, 2):
+        assert compile_decode(90, fmt, 1, variant=variant).asm["cubin"]
+    deq = 1 if fmt == "nvfp4" else 0
+    for stages in (1, 3):
+        k = compile_decode(90, fmt, 1, deq=deq, tile_n=128, num_warps=8, num_stages=stages)
+        assert k.asm["cubin"] and k.metadata.shared < 228 * 1024
