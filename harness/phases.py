@@ -20,7 +20,7 @@ import aiohttp
 
 from kvbench import front
 from kvbench.errors import one_line as _one_line
-from kvbench.harness import capacitychecks, evalphase, records, repeats
+from kvbench.harness import capacitychecks, evalphase, fidelity, records, repeats
 from kvbench.harness.agreement import Canaries, Sample, collect, compare
 from kvbench.harness.backend import OpenAIBackend
 from kvbench.harness.endpoint import Endpoint, ServerFacts, describe, redact_url
@@ -274,6 +274,26 @@ async def evaluate(ctx: DtypeRun, knee: int | None) -> None:
     result.eval = evals  # filled condition by condition: a run stopped mid-eval keeps the finished ones
     await phase.run(evals, at_load, first, lambda stream, n: prompts(run, stream, n))
     result.eval = dict(evals)
+    await measure_fidelity(ctx, at_load)
+
+
+async def measure_fidelity(ctx: DtypeRun, at_load: int) -> None:
+    """Fidelity per token (harness/fidelity.py) into `result.fidelity`; a failure is a warning, never raised."""
+    plan, run, result = ctx.plan, ctx.run, ctx.result
+    if run.fidelity is None:
+        per_task = min(fidelity.ITEMS_PER_TASK, plan.eval_limit or fidelity.ITEMS_PER_TASK)
+        run.fidelity = fidelity.Fidelity(run.tokenizer, list(plan.eval_tasks), per_task)
+    fid = run.fidelity
+    if not fid.items:
+        return
+    n = len(fid.items)
+    run.reporter.phase(ctx.dtype, f"fidelity ({n} items, top-{fid.k} prompt_logprobs, rest and concurrency {at_load})")
+    try:
+        backend = ctx.backend
+        args = (backend.base_url, backend.model, ctx.dtype, at_load, ctx.headers, plan.stall_timeout_s, run.samples)
+        result.fidelity = await fid.measure(*args) or None
+    except Exception as exc:  # a server gone mid-scoring: the record says so, the run goes on
+        result.warnings.append(f"fidelity not measured: {_one_line(exc)}")
 
 
 async def agreement(ctx: DtypeRun) -> list[dict] | None:

@@ -43,6 +43,7 @@ class RunState:
     eval_items: dict = field(default_factory=dict)  # (dtype, condition) -> {task: {doc id: score}}
     reference: list[dict] | None = None  # auto's greedy samples, for end-to-end agreement
     changed: list[Finding] = field(default_factory=list)  # endpoint servers that changed between phases
+    fidelity: object = None  # harness/fidelity.Fidelity: the items and auto's reference scores, made on first use
     _tok: object = field(default=None, repr=False)
 
     @property

@@ -221,15 +221,15 @@ def samples_frame(where: str | Path | list[Path], table: str = "requests"):
     import pandas as pd
     import pyarrow.parquet as pq
 
-    if table not in ("requests", "series", "evals"):
-        raise UsageError(f"unknown samples table {table!r}; choose from: requests, series, evals")
+    if table not in ("requests", "series", "evals", "fidelity"):
+        raise UsageError(f"unknown samples table {table!r}; choose from: requests, series, evals, fidelity")
     paths = where if isinstance(where, list) else find_records(where)
     frames = []
     for p in paths:
         doc = read_json(p, missing=f"run record not found: {p}", bad="not a JSON run record")
         record = parse_record(doc, p)
         if record.schema_ == SCHEMA_V1:
-            if table != "evals":  # v1 records had no evaluations
+            if table in ("requests", "series"):  # v1 records had no evaluations
                 frames.append(v1_samples(doc, table))
             continue
         name = getattr(record.samples, table, None) if record.samples else None

@@ -239,6 +239,9 @@ class DtypeResult(_Model):
     fixed_stats: dict[str, Stat] | None = None  # headline metrics over the repeats of the first fixed load
     # task accuracy by condition (rest / load / during_load): harness/quality.py; items in the evals Parquet
     eval: dict[str, Any] | None = None
+    # fidelity per token by condition ("rest", "load"; auto's "load" is the floor): harness/fidelity.py,
+    # kvbench/fidelity_stats.py; items in the fidelity Parquet
+    fidelity: dict[str, Any] | None = None
     front: Front | None = None
     # True where the dtype ran through an emulation that stores the real format but computes differently
     # from a GPU (kvbench's CPU NVFP4 backend): its capacity, admission, prefix caching and accuracy count;
@@ -329,6 +332,8 @@ class SamplesRef(_Model):
     request_rows: int = Field(0, ge=0)
     series_rows: int = Field(0, ge=0)
     eval_rows: int = Field(0, ge=0)
+    fidelity: str | None = None
+    fidelity_rows: int = Field(0, ge=0)
 
 
 class RunRecord(_Model):

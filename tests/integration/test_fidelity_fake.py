@@ -1,0 +1,66 @@
+"""Fidelity per token against the fake server (harness/fidelity.py): vLLM's prompt_logprobs shape, the floor
+(auto at load vs auto at rest) at zero where nothing changes, a dtype that changes under load measured as
+such, and one Parquet row per item and condition."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pyarrow.parquet as pq
+import pytest
+
+from kvbench.harness import fidelity
+from kvbench.harness.records import SampleStore
+from kvbench.testing.fakeserver import FakeServer
+from kvbench.testing.fakestate import FakeConfig
+
+
+@pytest.fixture(scope="module")
+def tok(trained_model):
+    from kvbench.tokenizer import load_tokenizer
+
+    return load_tokenizer(trained_model)
+
+
+def test_fake_server_answers_prompt_logprobs_in_vllms_shape():
+    import json
+    import urllib.request
+
+    with FakeServer(FakeConfig(ttft_s=0.001)) as srv:
+        body = {"model": "kvbench-fake", "prompt": [5, 9, 11], "max_tokens": 1, "prompt_logprobs": 3}
+        req = urllib.request.Request(
+            srv.base_url + "/v1/completions", json.dumps(body).encode(), {"Content-Type": "application/json"}
+        )
+        choice = json.load(urllib.request.urlopen(req))["choices"][0]
+    rows = choice["prompt_logprobs"]
+    assert len(rows) == 3 and rows[0] is None  # vLLM: one entry per prompt token, the first has no context
+    for row, token in zip(rows[1:], (9, 11), strict=True):
+        assert str(token) in row  # the prompt's own token is always there, beside the top k
+        assert {"logprob", "rank", "decoded_token"} <= set(row[str(token)])
+        assert sum(1 for v in row.values() if v["rank"] <= 3) == 3
+
+
+def test_floor_is_zero_and_a_dtype_that_changes_under_load_is_measured(tok, tmp_path):
+    store = SampleStore("run-x")
+    fid = fidelity.Fidelity(tok, ["kvbench_needle_512", "gsm8k"], per_task=4, k=5)
+    assert len(fid.items) == 4  # lm-eval's own tasks cannot be rebuilt: kvbench's only
+    with FakeServer(FakeConfig(ttft_s=0.03)) as srv:
+        auto = asyncio.run(fid.measure(srv.base_url, "kvbench-fake", "auto", 4, samples=store))
+        assert set(auto) == {"load"}  # auto at rest is the reference; auto at load is the floor
+        floor = auto["load"]
+        assert floor["mean_kld"] == 0.0 and floor["top1_agreement"] == 1.0 and floor["items"] == 4
+        assert floor["tokens"] == sum(len(it["cont_ids"]) for it in fid.items)
+        assert floor["method"].startswith("top-5 logprobs") and "lower bound" in floor["method"]
+        srv.configure(corrupt_above=2)  # wrong whenever 2+ requests are in flight: at load, not at rest
+        fp8 = asyncio.run(fid.measure(srv.base_url, "kvbench-fake", "fp8", 4, samples=store))
+    assert fp8["rest"]["mean_kld"] == 0.0 and fp8["rest"]["mean_kld_ci"] == [0.0, 0.0]
+    load = fp8["load"]
+    assert load["mean_kld"] > 0.01 and load["top1_agreement"] < 1.0 and load["p99_kld"] > 0
+    for key in ("mean_kld_ci", "top1_agreement_ci", "s_per_item", "concurrency", "positions"):
+        assert load[key] is not None
+    assert load["concurrency"] == 4
+    ref = store.write(tmp_path / "run-x.json")
+    assert ref.fidelity_rows == 4 * 3  # auto load, fp8 rest and load
+    table = pq.read_table(tmp_path / ref.fidelity).to_pandas()
+    assert set(table["condition"]) == {"rest", "load"} and set(table["kv_cache_dtype"]) == {"auto", "fp8"}
+    assert (table["tokens"] > 0).all()
