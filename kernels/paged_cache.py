@@ -236,6 +236,20 @@ def e2m1_encode_tl(x):
 
 
 @triton.jit
+def e2m1_encode_bits(x):
+    """e2m1_encode_tl by float bit tricks (candidate), the same codes: |x| >= 1 rounds its float32 mantissa to
+    one bit with round-half-even on the pattern (the exponent carries), and below 1 adding 2^22 (whose ulp is
+    E2M1's subnormal step 0.5) makes the float add do the one rounding, ties to even; the code is the sum's
+    offset from 2^22's pattern."""
+    a = tl.minimum(tl.abs(x), 6.0)
+    bits = a.to(tl.int32, bitcast=True)
+    normal = ((bits + 0x1FFFFF + ((bits >> 22) & 1)) >> 22) - 252  # 1.0 = 0x3F800000 >> 22 = 254 -> code 2
+    sub = (a + 4194304.0).to(tl.int32, bitcast=True) - 0x4A800000
+    mag = tl.where(a < 1.0, sub, normal)
+    return mag | (((x.to(tl.int32, bitcast=True) >> 31) & 1) << 3)
+
+
+@triton.jit
 def e2m1_decode_tl(nibble):
     """float32 of E2M1 codes: magnitudes 2..7 are the float32 pattern 0x3F000000 + (m << 22)."""
     n = nibble.to(tl.int32)
@@ -282,8 +296,10 @@ def _write_side(
     HP: tl.constexpr,
     T: tl.constexpr,
     D: tl.constexpr,
+    ENC: tl.constexpr = 0,
 ):
-    """Quantize one token's H heads x [HP, D] (rows >= H are padding) and store them in its page."""
+    """Quantize one token's H heads x [HP, D] (rows >= H are padding) and store them in its page. ENC 1: the
+    candidate bit-trick E2M1 encode."""
     heads = tl.arange(0, HP)
     hmask = heads < H
     if FMT == 3:  # nvfp4
@@ -297,7 +313,10 @@ def _write_side(
         inv = tl.where(
             sf == 0.0, 0.0, tl.math.div_rn(tl.full(sf.shape, 1.0, tl.float32), tl.where(sf == 0.0, 1.0, sf * scale))
         )
-        codes = e2m1_encode_tl(xb * inv[:, :, None])
+        if ENC == 1:
+            codes = e2m1_encode_bits(xb * inv[:, :, None])
+        else:
+            codes = e2m1_encode_tl(xb * inv[:, :, None])
         lo, hi = tl.split(tl.reshape(codes, [HP, D // 2, 2]))
         packed = (lo | (hi << 4)).to(tl.uint8)
         side_base = (page * 2 + side) * (H * T * W)
@@ -337,6 +356,7 @@ def _reshape_and_cache_kernel(
     HP: tl.constexpr,
     T: tl.constexpr,
     D: tl.constexpr,
+    ENC: tl.constexpr = 0,
 ):
     """One program per new token: quantize its K and V (all heads) and write them into its page."""
     tok = tl.program_id(0).to(tl.int64)
@@ -349,8 +369,8 @@ def _reshape_and_cache_kernel(
         m = (heads < H)[:, None]
         k = tl.load(key_ptr + tok * stride_kt + heads[:, None] * stride_kh + dims[None, :], mask=m, other=0.0)
         v = tl.load(value_ptr + tok * stride_vt + heads[:, None] * stride_vh + dims[None, :], mask=m, other=0.0)
-        _write_side(k.to(tl.float32), cache_ptr, page, off, 0, k_enc, k_scale, FMT, H, HP, T, D)
-        _write_side(v.to(tl.float32), cache_ptr, page, off, 1, v_enc, v_scale, FMT, H, HP, T, D)
+        _write_side(k.to(tl.float32), cache_ptr, page, off, 0, k_enc, k_scale, FMT, H, HP, T, D, ENC)
+        _write_side(v.to(tl.float32), cache_ptr, page, off, 1, v_enc, v_scale, FMT, H, HP, T, D, ENC)
 
 
 def _enc(scale: float) -> float:
@@ -358,8 +378,22 @@ def _enc(scale: float) -> float:
     return float(1.0 / torch.tensor(scale, dtype=torch.float32))
 
 
-def reshape_and_cache(c: PagedKVCache, key: torch.Tensor, value: torch.Tensor, slot_mapping: torch.Tensor) -> None:
-    """Triton: quantize key/value [num_tokens, H, D] and write them into the paged cache at their slots."""
+ENCODERS = {"compare": 0, "bits": 1}  # E2M1 encode: the 7-comparison count, or the candidate bit trick
+
+
+def reshape_and_cache(
+    c: PagedKVCache,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    *,
+    encode: str = "compare",
+    num_warps: int | None = None,
+) -> None:
+    """Triton: quantize key/value [num_tokens, H, D] and write them into the paged cache at their slots.
+    encode: ENCODERS (the same bytes either way); num_warps: Triton's launch option (None: its default)."""
+    if encode not in ENCODERS:
+        raise ValueError(f"unknown E2M1 encoder {encode!r}; choose from: {', '.join(ENCODERS)}")
     num_tokens, h, d = key.shape
     if (h, d) != (c.num_kv_heads, c.head_dim) or value.shape != key.shape:
         raise ValueError(
@@ -390,4 +424,6 @@ def reshape_and_cache(c: PagedKVCache, key: torch.Tensor, value: torch.Tensor, s
         HP=triton.next_power_of_2(h),
         T=c.block_size,
         D=d,
+        ENC=ENCODERS[encode],
+        **({"num_warps": num_warps} if num_warps else {}),
     )

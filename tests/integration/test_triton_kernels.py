@@ -242,3 +242,37 @@ def test_cost_variants_and_f16_dequant_equal_their_references(fmt):
             assert va.max_rel_err(got, expect) < va.TOLERANCE[variant], (deq, variant)
     with pytest.raises(ValueError, match="choose from full, load_only, dequant_only"):
         da.decode_attention(*args, variant="skip")
+
+
+if RUN_HERE:
+
+    @triton.jit
+    def _encode_bits_kernel(x_ptr, out_ptr, N: tl.constexpr):
+        offs = tl.arange(0, N)
+        tl.store(out_ptr + offs, pc.e2m1_encode_bits(tl.load(x_ptr + offs)).to(tl.uint8))
+
+
+@here_only
+def test_bit_trick_e2m1_encoder_matches_torch_bit_for_bit():
+    grid = torch.tensor(nvfp4.E2M1_VALUES)
+    x = torch.cat((fp32_specials(), (grid[1:] + grid[:-1]) / 2, grid, torch.tensor([6.5, 7.0, 1e30])))
+    x = torch.cat((x, -x))
+    x = torch.cat((x, torch.zeros(triton.next_power_of_2(x.numel()) - x.numel()))).to(DEVICE)
+    out = torch.empty(x.numel(), dtype=torch.uint8, device=DEVICE)
+    _encode_bits_kernel[(1,)](x, out, N=x.numel())
+    assert torch.equal(out.cpu(), nvfp4.e2m1_encode(x.cpu()))
+
+
+@here_only
+@pytest.mark.parametrize("fmt", ["fp8", "nvfp4"])
+def test_bit_trick_encode_writes_the_reference_bytes(fmt):
+    h, d, t, pages, n = 3, 32, 4, 8, 13
+    g = torch.Generator().manual_seed(1)
+    k, v = (torch.randn(n, h, d, generator=g) * 4).half(), torch.randn(n, h, d, generator=g).half()
+    slots = torch.randperm(pages * t, generator=g)[:n]
+    ks, vs = _scales(fmt, k.float()), _scales(fmt, v.float())
+    ref = pc.allocate(fmt, pages, h, d, t, k_scale=ks, v_scale=vs)
+    pc.write_reference(ref, k, v, slots)
+    tri = pc.allocate(fmt, pages, h, d, t, k_scale=ks, v_scale=vs, device=DEVICE)
+    pc.reshape_and_cache(tri, k.to(DEVICE), v.to(DEVICE), slots.to(DEVICE), encode="bits", num_warps=2)
+    assert torch.equal(tri.cache.cpu().view(torch.uint8), ref.cache.view(torch.uint8))

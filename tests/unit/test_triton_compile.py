@@ -69,7 +69,7 @@ def compile_decode(cap, fmt, mode, head_dim=128, group=4, variant=0, deq=0, tile
     )
 
 
-def compile_write(cap, fmt):
+def compile_write(cap, fmt, enc=0):
     qdt = "bf16" if fmt == "bf16" else "fp16"
     sig = {
         "key_ptr": f"*{qdt}",
@@ -85,7 +85,7 @@ def compile_write(cap, fmt):
         "stride_vt": "i32",
         "stride_vh": "i32",
     }
-    consts = {"FMT": pc._FMT_CODE[fmt], "H": 8, "HP": 8, "T": 16, "D": 128}
+    consts = {"FMT": pc._FMT_CODE[fmt], "H": 8, "HP": 8, "T": 16, "D": 128, "ENC": enc}
     sig |= {k: "constexpr" for k in consts}
     return triton.compile(ASTSource(pc._reshape_and_cache_kernel, sig, consts), target=GPUTarget("cuda", cap, 32))
 
@@ -148,3 +148,4 @@ def test_cost_variants_and_candidates_compile_for_hopper(fmt):
     for stages in (1, 3):
         k = compile_decode(90, fmt, 1, deq=deq, tile_n=128, num_warps=8, num_stages=stages)
         assert k.asm["cubin"] and k.metadata.shared < 228 * 1024
+    assert compile_write(90, fmt, enc=1).asm["cubin"]
