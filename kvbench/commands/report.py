@@ -7,6 +7,7 @@ from typing import Annotated
 
 import typer
 
+from kvbench.commands.report_fidelity import render_fidelity
 from kvbench.commands.report_sections import (
     render_agreement,
     render_client,
@@ -55,6 +56,7 @@ def render(doc: dict, path: Path | None = None) -> None:
     decision = decide(record)
     render_fronts(doc, record)
     render_quality(doc, decision)
+    render_fidelity(doc)
     render_agreement(doc)
     render_client(doc)
     render_problems(doc, decision)

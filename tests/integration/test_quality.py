@@ -67,6 +67,11 @@ def test_a_dtype_wrong_only_under_load_is_excluded_and_its_canaries_report_it(tm
     items = records.samples_frame(records.find_records(tmp_path), "evals")
     conditions = {"rest", "load", "batched", "mixed", "prefix", "during_load"}  # harness/evalphase.py
     assert set(items.condition) == conditions and len(items) == 2 * 6 * 24  # every item kept
+    # fidelity per token (harness/fidelity.py): auto's floor at zero, fp8 changed at load and not at rest
+    fid = {d["kv_cache_dtype"]: d["fidelity"] for d in doc["dtypes"]}
+    assert fid["auto"]["load"]["mean_kld"] == 0.0 and fid["fp8"]["rest"]["mean_kld"] == 0.0
+    assert fid["fp8"]["load"]["mean_kld"] > 0 and fid["fp8"]["load"]["top1_agreement"] < 1
+    assert len(records.samples_frame(records.find_records(tmp_path), "fidelity")) == 3 * 10
 
 
 FAILURE_MODES = {

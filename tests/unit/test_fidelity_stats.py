@@ -92,3 +92,34 @@ def test_no_measurable_change_needs_both_intervals_to_reach_the_floor():
     assert not fs.no_measurable_change(flipped, floor)
     assert not fs.no_measurable_change({"mean_kld_ci": None}, floor)
     assert not fs.no_measurable_change(same, {})
+
+
+def _entry(kld, ci, agree, agree_ci, conc):
+    return {"mean_kld": kld, "mean_kld_ci": ci, "p99_kld": 3 * kld, "top1_agreement": agree,
+            "top1_agreement_ci": agree_ci, "items": 30, "tokens": 400, "concurrency": conc, "s_per_item": 0.1,
+            "method": fs.METHOD_TOPK.format(k=20), "mean_gold_dlogp": -0.01}  # fmt: skip
+
+
+def test_report_shows_each_dtype_beside_the_floor(capsys):
+    from kvbench.commands.report_fidelity import render_fidelity
+
+    doc = {
+        "dtypes": [
+            {"kv_cache_dtype": "auto", "fidelity": {"load": _entry(0.0, [0.0, 0.0], 1.0, [1.0, 1.0], 16)}},
+            {"kv_cache_dtype": "fp8", "fidelity": {"rest": _entry(0.0, [0.0, 0.0], 1.0, [1.0, 1.0], 1)}},
+            {"kv_cache_dtype": "nvfp4", "fidelity": {"load": _entry(4e-4, [2e-4, 8e-4], 0.99, [0.98, 1.0], 16)}},
+            {"kv_cache_dtype": "old", "fidelity": None},
+        ]
+    }
+    render_fidelity(doc)
+    out = capsys.readouterr().out
+    assert "Fidelity per token" in out and "lower bound on KL" in out
+    lines = {line.split()[1]: line for line in out.splitlines() if line.startswith("│") and "(c" in line}
+    assert "the floor" in lines["auto"] and "no measurable change" in lines["fp8"]
+    assert (
+        "above the floor" in lines["nvfp4"]
+        and "4.0e-04 [2.0e-04, 8.0e-04]" in lines["nvfp4"]
+        and "99.0% [98.0, 100.0]" in lines["nvfp4"]
+    )
+    render_fidelity({"dtypes": [{"kv_cache_dtype": "auto"}]})
+    assert capsys.readouterr().out == ""
