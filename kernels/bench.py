@@ -26,6 +26,7 @@ BENCH_FORMATS = ("fp16", "fp8", "nvfp4")  # the speed ratio fp16 : fp8 : nvfp4
 TARGET_WRITE_PCT_OF_COPY = 70.0
 TARGET_NVFP4_SPEEDUP_AT_32K = 2.5
 TARGET_CONTEXT = 32768
+TARGET_FP8_SPEEDUP_AT_32K = 1.7
 
 
 @dataclass(frozen=True)
@@ -54,12 +55,13 @@ def device() -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() and not interpreting() else "cpu")
 
 
-def time_ms(fn, dev: torch.device, *, reps: int = 3) -> float:
-    """Median time of fn() in ms: do_bench on a GPU, wall clock (reps calls) in the interpreter."""
+def time_ms(fn, dev: torch.device, *, reps: int = 3, warmup_ms: int = 25, rep_ms: int = 100) -> float:
+    """Median time of fn() in ms: do_bench on a GPU (warmup_ms, rep_ms of runs), wall clock (reps calls) in
+    the interpreter."""
     if dev.type == "cuda":
         import triton.testing
 
-        return float(triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median"))
+        return float(triton.testing.do_bench(fn, warmup=warmup_ms, rep=rep_ms, return_mode="median"))
     fn()
     samples = []
     for _ in range(reps):
@@ -280,6 +282,7 @@ def targets(write_rows: list[dict], ratio_rows: list[dict]) -> dict:
         if r["pct_of_copy"] is not None:
             best_write[r["format"]] = max(best_write.get(r["format"], 0.0), r["pct_of_copy"])
     at = [r for r in ratio_rows if r["context"] == TARGET_CONTEXT and "speedup_nvfp4" in r]
+    at8 = [r for r in ratio_rows if r["context"] == TARGET_CONTEXT and "speedup_fp8" in r]
     return {
         "write_pct_of_copy": {
             "target": TARGET_WRITE_PCT_OF_COPY,
@@ -291,5 +294,11 @@ def targets(write_rows: list[dict], ratio_rows: list[dict]) -> dict:
             "by_batch": {r["batch"]: r["speedup_nvfp4"] for r in at},
             "ideal": at[0]["ideal_nvfp4"] if at else None,
             "met": {r["batch"]: r["speedup_nvfp4"] >= TARGET_NVFP4_SPEEDUP_AT_32K for r in at} or None,
+        },
+        "fp8_decode_speedup_at_32k": {
+            "target": TARGET_FP8_SPEEDUP_AT_32K,
+            "by_batch": {r["batch"]: r["speedup_fp8"] for r in at8},
+            "ideal": at8[0]["ideal_fp8"] if at8 else None,
+            "met": {r["batch"]: r["speedup_fp8"] >= TARGET_FP8_SPEEDUP_AT_32K for r in at8} or None,
         },
     }

@@ -4,8 +4,13 @@
 #
 #   OUT=/some/dir kernels/run_on_gpu.sh            # on an SM80+ NVIDIA GPU (A100, H100, H200, ...)
 #   DRY=1 OUT=/tmp/x kernels/run_on_gpu.sh         # tiny grid in Triton's CPU interpreter: checks the path
+#   MODE=sweep OUT=/some/dir kernels/run_on_gpu.sh # the sweep (kernels/sweep.py): every variant and candidate
+#                                                  # checked on the device, the grid timed for each, the fastest
+#                                                  # correct kept, NVML at 10 Hz and device memory, one record
+#   MODE=sweep DRY=1 OUT=/tmp/x kernels/run_on_gpu.sh  # the same in the interpreter (small shape, tiny grid)
 #
-# Needs: python3 with torch (CUDA build), triton, typer, rich, numpy, pydantic, platformdirs (whatever the
+# Needs: python3 with torch (CUDA build), triton, typer, rich, numpy, pydantic, platformdirs, and for the
+# sweep's NVML trace nvidia-ml-py (without it the record says why the trace is missing) (whatever the
 # machine has; nothing is installed: put missing pure-Python ones on PYTHONPATH). If kvbench is not
 # installed, it is imported from this checkout through a temporary package folder of symlinks (kernels/
 # is the subpackage kvbench.kernels, as pyproject.toml maps it).
@@ -29,6 +34,12 @@ WRITE_TOKENS="1,8,32,1024,4096,16384,131072"
 WALL_S=450      # hard stop (timeout) -- under 8 minutes including start-up
 CASES_S=360     # stop starting new cases after this; the record then says "partial"
 EXTRA=()
+MODE="${MODE:-grid}"
+if [[ "$MODE" != "grid" && "$MODE" != "sweep" ]]; then
+    echo "run_on_gpu.sh: MODE must be grid (the default) or sweep, got '$MODE'" >&2
+    exit 2
+fi
+if [[ "$MODE" == "sweep" ]]; then WALL_S=470; CASES_S=380; fi  # the sweep: under 8 minutes in all
 if [[ "${DRY:-0}" == "1" ]]; then
     CONTEXTS="32"; BATCHES="1"; WRITE_TOKENS="4"; WALL_S=300; CASES_S=240
     EXTRA=(--interpret)
@@ -53,9 +64,23 @@ if [[ -n "$missing" ]]; then
 fi
 "$PYTHON" -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'gpu:', torch.cuda.get_device_name() if torch.cuda.is_available() else None)" | tee "$OUT/kernels.log"
 
+set +e
+if [[ "$MODE" == "sweep" ]]; then
+    # The interpreter must be chosen before triton is first imported.
+    [[ "${DRY:-0}" == "1" ]] && export TRITON_INTERPRET=1
+    timeout --signal=INT --kill-after=20 "$WALL_S" "$PYTHON" - <<EOF 2>&1 | tee -a "$OUT/kernels.log"
+from pathlib import Path
+from kvbench.kernels.sweep import run
+run(Path("$OUT") / "results", max_seconds=$CASES_S)
+EOF
+    rc=${PIPESTATUS[0]}
+    set -e
+    echo "run_on_gpu.sh: exit $rc; records:" | tee -a "$OUT/kernels.log"
+    find "$OUT/results" -name '*.json' 2>/dev/null | tee -a "$OUT/kernels.log"
+    exit "$rc"
+fi
 # Call the command's body directly with its settings: only kvbench.commands.kernels (and its settings) and
 # kvbench.kernels get imported.
-set +e
 COLUMNS=160 timeout --signal=INT --kill-after=20 "$WALL_S" "$PYTHON" - "${EXTRA[@]}" <<EOF 2>&1 | tee -a "$OUT/kernels.log"
 import sys
 from pathlib import Path
