@@ -9,6 +9,7 @@ import plotly.graph_objects as go
 
 from kvbench.dashboards.components import Page, empty, hover_data, hover_template, note, section, slug, table
 from kvbench.dashboards.data import SiteData, differing_items
+from kvbench.dashboards.fidelity_view import fidelity_section
 from kvbench.dashboards.theme import color, esc, ordered, style, symbol
 from kvbench.harness.records import CONDITIONS
 
@@ -132,6 +133,9 @@ def build(data: SiteData) -> Page:
                 },
             )
         parts.append(section(title, inner))
+    fidelity = fidelity_section(page, data)  # dashboards/fidelity_view.py
+    if fidelity:
+        parts.append(fidelity)
     if not data.canaries.empty:
         c = data.canaries.sort_values("created_at").groupby(["machine", "kv_cache_dtype"]).tail(1)
         parts.append(

@@ -123,3 +123,25 @@ def test_report_shows_each_dtype_beside_the_floor(capsys):
     )
     render_fidelity({"dtypes": [{"kv_cache_dtype": "auto"}]})
     assert capsys.readouterr().out == ""
+
+
+def test_quality_page_section_plots_each_dtype_against_the_floor(tmp_path):
+    from kvbench.dashboards.components import Page
+    from kvbench.dashboards.data import SiteData
+    from kvbench.dashboards.fidelity_view import fidelity_section
+
+    doc = {
+        "machine": "box",
+        "run_id": "r1",
+        "created_at": "2026-12-05T00:00:00+00:00",
+        "dtypes": [
+            {"kv_cache_dtype": "auto", "fidelity": {"load": _entry(0.0, [0.0, 0.0], 1.0, [1.0, 1.0], 16)}},
+            {"kv_cache_dtype": "nvfp4", "fidelity": {"rest": _entry(4e-4, [2e-4, 8e-4], 0.99, [0.98, 1.0], 1)}},
+        ],
+    }
+    page = Page("quality", "Quality")
+    assert fidelity_section(page, SiteData(results_dir=tmp_path)) is None  # no run measured it: no section
+    html = fidelity_section(page, SiteData(results_dir=tmp_path, records=[doc]))
+    assert 'id="fidelity"' in html and "above the floor" in html and "4.00e-04 [2.0e-04, 8.0e-04]" in html
+    (div, fig), *_ = page.figures
+    assert div == "fidelity-box" and [t.name for t in fig.data] == ["auto", "nvfp4"]
