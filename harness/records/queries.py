@@ -108,7 +108,19 @@ def headline(dtype_result: dict) -> dict:
         "prefix_hit_rate": _prefix_hit_rate(dtype_result),
         "task_accuracy_rest": _first_task_accuracy(dtype_result, "rest"),
         "task_accuracy_load": _first_task_accuracy(dtype_result, "load"),
+        **_fidelity_numbers(dtype_result),
     }
+
+
+def _fidelity_numbers(dtype_result: dict) -> dict:
+    """Mean KLD and top-1 agreement vs auto at rest (harness/fidelity.py), at rest and at load (auto: its floor)."""
+    fid = dtype_result.get("fidelity") or {}
+    out = {}
+    for cond in ("rest", "load"):
+        s = fid.get(cond) if isinstance(fid.get(cond), dict) else {}
+        out[f"fidelity_kld_{cond}"] = s.get("mean_kld")
+        out[f"fidelity_top1_{cond}"] = s.get("top1_agreement")
+    return out
 
 
 def workload_label(cfg: dict) -> str:

@@ -133,6 +133,10 @@ LEVELS = {
     "prefix_hit_rate": 0.8,
     "prefix_ttft_p50": 0.02,
     "task_accuracy_load": 0.98,
+    "fidelity_kld_rest": 4e-4,
+    "fidelity_kld_load": 4e-4,
+    "fidelity_top1_rest": 0.99,
+    "fidelity_top1_load": 0.99,
 }
 
 

@@ -145,3 +145,30 @@ def test_quality_page_section_plots_each_dtype_against_the_floor(tmp_path):
     assert 'id="fidelity"' in html and "above the floor" in html and "4.00e-04 [2.0e-04, 8.0e-04]" in html
     (div, fig), *_ = page.figures
     assert div == "fidelity-box" and [t.name for t in fig.data] == ["auto", "nvfp4"]
+
+
+def test_regress_treats_fidelity_like_the_other_tracked_metrics():
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from test_regress import frame
+
+    from kvbench.harness.records import headline
+    from kvbench.regress import find_regressions
+    from kvbench.tracked import by_name
+
+    m = by_name()
+    assert m["fidelity_kld_rest"].direction == "lower" and m["fidelity_top1_rest"].direction == "higher"
+    numbers = headline({"fidelity": {"rest": _entry(4e-4, [2e-4, 8e-4], 0.99, [0.98, 1.0], 1)}})
+    assert numbers["fidelity_kld_rest"] == 4e-4 and numbers["fidelity_top1_rest"] == 0.99
+    assert numbers["fidelity_kld_load"] is None  # not measured: asv records n/a
+    series = {
+        ("fidelity_kld_rest", "nvfp4"): [4e-4] * 5 + [8e-4],  # a kernel change doubles the KLD
+        ("fidelity_kld_rest", "fp8"): [4e-4] * 5 + [2e-4],
+        ("fidelity_top1_load", "nvfp4"): [0.99] * 5 + [0.95],
+        ("fidelity_top1_load", "fp8"): [0.99] * 5 + [0.992],  # inside the noise
+    }
+    got = {(r.metric, r.kv_dtype): r.verdict for r in find_regressions(frame(series))}
+    assert got[("fidelity_kld_rest", "nvfp4")] == "regression" and got[("fidelity_kld_rest", "fp8")] == "improvement"
+    assert got[("fidelity_top1_load", "nvfp4")] == "regression" and got[("fidelity_top1_load", "fp8")] == "unchanged"
