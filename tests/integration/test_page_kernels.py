@@ -99,3 +99,19 @@ def test_no_gpu_sweep_says_not_collected():
     doc["device_memory"] = dict(doc["telemetry"])
     out = pk.gpu_evidence(doc, Page("kernels", "k"))
     assert out.count("no GPU: not collected") == 2 and pk.telemetry_figure(doc) is None
+
+
+def test_the_guide_states_the_committed_h200_numbers():
+    doc = json.loads(H200.read_text())
+    text = (REPO / "docs" / "guide" / "kernels.md").read_text()
+    assert f"{doc['copy_baseline']['gbs']:,.0f} GB/s" in text
+    for r in doc["ratios"]:
+        if r["context"] == 32768:
+            assert f"| {r['batch']} |" in text
+            assert f"{r['speedup_fp8']:.2f}× | {r['speedup_nvfp4']:.2f}× |" in text
+    for r in doc["decode"]:
+        if r["context"] == 32768:
+            assert f"{r['time_us']:,.1f} µs, {r['gbs']:,.0f} GB/s" in text
+    for f, v in doc["targets"]["write_pct_of_copy"]["best_by_format"].items():
+        assert f"{v:.1f}% for {f}" in text
+    assert f"never exceeds {max(r['gbs'] for r in doc['decode'] if r['format'] == 'nvfp4'):,.0f} GB/s" in text
