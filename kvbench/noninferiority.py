@@ -11,7 +11,10 @@ and n items in all, the difference delta = (c - b) / n is tested against -margin
   At d0 = 0 it is McNemar's z. Non-inferior at level alpha when T(-margin) >= z(1 - alpha); inferior
   (worse than the margin) when T(-margin) <= -z(1 - alpha). Its one-sided bounds are the d0 where T
   crosses +-z, so "bound inside the budget" and "the test rejects" are the same statement.
-- Holm's step-down adjustment over the tests one verdict rests on (Holm 1979).
+- Two claims, two rules. "Non-inferior on every test" is an intersection-union claim: it holds only when every
+  test rejects its own null, so each test runs at the full level alpha with no multiplicity correction (Berger
+  1982, "Multiparameter hypothesis testing and acceptance sampling", Technometrics 24:295-300). "Inferior
+  somewhere" is a union claim: one of k tests rejecting suffices, so it is Holm-adjusted (Holm 1979).
 - The items a test needs for 80% power, from the observed loss and gain rates: the score-test sample size
   of Nam (1997, Biometrics 53:1422-1430), n = (z_a s0 + z_b s1)^2 / (delta - d0)^2, s0 under d0 (Tango's
   constrained estimate at the observed rates), s1 = sqrt(p_loss + p_gain - delta^2).
@@ -24,7 +27,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-METHOD = "Tango score test for paired proportions (one-sided), Holm-adjusted"
+METHOD = (
+    "Tango score test for paired proportions (one-sided); non-inferior: intersection-union, each test at the "
+    "full level (Berger 1982); inferior: Holm-adjusted"
+)
 POWER = 0.8
 
 
@@ -113,7 +119,7 @@ def items_needed(losses: int, gains: int, n: int, margin: float, alpha: float, p
 
 @dataclass(frozen=True)
 class Result:
-    """One paired comparison against the margin, Holm's level already applied (`alpha_used`)."""
+    """One paired comparison against the margin, at the level its direction's rule gives it (`alpha_used`)."""
 
     n: int
     losses: int
@@ -121,31 +127,35 @@ class Result:
     difference: float  # candidate - reference
     lower: float  # one-sided (1 - alpha_used) lower bound of the difference
     upper: float  # one-sided (1 - alpha_used) upper bound
-    p_noninferior: float  # Holm-adjusted
+    p_noninferior: float  # raw: the intersection-union rule uses each test at the full level
     p_inferior: float  # Holm-adjusted
-    alpha_used: float  # the per-test level Holm gave it
+    alpha_used: float  # alpha for non-inferior / undecided, Holm's level for inferior
     verdict: str  # "non-inferior", "inferior", "undecided"
-    items_needed: int | None  # at 80% power, at level alpha / k (Holm's strictest)
+    items_needed: int | None  # at 80% power, at the level of the direction the data point to
 
 
 NON_INFERIOR, INFERIOR, UNDECIDED = "non-inferior", "inferior", "undecided"
 
 
 def decide(tables: list[tuple[int, int, int, float]], confidence: float) -> list[Result]:
-    """One verdict per (losses, gains, n, margin) table, Holm-adjusted over all of them in each direction.
-    Bounds are given at the level Holm gave each test (alpha / the tests left at its rank), so "bound inside
-    the budget" and "non-inferior" say the same thing (up to Holm stopping early, which only ever makes a
-    verdict more cautious)."""
+    """One verdict per (losses, gains, n, margin) table. Non-inferior: each test at the full level alpha
+    (intersection-union, Berger 1982: all must hold, so no correction). Inferior: Holm-adjusted over all
+    tables. Bounds are given at the level used, so "bound inside the budget" and "non-inferior" say the same
+    thing (up to Holm stopping early, which only ever makes "inferior" more cautious)."""
     alpha = 1 - confidence
     k = len(tables)
     raw = [p_values(b, c, n, m) for b, c, n, m in tables]
-    adj_ni, adj_inf = holm([p for p, _ in raw]), holm([p for _, p in raw])
-    rank_ni, rank_inf = _ranks([p for p, _ in raw]), _ranks([p for _, p in raw])
+    adj_inf = holm([p for _, p in raw])
+    rank_inf = _ranks([p for _, p in raw])
     out = []
     for i, (b, c, n, margin) in enumerate(tables):
-        verdict = INFERIOR if adj_inf[i] <= alpha else NON_INFERIOR if adj_ni[i] <= alpha else UNDECIDED
-        used = alpha / (k - (rank_inf[i] if verdict == INFERIOR else rank_ni[i]))
+        p_ni = raw[i][0]
+        verdict = INFERIOR if adj_inf[i] <= alpha else NON_INFERIOR if p_ni <= alpha else UNDECIDED
+        used = alpha / (k - rank_inf[i]) if verdict == INFERIOR else alpha
         lo, hi = bounds(b, c, n, 1 - used)
-        need = None if verdict != UNDECIDED else items_needed(b, c, n, margin, alpha / k)
-        out.append(Result(n, b, c, (c - b) / n, lo, hi, adj_ni[i], adj_inf[i], used, verdict, need))
+        need = None
+        if verdict == UNDECIDED:  # towards inferior (drop beyond the margin) Holm's strictest level applies
+            beyond = (c - b) / n < -margin
+            need = items_needed(b, c, n, margin, alpha / k if beyond else alpha)
+        out.append(Result(n, b, c, (c - b) / n, lo, hi, p_ni, adj_inf[i], used, verdict, need))
     return out

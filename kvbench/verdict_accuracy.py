@@ -1,12 +1,15 @@
 """The accuracy half of a verdict: is each dtype non-inferior to auto within the budget, on a run record?
 
-For every task and condition a dtype was evaluated in, its paired comparison with auto (the `vs_auto` block
-harness/quality.py stores: n, losses, gains) is tested against the budget with Tango's score test
-(kvbench.noninferiority), Holm-adjusted over the tests the dtype's verdict rests on. Conditions whose
-answers are identical item by item (the same score fingerprint on both sides) are one test, printed once;
+The primary endpoint is pooled: every task's items at rest (else the first condition evaluated) together, one
+paired comparison with auto (the sums of the `vs_auto` blocks harness/quality.py stores: n, losses, gains),
+tested against the budget with Tango's score test (kvbench.noninferiority). Secondary: each task and
+condition on its own. Non-inferior runs at the full level (intersection-union, Berger 1982); "inferior" is
+Holm-adjusted over the primary and the secondary tests together, and a secondary "inferior" still excludes.
+Conditions whose answers are identical item by item (the same score fingerprint on both sides) are one test,
+printed once;
 records from before fingerprints merge conditions with the same counts and say "same counts".
 
-Verdicts: `non-inferior` (every test's bound inside the budget), `inferior` (some test's bound beyond it),
+Verdicts: `non-inferior` (the pooled bound inside the budget, no test inferior), `inferior` (some bound beyond it),
 `undecided` (neither: too few items; the items that would decide it at 80% power are given), `no eval`,
 `eval failed`; auto is the `reference`. Only `non-inferior` (and the reference) make a dtype eligible.
 
@@ -41,6 +44,7 @@ class Test:
     reference_accuracy: float | None
     budget: float  # points
     result: ni.Result
+    pooled: tuple[str, ...] = ()  # the tasks the primary endpoint pools (empty: a per-task test)
 
     @property
     def drop(self) -> float:
@@ -85,6 +89,7 @@ class AccuracyVerdict:
     under_load: tuple[Test, ...] = ()  # this dtype at load vs itself at rest
     note: str | None = None  # why there is no verdict (no eval, failed eval, no paired comparison)
     gaps: tuple[str, ...] = field(default=())  # tasks without a 0/1 paired comparison
+    primary: Test | None = None  # the pooled endpoint (all tasks' items together)
 
     @property
     def eligible(self) -> bool:
@@ -100,6 +105,9 @@ class AccuracyVerdict:
         if self.note:
             return f"{head}: {self.note}"
         deciding = [t for t in self.tests if t.result.verdict == self.state] or list(self.tests)
+        if self.primary is not None:  # the pooled endpoint leads; the per-task tests it rests on follow
+            lead = [self.primary] if self.state != INFERIOR or self.primary.result.verdict == INFERIOR else []
+            deciding = lead + [t for t in deciding if t.result.verdict == self.state or not lead]
         parts = [f"{head}: " + "; ".join(t.text() for t in deciding)] if deciding else [head]
         if self.gaps:
             parts.append(f"no paired 0/1 comparison for {', '.join(self.gaps)}")
@@ -164,7 +172,7 @@ def _label(cond: str, mine: dict, ref: dict | None, dtype: str, against: str) ->
     return f"{name} ({c} in flight on both)"
 
 
-def _tests(pairs: list[tuple], dtype: str, against: str, policy: Policy) -> tuple[Test, ...]:
+def _tests(pairs: list[tuple], dtype: str, against: str, policy: Policy, extra: Test | None = None) -> tuple[Test, ...]:
     """Group identical comparisons, then Holm over the groups. pairs: (task, condition, entry, the
     reference's entry, own condition summary, the reference's condition summary); entry["vs_auto"] or
     entry["vs_rest"] is the stored comparison."""
@@ -183,7 +191,12 @@ def _tests(pairs: list[tuple], dtype: str, against: str, policy: Policy) -> tupl
     for key, members in groups.items():
         vs = members[0][1][key_name]
         tables.append((vs["losses"], vs["gains"], vs["n"], policy.margin(key[0]) / 100))
+    if extra is not None:  # the primary joins the Holm family on the "inferior" side, and comes back last
+        r = extra.result
+        tables.append((r.losses, r.gains, r.n, extra.budget / 100))
     results = ni.decide(tables, policy.confidence) if tables else []
+    if extra is not None:
+        *results, last = results
     out = []
     for (key, members), result in zip(groups.items(), results, strict=True):
         _, entry, ref_entry, *_ = members[0]
@@ -200,6 +213,10 @@ def _tests(pairs: list[tuple], dtype: str, against: str, policy: Policy) -> tupl
                 result=result,
             )
         )
+    if extra is not None:
+        from dataclasses import replace
+
+        out.append(replace(extra, result=last))
     return tuple(out)
 
 
@@ -238,12 +255,57 @@ def _against_auto(dtype: str, evals: dict, ref_evals: dict, under: tuple, policy
                 pairs.append((task, cond, entry, (ref_summary.get("tasks") or {}).get(task), summary, ref_summary))
             elif task not in gaps:
                 gaps.append(task)
-    tests = _tests(pairs, dtype, REFERENCE, policy)
+    primary = _pooled(pairs, policy)
+    tests = _tests(pairs, dtype, REFERENCE, policy, extra=primary)
     if not tests:
         return AccuracyVerdict(dtype, UNDECIDED, note="no paired 0/1 comparison with auto", gaps=tuple(gaps))
+    if primary is not None:
+        tests, primary = tests[:-1], tests[-1]
     states = {t.result.verdict for t in tests}
-    state = INFERIOR if INFERIOR in states else UNDECIDED if UNDECIDED in states or gaps else NON_INFERIOR
-    return AccuracyVerdict(dtype, state, tests, under, gaps=tuple(gaps))
+    if primary is not None:
+        lead = primary.result.verdict
+        state = INFERIOR if INFERIOR in states or lead == INFERIOR else lead
+    else:
+        state = INFERIOR if INFERIOR in states else UNDECIDED if UNDECIDED in states or gaps else NON_INFERIOR
+    return AccuracyVerdict(dtype, state, tests, under, gaps=tuple(gaps), primary=primary)
+
+
+def _pooled(pairs: list[tuple], policy: Policy) -> Test | None:
+    """The primary endpoint: every task's items in one condition (rest when there) pooled, as one table."""
+    conds = [p[1] for p in pairs]
+    if not conds:
+        return None
+    cond = "rest" if "rest" in conds else conds[0]
+    rows = [p for p in pairs if p[1] == cond]
+    if len(rows) < 2:  # one task: its own tests are the endpoint (intersection-union over its conditions)
+        return None
+    n = sum(p[2]["vs_auto"]["n"] for p in rows)
+    losses = sum(p[2]["vs_auto"]["losses"] for p in rows)
+    gains = sum(p[2]["vs_auto"]["gains"] for p in rows)
+    tasks = tuple(p[0] for p in rows)
+    budget = min(policy.margin(t) for t in tasks)  # the strictest budget of the tasks pooled
+    mine = [p[2].get("accuracy") for p in rows]
+    theirs = [(p[3] or {}).get("accuracy") for p in rows]
+    weights = [p[2]["vs_auto"]["n"] for p in rows]
+    label = _label(cond, rows[0][4], rows[0][5], "", REFERENCE)
+    return Test(
+        task=f"pooled ({len(tasks)} task{'s' if len(tasks) != 1 else ''}, {n:,} items)",
+        against=REFERENCE,
+        conditions=(cond,),
+        labels=(label,),
+        merged=None,
+        accuracy=_weighted(mine, weights),
+        reference_accuracy=_weighted(theirs, weights),
+        budget=budget,
+        result=ni.decide([(losses, gains, n, budget / 100)], policy.confidence)[0],
+        pooled=tasks,
+    )
+
+
+def _weighted(values: list, weights: list[int]) -> float | None:
+    if any(v is None for v in values) or not sum(weights):
+        return None
+    return sum(v * w for v, w in zip(values, weights, strict=True)) / sum(weights)
 
 
 def _under_load(dtype: str, evals: dict, policy: Policy) -> tuple[Test, ...]:

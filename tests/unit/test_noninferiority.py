@@ -88,3 +88,15 @@ def test_decide_reads_each_verdict():
     assert got[0].items_needed and got[1].items_needed is None
     # Holm: the strictest level is alpha / 3 for the smallest p of each direction
     assert min(r.alpha_used for r in got) == pytest.approx(0.05 / 3)
+
+
+def test_identical_answers_are_non_inferior_at_the_full_level_and_inferior_stays_holm_adjusted():
+    """Intersection-union (Berger 1982): 400 identical items on each of 6 tests, each at the full 95% (bound
+    0.67 points < 1); Holm on that side would need each at 99.17% (bound 1.4 points: undecided)."""
+    got = ni.decide([(0, 0, 400, 0.01)] * 6, 0.95)
+    assert all(r.verdict == ni.NON_INFERIOR and r.alpha_used == pytest.approx(0.05) for r in got)
+    assert all(-r.lower < 0.01 for r in got)
+    # a 3-point drop on 1,000 items (40 lost, 10 gained) on each of 6 tests: inferior, at Holm's levels
+    bad = ni.decide([(40, 10, 1000, 0.01)] * 6, 0.95)
+    assert all(r.verdict == ni.INFERIOR for r in bad)
+    assert sorted(r.alpha_used for r in bad)[0] == pytest.approx(0.05 / 6)

@@ -113,21 +113,23 @@ def test_identical_conditions_are_one_test_printed_once_with_each_sides_concurre
     tests = d.dtypes["fp8"].accuracy.tests
     assert len(tests) == 1 and tests[0].result.alpha_used == pytest.approx(0.05)  # Holm over 1 test, not 3
     text = line(d, "fp8")
-    assert text.count("drop 0.4 points") == 1
+    assert text.count("drop 0.4 points") == 1  # one task: no pooled endpoint beside it
     assert (
         "identical at rest (1 request at a time), at load (fp8 33 in flight, auto 16) and during load "
         "(1 at a time beside concurrency-16 traffic)" in text
     )
 
 
-def test_different_answers_with_the_same_counts_are_separate_tests_and_holm_corrects():
-    # 0 of 280 lost: non-inferior alone (p = 0.046), not when Holm spreads 0.05 over two tests
+def test_different_answers_with_the_same_counts_are_separate_tests_and_need_no_holm_to_be_non_inferior():
+    # 0 of 280 lost: non-inferior alone (p = 0.046), and on both: "non-inferior on every test" is an
+    # intersection-union claim, each test at the full level (Berger 1982), not Holm's 0.025
     ev = {c: cond(280, n=280, paired=True, fp=f"f{i}") for i, c in enumerate(("rest", "load"))}
     auto = {c: cond(280, n=280, fp="a") for c in ("rest", "load")}
     alone = verdict.decide(record(dtype("auto", ev={"rest": auto["rest"]}), dtype("fp8", ev={"rest": ev["rest"]})))
     both = verdict.decide(record(dtype("auto", ev=auto), dtype("fp8", ev=ev)))
     assert alone.dtypes["fp8"].accuracy.state == "non-inferior"
-    assert len(both.dtypes["fp8"].accuracy.tests) == 2 and both.dtypes["fp8"].accuracy.state == "undecided"
+    assert len(both.dtypes["fp8"].accuracy.tests) == 2 and both.dtypes["fp8"].accuracy.state == "non-inferior"
+    assert all(t.result.alpha_used == pytest.approx(0.05) for t in both.dtypes["fp8"].accuracy.tests)
 
 
 def test_a_dtype_without_evaluation_is_not_eligible_and_says_so():
@@ -318,3 +320,53 @@ def test_a_runs_eval_blocks_merge_conditions_by_their_fingerprints():
     assert len(fp8) == 1 and fp8[0].merged == "identical" and fp8[0].conditions == ("rest", "load", "during_load")
     assert sorted(len(t.conditions) for t in nvfp4) == [1, 2]  # load's answers differ: its own test
     assert "identical at rest" in line(d, "fp8") and "same counts" not in line(d, "fp8")
+
+
+# --- issue 32: intersection-union, the pooled primary endpoint ------------------------------------------------
+
+
+def test_identical_answers_on_400_items_are_non_inferior_at_a_1_point_budget_on_every_test():
+    """Six tests (3 tasks x 2 conditions), each 400 items, no discordant pair: each bound is 0.67 points at the
+    full 95% (intersection-union). Holm on this side would have put each at 99.17% (bound 1.4: undecided)."""
+    tasks = ("a", "b", "c")
+    ev = {c: {"concurrency": 1, "tasks": {}} for c in ("rest", "load")}
+    auto = {c: {"concurrency": 1, "tasks": {}} for c in ("rest", "load")}
+    for i, c in enumerate(("rest", "load")):
+        for t in tasks:
+            ev[c]["tasks"].update(cond(360, n=400, paired=True, task=t, fp=f"f{t}{i}")["tasks"])
+            auto[c]["tasks"].update(cond(360, n=400, task=t, fp=f"a{t}{i}")["tasks"])
+    d = verdict.decide(record(dtype("auto", ev=auto), dtype("fp8", ev=ev)))
+    a = d.dtypes["fp8"].accuracy
+    assert a.state == "non-inferior" and d.dtypes["fp8"].eligible and len(a.tests) == 6
+    assert all(t.result.verdict == "non-inferior" and -t.result.lower * 100 < 0.7 for t in a.tests)
+    assert a.primary is not None and a.primary.result.n == 1200 and a.primary.result.verdict == "non-inferior"
+
+
+def test_a_3_point_true_drop_on_1000_items_is_inferior_holm_adjusted():
+    # 40 lost, 10 gained of 1,000 on each of two tasks: a 3-point drop; inferior on each task and pooled (Holm
+    # over the two tasks and the pooled endpoint: the smallest p at 0.05 / 3)
+    ev = {"rest": {"concurrency": 1, "tasks": {}}}
+    auto = {"rest": {"concurrency": 1, "tasks": {}}}
+    for t in ("a", "b"):
+        ev["rest"]["tasks"].update(cond(770, n=1000, losses=40, gains=10, task=t)["tasks"])
+        auto["rest"]["tasks"].update(cond(800, n=1000, task=t)["tasks"])
+    d = verdict.decide(record(dtype("auto", ev=auto), dtype("nvfp4", ev=ev)))
+    a = d.dtypes["nvfp4"].accuracy
+    assert a.state == "inferior" and d.dtypes["nvfp4"].breach
+    assert a.primary.result.verdict == "inferior" and all(t.result.verdict == "inferior" for t in a.tests)
+    assert min(t.result.alpha_used for t in (*a.tests, a.primary)) == pytest.approx(0.05 / 3)
+
+
+def test_the_pooled_endpoint_decides_where_each_task_alone_cannot_but_a_task_inferior_still_excludes():
+    ev = {"rest": {"concurrency": 1, "tasks": {}}}
+    auto = {"rest": {"concurrency": 1, "tasks": {}}}
+    for t in ("a", "b", "c"):  # 150 items each, none lost: each alone bound 1.8 (undecided), pooled 450: 0.6
+        ev["rest"]["tasks"].update(cond(150, n=150, paired=True, task=t)["tasks"])
+        auto["rest"]["tasks"].update(cond(150, n=150, task=t)["tasks"])
+    d = verdict.decide(record(dtype("auto", ev=auto), dtype("fp8", ev=ev)))
+    a = d.dtypes["fp8"].accuracy
+    assert {t.result.verdict for t in a.tests} == {"undecided"}
+    assert a.primary.result.n == 450 and a.primary.result.verdict == "non-inferior" and a.state == "non-inferior"
+    ev["rest"]["tasks"].update(cond(100, n=150, losses=50, task="c")["tasks"])  # one task far beyond the budget
+    d = verdict.decide(record(dtype("auto", ev=auto), dtype("fp8", ev=ev)))
+    assert d.dtypes["fp8"].accuracy.state == "inferior" and not d.dtypes["fp8"].eligible
