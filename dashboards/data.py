@@ -575,7 +575,8 @@ def load_claims_data(data: SiteData, claims_file: Path | None = None) -> None:
         return
     data.claims = doc
     notes: dict[str, str] = {}
-    data.verdicts = evaluate(doc, measured_values(doc, data.runs, notes), notes)
+    judged: dict[str, dict] = {}  # accuracy claims: what the run's verdict says
+    data.verdicts = evaluate(doc, measured_values(doc, data.runs, notes, judged), notes, judged)
 
 
 # --- everything ---------------------------------------------------------------------------------------------

@@ -39,7 +39,13 @@ OTHER_COLOR = "#7F7F7F"
 OTHER_SYMBOL = "hexagon"
 
 # Verdicts and run states: words on the page carry the meaning; colour only reinforces it.
-VERDICT_COLORS = {"holds": "#009E73", "off": "#E69F00", "fails": "#D55E00", "not checkable": "#999999"}
+VERDICT_COLORS = {
+    "holds": "#009E73",
+    "off": "#E69F00",
+    "fails": "#D55E00",
+    "not decided": "#CC79A7",
+    "not checkable": "#999999",
+}
 STATUS_OK = "#009E73"
 STATUS_BAD = "#D55E00"
 SLO_COLOR = "#D55E00"

@@ -13,12 +13,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from kvbench import claims_accuracy
 from kvbench.capacity import (
     VLLM_DEFAULT_GPU_MEMORY_UTILIZATION,
     budget_from_bytes,
     budget_from_gpu,
     capacity_row,
 )
+from kvbench.claims_accuracy import measured_where as _measured_where
+from kvbench.claims_accuracy import newest_first as _newest_first
 from kvbench.datafiles import data_path
 from kvbench.errors import UsageError, unknown_choice
 from kvbench.formats import format_ratio, get_format
@@ -69,14 +72,17 @@ class Verdict:
     claimed: float | str
     derived: float | None
     derivation: str
-    verdict: str  # "holds", "off", "fails", "not checkable"
+    verdict: str  # "holds", "off", "fails", "not checkable", "not decided" (an accuracy claim's undecided verdict)
     delta_pct: float | None
     measured: float | None = None
     measure: str | None = None
     source: str | None = None  # where this claim comes from, when not the file's own source
+    detail: str | None = None  # the label where the verdict word alone says too little ("not decided (...)")
 
     @property
     def label(self) -> str:
+        if self.detail:
+            return self.detail
         if self.verdict == "off":
             return f"off by {self.delta_pct:+.1f}%"
         if self.verdict == "fails" and self.delta_pct is not None:
@@ -276,17 +282,24 @@ def derive(claim: dict) -> tuple[float | None, str]:
 
 
 def evaluate(
-    doc: dict, measured: Mapping[str, float] | None = None, notes: Mapping[str, str] | None = None
+    doc: dict,
+    measured: Mapping[str, float] | None = None,
+    notes: Mapping[str, str] | None = None,
+    judgements: Mapping[str, dict] | None = None,
 ) -> list[Verdict]:
     """Verdicts for every claim; `measured` maps a claim id to a value a kvbench run measured, `notes` to why a
-    run that matched it gave none (measured_values fills both)."""
-    measured, notes = measured or {}, notes or {}
+    run that matched it gave none, `judgements` an accuracy claim to its run's verdict (measured_values fills
+    all three)."""
+    measured, notes, judgements = measured or {}, notes or {}, judgements or {}
     out = []
     for claim in doc["claims"]:
         derived, how = derive(claim)
         quantity = claim["quantity"]
-        value = measured.get(claim["id"])
-        if quantity == "accuracy_loss_points":  # "less than N points lost": judged on what a run measured
+        value, label = measured.get(claim["id"]), None
+        if quantity == "accuracy_loss_points" and claim["id"] in judgements:  # the run's verdict decides
+            verdict, label, more, value = claims_accuracy.verdict(judgements[claim["id"]], float(claim["claimed"]))
+            delta, how = None, f"{how}; {more}"
+        elif quantity == "accuracy_loss_points":  # "less than N points lost": judged on what a run measured
             if value is None:
                 verdict, delta = "not checkable", None
             else:
@@ -322,12 +335,15 @@ def evaluate(
                 measured=value,
                 measure=claim.get("measure"),
                 source=claim["source"].describe() if isinstance(claim.get("source"), Source) else None,
+                detail=label,
             )
         )
     return out
 
 
-def measured_values(doc: dict, runs, notes: dict[str, str] | None = None) -> dict[str, float]:
+def measured_values(
+    doc: dict, runs, notes: dict[str, str] | None = None, judgements: dict[str, dict] | None = None
+) -> dict[str, float]:
     """Claim id -> the value a kvbench run measured, where a run matches the claim's conditions.
 
     `runs` is `kvbench.harness.records.summary_frame(...)`. Only the engine's own numbers count
@@ -338,6 +354,7 @@ def measured_values(doc: dict, runs, notes: dict[str, str] | None = None) -> dic
 
     out: dict[str, float] = {}
     notes = {} if notes is None else notes  # claim id -> why a run did not give a value (kept for the output)
+    judgements = {} if judgements is None else judgements  # accuracy claim id -> what the run's verdict says
     if runs is None or runs.empty:
         return out
     ok = runs[runs["status"] == "ok"]
@@ -345,10 +362,12 @@ def measured_values(doc: dict, runs, notes: dict[str, str] | None = None) -> dic
     for claim in doc.get("claims", []):
         measure, budget_gb = claim.get("measure"), claim.get("kv_budget_gb")
         any_model = claim.get("measured_on") == "any-model"
-        if measure == "accuracy_drop_points":
-            drop = _accuracy_drop(ok, claim, models, notes if any_model else None)
-            if drop is not None:
-                out[claim["id"]] = drop
+        if measure == "accuracy_drop_points":  # judged by the run's verdict (kvbench.claims_accuracy)
+            judged = claims_accuracy.judge(ok, claim, models)
+            if judged is not None:
+                judgements[claim["id"]] = judged
+                if judged.get("drop") is not None and not judged["context_only"]:
+                    out[claim["id"]] = judged["drop"]
             continue
         if any_model and measure == "engine_capacity_ratio":
             ratio = _capacity_ratio_any_model(ok, claim, notes)
@@ -382,50 +401,6 @@ def measured_values(doc: dict, runs, notes: dict[str, str] | None = None) -> dic
     return {k: v for k, v in out.items() if v == v}  # drop NaN
 
 
-def _newest_first(match):
-    """Each run's rows in `match` indexed by KV dtype, the newest run first."""
-    for run_id in reversed(list(dict.fromkeys(match.sort_values("created_at")["run_id"]))):
-        yield match[match["run_id"] == run_id].set_index("kv_cache_dtype")
-
-
-def _accuracy_drop(runs, claim: dict, models: dict, notes: dict | None) -> float | None:
-    """Points of task accuracy the claim's dtype lost against auto, in the newest run that evaluated both (a
-    run of the claim's model, or of any model when `notes` is given: it then says which model and run): the
-    largest paired drop among the comparisons kvbench.verdict judged it on (the function report and the pages
-    use), else the difference at rest when the record is not at hand."""
-    if "task_accuracy_rest" not in runs:
-        return None
-    match = runs[runs["task_accuracy_rest"].notna()]
-    if notes is None:
-        names = {claim.get("model"), (models.get(claim.get("model")) or {}).get("hf_id")} - {None}
-        match = match[match["model"].isin(names)]
-    for run in _newest_first(match):
-        by = run["task_accuracy_rest"]
-        if {claim.get("dtype"), "auto"} <= set(by.index):
-            if notes is not None:
-                notes[claim["id"]] = _measured_where(run, claim)
-            path = run["path"].iloc[0] if "path" in run else None
-            tests = _verdict_tests(path, claim["dtype"])
-            if tests:
-                return max(t.drop for t in tests)
-            return float((by["auto"] - by[claim["dtype"]]) * 100)
-    return None
-
-
-def _verdict_tests(path: str | None, dtype: str) -> tuple:
-    """The paired comparisons kvbench.verdict judged `dtype` on, in the record at `path` (none if unreadable)."""
-    from kvbench.harness.records import read_record
-    from kvbench.verdict import decide
-
-    if not isinstance(path, str):  # a frame built without paths (or a NaN)
-        return ()
-    try:
-        verdicts = decide(read_record(path)).dtypes
-    except UsageError:
-        return ()
-    return verdicts[dtype].accuracy.tests if dtype in verdicts else ()
-
-
 def _capacity_ratio_any_model(runs, claim: dict, notes: dict) -> float | None:
     """The engine's max concurrency of the claim's dtype over its baseline's, in the newest run with both."""
     pair = [claim.get("dtype"), claim.get("baseline")]
@@ -436,14 +411,6 @@ def _capacity_ratio_any_model(runs, claim: dict, notes: dict) -> float | None:
             notes[claim["id"]] = _measured_where(run, claim)
             return float(run.at[pair[0], "engine_max_concurrency"] / run.at[pair[1], "engine_max_concurrency"])
     return None
-
-
-def _measured_where(run, claim: dict) -> str:
-    """Which run a format-level claim's measured value came from (and that it was emulated, where it was)."""
-    row = run.loc[claim.get("dtype")]
-    emulated = " (emulated on CPU: capacity and accuracy are what the format stores)" if row.get("emulated") else ""
-    where = " ".join(str(x) for x in (row.get("machine"), "run", row.get("run_id")) if x is not None)
-    return f"measured on {row.get('model')}, {where}{emulated}"
 
 
 def _prefix_cache_ttft_speedup(runs, claim: dict, notes: dict[str, str]) -> float | None:

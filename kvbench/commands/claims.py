@@ -15,7 +15,7 @@ from kvbench.output import console, err_console, print_json
 NAME = "claims"
 HELP = "Re-derive each claim of an article (default: the NVFP4 KV-cache article) and give claimed / derived / verdict."
 
-STYLE = {"holds": "green", "off": "yellow", "fails": "red", "not checkable": "dim"}
+STYLE = {"holds": "green", "off": "yellow", "fails": "red", "not decided": "yellow", "not checkable": "dim"}
 
 
 def _fmt(value, unit: str) -> str:
@@ -58,7 +58,8 @@ def command(
 ) -> int:
     doc = load_claims(file)
     notes: dict[str, str] = {}
-    verdicts = evaluate(doc, measured_values(doc, _runs(results), notes), notes)
+    judged: dict[str, dict] = {}  # accuracy claims: what the run's verdict says
+    verdicts = evaluate(doc, measured_values(doc, _runs(results), notes, judged), notes, judged)
     failed = [v for v in verdicts if v.verdict == "fails"]
     if as_json:
         print_json({"title": doc.get("title"), "source": doc["source"].as_dict(), "claims": verdicts})
