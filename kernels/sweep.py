@@ -169,8 +169,14 @@ class Sweep:
         for variant, cfg in [("full", x) for x in ok_cfgs] + ok_variants:
             ws: dict = {}
 
-            def fn(variant=variant, cfg=cfg, ws=ws):
-                return da.decode_attention(q, c, bt, sl, max_seq_len=ctx, workspace=ws, variant=variant, **cfg)
+            # the variants' column sums would overflow an fp16 output to inf: they write fp32 (B x Hq x D x 4
+            # bytes, nothing next to the cache they read)
+            out_dtype = None if variant == "full" else torch.float32
+
+            def fn(variant=variant, cfg=cfg, ws=ws, out_dtype=out_dtype):
+                return da.decode_attention(
+                    q, c, bt, sl, max_seq_len=ctx, workspace=ws, variant=variant, out_dtype=out_dtype, **cfg
+                )
 
             name = f"decode {fmt} batch {batch} x {ctx} {variant} ({label(cfg)})"
             rows.append({**base, "variant": variant, "config": cfg, **self._time(fn, nbytes, name)})
