@@ -141,7 +141,8 @@ class Fidelity:
         self.items = build_items(tokenizer, own, per_task) if per_task > 0 else []
         self.stop = sorted(evaltasks.stop_token_ids(tokenizer))
         self.k = k
-        self.method = fidelity_stats.METHOD_TOPK.format(k=k)
+        # k = -1: the full vocabulary (the server's --max-logprobs must allow it): the exact KL
+        self.method = fidelity_stats.METHOD_FULL.format(k="all") if k < 0 else fidelity_stats.METHOD_TOPK.format(k=k)
         self.reference: list[dict] | None = None  # auto at rest, once scored
 
     async def measure(self, base_url, model, dtype, at_load, headers=None, timeout_s=300.0, samples=None) -> dict:

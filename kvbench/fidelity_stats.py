@@ -22,7 +22,7 @@ BOOTSTRAP = 2000  # resamples of the items
 SEED = 20261205
 TAIL_FLOOR = 1e-6  # a tail below this is float32 logprobs' rounding (summing 512 of them), not probability
 METHOD_TOPK = "top-{k} logprobs + one tail bucket (a lower bound on KL)"
-METHOD_FULL = "full vocabulary ({k} tokens, exact KL)"
+METHOD_FULL = "full-vocabulary logprobs ({k} tokens: the exact KL)"
 
 
 def kl_full(p_logprobs: Sequence[float], q_logprobs: Sequence[float]) -> float:
