@@ -21,7 +21,7 @@ from kvbench.commands.report_sections import (
     render_workload_capacity,
 )
 from kvbench.commands.report_tables import add_rows, capacity_table, latency_table
-from kvbench.commands.report_verdict import render_fronts, render_quality
+from kvbench.commands.report_verdict import render_fronts, render_quality, render_verdict_table
 from kvbench.harness.records import RunRecord, headline, load_record
 from kvbench.output import console, print_json, terminal_safe
 from kvbench.verdict import decide
@@ -30,12 +30,14 @@ NAME = "report"
 HELP = "Print the tables of a run record: capacity (engine / SLO-measured / model), TTFT, TPOT, throughput."
 
 
-def render(doc: dict, path: Path | None = None) -> None:
+def render(doc: dict, path: Path | None = None, explain: bool = False) -> None:
     # A record quotes servers and logs: their text is printed, never interpreted. The verdict is derived from the
     # text as measured (control characters removed) and escaped where it is printed; the rest prints `doc`.
     record = RunRecord.model_validate(terminal_safe(doc, markup=False))
     doc = terminal_safe(doc)
     render_header(doc, path)
+    decision = decide(record)
+    render_verdict_table(record, decision, explain)
     cap, lat = capacity_table(doc), latency_table()
     for d in doc.get("dtypes", []):
         add_rows(cap, lat, d)
@@ -53,9 +55,9 @@ def render(doc: dict, path: Path | None = None) -> None:
     render_prefix_cache(doc)
     render_non_kv(doc)
     render_comparisons(doc)
-    decision = decide(record)
     render_fronts(doc, record)
-    render_quality(doc, decision)
+    if explain:  # the long statement: the accuracy table per task and condition, one line per dtype
+        render_quality(doc, decision)
     render_fidelity(doc)
     render_agreement(doc)
     render_client(doc)
@@ -65,6 +67,9 @@ def render(doc: dict, path: Path | None = None) -> None:
 def command(
     record: Annotated[Path, typer.Argument(help="A run record JSON written by `kvbench run`.")],
     as_json: Annotated[bool, typer.Option("--json", help="Print the per-dtype headline numbers as JSON.")] = False,
+    explain: Annotated[
+        bool, typer.Option("--explain", help="Add the full verdict statement: every test per task and condition.")
+    ] = False,
 ) -> None:
     doc = load_record(record)
     if as_json:
@@ -78,4 +83,4 @@ def command(
             }
         )
         return
-    render(doc, record)
+    render(doc, record, explain)

@@ -62,6 +62,28 @@ def render_quality(doc: dict, decision) -> None:
     render_decision(decision)
 
 
+def render_verdict_table(record, decision, explain: bool) -> None:
+    """The verdict, one row per dtype (kvbench.verdict_table: the same table the Overview leads with), then the
+    headline; the full statement (every test, each condition) only with --explain."""
+    from kvbench.verdict_table import COLUMNS, rows
+
+    p = decision.policy
+    table = Table(
+        title=f"Verdict (accuracy budget {p.budget:g} point{'' if p.budget == 1 else 's'}, one-sided "
+        f"{p.confidence:.0%}; fidelity: mean KLD nats/token and top-token agreement vs auto at rest, per condition, 95% CI)",
+        title_justify="left",
+    )
+    for col in COLUMNS:
+        table.add_column(col, overflow="fold")
+    for r in rows(record, decision):
+        table.add_row(*r.cells())
+    console.print(table, markup=False, highlight=False)
+    if not explain:  # with --explain the headline leads the long statement (render_decision), printed once
+        style = "bold" if decision.recommended else "bold red"
+        console.print(f"[{style}]{escape(decision.headline())}[/]")
+        console.print("kvbench report --explain RUN.json: every test behind each verdict, per task and condition")
+
+
 def render_decision(decision) -> None:
     """The recommendation, then one line per dtype."""
     p = decision.policy

@@ -40,7 +40,7 @@ def _report_text(record: Path) -> str:
     console.width = 100_000  # one line per dtype line, not wrapped
     try:
         with console.capture() as cap:
-            render(load_record(record), record)
+            render(load_record(record), record, explain=True)  # the long statement: every line
     finally:
         console.width = width
     return cap.get()
