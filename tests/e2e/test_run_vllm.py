@@ -74,6 +74,11 @@ def test_cli_end_to_end_with_emulated_nvfp4(tmp_path):
         e = ev[cond]["tasks"][TASK]
         assert e["n"] == 40 and len(e["ci95"]) == 2, (cond, ev)
     assert nvfp4["agreement"]["vs_auto"]["sequences"] == 8
+    # fidelity per token (harness/fidelity.py): nvfp4 at rest and at load against auto's floor (auto at load)
+    floor = auto["fidelity"]["load"]
+    for cond in ("rest", "load"):
+        f = nvfp4["fidelity"][cond]
+        assert f["items"] == 10 and f["tokens"] == floor["tokens"] > 0 and f["mean_kld"] > floor["mean_kld"], f
     # its speed is kept but not a front, not compared with auto, not ranked
     assert not any(p["on_front"] for p in nvfp4["front"]["points"]) and nvfp4["front"]["at_slo"] is None
     assert all(c["kv_cache_dtype"] != "nvfp4" for c in doc.get("comparisons") or [])
