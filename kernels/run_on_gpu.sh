@@ -55,9 +55,12 @@ if ! "$PYTHON" -c "import kvbench.kernels" 2>/dev/null; then
     done
     export PYTHONPATH="$SHIM${PYTHONPATH:+:$PYTHONPATH}"
 fi
+# the sweep imports no CLI code (typer, rich); the NVML trace wants nvidia-ml-py but records why when it is absent
+NEEDED="'torch', 'triton', 'typer', 'rich', 'numpy', 'pydantic', 'platformdirs'"
+[[ "$MODE" == "sweep" ]] && NEEDED="'torch', 'triton', 'numpy', 'pydantic', 'platformdirs'"
 missing=$("$PYTHON" -c "
 import importlib.util as u
-print(' '.join(m for m in ('torch', 'triton', 'typer', 'rich', 'numpy', 'pydantic', 'platformdirs') if u.find_spec(m) is None))")
+print(' '.join(m for m in ($NEEDED) if u.find_spec(m) is None))")
 if [[ -n "$missing" ]]; then
     echo "run_on_gpu.sh: missing Python packages: $missing (this script installs nothing)" | tee "$OUT/kernels.log" >&2
     exit 3
