@@ -27,7 +27,7 @@ from kvbench.scrub import scrub_doc
 # What a results folder must hold free before a run starts: a summary (< 200 KB) and the first flush's samples.
 MIN_FREE_BYTES = 64 << 20
 # Rough bytes per stored sample row (Parquet compresses well below this; the estimate errs on the safe side).
-ROW_BYTES = {"requests": 600, "series": 60, "evals": 400}
+ROW_BYTES = {"requests": 600, "series": 60, "evals": 400, "fidelity": 200}
 FULL = (errno.ENOSPC, errno.EDQUOT)
 
 
