@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
-from kvbench.capacity import VLLM_DEFAULT_GPU_MEMORY_UTILIZATION, budget_from_bytes, capacity_row
+from kvbench.capacity import VLLM_DEFAULT_GPU_MEMORY_UTILIZATION, budget_from_bytes, capacity_row, expected_ratio
 from kvbench.errors import UsageError
 from kvbench.errors import one_line as _one_line
 from kvbench.formats import format_ratio, get_format
@@ -213,6 +213,15 @@ def non_kv_report(
     return {"predicted": predicted, "measured_from_log": measured}
 
 
+def _expected_ratio(spec, dtype: str, auto: EngineCapacity | None) -> float:
+    """The model's own token ratio over auto (kvbench.capacity.expected_ratio: a hybrid's is not 2x), at the
+    auto server's context and pool where its log gave them; else the formats' bytes-per-token ratio."""
+    if auto is not None and auto.tokens_per_request and auto.kv_cache_gib:
+        pool = auto.kv_cache_gib * 2**30
+        return expected_ratio(spec, get_format(dtype), get_format("auto"), auto.tokens_per_request, pool)
+    return format_ratio(get_format(dtype), get_format("auto"), spec)
+
+
 def off_format(record: RunRecord, spec) -> list[tuple[str, float, float]]:
     """(dtype, engine ratio, format ratio) of each dtype whose engine holds a share of auto's tokens further
     than HONOURED_TOLERANCE from what its format implies: probably not honoured (runfindings.not_honoured).
@@ -225,6 +234,9 @@ def off_format(record: RunRecord, spec) -> list[tuple[str, float, float]]:
         if d.capacity.engine and d.kv_dtype_confirmed is not None
     }
     base = engine.get("auto")
+    base_capacity = next(
+        (d.capacity.engine for d in record.dtypes if d.kv_cache_dtype == "auto" and d.capacity.engine), None
+    )
     if spec is None or not base:
         return []
     out = []
@@ -232,7 +244,7 @@ def off_format(record: RunRecord, spec) -> list[tuple[str, float, float]]:
         if dtype == "auto":
             continue
         try:
-            expected = format_ratio(get_format(dtype), get_format("auto"), spec)
+            expected = _expected_ratio(spec, dtype, base_capacity)
         except UsageError:
             continue
         actual = tokens / base

@@ -14,13 +14,14 @@ Page-accurate (vLLM v1, `vllm/v1/core/kv_cache_utils.py` and `kv_cache_interface
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 
 from kvbench.formats import CacheFormat, get_format
 from kvbench.gpus import GpuSpec
 from kvbench.modelspec import LayerKind, ModelSpec
 from kvbench.units import fmt_both, fmt_gib
-from kvbench.vllm_memory import NonKvEstimate, SchedulerKnobs, predict_non_kv, release, scheduler_knobs
+from kvbench.vllm_accounting import Accounting, account
+from kvbench.vllm_memory import NonKvEstimate, SchedulerKnobs, _vkey, predict_non_kv, release, scheduler_knobs
 
 # vLLM 0.32 defaults (vllm/config/cache.py): --gpu-memory-utilization 0.92, block size 16 on
 # CUDA, 128 on CPU (vllm/platforms/cpu.py). Async scheduling keeps 2 batches in flight.
@@ -28,6 +29,14 @@ VLLM_DEFAULT_GPU_MEMORY_UTILIZATION = 0.92
 VLLM_DEFAULT_BLOCK_SIZE = 16
 VLLM_CPU_BLOCK_SIZE = 128
 VLLM_MAX_CONCURRENT_BATCHES = 2
+
+
+def in_flight_batches(version: str) -> int:
+    """Batches whose tokens a sliding-window / chunked-local request may still hold (VllmConfig.max_in_flight_tokens
+    = max_concurrent_batches x max_num_batched_tokens, vllm/config/vllm.py, 0.32: 2 with async scheduling).
+    Releases before 0.32 are taken to reserve one batch (window - 1 + max_num_batched_tokens; issue 33's
+    hand check), not read from their source."""
+    return VLLM_MAX_CONCURRENT_BATCHES if _vkey(version)[:2] >= (0, 32) else 1
 
 
 @dataclass(frozen=True)
@@ -117,6 +126,7 @@ def rank_model(
     is whole on every rank), its pipeline stage's layers, and the dtype vLLM runs it in (`auto` KV cache)."""
     kv_heads = model.num_kv_heads if model.is_mla else max(1, model.num_kv_heads // tensor_parallel_size)
     kept = model.layers if layers is None else model.layers[layers.start : layers.stop]
+    kept = tuple(_rank_layer(layer, tensor_parallel_size) for layer in kept)
     return replace(
         model,
         num_kv_heads=kv_heads,
@@ -124,6 +134,13 @@ def rank_model(
         num_layers=len(kept),
         activation_dtype=dtype or model.activation_dtype,
     )
+
+
+def _rank_layer(layer: LayerKind, tp: int) -> LayerKind:
+    """One rank's share of a layer: its own KV heads split (a latent stays whole), Mamba state over TP."""
+    heads = max(1, layer.kv_heads // tp) if layer.kv_heads and not layer.latent else layer.kv_heads
+    state = replace(layer.state, tp=tp) if layer.state else None
+    return replace(layer, kv_heads=heads, state=state)
 
 
 @dataclass(frozen=True)
@@ -149,31 +166,9 @@ class CapacityRow:
     users: int  # whole concurrent sequences at full context
     scheduler_cap: int | None  # vLLM's default max_num_seqs on that GPU
     ratio_vs_auto: float | None = None
-
-
-def _groups(model: ModelSpec) -> dict[LayerKind, int]:
-    """KV-cache groups per layer kind, as vLLM's hybrid allocator forms them.
-
-    All layers of one kind share a group when the model is uniform; hybrid models are split into
-    groups of the smallest kind's layer count (gpt-oss: 18 full + 18 sliding -> 2 groups of 18).
-    """
-    counts = model.layer_counts()
-    if len(counts) == 1:
-        return dict.fromkeys(counts, 1)
-    group_size = min(counts.values())
-    return {kind: math.ceil(n / group_size) for kind, n in counts.items()}
-
-
-def _group_size(model: ModelSpec) -> int:
-    counts = model.layer_counts()
-    return model.num_layers if len(counts) == 1 else min(counts.values())
-
-
-def _blocks_for(layer: LayerKind, context: int, block_size: int, in_flight_tokens: int) -> int:
-    if layer.kind == "sliding":
-        tokens = min(layer.window - 1 + in_flight_tokens, context)
-        return math.ceil(tokens / block_size) + 1
-    return math.ceil(context / block_size)
+    context_bytes_per_user: float = 0.0  # per request, the part that grows with context (attention pages)
+    fixed_bytes_per_user: float = 0.0  # per request, whatever the context (Mamba/GDN state pages)
+    accounting: Accounting | None = None  # vLLM's terms: block size, padded page, groups, token form
 
 
 def capacity_row(
@@ -185,28 +180,29 @@ def capacity_row(
     block_size: int = VLLM_DEFAULT_BLOCK_SIZE,
     max_num_batched_tokens: int | None = None,
     scheduler: SchedulerKnobs | None = None,
+    vllm_version: str | None = None,
+    mamba_cache_mode: str | None = None,
 ) -> CapacityRow:
     """`scheduler`: the server's max_num_seqs / max_num_batched_tokens where the caller knows them (a
-    NonKvEstimate's); else vLLM's defaults for `gpu` (kvbench/data/vllm.toml, the installed or newest release)."""
+    NonKvEstimate's); else vLLM's defaults for `gpu` (kvbench/data/vllm.toml, the installed or newest release).
+    `vllm_version` picks the token-count form and Mamba defaults (kvbench.vllm_accounting)."""
     if context <= 0:
         raise ValueError("context must be a positive number of tokens")
     reason = fmt.unsupported_reason(model, gpu)
     defaults = scheduler or (scheduler_knobs(release(), gpu) if gpu else None)
     batched = max_num_batched_tokens or (defaults.max_num_batched_tokens if defaults else 8192)
-    in_flight = VLLM_MAX_CONCURRENT_BATCHES * batched
+    rel = release(vllm_version)
+    in_flight = in_flight_batches(rel.version) * batched
 
     bpe = fmt.bytes_per_element(model)
     naive_per_token = 2 * model.num_layers * model.num_kv_heads * model.head_dim * fmt.article_bytes_per_element
     naive_per_user = naive_per_token * context
 
-    page_per_layer = {kind: block_size * fmt.bytes_per_token_per_layer(model, kind) for kind in model.layer_counts()}
-    bytes_per_token = sum(fmt.bytes_per_token_per_layer(model, layer) for layer in model.layers)
-    pool_block = _group_size(model) * max(page_per_layer.values())
-    blocks_per_request = sum(
-        n_groups * _blocks_for(kind, context, block_size, in_flight) for kind, n_groups in _groups(model).items()
+    acc = account(
+        model, fmt, context, budget.kv_bytes, block_size, in_flight, rel.version, mamba_cache_mode, rel.engine
     )
-    num_blocks = max(0, int(budget.kv_bytes // pool_block))
-    max_conc = num_blocks / blocks_per_request
+    bytes_per_token = sum(fmt.bytes_per_token_per_layer(model, layer) for layer in model.layers)
+    max_conc = acc.max_concurrency
     return CapacityRow(
         dtype=fmt.key,
         vllm_dtype=fmt.vllm_dtype,
@@ -216,16 +212,19 @@ def capacity_row(
         naive_bytes_per_token=naive_per_token,
         naive_bytes_per_user=naive_per_user,
         naive_users=max(0.0, budget.kv_bytes / naive_per_user),
-        block_size=block_size,
+        block_size=acc.block_size,
         bytes_per_token=bytes_per_token,
-        pool_block_bytes=pool_block,
-        num_blocks=num_blocks,
-        blocks_per_request=blocks_per_request,
-        bytes_per_user=blocks_per_request * pool_block,
+        pool_block_bytes=acc.pool_block_bytes,
+        num_blocks=acc.num_blocks,
+        blocks_per_request=acc.blocks_per_request,
+        bytes_per_user=acc.blocks_per_request * acc.pool_block_bytes,
         max_concurrency=max_conc,
-        kv_tokens=int(max_conc * context),
+        kv_tokens=acc.kv_tokens,
         users=math.floor(max_conc),
         scheduler_cap=defaults.max_num_seqs if defaults else None,
+        context_bytes_per_user=acc.context_bytes,
+        fixed_bytes_per_user=acc.fixed_bytes,
+        accounting=acc,
     )
 
 
@@ -244,7 +243,7 @@ def capacity_table(
     for fmt in formats:
         row = capacity_row(model, fmt, context, budget, gpu, block_size, max_num_batched_tokens)
         ratio = row.max_concurrency / auto.max_concurrency if auto.max_concurrency else None
-        rows.append(CapacityRow(**{**asdict(row), "ratio_vs_auto": ratio}))
+        rows.append(replace(row, ratio_vs_auto=ratio))
     return rows
 
 
@@ -277,7 +276,16 @@ def capacity_for_ranks(
         for stage, pool in stage_pools:
             part = rank_model(model, tp, stage.layers, estimate.dtype)
             budget = budget_from_bytes(max(pool, 0.0))
-            row = capacity_row(part, fmt, context, budget, gpu, block_size, scheduler=estimate.scheduler)
+            row = capacity_row(
+                part,
+                fmt,
+                context,
+                budget,
+                gpu,
+                block_size,
+                scheduler=estimate.scheduler,
+                vllm_version=estimate.release.version,
+            )
             if best is None or row.num_blocks < best.num_blocks:
                 best = row
         return best
@@ -289,3 +297,19 @@ def capacity_for_ranks(
         ratio = row.max_concurrency / auto.max_concurrency if auto.max_concurrency else None
         rows.append(replace(row, ratio_vs_auto=ratio))
     return rows
+
+
+def expected_ratio(
+    model: ModelSpec,
+    fmt: CacheFormat,
+    base: CacheFormat,
+    context: int,
+    pool_bytes: float,
+    vllm_version: str | None = None,
+) -> float:
+    """Max concurrency with `fmt` over `base` on one pool, as vLLM accounts it: 2x for fp8 vs a 16-bit cache on
+    dense attention, less on a hybrid whose recurrent state does not shrink with the KV dtype."""
+    budget = budget_from_bytes(pool_bytes)
+    a = capacity_row(model, fmt, context, budget, vllm_version=vllm_version)
+    b = capacity_row(model, base, context, budget, vllm_version=vllm_version)
+    return a.max_concurrency / b.max_concurrency if b.max_concurrency else float("nan")

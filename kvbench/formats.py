@@ -24,6 +24,9 @@ class CacheFormat:
     article_bytes_per_element: float
     unsupported: tuple[dict, ...]
     source: str
+    scale_bytes_per_head: int = 0  # per-token-head modes: one fp32 scale per K and per V of each head
+    mla_bytes_per_token: int = 0  # a fixed MLA page layout (fp8_ds_mla: 656 B)
+    mla_only: bool = False
 
     @property
     def vllm_dtype(self) -> str | None:
@@ -40,16 +43,31 @@ class CacheFormat:
         return self.element_bits(model) / 8 + scales
 
     def bytes_per_token_per_layer(self, model: ModelSpec, layer: LayerKind) -> float:
+        """Bytes one token takes in one layer's page (kv_cache_interface.py AttentionSpec.page_size_bytes /
+        block_size). Mamba state is per request, not per token (kvbench.vllm_accounting)."""
+        if not layer.cached or layer.kind == "mamba":
+            return 0.0
         if layer.kind == "mla":
-            # One latent vector per token (no separate V): kv_lora_rank + the RoPE part.
-            width = model.kv_lora_rank + model.qk_rope_head_dim
-            return width * self.bytes_per_element(model)
-        return 2 * model.num_kv_heads * model.head_dim * self.bytes_per_element(model)
+            if self.mla_bytes_per_token or (layer.index_bytes and self.key.startswith("fp8")):
+                # sparse MLA (an indexer) serves any fp8 dtype as fp8_ds_mla (mla_attention.py
+                # _canonicalize_sparse_mla_kv_cache_dtype)
+                latent = self.mla_bytes_per_token or 656
+            else:  # one latent vector per token (no separate V): kv_lora_rank + the RoPE part
+                latent = (model.kv_lora_rank + model.qk_rope_head_dim) * self.bytes_per_element(model)
+            return latent + layer.index_bytes
+        heads = layer.kv_heads or model.num_kv_heads
+        dim = layer.head_dim or model.head_dim
+        if layer.latent:
+            return dim * self.bytes_per_element(model) / layer.token_stride
+        per_head = dim * self.bytes_per_element(model) + self.scale_bytes_per_head
+        return 2 * heads * per_head / layer.token_stride
 
     def unsupported_reason(self, model: ModelSpec, gpu: GpuSpec | None = None) -> str | None:
         """Why vLLM would refuse this format for this model (and GPU), or None."""
         if model.is_mla and not self.supports_mla:
             return f"{self.key} with MLA is not supported by vLLM"
+        if self.mla_only and not model.is_mla:
+            return f"{self.key} is an MLA page layout; the model has no MLA layers"
         if self.head_dim_multiple and model.head_dim % self.head_dim_multiple:
             return f"{self.key} needs head_dim divisible by {self.head_dim_multiple}; model has {model.head_dim}"
         for rule in self.unsupported:
@@ -81,6 +99,9 @@ def catalog() -> dict[str, CacheFormat]:
             article_bytes_per_element=float(v["article_bytes_per_element"]),
             unsupported=tuple(v.get("unsupported", ())),
             source=v["source"],
+            scale_bytes_per_head=int(v.get("scale_bytes_per_head", 0)),
+            mla_bytes_per_token=int(v.get("mla_bytes_per_token", 0)),
+            mla_only=bool(v.get("mla_only", False)),
         )
         for key, v in raw.items()
     }

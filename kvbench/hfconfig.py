@@ -6,7 +6,8 @@ from __future__ import annotations
 import math
 
 from kvbench.errors import UsageError
-from kvbench.modelspec import DTYPE_BYTES, LayerKind, LayerParams, ModelSpec, Moe
+from kvbench.layerspec import layer_kinds
+from kvbench.modelspec import DTYPE_BYTES, LayerParams, ModelSpec, Moe
 from kvbench.weightformat import checkpoint_weight_format
 
 
@@ -111,7 +112,7 @@ def from_config(raw: dict, name: str, source: str) -> ModelSpec:
         # MLA's query/key head is the no-RoPE part plus the RoPE part (192 for DeepSeek-V3).
         head_dim = cfg.need("qk_nope_head_dim", "the MLA head size") + qk_rope
 
-    layers = _layer_kinds(cfg, num_layers, model_type, mla=kv_lora_rank is not None)
+    layers = layer_kinds(cfg, num_layers, model_type, mla=kv_lora_rank is not None)
     config_dtype = cfg.str("torch_dtype", cfg.str("dtype", top.str("torch_dtype", top.str("dtype", "bfloat16"))))
     if config_dtype not in DTYPE_BYTES:
         raise UsageError(
@@ -172,40 +173,6 @@ def from_config(raw: dict, name: str, source: str) -> ModelSpec:
     )
 
 
-def _layer_kinds(cfg: _Config, num_layers: int, model_type: str, mla: bool) -> tuple[LayerKind, ...]:
-    if mla:
-        return (LayerKind("mla"),) * num_layers
-    window = cfg.int("sliding_window")
-    layer_types = cfg.list("layer_types")
-    if layer_types:
-        if len(layer_types) != num_layers:
-            raise UsageError(
-                f"{cfg.source}: 'layer_types' lists {len(layer_types)} layers but 'num_hidden_layers' is {num_layers}"
-            )
-        if any(t == "sliding_attention" for t in layer_types) and not window:
-            raise UsageError(
-                f"{cfg.source}: config.json lacks 'sliding_window' (needed for its sliding_attention layers)"
-            )
-        return tuple(
-            LayerKind("sliding", window) if t == "sliding_attention" else LayerKind("full") for t in layer_types
-        )
-    if not window or cfg.bool("use_sliding_window", True) is False:
-        # Qwen2/3 configs carry a window but switch it off with use_sliding_window=false.
-        return (LayerKind("full"),) * num_layers
-    if model_type == "gemma2":  # vLLM gemma2.py: even layers slide, odd layers are global
-        return tuple(LayerKind("sliding", window) if i % 2 == 0 else LayerKind("full") for i in range(num_layers))
-    if model_type in ("gemma3", "gemma3_text"):  # every sliding_window_pattern-th layer is global
-        pattern = cfg.int("sliding_window_pattern", 6)
-        return tuple(
-            LayerKind("full") if (i + 1) % pattern == 0 else LayerKind("sliding", window) for i in range(num_layers)
-        )
-    if "max_window_layers" in cfg.raw and "use_sliding_window" in cfg.raw:
-        # Qwen2-style: layers from max_window_layers onward use the window.
-        first = cfg.int("max_window_layers", num_layers, minimum=0)
-        return tuple(LayerKind("sliding", window) if i >= first else LayerKind("full") for i in range(num_layers))
-    return (LayerKind("sliding", window),) * num_layers
-
-
 def _layer_params(
     cfg: _Config, model_type: str, num_layers: int, hidden: int, num_heads: int, num_kv_heads: int, head_dim: int
 ) -> tuple[list[LayerParams], Moe | None]:
@@ -236,6 +203,8 @@ def _layer_params(
     else:
         dense = 3 * hidden * inter + (2 * inter + hidden if mlp_bias else 0)
 
+    if model_type == "nemotron_h":
+        return _nemotron_h_params(cfg, hidden, attention, kv_proj)
     n_routed = cfg.int("n_routed_experts")
     n_local = cfg.int("num_local_experts") or cfg.int("num_experts")
     layers: list[LayerParams] = []
@@ -252,7 +221,7 @@ def _layer_params(
                 layers.append(LayerParams(attention, kv_proj, shared, n_routed * 3 * hidden * moe_inter, router, norms))
         return layers, moe
     if n_local:
-        top_k = cfg.need("num_experts_per_tok", "the MoE activation size")
+        top_k = cfg.int("top_k_experts") or cfg.need("num_experts_per_tok", "the MoE activation size")
         if model_type == "gpt_oss":  # fused gate_up and down projections, each with a bias
             experts = n_local * (hidden * 2 * inter + 2 * inter + inter * hidden + hidden)
             return [LayerParams(attention, kv_proj, 0, experts, hidden * n_local + n_local, norms)] * num_layers, Moe(
@@ -280,6 +249,39 @@ def _layer_params(
     return [LayerParams(attention, kv_proj, dense, 0, 0, norms)] * num_layers, None
 
 
+def _nemotron_h_params(cfg: _Config, hidden: int, attention: int, kv_proj: int) -> tuple[list[LayerParams], Moe | None]:
+    """One mixer per layer by hybrid_override_pattern (vllm/model_executor/models/nemotron_h.py): M Mamba2,
+    * attention, - a non-gated relu2 MLP (2 matrices), E routed + shared non-gated experts; one norm each."""
+    inter = cfg.int("intermediate_size", 0) or 0
+    heads = cfg.int("mamba_num_heads", 1)
+    m_inter = heads * cfg.int("mamba_head_dim", 1)
+    state, groups = cfg.int("ssm_state_size", 1), cfg.int("n_groups", 1)
+    conv_dim = m_inter + 2 * groups * state
+    # in_proj (z, x, B, C, dt), conv1d (+ bias), A / D / dt_bias, gated norm, out_proj
+    mamba = hidden * (m_inter + conv_dim + heads) + conv_dim * (cfg.int("conv_kernel", 4) + 1) + 3 * heads
+    mamba += m_inter + m_inter * hidden
+    n = cfg.int("n_routed_experts", 0, minimum=0) or 0
+    moe_inter = cfg.int("moe_intermediate_size", inter)
+    shared = (
+        cfg.int("n_shared_experts", 0, minimum=0)
+        * 2
+        * hidden
+        * cfg.int("moe_shared_expert_intermediate_size", 0, minimum=0)
+    )
+    out = []
+    for c in cfg.str("hybrid_override_pattern", ""):
+        if c == "M":
+            out.append(LayerParams(mamba, 0, 0, 0, 0, hidden))
+        elif c == "*":
+            out.append(LayerParams(attention, kv_proj, 0, 0, 0, hidden))
+        elif c == "-":
+            out.append(LayerParams(0, 0, 2 * hidden * inter, 0, 0, hidden))
+        else:
+            out.append(LayerParams(0, 0, shared, n * 2 * hidden * moe_inter, hidden * n + n, hidden))
+    moe = Moe(n, cfg.need("num_experts_per_tok", "the MoE activation size"), moe_inter) if n else None
+    return out, moe
+
+
 def _mla_params(cfg: _Config, hidden: int, num_heads: int) -> int:
     kv_lora = cfg.need("kv_lora_rank", "MLA")
     rope = cfg.need("qk_rope_head_dim", "MLA")
@@ -301,7 +303,8 @@ def _vision_params(top: _Config, text_hidden: int) -> int:
         return 0
     h = vc.need("hidden_size", "the vision encoder parameter count")
     inter = vc.need("intermediate_size", "the vision encoder parameter count")
-    layers = vc.need("num_hidden_layers", "the vision encoder parameter count")
+    # Qwen3.5/3.6 VL name the depth `depth`
+    layers = vc.int("depth") or vc.need("num_hidden_layers", "the vision encoder parameter count")
     patch = vc.int("patch_size", 14)
     # per layer: q/k/v/o with biases, fc1/fc2 with biases, two LayerNorms (weight + bias)
     per_layer = 4 * h * h + 4 * h + 2 * h * inter + inter + h + 4 * h

@@ -8,11 +8,48 @@ DTYPE_BYTES = {"float32": 4.0, "float16": 2.0, "bfloat16": 2.0}
 
 
 @dataclass(frozen=True)
-class LayerKind:
-    """One attention layer as the KV cache sees it."""
+class MambaState:
+    """The recurrent state one Mamba2 or Gated DeltaNet layer keeps per request (vLLM's MambaSpec).
 
-    kind: str  # "full", "sliding" or "mla"
-    window: int | None = None  # tokens, for "sliding"
+    Shapes as vllm/model_executor/layers/mamba/mamba_utils.py MambaStateShapeCalculator builds them
+    (mamba2_state_shape, gated_delta_net_state_shape): conv state (conv_len, conv_dim / TP) in the model
+    dtype, SSM state (heads / TP, head_elems) in mamba_ssm_dtype (MambaStateDtypeCalculator)."""
+
+    mixer: str  # "mamba2" or "gdn"
+    conv_channels: int  # conv_dim before Mamba2's group replication
+    conv_len: int  # conv_kernel - 1
+    heads: int  # SSM heads, split over TP
+    head_elems: int  # head_dim x state (Mamba2) or head_v_dim x head_k_dim (GDN)
+    ssm_bytes: float | None = None  # mamba_ssm_dtype bytes; None: the model dtype
+    n_groups: int = 0  # Mamba2 B/C groups, replicated up to TP (extra_groups_for_head_shards)
+    group_channels: int = 0  # 2 x ssm_state_size per group
+    tp: int = 1
+
+    def bytes(self, act_bytes: float) -> float:
+        """Bytes of one layer's state on one rank (MambaSpec.page_size_bytes before padding)."""
+        groups = self.n_groups + (0 if not self.n_groups or self.n_groups % self.tp == 0 else self.tp - self.n_groups)
+        conv_dim = self.conv_channels + groups * self.group_channels
+        conv = conv_dim // self.tp * self.conv_len * act_bytes
+        return conv + self.heads // self.tp * self.head_elems * (self.ssm_bytes or act_bytes)
+
+
+@dataclass(frozen=True)
+class LayerKind:
+    """One layer as the KV cache sees it (one vLLM KVCacheSpec)."""
+
+    kind: str  # "full", "sliding", "chunked", "mla" or "mamba"
+    window: int | None = None  # tokens: the sliding window, or the chunk of chunked-local attention
+    kv_heads: int | None = None  # this layer's KV heads where they differ from the model's (Gemma 4 global)
+    head_dim: int | None = None  # likewise
+    index_bytes: int = 0  # DeepSeek V3.2 DSA indexer key per token (fp8 + fp32 scale), any KV dtype
+    state: MambaState | None = None  # for "mamba"
+    token_stride: int = 1  # DeepSeek V4 compressed layers: one cached entry per `token_stride` tokens
+    latent: bool = False  # one vector of head_dim per token, no separate V (MLA-style), whole on every rank
+
+    @property
+    def cached(self) -> bool:
+        """False for layers with no cache of their own (Nemotron-H's MLP and MoE layers)."""
+        return self.kind != "none"
 
 
 @dataclass(frozen=True)
@@ -90,7 +127,9 @@ class ModelSpec:
         return DTYPE_BYTES[self.activation_dtype]
 
     def layer_counts(self) -> dict[LayerKind, int]:
+        """Cached layers per distinct spec (vLLM groups layers by equal KVCacheSpec)."""
         counts: dict[LayerKind, int] = {}
         for layer in self.layers:
-            counts[layer] = counts.get(layer, 0) + 1
+            if layer.cached:
+                counts[layer] = counts.get(layer, 0) + 1
         return counts

@@ -38,6 +38,12 @@ def checkpoint_weight_format(source: str, quant: dict, act_dtype: str) -> Weight
             # per-group (bf16 scale per `group` values) or per-channel scales
             scale = 2.0 / group if group else 0.0
             return WeightFormat(f"int{bits}", f"int{bits} + {act_dtype}", bits / 8 + scale)
+    if method == "modelopt" and "NVFP4" in str(quant.get("quant_algo", "")) + str(quant.get("quantized_layers", "")):
+        # ModelOpt NVFP4: E2M1 + one E4M3 scale per 16 values; the layers it keeps in FP8 (a minority in
+        # NVIDIA's Qwen3.6 re-quants) are counted at the same rate, an underestimate stated in the label.
+        return WeightFormat("nvfp4", f"nvfp4 (modelopt, FP8 layers counted as nvfp4) + {act_dtype}", 4.5 / 8)
+    if method == "modelopt" and "FP8" in str(quant.get("quant_algo", "")):
+        return WeightFormat("fp8", f"fp8 (modelopt) + {act_dtype}", 1.0)
     bits = quant.get("bits") or quant.get("w_bit")
     if bits in (2, 3, 4, 8):  # GPTQ/AWQ-style integer weights with a 16-bit scale per group
         group = quant.get("group_size") or quant.get("q_group_size") or 128

@@ -57,7 +57,11 @@ def command(ctx: typer.Context, s: CapacitySettings) -> None:
     if s.as_json:
         print_json(_as_json(spec, card, s.context, est, budget, rows))
         return
-    _print_table(spec, card, s.context, est, budget, rows, s.block_size)
+    _print_table(spec, card, s.context, est, budget, rows, rows[0].block_size if rows else s.block_size)
+    if s.explain:
+        from kvbench.commands.capacity_explain import print_explain
+
+        print_explain(spec, s.tensor_parallel_size, rows)
 
 
 def _as_json(spec, card, context: int, est, budget, rows: list) -> dict:
@@ -135,7 +139,7 @@ def _print_table(spec: ModelSpec, card: GpuSpec, context: int, est: NonKvEstimat
         "dtype",
         "B/elem",
         "KV per token / GPU",
-        "per user (GB)",
+        "per user (GB): context + fixed",
         "users, naive formula",
         "vLLM max concurrency",
         "users",
@@ -153,7 +157,7 @@ def _print_table(spec: ModelSpec, card: GpuSpec, context: int, est: NonKvEstimat
             name,
             f"{row.bytes_per_element:g}",
             fmt_kib(row.bytes_per_token),
-            num(row.bytes_per_user / GB, 3),
+            f"{num(row.context_bytes_per_user / GB, 3)} + {num(row.fixed_bytes_per_user / GB, 3)}",
             num(row.naive_users, 1),
             f"{row.max_concurrency:,.2f}x",
             f"{row.users:,}",

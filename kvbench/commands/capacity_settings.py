@@ -153,6 +153,9 @@ class CapacitySettings(BaseModel):
         ),
     )
     as_json: Annotated[bool, Flag("--json")] = Field(False, description="Print JSON instead of tables.")
+    explain: Annotated[bool, Flag("--explain")] = Field(
+        False, description="Print the per-layer KV spec read from the config and vLLM's accounting terms."
+    )
 
     @model_validator(mode="after")
     def _check(self) -> CapacitySettings:
