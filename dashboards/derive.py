@@ -22,6 +22,7 @@ class Recommendation:
     lines: list[str] = field(default_factory=list)  # one per dtype, each reason once (kvbench.verdict)
     run_id: str | None = None
     decision: object | None = None  # the kvbench.verdict.Decision it came from
+    record: object | None = None  # the typed RunRecord it was decided on (for the verdict table)
 
 
 def recommend(rows: pd.DataFrame, machine: str, records: list[dict]) -> Recommendation:
@@ -40,7 +41,7 @@ def recommend(rows: pd.DataFrame, machine: str, records: list[dict]) -> Recommen
     chosen = record.dtype(decision.recommended) if decision.recommended else None
     measured = chosen.capacity.measured if chosen is not None else None
     knee = measured.max_concurrency if measured is not None else None
-    return Recommendation(machine, decision.recommended, knee, decision.why, decision.lines(), newest, decision)
+    return Recommendation(machine, decision.recommended, knee, decision.why, decision.lines(), newest, decision, record)
 
 
 def accuracy_format(dtype: str, activation: str = "bf16") -> str:

@@ -130,22 +130,25 @@ def machine_table(rows: pd.DataFrame, accuracy: pd.DataFrame, decided_run: str |
 HOW = (
     "Chosen in code by <code>kvbench.verdict</code>, the function <code>kvbench report</code> calls on the same "
     "record: a dtype is eligible when it ran ok, the engine honoured it and the server confirmed it, its task "
-    "accuracy is <i>non-inferior</i> to auto within the budget (a one-sided bound: Tango's score test, Holm over "
-    "tasks × conditions; <i>undecided</i> and no eval are not eligible) and its canaries are clean; an emulated "
+    "accuracy is <i>non-inferior</i> to auto within the budget (a one-sided bound: Tango's score test on all tasks' "
+    "items pooled, each test at the full level (intersection-union); a task × condition <i>inferior</i> after Holm "
+    "still excludes; <i>undecided</i> and no eval are not eligible) and its canaries are clean; an emulated "
     "dtype's speed never ranks. Among the eligible, a less precise dtype wins only on SLO capacity or throughput "
     "beyond noise; within noise it is a tie, and ties go to the more precise dtype (docs/verdict.md)."
 )
 
 
 def recommendation_html(rec: derive.Recommendation, rows: pd.DataFrame, accuracy: pd.DataFrame) -> str:
+    from kvbench.dashboards.verdict_view import statement_html, table_html
+
     slo = esc(_slo_text(rows.iloc[0])) if len(rows) else "no SLO"
-    lines = "".join(f"<li>{esc(line)}</li>" for line in rec.lines)
-    lines = f'<ul class="verdict-lines">{lines}</ul>' if lines else ""
+    # the verdict table leads; the long statement (one line per dtype, and how) is collapsed beneath it
+    lines = (table_html(rec.record, rec.decision) if rec.decision is not None else "") + statement_html(rec.lines, HOW)
     run = f" Decided on run <code>{esc(rec.run_id)}</code>." if rows["run_id"].nunique() > 1 and rec.run_id else ""
     if rec.dtype is None:
         return (
             f'<div class="recommend" style="border-color:{STATUS_BAD}"><span class="pick">No dtype recommended</span> '
-            f"— {esc(rec.why)} (SLO: {slo}).{run}{lines}<small>{HOW}</small></div>"
+            f"— {esc(rec.why)} (SLO: {slo}).{run}{lines}</div>"
         )
     activation = rows.set_index("kv_cache_dtype").at[rec.dtype, "activation"] or "bf16"
     acc = derive.accuracy_for(accuracy, rec.dtype, activation)
@@ -159,7 +162,7 @@ def recommendation_html(rec: derive.Recommendation, rows: pd.DataFrame, accuracy
     knee = f" {rec.concurrency} requests{at} at once under the SLO ({slo})." if rec.concurrency else f" (SLO: {slo})."
     return (
         f'<div class="recommend"><span class="pick">Recommended: {dtype_chip(rec.dtype)}</span> — {esc(rec.why)}.'
-        f"{knee}{acc_text}{run}{lines}<small>{HOW}</small></div>"
+        f"{knee}{acc_text}{run}{lines}</div>"
     )
 
 
@@ -313,7 +316,7 @@ def build(data: SiteData) -> Page:
                 "latency and throughput are from the fixed load.</p>"
             )
             rec = derive.recommend(rows, machine, data.records)
-            inner = head + recommendation_html(rec, rows, data.accuracy) + findings_html(rec, rows, data.records)
+            inner = recommendation_html(rec, rows, data.accuracy) + head + findings_html(rec, rows, data.records)
             inner += emulated_note(rows) + machine_table(rows, data.accuracy, rec.run_id)
             anchor = (
                 f"m-{machine}" if title == machine else f"m-{machine}-" + hashlib.sha1(setup.encode()).hexdigest()[:8]

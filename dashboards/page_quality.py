@@ -62,7 +62,8 @@ def build(data: SiteData) -> Page:
         """Task accuracy per KV dtype through lm-evaluation-harness (temperature 0), measured one request at a time, at
         the run's serving concurrency and while its fixed load runs; every item is compared with auto's answer to the
         same item. The verdict is non-inferiority: a dtype is eligible only when the one-sided bound on its drop
-        against auto (Tango's score test, Holm over tasks × conditions) stays inside the budget; <i>undecided</i>
+        against auto (Tango's score test; all tasks' items pooled as the primary endpoint, each test at the full level,
+        "inferior" Holm-adjusted) stays inside the budget; <i>undecided</i>
         (too few items to tell) and <i>inferior</i> are not; the Overview's line per dtype gives the bound, the
         budget and the items that would decide it (docs/verdict.md). The <i>vs auto</i> column here is the two-sided
         McNemar description of the same pairs. Canaries (greedy outputs recorded at rest) ride inside every load
@@ -133,6 +134,9 @@ def build(data: SiteData) -> Page:
                 },
             )
         parts.append(section(title, inner))
+    forest = _forest_section(page, data)
+    if forest:
+        parts.insert(2 if len(parts) > 2 else len(parts), forest)  # the verdict's picture leads the page
     fidelity = fidelity_section(page, data)  # dashboards/fidelity_view.py
     if fidelity:
         parts.append(fidelity)
@@ -159,3 +163,27 @@ def build(data: SiteData) -> Page:
             )
         )
     return page.done(parts)
+
+
+def _forest_section(page: Page, data: SiteData) -> str | None:
+    """Per machine and model's newest run: every paired comparison's drop and one-sided bounds against the budget
+    (dashboards/verdict_view.py), coloured by verdict."""
+    from kvbench.dashboards.verdict_view import forest_figure
+    from kvbench.harness.records import read_record
+    from kvbench.verdict import decide
+
+    newest = data.quality.sort_values("created_at").groupby(["machine", "model"]).tail(1)
+    inner = ""
+    for _, r in newest.iterrows():
+        try:
+            decision = decide(read_record(r["path"]))
+        except Exception as exc:  # a damaged record costs its own plot, not the page
+            inner += note(esc(f"{r['machine']}: no forest plot ({exc})"))
+            continue
+        title = f"Accuracy drop vs auto and its one-sided bounds — {r['machine']}, {r['model']}"
+        fig = forest_figure(decision, title, hover_data(newest.loc[[r.name]])[0])
+        if fig is not None:
+            inner += page.plot(fig, f"quality-forest-{slug(str(r['machine']) + '-' + str(r['model']))}")
+    if not inner:
+        return None
+    return section("Verdict: every comparison against the budget", inner)

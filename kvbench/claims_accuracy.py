@@ -26,15 +26,13 @@ def judge(runs, claim: dict, models: dict) -> dict | None:
         return None
     match = runs[runs["task_accuracy_rest"].notna()]
     names = {claim.get("model"), (models.get(claim.get("model")) or {}).get("hf_id")} - {None}
-    speaks = (
-        match["model"].isin(names)
-        if claim.get("measured_on") != "any-model"
-        else ~match["model"].map(is_tiny) | match["model"].isin(names)
-    )
+    tiny = match["model"].astype(str).str.startswith(TINY_PREFIX).astype(bool)
+    named = match["model"].isin(names).astype(bool)
+    speaks = named if claim.get("measured_on") != "any-model" else (~tiny) | named
     found = _newest(match[speaks], claim)
     if found is not None:
         return found
-    context = _newest(match[match["model"].map(is_tiny)], claim)
+    context = _newest(match[tiny], claim)
     return {**context, "context_only": True} if context is not None else None
 
 

@@ -129,7 +129,9 @@ def test_every_page_has_its_plots(sample_pages):
     assert counts["gpus"] >= 2  # llama-3.1-8b on two GPUs; the tiny model on the CPU
     assert counts["kernels"] == 2  # one kernel record, one accuracy record
     assert counts["tradeoff"] == 2  # llama-3.1-8b's front on two GPUs (one setup), its cost (h100 was priced)
-    assert counts["quality"] == 1  # llama-3.1-8b's pass-key accuracy on two GPUs
+    assert counts["quality"] == 3  # llama-3.1-8b's pass-key accuracy on two GPUs, and each GPU's forest plot
+    forests = [d for d, _ in sample_pages["quality"].figures if d.startswith("quality-forest-")]
+    assert len(forests) == 2
 
 
 def test_cli_writes_site(tmp_path):
