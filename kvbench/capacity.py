@@ -198,8 +198,11 @@ def capacity_row(
     naive_per_token = 2 * model.num_layers * model.num_kv_heads * model.head_dim * fmt.article_bytes_per_element
     naive_per_user = naive_per_token * context
 
+    # the token form and Mamba default follow the version asked for (0.24 prints the new form), not the
+    # nearest modelled release below it
+    form_version = vllm_version or rel.version
     acc = account(
-        model, fmt, context, budget.kv_bytes, block_size, in_flight, rel.version, mamba_cache_mode, rel.engine
+        model, fmt, context, budget.kv_bytes, block_size, in_flight, form_version, mamba_cache_mode, rel.engine
     )
     bytes_per_token = sum(fmt.bytes_per_token_per_layer(model, layer) for layer in model.layers)
     max_conc = acc.max_concurrency
