@@ -71,7 +71,8 @@ class Decision:
     contests: list[speed.Contest] = field(default_factory=list)
 
     method = (
-        "accuracy: Tango score test for paired proportions, one-sided, Holm over tasks x conditions; "
+        "accuracy: Tango score test for paired proportions, one-sided, all tasks' items pooled as the primary "
+        "endpoint; non-inferior: each test at the full level (intersection-union); inferior: Holm over the tests; "
         "speed: SLO capacity beyond the probes' bracket and noise floor, then throughput beyond its repeats' "
         f"95% CI or noise floor; {TIE_BREAK}"
     )
