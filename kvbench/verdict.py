@@ -101,6 +101,7 @@ class Decision:
                     "breach": v.breach,
                     "reason": "; ".join(r.text for r in v.reasons) or v.accuracy.reason(),
                     "line": v.line(),
+                    "comparisons": _comparisons(v.accuracy),
                 }
                 for d, v in self.dtypes.items()
             },
@@ -130,6 +131,32 @@ class Decision:
             text = f"auto (the reference) has {text}: every comparison at load is with a degraded reference"
             out.append(Finding(level="warning", dtype=REFERENCE, kind=FindingKind.ACCURACY, text=text))
         return out
+
+
+def _comparisons(a: acc.AccuracyVerdict) -> list[dict]:
+    """Every comparison the accuracy verdict rests on, pooled first, with its looks and items (one look each
+    until kvbench.sequential's extra looks are wired into the run: docs/guide/verdict.md)."""
+    out = []
+    for t in ([a.primary] if a.primary is not None else []) + list(a.tests):
+        r = t.result
+        out.append(
+            {
+                "endpoint": "primary (pooled)" if t.pooled else "secondary",
+                "task": t.task,
+                "tasks": list(t.pooled) or [t.task],
+                "conditions": list(t.conditions),
+                "items": r.n,
+                "losses": r.losses,
+                "gains": r.gains,
+                "looks": 1,
+                "drop_points": t.drop,
+                "bound_points": -(r.upper if r.verdict == acc.INFERIOR else r.lower) * 100,
+                "level": 1 - r.alpha_used,
+                "verdict": r.verdict,
+                "items_needed": r.items_needed,
+            }
+        )
+    return out
 
 
 LINE_KINDS = (

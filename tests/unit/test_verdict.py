@@ -370,3 +370,15 @@ def test_the_pooled_endpoint_decides_where_each_task_alone_cannot_but_a_task_inf
     ev["rest"]["tasks"].update(cond(100, n=150, losses=50, task="c")["tasks"])  # one task far beyond the budget
     d = verdict.decide(record(dtype("auto", ev=auto), dtype("fp8", ev=ev)))
     assert d.dtypes["fp8"].accuracy.state == "inferior" and not d.dtypes["fp8"].eligible
+
+
+def test_the_quality_block_records_every_comparison_with_its_looks_and_items():
+    ev = {"rest": {"concurrency": 1, "tasks": {}}}
+    auto = {"rest": {"concurrency": 1, "tasks": {}}}
+    for t in ("a", "b"):
+        ev["rest"]["tasks"].update(cond(150, n=150, paired=True, task=t)["tasks"])
+        auto["rest"]["tasks"].update(cond(150, n=150, task=t)["tasks"])
+    gate = verdict.decide(record(dtype("auto", ev=auto), dtype("fp8", ev=ev))).as_dict()["gate"]["fp8"]
+    first, *rest = gate["comparisons"]
+    assert first["endpoint"] == "primary (pooled)" and first["items"] == 300 and first["looks"] == 1
+    assert first["tasks"] == ["a", "b"] and [c["task"] for c in rest] == ["a", "b"]
