@@ -49,6 +49,9 @@ VARIANTS = {"full": 0, "load_only": 1, "dequant_only": 2}
 # is folded into qk_scale and the V scale). Both are exact, so both equal the same reference.
 DEQUANT = {"f32": 0, "f16": 1}
 F16_FOLD = 2.0**14
+# The two matmuls: tensor cores ("dot", rows padded to GROUP_PAD >= 16: 75% padding at 4 query heads per KV
+# head) or the candidate "fma" (broadcast multiply-sum, rows padded only to the next power of two).
+MMA = ("dot", "fma")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -177,9 +180,12 @@ def _load_raw(
 
 @triton.jit
 def _mma(a, b, dt: tl.constexpr, UPCAST: tl.constexpr):
-    """a @ b with operands rounded to the model dtype dt, fp32 accumulation. UPCAST: multiply the
-    rounded operands in fp32 instead (Triton's interpreter cannot multiply bf16 matrices)."""
-    if UPCAST:
+    """a @ b with operands rounded to the model dtype dt, fp32 accumulation. UPCAST 1: multiply the
+    rounded operands in fp32 instead (Triton's interpreter cannot multiply bf16 matrices); 2: the "fma"
+    candidate, broadcast multiply and sum on the CUDA cores, so GROUP_PAD need not be 16."""
+    if UPCAST == 2:
+        return tl.sum(a.to(dt).to(tl.float32)[:, :, None] * b.to(dt).to(tl.float32)[None, :, :], axis=1)
+    elif UPCAST == 1:
         return tl.dot(a.to(dt).to(tl.float32), b.to(dt).to(tl.float32), input_precision="ieee")
     else:
         return tl.dot(a.to(dt), b.to(dt))
@@ -529,6 +535,7 @@ def decode_attention(
     dequant: str = "f32",
     num_warps: int | None = None,
     num_stages: int | None = None,
+    mma: str = "dot",
 ) -> torch.Tensor:
     """Triton: [B, Hq, D] attention output of one query token per sequence against its paged K/V.
 
@@ -537,10 +544,12 @@ def decode_attention(
     keeps to reuse the split-KV buffers between calls (benchmarks). variant: "full" (attention), or a
     cost-isolating variant (VARIANTS; kernels/variants.py has what they compute). dequant: NVFP4's DEQUANT
     path. num_warps / num_stages: Triton's launch options (None: Triton's defaults), swept by kernels/sweep.py.
+    mma: MMA.
     """
-    if variant not in VARIANTS or dequant not in DEQUANT:
+    if variant not in VARIANTS or dequant not in DEQUANT or mma not in MMA:
         raise ValueError(
-            f"variant {variant!r} / dequant {dequant!r}: choose from {', '.join(VARIANTS)} / {', '.join(DEQUANT)}"
+            f"variant {variant!r} / dequant {dequant!r} / mma {mma!r}: choose from {', '.join(VARIANTS)} / "
+            f"{', '.join(DEQUANT)} / {', '.join(MMA)}"
         )
     b, hq, d = q.shape
     if hq % c.num_kv_heads:
@@ -589,11 +598,11 @@ def decode_attention(
         FP8_DECODE=fp8_decode,
         HKV=c.num_kv_heads,
         GROUP=group,
-        GROUP_PAD=max(16, triton.next_power_of_2(group)),
+        GROUP_PAD=triton.next_power_of_2(group) if mma == "fma" else max(16, triton.next_power_of_2(group)),
         T=c.block_size,
         D=d,
         TILE_N=tile_n,
-        UPCAST=q.dtype == torch.bfloat16 and q.device.type != "cuda",
+        UPCAST=2 if mma == "fma" else int(q.dtype == torch.bfloat16 and q.device.type != "cuda"),
         VARIANT=VARIANTS[variant],
         DEQ=DEQUANT[dequant],
         **launch,

@@ -5,8 +5,9 @@ cost-isolating variants, a 10 Hz NVML trace with the phases marked, and the devi
 
 Candidates are labelled candidates: which one is fastest is what the device says, nothing here assumes it.
 - decode: TILE_N x num_warps x num_stages, and for nvfp4 the dequantization path (DEQUANT: "f32" as committed,
-  "f16" the bit-pattern candidate); "as is" is the committed kernel's launch (TILE_N 64, Triton's defaults of 4
-  warps and 3 stages, f32);
+  "f16" the bit-pattern candidate), on tensor cores; plus the "fma" matmuls (MMA: no padding of 4 query heads
+  to 16 rows); "as is" is the committed kernel's launch (TILE_N 64, Triton's defaults of 4 warps and 3
+  stages, f32, tensor cores);
 - variants, at the as-is launch: load_only (the bytes, nothing decoded: an upper bound) and dequant_only (the
   dequantization without the dot); for nvfp4 dequant_only also with the f16 path;
 - write: num_warps, and for nvfp4 the E2M1 encoder (ENCODERS: "compare" as committed, "bits" the candidate).
@@ -33,17 +34,21 @@ GPU_GRID = {
 }
 DRY_GRID = {"formats": ["fp16", "fp8", "nvfp4"], "contexts": [40], "batches": [2], "write_tokens": [5]}
 DRY_SHAPE = bench.AttnShape("dry run: 8 query heads, 2 KV heads, head_dim 64", 8, 2, 64, 16)
-AS_IS = {"tile_n": 64, "num_warps": 4, "num_stages": 3, "dequant": "f32"}
+AS_IS = {"tile_n": 64, "num_warps": 4, "num_stages": 3, "dequant": "f32", "mma": "dot"}
 SCREEN = {"warmup_ms": 10, "rep_ms": 40}  # do_bench per candidate: shorter than `kvbench kernels`' 25 / 100 ms
 
 
 def decode_candidates(fmt: str, dry: bool) -> list[dict]:
+    """The tensor-core ("dot") grid, plus the "fma" matmuls at the one launch that compiles for sm_90 without
+    spilling nvfp4's registers (TILE_N 64, 8 warps: 4 local stores vs 141-186 at the others)."""
     tiles, warps, stages = ((16,), (4,), (3,)) if dry else ((64, 128), (4, 8), (2, 3))
     deqs = ("f32", "f16") if fmt == "nvfp4" else ("f32",)
-    return [
-        {"tile_n": t, "num_warps": w, "num_stages": s, "dequant": d}
+    dot = [
+        {"tile_n": t, "num_warps": w, "num_stages": s, "dequant": d, "mma": "dot"}
         for t, w, s, d in itertools.product(tiles, warps, stages, deqs)
     ]
+    fma = {"tile_n": 16 if dry else 64, "num_warps": 4 if dry else 8, "num_stages": 3, "mma": "fma"}
+    return dot + [{**fma, "dequant": d} for d in deqs]
 
 
 def as_is(dry: bool) -> dict:

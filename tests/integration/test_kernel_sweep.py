@@ -44,7 +44,8 @@ def test_every_variant_and_candidate_is_checked_and_equals_its_reference(sweep):
     # the nvfp4 candidates include the f16 dequant and the bit-trick encoder, each checked
     assert {c["config"].get("dequant") for c in checks if c["format"] == "nvfp4"} >= {"f32", "f16"}
     assert {c["config"].get("encode") for c in checks if c["format"] == "nvfp4"} >= {"compare", "bits"}
-    assert "15/15 variant and candidate checks passed" in log and "exit 0" in log
+    assert {c["config"].get("mma") for c in checks if c["variant"] == "full"} == {"dot", "fma"}
+    assert f"{len(checks)}/{len(checks)} variant and candidate checks passed" in log and "exit 0" in log
 
 
 def test_the_fastest_correct_candidate_is_kept_per_format_and_shape(sweep):

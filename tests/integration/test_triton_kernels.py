@@ -234,13 +234,14 @@ def test_cost_variants_and_f16_dequant_equal_their_references(fmt):
     args = (q.to(DEVICE), c, bt.to(DEVICE), seq_lens.to(DEVICE))
     kw = {"out_dtype": torch.float32, "tile_n": 16, "partition": 16}
     for deq in ("f32", "f16") if fmt == "nvfp4" else ("f32",):
-        out = da.decode_attention(*args, dequant=deq, **kw)
-        assert float((out.cpu() - ref).abs().max() / ref.abs().max()) < da.TOLERANCE[str(qdt)[6:]], deq
+        for mma in da.MMA:  # tensor cores, and the candidate broadcast multiply-sum
+            out = da.decode_attention(*args, dequant=deq, mma=mma, **kw)
+            assert float((out.cpu() - ref).abs().max() / ref.abs().max()) < da.TOLERANCE[str(qdt)[6:]], (deq, mma)
         for variant in ("load_only", "dequant_only"):
             got = da.decode_attention(*args, dequant=deq, variant=variant, **kw)
             expect = va.variant_reference(variant, c, bt, seq_lens, hkv * group)
             assert va.max_rel_err(got, expect) < va.TOLERANCE[variant], (deq, variant)
-    with pytest.raises(ValueError, match="choose from full, load_only, dequant_only"):
+    with pytest.raises(ValueError, match="choose from full, load_only, dequant_only / f32, f16 / dot, fma"):
         da.decode_attention(*args, variant="skip")
 
 

@@ -31,7 +31,9 @@ def _fp_fusion(monkeypatch):
     monkeypatch.setenv("TRITON_DEFAULT_FP_FUSION", "1")  # Triton 3.9's default, without its warning
 
 
-def compile_decode(cap, fmt, mode, head_dim=128, group=4, variant=0, deq=0, tile_n=64, num_warps=4, num_stages=3):
+def compile_decode(
+    cap, fmt, mode, head_dim=128, group=4, variant=0, deq=0, tile_n=64, num_warps=4, num_stages=3, fma=False
+):
     qdt = "bf16" if fmt == "bf16" else "fp16"
     sig = {
         "q_ptr": f"*{qdt}",
@@ -53,11 +55,11 @@ def compile_decode(cap, fmt, mode, head_dim=128, group=4, variant=0, deq=0, tile
         "FP8_DECODE": mode,
         "HKV": 8,
         "GROUP": group,
-        "GROUP_PAD": max(16, group),
+        "GROUP_PAD": group if fma else max(16, group),
         "T": 16,
         "D": head_dim,
         "TILE_N": tile_n,
-        "UPCAST": False,
+        "UPCAST": 2 if fma else 0,
         "VARIANT": variant,
         "DEQ": deq,
     }
@@ -149,3 +151,4 @@ def test_cost_variants_and_candidates_compile_for_hopper(fmt):
         k = compile_decode(90, fmt, 1, deq=deq, tile_n=128, num_warps=8, num_stages=stages)
         assert k.asm["cubin"] and k.metadata.shared < 228 * 1024
     assert compile_write(90, fmt, enc=1).asm["cubin"]
+    assert compile_decode(90, fmt, 1, deq=deq, num_warps=8, fma=True).asm["cubin"]  # the fma candidate
