@@ -9,6 +9,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from kvbench.capacity import capacity_for_ranks
+from kvbench.commands.fromlog_hybrid import cut_settings, kv_terms, print_kv_terms, terms_as_json
 from kvbench.errors import UsageError
 from kvbench.formats import get_format
 from kvbench.gpus import GpuSpec, catalog, get_gpu
@@ -97,6 +98,11 @@ def predict_for_log(log: StartupLog, source: Path, flags: LogOverrides = LogOver
     return spec, card, est, row, max_len
 
 
+def row_format(row):
+    """The CacheFormat a capacity row was computed for."""
+    return get_format(row.dtype)
+
+
 def read_log(path: Path) -> str:
     """The log's text; a folder, a device, a pipe or a file of more than MAX_LOG_BYTES is one line, not a hang."""
     try:
@@ -164,7 +170,8 @@ def compare_log(settings) -> None:
     """`capacity --from-log`: `settings` are the command's CapacitySettings (kvbench/commands/capacity_settings.py)."""
     s = settings
     path, picked, as_json, vllm_version = s.from_log, s.start, s.as_json, s.vllm_version
-    log, start, count = choose_startup(Path(path), read_log(Path(path)), picked)
+    text = read_log(Path(path))
+    log, start, count = choose_startup(Path(path), text, picked)
     note = _start_note(path, count, start, picked)
     kv = None if s.kv_dtype == "auto,fp8,nvfp4" else s.kv_dtype  # the capacity default: take the log's dtype instead
     flags = LogOverrides(
@@ -181,7 +188,21 @@ def compare_log(settings) -> None:
         max_num_batched_tokens=s.max_num_batched_tokens,
         block_size=s.block_size,
     )
-    spec, card, est, row, max_len = predict_for_log(log, Path(path), flags)
+    cut = cut_settings(text)
+    try:
+        spec, card, est, row, max_len = predict_for_log(log, Path(path), flags)
+    except UsageError as exc:
+        raise UsageError(f"{exc}; {cut}" if cut else str(exc)) from None
+    # --kv-budget-gb replaces the log's pool in the KV accounting (never ignored); else the log's own pool
+    if s.kv_budget_gb is not None:
+        pool, pool_how = s.kv_budget_gb * 1e9, f"--kv-budget-gb {s.kv_budget_gb:g} GB replaces the pool"
+        row = capacity_for_ranks(spec, [row_format(row)], max_len, est, card, flags.block_size, pool)[0]
+    elif log.available_kv_gib:
+        pool, pool_how = log.available_kv_gib * GiB, "the log's own pool (isolates the KV accounting)"
+    else:
+        pool, pool_how = est.stages[0].kv_pool.bytes, "kvbench's predicted pool (the log gives none)"
+    version = vllm_version or log.vllm_version or est.release.version
+    _, kv = kv_terms(text, log, spec, est, row_format(row), max_len, (pool, pool_how), version)
     rows = comparisons(log, est, row.kv_tokens)
     if as_json:
         print_json(
@@ -207,6 +228,8 @@ def compare_log(settings) -> None:
                     for c in rows
                 ],
                 "non_kv": est.as_dict(),
+                "kv_terms": terms_as_json(kv),
+                "settings_cut": cut,
             }
         )
         return
@@ -214,6 +237,9 @@ def compare_log(settings) -> None:
         err_console.print(escape(note))
     _print_header(path, log, spec.name, card.name, est, max_len, vllm_version)
     _print_terms(rows, est, row)
+    print_kv_terms(kv)
+    if cut:
+        console.print(escape(cut))
 
 
 def _start_note(path: Path, count: int, start: int, picked: int | None) -> str | None:
@@ -267,6 +293,9 @@ def resolve_model_for_log(model: str | None, hf_id: str | None, source: Path) ->
         return load_model(model)
     name = by_hf_id(hf_id) if hf_id else None
     if name is None:
-        what = f"model {hf_id!r}" if hf_id else "no model id"
-        raise UsageError(f"{source}: {what} is not among kvbench's shipped models; pass --model PATH/config.json")
+        if not hf_id:
+            raise UsageError(f"{source}: the log does not name the model; pass --model NAME or PATH/config.json")
+        raise UsageError(
+            f"{source}: model {hf_id!r} is not among kvbench's shipped models; pass --model NAME or PATH/config.json"
+        )
     return load_model(name)

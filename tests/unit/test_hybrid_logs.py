@@ -101,3 +101,55 @@ def test_reference_log_accounting_given_its_pool(path):
     )
     assert row.kv_tokens == pytest.approx(log.kv_tokens, rel=TOLERANCE)
     assert row.max_concurrency == pytest.approx(log.max_concurrency, rel=TOLERANCE)
+
+
+def _from_log(tmp_path, text: str | None, *extra: str):
+    import json
+
+    from typer.testing import CliRunner
+
+    from kvbench.cli import app
+
+    path = HYBRID / "club-3090-issue-652-qwen3.6-35b-a3b-nvfp4-rtx5090.txt"
+    if text is not None:
+        path = tmp_path / "log.txt"
+        path.write_text(text)
+    out = CliRunner().invoke(app, ["capacity", "--from-log", str(path), *extra])
+    return out, (json.loads(out.output) if out.exit_code == 0 and "--json" in extra else None)
+
+
+def test_from_log_compares_the_hybrid_terms(tmp_path):
+    flags = ("--model", "qwen3.6-35b-a3b-nvfp4", "--gpu", "rtx-5090", "--vllm-version", "0.24.0", "--json")
+    out, data = _from_log(tmp_path, None, *flags)
+    assert out.exit_code == 0, out.output
+    terms = {t["term"]: t for t in data["kv_terms"]}
+    assert terms["attention block size (tokens)"]["predicted"] == 2096
+    assert terms["KV-cache groups"]["predicted"] == 4
+    assert terms["reported token form"]["logged"] == terms["reported token form"]["predicted"] == "new"
+    for term in ("KV tokens (group)", "max concurrency (x)"):
+        assert terms[term]["predicted"] == pytest.approx(terms[term]["logged"], rel=TOLERANCE)
+    # --kv-budget-gb is honoured: it replaces the pool of the KV accounting
+    out, data = _from_log(tmp_path, None, *flags, "--kv-budget-gb", "3")
+    pool = next(t for t in data["kv_terms"] if t["term"].startswith("KV pool"))
+    assert pool["predicted"] == pytest.approx(3e9 / GiB, abs=0.01) and "--kv-budget-gb" in pool["how"]
+
+
+def test_from_log_block_and_padding_lines_and_a_cut_settings_line(tmp_path):
+    text = (
+        "INFO non-default args: {'model_tag': 'Qwen/Qwen3.5-27B', 'max_model_len': 32768, 'tensor_par\n"
+        "INFO Setting attention block size to 784 tokens to ensure that attention page size is >= mamba page size.\n"
+        "INFO Padding mamba page size by 0.13% to ensure that mamba page size and attention page size are equal.\n"
+        "INFO [kv_cache_utils.py:1319] GPU KV cache size: 290,864 tokens\n"
+        "INFO [kv_cache_utils.py:1324] Maximum concurrency for 32,768 tokens per request: 33.04x\n"
+    )
+    out, _ = _from_log(tmp_path, text, "--gpu", "h200")
+    assert out.exit_code != 0
+    assert "cut off" in str(out.exception) and "--tensor-parallel-size" in str(out.exception)
+    out, data = _from_log(
+        tmp_path, text, "--gpu", "h200", "--model", "qwen3.5-27b", "--vllm-version", "0.19.0", "--json"
+    )
+    assert out.exit_code == 0, out.output
+    terms = {t["term"]: t for t in data["kv_terms"]}
+    assert terms["attention block size (tokens)"]["logged"] == terms["attention block size (tokens)"]["predicted"]
+    assert terms["Mamba page padding (%)"]["logged"] == pytest.approx(terms["Mamba page padding (%)"]["predicted"])
+    assert data["settings_cut"] and "KV-cache dtype" in data["settings_cut"]

@@ -1,0 +1,137 @@
+"""`capacity --from-log` on a hybrid / sliding-window log: vLLM's KV accounting term by term, given the log's own
+pool (or --kv-budget-gb): the attention block size ("Setting attention block size to N tokens"), the Mamba page
+padding ("Padding mamba page size by X%"), the group count the reported tokens imply, the reported form
+(0.19's num_blocks // groups x block, or max_concurrency x max_model_len from 0.20) and the concurrency.
+Also what a cut-off settings line leaves unknown, and how to pass it."""
+
+from __future__ import annotations
+
+import re
+
+from rich.table import Table
+
+from kvbench.capacity import budget_from_bytes, capacity_row, rank_model
+from kvbench.formats import CacheFormat
+from kvbench.output import console
+from kvbench.units import GB, GiB
+
+_BLOCK = re.compile(r"Setting attention block size to (\d+) tokens")
+_PAD = re.compile(r"Padding mamba page size by ([\d.]+)%")
+_ARGS_START = "non-default args: {"
+# what a cut-off settings line loses, and the flag that supplies it
+_SETTINGS = (
+    ("'model'", "the model", "--model NAME or PATH/config.json"),
+    ("'tensor_parallel_size'", "the tensor-parallel size", "--tensor-parallel-size N"),
+    ("'kv_cache_dtype'", "the KV-cache dtype", "--kv-dtype DTYPE"),
+    ("'max_model_len'", "max_model_len", "--context TOKENS"),
+)
+
+
+def cut_settings(text: str) -> str | None:
+    """A one-line answer when the log's settings line is cut off (a log viewer's width): what it no longer says and
+    the flags that say it; None when the line is whole or absent."""
+    line = next((x for x in text.splitlines() if _ARGS_START in x), None)
+    if line is None or line.rstrip().endswith("}"):
+        return None
+    tail = line.split(_ARGS_START, 1)[1]
+    missing = [f"{what} ({flag})" for key, what, flag in _SETTINGS if key not in tail]
+    if not missing:
+        return None
+    return "the log's settings line ('non-default args') is cut off; it no longer says " + ", ".join(missing)
+
+
+def kv_terms(text: str, log, spec, est, fmt: CacheFormat, max_len: int, pool: tuple[float, str], version: str):
+    """(term, vLLM logged, kvbench, note) rows of the KV accounting with one rank's pool `pool_bytes`."""
+    pool_bytes, pool_how = pool
+    part = rank_model(spec, est.tensor_parallel_size, est.stages[0].layers, est.dtype)
+    # prefix caching on a hybrid turns mamba_cache_mode to "align" (2 state pages per request)
+    caching = log.args.get("enable_prefix_caching")
+    mode = {True: "align", False: "none"}.get(caching) if isinstance(caching, bool) else None
+    row = capacity_row(
+        part,
+        fmt,
+        max_len,
+        budget_from_bytes(pool_bytes),
+        scheduler=est.scheduler,
+        vllm_version=version,
+        mamba_cache_mode=mode,
+    )
+    acc = row.accounting
+    block = _BLOCK.search(text)
+    pad = _PAD.search(text)
+    padded = (acc.page_bytes / acc.mamba_page_bytes - 1) * 100 if acc.mamba_page_bytes else 0.0
+    new_form = (
+        log.kv_tokens is not None
+        and log.max_concurrency is not None
+        and abs(log.kv_tokens - log.max_concurrency * max_len) <= 0.005 * log.kv_tokens + max_len * 0.005
+    )
+    implied_groups = None
+    if log.kv_tokens and not new_form and acc.block_sizes:
+        implied_groups = round(acc.num_blocks * min(s for s in acc.block_sizes.values() if s) / log.kv_tokens)
+    groups = ", ".join(f"{n} {k.kind}" for k, n in acc.groups.items())
+    return row, [
+        ("KV pool per GPU (GiB)", log.available_kv_gib, round(pool_bytes / GiB, 2), pool_how),
+        (
+            "attention block size (tokens)",
+            int(block[1]) if block else None,
+            acc.block_size,
+            "raised to hold one layer's recurrent state" if acc.raised_from else "the asked-for block",
+        ),
+        (
+            "Mamba page padding (%)",
+            float(pad[1]) if pad else None,
+            round(padded, 2),
+            f"state {acc.mamba_page_bytes:,.0f} B -> page {acc.page_bytes:,.0f} B"
+            if acc.mamba_page_bytes
+            else "no Mamba/GDN layers",
+        ),
+        (
+            "KV-cache groups",
+            implied_groups,
+            acc.num_groups,
+            f"{groups}, {acc.group_size} layers each"
+            + ("" if implied_groups else " (the log's form does not show the count)"),
+        ),
+        (
+            "reported token form",
+            "new" if new_form else "old",
+            "new" if "0.20" in acc.token_form else "old",
+            acc.token_form,
+        ),
+        (
+            "KV tokens (group)",
+            log.kv_tokens,
+            row.kv_tokens,
+            f"{acc.num_blocks:,} blocks; {acc.blocks_per_request} per request",
+        ),
+        (
+            "max concurrency (x)",
+            log.max_concurrency,
+            round(row.max_concurrency, 2),
+            f"per request {acc.context_bytes / GB:.3f} GB context + {acc.fixed_bytes / GB:.3f} GB fixed",
+        ),
+    ]
+
+
+def print_kv_terms(terms) -> None:
+    table = Table(title="KV accounting, term by term (kvbench/vllm_accounting.py)", title_justify="left")
+    for col in ("term", "vLLM logged", "kvbench", "error %", "how"):
+        table.add_column(col, justify="left" if col in ("term", "how") else "right")
+    for term, logged, predicted, how in terms:
+        pct = "—"
+        if isinstance(logged, (int, float)) and not isinstance(logged, bool) and logged:
+            pct = f"{(predicted - logged) / logged * 100:+.2f}%"
+        elif logged is not None:
+            pct = "same" if logged == predicted else "differs"
+        table.add_row(
+            term,
+            "—" if logged is None else f"{logged:,}" if isinstance(logged, int) else str(logged),
+            f"{predicted:,}" if isinstance(predicted, int) else str(predicted),
+            pct,
+            how,
+        )
+    console.print(table)
+
+
+def terms_as_json(terms) -> list[dict]:
+    return [{"term": t, "logged": lg, "predicted": p, "how": h} for t, lg, p, h in terms]
