@@ -70,7 +70,8 @@ def render_verdict_table(record, decision, explain: bool) -> None:
     p = decision.policy
     table = Table(
         title=f"Verdict (accuracy budget {p.budget:g} point{'' if p.budget == 1 else 's'}, one-sided "
-        f"{p.confidence:.0%}; fidelity: mean KLD nats/token and top-token agreement vs auto at rest, per condition, 95% CI)",
+        f"{p.confidence:.0%}; fidelity: mean KLD nats/token and top-token agreement vs auto at rest, "
+        "per condition, 95% CI)",
         title_justify="left",
     )
     for col in COLUMNS:
