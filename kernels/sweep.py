@@ -350,6 +350,8 @@ def summary(doc: dict, path) -> None:
     """The log's lines: checks, the chosen configuration per shape, the bounds, the targets, the device view."""
     checks = doc["sweep"]["checks"]
     bad = [c for c in checks if not c["ok"]]
+    if doc["mode"] == "interpret":
+        print("Triton interpreter on the CPU: the times and shares below are a CPU emulation, not GPU times")
     print(
         f"sweep ({doc['mode']}): {len(checks) - len(bad)}/{len(checks)} variant and candidate checks "
         "passed on the device"
