@@ -124,6 +124,8 @@ def from_config(raw: dict, name: str, source: str) -> ModelSpec:
     vocab = cfg.need("vocab_size", "the embedding parameter count")
     tied = cfg.bool("tie_word_embeddings", top.bool("tie_word_embeddings", model_type in _TIED_BY_DEFAULT))
     layer_params, moe = _layer_params(cfg, model_type, num_layers, hidden, num_heads, num_kv_heads, head_dim)
+    if cfg.has("linear_num_value_heads"):
+        layer_params = _gdn_params(cfg, hidden, num_heads * head_dim, layers, layer_params)
     vision = _vision_params(top, hidden) if text else 0
     final_norm = hidden * (2 if model_type == "phi" else 1)
     params = {
@@ -247,6 +249,26 @@ def _layer_params(
             n_local, top_k, moe_inter
         )
     return [LayerParams(attention, kv_proj, dense, 0, 0, norms)] * num_layers, None
+
+
+def _gdn_params(cfg: _Config, hidden: int, q_width: int, layers, params: list[LayerParams]) -> list[LayerParams]:
+    """Qwen3-Next / Qwen3.5 (vllm/model_executor/models/qwen3_next.py): Gated DeltaNet layers replace attention
+    with in_proj_qkvz + in_proj_ba, a depthwise conv, A_log / dt_bias, a gated norm and out_proj; the full
+    attention layers' q_proj is doubled by the output gate."""
+    nk, nv = cfg.int("linear_num_key_heads", 1), cfg.int("linear_num_value_heads", 1)
+    dk, dv = cfg.int("linear_key_head_dim", 1), cfg.int("linear_value_head_dim", 1)
+    conv_dim = 2 * nk * dk + nv * dv
+    gdn = hidden * (conv_dim + nv * dv) + hidden * 2 * nv + conv_dim * cfg.int("linear_conv_kernel_dim", 4)
+    gdn += 2 * nv + dv + nv * dv * hidden
+    out = []
+    for kind, p in zip(layers, params, strict=True):
+        if kind.kind == "mamba":
+            out.append(LayerParams(gdn, 0, p.dense_mlp, p.experts, p.router, p.norms))
+        else:
+            out.append(
+                LayerParams(p.attention + hidden * q_width, p.kv_proj, p.dense_mlp, p.experts, p.router, p.norms)
+            )
+    return out
 
 
 def _nemotron_h_params(cfg: _Config, hidden: int, attention: int, kv_proj: int) -> tuple[list[LayerParams], Moe | None]:

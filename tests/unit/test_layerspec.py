@@ -144,3 +144,12 @@ def test_not_honoured_check_uses_the_models_own_ratio():
     hybrid = expected_ratio(load_model("qwen3.6-27b-nvfp4"), fp8, auto, 8192, 40 * GiB)
     assert dense == pytest.approx(2.0, rel=0.01)
     assert hybrid < 1.6  # the GDN state takes the same pages whatever the KV dtype
+
+
+@pytest.mark.parametrize(
+    ("name", "billions"),
+    [("qwen3.5-27b", 27), ("qwen3.5-35b-a3b", 35), ("qwen3.5-397b-a17b", 397), ("qwen3-next-80b-a3b", 80)],
+)
+def test_gated_deltanet_parameter_counts_match_the_names(name, billions):
+    # GDN layers' projections (not attention's) and the gated q_proj of the attention layers
+    assert load_model(name).param_count / 1e9 == pytest.approx(billions, rel=0.03)
