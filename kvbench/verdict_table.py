@@ -62,7 +62,7 @@ def rows(record: RunRecord, decision) -> list[Row]:
                 capacity=_capacity(d, auto),
                 speed=_speed(d, auto, kind),
                 accuracy=_accuracy(v.accuracy),
-                kld=_fidelity(d, "mean_kld", "mean_kld_ci", "{:.3g}"),
+                kld=_fidelity(d, "mean_kld", "mean_kld_ci", "{:.3g}", _floor(auto)),
                 agreement=_fidelity(d, "top1_agreement", "top1_agreement_ci", "{:.1%}"),
                 reason=short_reason(v, decision),
                 state=v.accuracy.state,
@@ -130,7 +130,16 @@ def _accuracy(a: acc.AccuracyVerdict) -> str:
     return f"{drop} pts ({word} {bound:.1f}) {sign} {t.budget:g}, {where}, {r.n:,} items"
 
 
-def _fidelity(d, key: str, ci_key: str, fmt: str) -> str:
+def _floor(auto) -> dict | None:
+    """Auto under load scored against auto at rest: batch variance alone, the benign reference."""
+    return ((getattr(auto, "fidelity", None) or {}) if auto is not None else {}).get("load")
+
+
+def _fidelity(d, key: str, ci_key: str, fmt: str, floor: dict | None = None) -> str:
+    """Per condition the value and its 95% CI; with `floor`, "no measurable change" where a dtype's KLD and
+    agreement cannot be told from auto's own batch variance (kvbench.fidelity_stats; informs, never decides)."""
+    from kvbench.fidelity_stats import no_measurable_change
+
     fid = getattr(d, "fidelity", None) if d is not None else None
     if not fid:
         return NONE
@@ -141,7 +150,8 @@ def _fidelity(d, key: str, ci_key: str, fmt: str) -> str:
             continue
         ci = s.get(ci_key) or []
         band = f" [{fmt.format(ci[0])}, {fmt.format(ci[1])}]" if len(ci) == 2 and None not in ci else ""
-        parts.append(f"{cond} {fmt.format(s[key])}{band}")
+        same = floor is not None and d.kv_cache_dtype != acc.REFERENCE and no_measurable_change(s, floor)
+        parts.append(f"{cond} {fmt.format(s[key])}{band}" + (" (no measurable change)" if same else ""))
     return "; ".join(parts) or NONE
 
 

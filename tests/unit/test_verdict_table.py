@@ -65,3 +65,16 @@ def test_report_explain_adds_the_long_statement(capsys):
     assert "Task accuracy through lm-evaluation-harness" in out and "how: accuracy must be non-inferior" in out
     command(RECORD)
     assert "Task accuracy through lm-evaluation-harness" not in capsys.readouterr().out
+
+
+def test_a_kld_indistinguishable_from_autos_floor_reads_no_measurable_change():
+    rec = _record()
+    floor = {"mean_kld": 0.001, "mean_kld_ci": [0.0005, 0.002], "top1_agreement": 0.99, "top1_agreement_ci": [0.98, 1]}
+    rec.dtype("auto").fidelity = {"load": floor}
+    same = {"mean_kld": 0.0015, "mean_kld_ci": [0.001, 0.003], "top1_agreement": 0.985, "top1_agreement_ci": [0.97, 1]}
+    far = {"mean_kld": 0.2, "mean_kld_ci": [0.15, 0.25], "top1_agreement": 0.8, "top1_agreement_ci": [0.75, 0.85]}
+    rec.dtype("fp8").fidelity = {"rest": same}
+    rec.dtype("nvfp4").fidelity = {"rest": far}
+    got = {r.dtype: r for r in rows(rec, verdict.decide(rec))}
+    assert got["fp8"].kld.endswith("(no measurable change)") and "no measurable" not in got["nvfp4"].kld
+    assert got["fp8"].verdict == "excluded (undecided)"  # informs; task accuracy still decides
