@@ -124,8 +124,7 @@ def from_config(raw: dict, name: str, source: str) -> ModelSpec:
     vocab = cfg.need("vocab_size", "the embedding parameter count")
     tied = cfg.bool("tie_word_embeddings", top.bool("tie_word_embeddings", model_type in _TIED_BY_DEFAULT))
     layer_params, moe = _layer_params(cfg, model_type, num_layers, hidden, num_heads, num_kv_heads, head_dim)
-    if cfg.has("linear_num_value_heads"):
-        layer_params = _gdn_params(cfg, hidden, num_heads * head_dim, layers, layer_params)
+    layer_params = _gdn_params(cfg, hidden, num_heads * head_dim, layers, layer_params)
     vision = _vision_params(top, hidden) if text else 0
     final_norm = hidden * (2 if model_type == "phi" else 1)
     params = {
@@ -141,8 +140,7 @@ def from_config(raw: dict, name: str, source: str) -> ModelSpec:
         params["vision"] = vision
     quant = cfg.dict("quantization_config") or top.dict("quantization_config")
     weight_format, weight_bytes = _weight_bytes(cfg, quant, params, DTYPE_BYTES[activation_dtype], activation_dtype)
-    partial = cfg.number("partial_rotary_factor") or 1.0
-    rope_dim = qk_rope if qk_rope else int(head_dim * partial)
+    rope_dim = qk_rope if qk_rope else int(head_dim * (cfg.number("partial_rotary_factor") or 1.0))
     return ModelSpec(
         name=name,
         source=source,
@@ -254,7 +252,9 @@ def _layer_params(
 def _gdn_params(cfg: _Config, hidden: int, q_width: int, layers, params: list[LayerParams]) -> list[LayerParams]:
     """Qwen3-Next / Qwen3.5 (vllm/model_executor/models/qwen3_next.py): Gated DeltaNet layers replace attention
     with in_proj_qkvz + in_proj_ba, a depthwise conv, A_log / dt_bias, a gated norm and out_proj; the full
-    attention layers' q_proj is doubled by the output gate."""
+    attention layers' q_proj is doubled by the output gate. Other models' parameters come back unchanged."""
+    if not cfg.has("linear_num_value_heads"):
+        return params
     nk, nv = cfg.int("linear_num_key_heads", 1), cfg.int("linear_num_value_heads", 1)
     dk, dv = cfg.int("linear_key_head_dim", 1), cfg.int("linear_value_head_dim", 1)
     conv_dim = 2 * nk * dk + nv * dv
