@@ -298,6 +298,31 @@ def _checks(sw: Sweep, fmts: list[str]) -> tuple[dict, dict, dict]:
     return ok_dec, ok_var, ok_wr
 
 
+def _grid(doc: dict, sw: Sweep) -> None:
+    """Copy baseline, checks, then the write and decode grids, each phase marked on the trace."""
+    dev, dry, grid, trace = sw.dev, sw.dry, doc["grid"], sw.trace
+    t = time.perf_counter()
+    doc["copy_baseline"] = bench.copy_baseline(dev)
+    trace.mark("copy baseline", t, kind="phase", gbs=doc["copy_baseline"]["gbs"])
+    sw.copy_gbs = doc["copy_baseline"]["gbs"] if not dry else None  # a CPU memcpy is no GPU baseline
+    t = time.perf_counter()
+    doc["checks"] = bench.check_on_device(sw.shape, dev, grid["formats"])
+    trace.mark("check as-is write + attention", t, kind="phase")
+    ok_dec, ok_var, ok_wr = _checks(sw, grid["formats"])
+    # writes first: few and quick, so a sweep cut short by its clock still has every write target
+    t = time.perf_counter()
+    order = DRY_GRID if dry else GPU_GRID  # the record's grid is sorted; this is the order of priority
+    for tokens, fmt in itertools.product(order["write_tokens"], grid["formats"]):
+        sw.write_size(fmt, tokens, ok_wr[fmt])
+    trace.mark("write grid", t, kind="phase")
+    t = time.perf_counter()
+    for ctx, batch, fmt in itertools.product(order["contexts"], order["batches"], grid["formats"]):
+        sw.decode_shape(fmt, batch, ctx, ok_dec[fmt], ok_var[fmt])
+        if not dry:
+            torch.cuda.empty_cache()  # the case's cache is gone once decode_shape returns
+    trace.mark("decode grid", t, kind="phase")
+
+
 def run(results_dir, *, max_seconds: float = 380.0) -> dict:
     """The whole sweep on this device (the Triton interpreter when TRITON_INTERPRET=1: the dry run's grid and
     shape); returns the record, written under results_dir/<machine>/kernels/."""
@@ -309,30 +334,15 @@ def run(results_dir, *, max_seconds: float = 380.0) -> dict:
     started = records.utc_now()
     doc = _header(shape, dev, card, dry, started)
     doc["device_memory"] = device_memory(dev, card)
-    grid = doc["grid"]
+    doc["checks"], doc["copy_baseline"] = [], None
     with Trace(dev) as trace:
-        t = time.perf_counter()
-        doc["copy_baseline"] = bench.copy_baseline(dev)
-        trace.mark("copy baseline", t, kind="phase", gbs=doc["copy_baseline"]["gbs"])
-        copy_gbs = doc["copy_baseline"]["gbs"] if not dry else None
-        peak = card.hbm_bandwidth_gbs if card else None
-        sw = Sweep(doc, shape, dev, trace, peak, copy_gbs, t0 + max_seconds, dry)
-        t = time.perf_counter()
-        doc["checks"] = bench.check_on_device(shape, dev, grid["formats"])
-        trace.mark("check as-is write + attention", t, kind="phase")
-        ok_dec, ok_var, ok_wr = _checks(sw, grid["formats"])
-        # writes first: few and quick, so a sweep cut short by its clock still has every write target
-        t = time.perf_counter()
-        order = DRY_GRID if dry else GPU_GRID  # the record's grid is sorted; this is the order of priority
-        for tokens, fmt in itertools.product(order["write_tokens"], grid["formats"]):
-            sw.write_size(fmt, tokens, ok_wr[fmt])
-        trace.mark("write grid", t, kind="phase")
-        t = time.perf_counter()
-        for ctx, batch, fmt in itertools.product(order["contexts"], order["batches"], grid["formats"]):
-            sw.decode_shape(fmt, batch, ctx, ok_dec[fmt], ok_var[fmt])
-            if not dry:
-                torch.cuda.empty_cache()  # the case's cache is gone once decode_shape returns
-        trace.mark("decode grid", t, kind="phase")
+        try:
+            _grid(
+                doc,
+                Sweep(doc, shape, dev, trace, card.hbm_bandwidth_gbs if card else None, None, t0 + max_seconds, dry),
+            )
+        except KeyboardInterrupt:  # run_on_gpu.sh's hard timeout sends SIGINT: keep what was measured
+            doc["status"] = "interrupted"
     if doc["device_memory"].get("available"):
         doc["device_memory"]["torch_max_allocated_bytes"] = torch.cuda.max_memory_allocated(dev)
     doc["telemetry"] = trace.as_dict()

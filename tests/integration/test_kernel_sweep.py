@@ -89,3 +89,20 @@ def test_a_wrong_mode_is_one_line_and_exit_2(tmp_path):
     out = _run(tmp_path, MODE="fast")
     assert out.returncode == 2
     assert out.stderr.strip() == "run_on_gpu.sh: MODE must be grid (the default) or sweep, got 'fast'"
+
+
+def test_an_interrupted_sweep_still_writes_what_it_measured(tmp_path):
+    # run_on_gpu.sh's hard timeout sends SIGINT; here the interrupt arrives as the candidate checks begin
+    code = (
+        "import os; os.environ['TRITON_INTERPRET'] = '1'\n"
+        "from kvbench.kernels import sweep\n"
+        "def stop(*a): raise KeyboardInterrupt\n"
+        "sweep._checks = stop\n"
+        f"sweep.run({str(tmp_path)!r})\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    (path,) = tmp_path.glob("*/kernels/*.json")
+    doc = json.loads(path.read_text())
+    assert doc["status"] == "interrupted" and doc["copy_baseline"]["gbs"] > 0 and doc["checks"]
+    assert doc["decode"] == [] and "status: interrupted" in out.stdout
