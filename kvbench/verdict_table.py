@@ -22,6 +22,15 @@ COLUMNS = (
     "reason",
 )
 NONE = "—"
+SHORT_KINDS = {
+    "failed": "the run failed or stopped (the statement says where)",
+    "unsupported": "vLLM refused the dtype",
+    "not-honoured": "probably not honoured by the engine (capacity vs the format)",
+    "unconfirmed": "the server did not confirm the dtype",
+    "canary": "canaries came back different under load more often than auto's",
+    "degenerate": "degenerate answers more often than auto's",
+    "other": "misses the SLO even one request at a time",  # the one OTHER reason kvbench.verdict gives
+}
 
 
 @dataclass(frozen=True)
@@ -157,9 +166,15 @@ def _fidelity(d, key: str, ci_key: str, fmt: str, floor: dict | None = None) -> 
 
 def short_reason(v, decision) -> str:
     """One short reason: what decides this dtype's place."""
+    from kvbench.harness.findings import FindingKind
+
     a = v.accuracy
     if v.status == "recommended":
         return decision.why if len(decision.why) <= 90 else decision.why.split(" (")[0]
+    first = v.reasons[0] if v.reasons else None
+    if first is not None and first.kind not in (FindingKind.ACCURACY, FindingKind.EMULATED):
+        # a failed run, an engine that did not honour the dtype, canaries: named by kind (the text is the statement's)
+        return SHORT_KINDS.get(first.kind.value, first.kind.value.replace("-", " "))
     if a.state == acc.INFERIOR:
         t = lead_test(a) if (a.primary and a.primary.result.verdict == acc.INFERIOR) else _worst_inferior(a)
         if t is None:
