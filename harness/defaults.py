@@ -57,10 +57,10 @@ class _Lengths:
 def build_plan(settings: RunSettings) -> RunPlan:
     """The RunPlan of checked settings: the workload, the servers (asked, when they run already), the loads,
     vLLM's arguments and the eval, each refused in one line before anything is measured."""
-    from kvbench.harness.machine import machine_name
+    from kvbench.harness.machine import check_machine_name, machine_name
 
     s = settings
-    machine = s.machine or machine_name()
+    machine = check_machine_name(s.machine, "machine") if s.machine else machine_name()
     notes: list[str] = []
     lengths = _lengths(s)
     served = _endpoint_servers(s, notes) if s.endpoints is not None else _own_servers(s, lengths)

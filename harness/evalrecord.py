@@ -19,7 +19,7 @@ from pathlib import Path
 from kvbench import stats
 from kvbench.harness.evaluation import EvalResult
 from kvbench.harness.records import new_run_id, utc_iso, write_atomic
-from kvbench.harness.records.storage import _replace_atomic, item_columns
+from kvbench.harness.records.storage import _replace_atomic, inside, item_columns
 from kvbench.scrub import scrub_table
 
 SCHEMA = "kvbench.eval/1"
@@ -93,7 +93,7 @@ def summarize(results: dict[RunKey, EvalResult], reference: str = REFERENCE) -> 
 
 
 def eval_path(results_dir: Path, machine: str, eval_id: str) -> Path:
-    return Path(results_dir) / machine / EVALS_DIR / f"{eval_id}.json"
+    return inside(results_dir, Path(results_dir) / machine / EVALS_DIR / f"{eval_id}.json")
 
 
 def new_eval_id(machine: str) -> str:

@@ -17,7 +17,12 @@ from functools import cache
 from pathlib import Path
 
 from kvbench import __version__
+from kvbench.errors import UsageError
 from kvbench.gpus import match_nvml_name
+
+MAX_NAME = 64  # bytes: one folder name in results/ and a part of every run id, well under any filesystem's 255
+_SAFE = re.compile(r"[A-Za-z0-9._-]+")
+VALID_FORM = f"1-{MAX_NAME} letters, digits, '.', '_' or '-', not '.' or '..'"
 
 
 def slug(text: str) -> str:
@@ -72,14 +77,28 @@ def gpu_machine_name(nvml_name: str, memory_bytes: int, count: int = 1) -> str:
     return f"{count}x-{base}" if count > 1 else base
 
 
+def check_machine_name(name: str, source: str = "--machine") -> str:
+    """A user-given machine name, which becomes a folder under --results and part of every run id: one safe
+    path component, or refused in one line (so no record lands outside the folder the user named)."""
+    if not _SAFE.fullmatch(name) or name in (".", "..") or len(name) > MAX_NAME:
+        raise UsageError(f"{source} {name[:80]!r} is not a usable machine name; use {VALID_FORM}")
+    return name
+
+
+def safe_machine_name(text: str) -> str:
+    """A derived name (from NVML's or the CPU's model string) made safe: other characters become '-', bounded."""
+    name = re.sub(r"[^A-Za-z0-9._-]+", "-", text).strip("-.")[:MAX_NAME].strip("-.")
+    return name or "unknown"
+
+
 def machine_name(gpu_count: int = 1) -> str:
-    """The results folder name for this machine (override with KVBENCH_MACHINE)."""
+    """The results folder name for this machine (override with KVBENCH_MACHINE, checked)."""
     if override := os.environ.get("KVBENCH_MACHINE"):
-        return override
+        return check_machine_name(override, "KVBENCH_MACHINE")
     gpus, _ = nvml_gpus()
     if gpus:
-        return gpu_machine_name(gpus[0]["name"], gpus[0]["memory_bytes"], gpu_count)
-    return f"cpu-{slug(cpu_model())}"
+        return safe_machine_name(gpu_machine_name(gpus[0]["name"], gpus[0]["memory_bytes"], gpu_count))
+    return safe_machine_name(f"cpu-{slug(cpu_model())}")
 
 
 def _dist_version(name: str) -> str | None:

@@ -55,8 +55,16 @@ def utc_iso(when: datetime | None = None) -> str:
     return (when or utc_now()).isoformat(timespec="seconds")
 
 
+def inside(results_dir: Path | str, path: Path) -> Path:
+    """`path`, refused in one line unless it resolves inside results_dir (a record never escapes --results)."""
+    root = Path(results_dir).resolve()
+    if not Path(path).resolve().is_relative_to(root):
+        raise UsageError(f"{path} lies outside the results folder {results_dir}; check the machine name and run id")
+    return Path(path)
+
+
 def record_path(results_dir: Path, machine: str, run_id: str) -> Path:
-    return Path(results_dir) / machine / RUNS_DIR / f"{run_id}.json"
+    return inside(results_dir, Path(results_dir) / machine / RUNS_DIR / f"{run_id}.json")
 
 
 def stem_of(path: Path | str) -> str:
@@ -76,7 +84,7 @@ def samples_paths(path: Path) -> tuple[Path, Path, Path]:
 def check_writable(results_dir: Path, machine: str) -> Path:
     """Make sure records can be written under results_dir/<machine>/runs before anything is measured: create
     the folder and a probe file, remove the probe (and any folder this created, if it fails). One line if not."""
-    target = Path(results_dir) / machine / RUNS_DIR
+    target = inside(results_dir, Path(results_dir) / machine / RUNS_DIR)
     created = []
     probe = None
     try:

@@ -112,10 +112,10 @@ def run(
     wait_load: float | None = None,
 ) -> int:
     from kvbench import asvrun
-    from kvbench.harness.machine import machine_name
+    from kvbench.harness.machine import check_machine_name, machine_name
 
     venv = Path(venv or sys.prefix).absolute()
-    machine = machine or machine_name()
+    machine = check_machine_name(machine) if machine else machine_name()
     with console.status(f"asking {venv} for its vLLM"):
         info = asvrun.describe_venv(venv)
     vllm = f"{info['vllm_package']} {info['vllm_version']}"
