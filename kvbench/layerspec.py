@@ -182,3 +182,16 @@ def describe_layer(kind: LayerKind, act_bytes: float) -> str:
     if kind.index_bytes:
         text += f", + DSA indexer {kind.index_bytes} B/token"
     return text
+
+
+def with_mamba_ssm_dtype(model, dtype: str):
+    """`model` with its recurrent state's SSM part stored in `dtype` (vLLM's --mamba-ssm-cache-dtype, or a
+    platform's override: vllm/platforms/cpu.py resets it to float32 for its accelerated GDN backend)."""
+    from dataclasses import replace
+
+    if dtype not in DTYPE_BYTES:
+        raise UsageError(f"unknown mamba SSM dtype {dtype!r}; choose from: {', '.join(DTYPE_BYTES)}")
+    layers = tuple(
+        replace(k, state=replace(k.state, ssm_bytes=DTYPE_BYTES[dtype])) if k.state else k for k in model.layers
+    )
+    return replace(model, layers=layers)

@@ -16,6 +16,7 @@ import pytest
 from kvbench.capacity import budget_from_bytes, capacity_row, rank_model
 from kvbench.commands.fromlog import LogOverrides, predict_for_log
 from kvbench.formats import get_format
+from kvbench.layerspec import with_mamba_ssm_dtype
 from kvbench.models import load_model
 from kvbench.startuplog import parse_startup_log
 
@@ -36,11 +37,14 @@ def _hybrid_cases():
 
 def _row(spec, case: dict, context: int, pool: float, log_dtype: str = "auto"):
     fmt = get_format(case.get("kv_cache_dtype", log_dtype))
+    if "mamba_ssm_dtype" in case:
+        spec = with_mamba_ssm_dtype(spec, case["mamba_ssm_dtype"])
     return capacity_row(
         rank_model(spec, case.get("tensor_parallel_size", 1)),
         fmt,
         context,
         budget_from_bytes(pool),
+        block_size=case.get("base_block_size", 16),
         max_num_batched_tokens=case.get("max_num_batched_tokens", 8192),
         vllm_version=case["vllm_version"],
         mamba_cache_mode=case.get("mamba_cache_mode"),
@@ -50,7 +54,8 @@ def _row(spec, case: dict, context: int, pool: float, log_dtype: str = "auto"):
 @pytest.mark.parametrize(("name", "case"), list(_hybrid_cases()))
 def test_hybrid_log_tokens_and_concurrency(name, case):
     log = parse_startup_log((HYBRID / name).read_text())
-    spec = load_model(case["model"])
+    model = case["model"]
+    spec = load_model(str(HYBRID / model) if model.endswith(".json") else model)
     context = log.tokens_per_request
     pool_gib = log.available_kv_gib or case.get("pool_gib")
     if pool_gib is not None:
