@@ -24,6 +24,7 @@ from pathlib import Path
 from kvbench import evaltasks
 from kvbench.errors import KvbenchError, UsageError
 from kvbench.harness.endpoint import redact_url
+from kvbench.harness.evalhttp import completions_model
 
 # Packaged dataset builders that read local files: a task built on them needs no hub.
 LOCAL_BUILDERS = ("json", "csv", "parquet", "text", "arrow")
@@ -161,7 +162,6 @@ def evaluate(
     """
     import lm_eval
     from lm_eval.evaluator import simple_evaluate
-    from lm_eval.models.openai_completions import LocalCompletionsAPI
 
     if not tasks:
         raise UsageError(
@@ -176,7 +176,7 @@ def evaluate(
     tm = task_manager(tasks, tokenizer, n_items, seed, max_seq_lengths)
     check_tasks(tasks, tm)
     check_offline(tasks, tm)
-    lm = LocalCompletionsAPI(
+    lm = completions_model(  # lm-eval's local-completions, following no redirect (it would carry the key)
         base_url=f"{base_url.rstrip('/')}/v1/completions",
         model=served_model,
         tokenizer_backend=None,  # given below, loaded by kvbench.tokenizer
