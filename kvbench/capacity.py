@@ -259,10 +259,12 @@ def capacity_for_ranks(
     block_size: int = VLLM_DEFAULT_BLOCK_SIZE,
     pool_bytes: float | None = None,
     overhead_bytes: float | None = None,
+    vllm_version: str | None = None,
 ) -> list[CapacityRow]:
     """Capacity of a tensor/pipeline-parallel group as vLLM logs it: each stage's ranks size their own pool
     for their own KV heads and layers, the group keeps the smallest block count of its stages, and kv_tokens
-    counts the whole group. `pool_bytes` (per rank) or `overhead_bytes` (per GPU) override the derived pool."""
+    counts the whole group. `pool_bytes` (per rank) or `overhead_bytes` (per GPU) override the derived pool.
+    `vllm_version`: the release the server ran where it is newer than the one the estimate models (its token form)."""
     tp = estimate.tensor_parallel_size
     stage_pools = []
     for stage in estimate.stages:
@@ -287,7 +289,7 @@ def capacity_for_ranks(
                 gpu,
                 block_size,
                 scheduler=estimate.scheduler,
-                vllm_version=estimate.release.version,
+                vllm_version=vllm_version or estimate.release.version,
             )
             if best is None or row.num_blocks < best.num_blocks:
                 best = row

@@ -94,7 +94,9 @@ def predict_for_log(log: StartupLog, source: Path, flags: LogOverrides = LogOver
         max_num_batched_tokens=flags.max_num_batched_tokens or args.get("max_num_batched_tokens"),
         max_model_len=max_len,
     )
-    row = capacity_for_ranks(spec, [fmt], max_len, est, card, args.get("block_size") or flags.block_size)[0]
+    block = args.get("block_size") or flags.block_size
+    version = flags.vllm_version or log.vllm_version
+    row = capacity_for_ranks(spec, [fmt], max_len, est, card, block, vllm_version=version)[0]
     return spec, card, est, row, max_len
 
 
@@ -196,7 +198,9 @@ def compare_log(settings) -> None:
     # --kv-budget-gb replaces the log's pool in the KV accounting (never ignored); else the log's own pool
     if s.kv_budget_gb is not None:
         pool, pool_how = s.kv_budget_gb * 1e9, f"--kv-budget-gb {s.kv_budget_gb:g} GB replaces the pool"
-        row = capacity_for_ranks(spec, [row_format(row)], max_len, est, card, flags.block_size, pool)[0]
+        row = capacity_for_ranks(
+            spec, [row_format(row)], max_len, est, card, flags.block_size, pool, vllm_version=vllm_version
+        )[0]
     elif log.available_kv_gib:
         pool, pool_how = log.available_kv_gib * GiB, "the log's own pool (isolates the KV accounting)"
     else:
