@@ -422,8 +422,10 @@ def write_results(root: Path, evil: bool = True) -> Path:
         path.write_text(json.dumps(doc))
     (root / "h100-sxm-80gb" / "kernels").mkdir(parents=True)
     (root / "h100-sxm-80gb" / "kernels" / "20261128T120000Z.json").write_text(json.dumps(kernel_record()))
-    for src in sorted((REPO / "results").glob("*/accuracy/*.json")):
-        dst = root / src.relative_to(REPO / "results")
+    from support import committed_results
+
+    for src in sorted(committed_results().glob("*/accuracy/*.json")):
+        dst = root / src.relative_to(committed_results())
         dst.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(src, dst)
     return root

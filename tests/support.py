@@ -201,3 +201,31 @@ def sky_validator():
 def sky_errors(doc: dict) -> list[str]:
     """What the vendored SkyPilot task schema says is wrong with a task document ([] when it accepts it)."""
     return [f"{'/'.join(map(str, e.path))}: {e.message}" for e in sky_validator().iter_errors(doc)]
+
+
+def committed_results() -> Path:
+    """A private copy of the committed results/ (`git ls-files results`), made once per test process: tests
+    read the records the repository ships, never what a user's `make run` added to the checkout since
+    (issue 36). Outside a git checkout (an sdist), the folder as found."""
+    global _COMMITTED
+    if _COMMITTED is None:
+        import atexit
+        import shutil
+        import tempfile
+
+        src = ROOT
+        listed = subprocess.run(["git", "ls-files", "-z", "results"], cwd=src, capture_output=True)
+        names = [n for n in listed.stdout.decode().split("\0") if n] if listed.returncode == 0 else []
+        if not names:
+            return src / "results"
+        tmp = Path(tempfile.mkdtemp(prefix="kvbench-committed-"))
+        atexit.register(shutil.rmtree, tmp, True)
+        for name in names:
+            dst = tmp / name
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src / name, dst)
+        _COMMITTED = tmp / "results"
+    return _COMMITTED
+
+
+_COMMITTED: Path | None = None

@@ -7,6 +7,7 @@ import importlib.util
 from pathlib import Path
 
 import pytest
+from support import committed_results
 
 from kvbench.dashboards import browser, site
 from kvbench.dashboards import data as site_data
@@ -30,7 +31,7 @@ def sites(tmp_path_factory):
     loaded.regressions = sample.regressions_frame(loaded.history)
     expected = {"sample": {p.slug: [d for d, _ in p.figures] for p in site.build_pages(loaded)}}
     site.write_site(loaded, root / "sample")
-    committed = site_data.load(REPO / "results", asv_conf=REPO / "asv.conf.json")
+    committed = site_data.load(committed_results(), asv_conf=REPO / "asv.conf.json")
     expected["committed"] = {p.slug: [d for d, _ in p.figures] for p in site.build_pages(committed)}
     site.write_site(committed, root / "committed")
     (root / "empty-results").mkdir()

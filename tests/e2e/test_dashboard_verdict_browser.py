@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from support import committed_results
 
 from kvbench.dashboards import browser, site
 from kvbench.dashboards import data as site_data
@@ -26,7 +27,7 @@ return {top: r.top, bottom: r.bottom, left: r.left, right: r.right,
 @pytest.fixture(scope="module")
 def committed_site(tmp_path_factory):
     out = tmp_path_factory.mktemp("verdict-site")
-    site.write_site(site_data.load(REPO / "results"), out)
+    site.write_site(site_data.load(committed_results()), out)
     return out
 
 

@@ -9,14 +9,14 @@ import shutil
 from pathlib import Path
 
 import pytest
-from support import cli, cpu_plan
+from support import cli, committed_results, cpu_plan
 
 from kvbench.errors import UsageError
 from kvbench.harness.settings import RunSettings
 
 ROOT = Path(__file__).resolve().parents[2]
 # a committed run record with fronts (cpu-amd-epyc, price key cpu)
-FRONT_RECORD = ROOT / "results" / "cpu-amd-epyc" / "runs" / "20261201T113924Z-cpu-amd-epyc-8a542b.json"
+FRONT_RECORD = committed_results() / "cpu-amd-epyc" / "runs" / "20261201T113924Z-cpu-amd-epyc-8a542b.json"
 
 
 def one_line(capsys, *args: str, code: int = 2) -> str:
@@ -134,7 +134,7 @@ def _binary(tmp_path: Path) -> Path:
 
 def _broken_benchmarks(tmp_path: Path) -> Path:
     results = tmp_path / "results"
-    shutil.copytree(ROOT / "results", results, ignore=shutil.ignore_patterns("logs", "peer", "runs"))
+    shutil.copytree(committed_results(), results, ignore=shutil.ignore_patterns("logs", "peer", "runs"))
     (results / "benchmarks.json").write_text('{"broken": ')
     shutil.copy(ROOT / "asv.conf.json", tmp_path / "asv.conf.json")
     return results

@@ -9,12 +9,12 @@ import shutil
 from pathlib import Path
 
 import pytest
-from support import kvbench, kvbench_here
+from support import committed_results, kvbench, kvbench_here
 
 from kvbench.harness import records
 
 ROOT = Path(__file__).resolve().parents[2]
-COMMITTED = ROOT / "results"
+COMMITTED = committed_results()
 # a kvbench.run/1 record (older records must stay readable): a committed one, its requests cut to 3 per phase
 RECORD = ROOT / "tests" / "data" / "v1-record.json"
 

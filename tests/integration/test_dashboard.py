@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from support import kvbench
+from support import committed_results, kvbench
 
 from kvbench.dashboards import data as site_data
 from kvbench.dashboards import derive, site, theme
@@ -61,7 +61,7 @@ def all_figures(pages):
 @pytest.fixture(scope="module")
 def committed():
     """The committed results, loaded, and their pages (built once for the tests that read them)."""
-    loaded = site_data.load(REPO / "results", asv_conf=REPO / "asv.conf.json")
+    loaded = site_data.load(committed_results(), asv_conf=REPO / "asv.conf.json")
     return loaded, {p.slug: p for p in site.build_pages(loaded)}
 
 
@@ -468,7 +468,7 @@ def test_history_points_with_repeats_get_95pct_error_bars():
     from kvbench.dashboards import page_history
     from kvbench.harness.repeats import half_width
 
-    loaded = site_data.load(REPO / "results", asv_conf=REPO / "asv.conf.json")
+    loaded = site_data.load(committed_results(), asv_conf=REPO / "asv.conf.json")
     ttft = loaded.history[loaded.history["metric"] == loaded.history["metric"].iloc[0]].copy()
     unit = ttft["unit"].iloc[0]
     _, factor = page_history.display_unit(unit)

@@ -18,7 +18,7 @@ import pytest
 import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from support import kvbench, kvbench_here, shipped, sky_errors, toml_text
+from support import committed_results, kvbench, kvbench_here, shipped, sky_errors, toml_text
 
 from kvbench.errors import KvbenchError, UsageError
 from kvbench.harness.records import DtypeStatus, RunRecord, utc_iso
@@ -188,8 +188,8 @@ def project(tmp_path: Path, name: str) -> Path:
     """A checkout's results/ as main holds it before the night: the committed CPU history."""
     root = tmp_path / name
     (root / "results").mkdir(parents=True)
-    shutil.copytree(ROOT / "results" / MACHINE, root / "results" / MACHINE)
-    shutil.copy(ROOT / "results" / "benchmarks.json", root / "results" / "benchmarks.json")
+    shutil.copytree(committed_results() / MACHINE, root / "results" / MACHINE)
+    shutil.copy(committed_results() / "benchmarks.json", root / "results" / "benchmarks.json")
     shutil.copy(ROOT / "asv.conf.json", root / "asv.conf.json")
     return root
 

@@ -11,10 +11,10 @@ import sys
 from pathlib import Path
 
 import pytest
-from support import KVBENCH
+from support import KVBENCH, committed_results
 
 ROOT = Path(__file__).resolve().parents[2]
-RECORD = sorted((ROOT / "results" / "cpu-amd-epyc" / "runs").glob("*.json"))[-1]
+RECORD = sorted((committed_results() / "cpu-amd-epyc" / "runs").glob("*.json"))[-1]
 LOG = ROOT / "tests" / "data" / "vllm-startup-logs" / "meta-llama-llama-3-1-8b---h100-80gb--tp1pp1dp1--8192.txt"
 
 COMMANDS = {
@@ -32,13 +32,25 @@ COMMANDS = {
 }
 
 
+@pytest.fixture(scope="module")
+def shipped_tree(tmp_path_factory):
+    """A folder holding the committed results/ and asv.conf.json: the commands read what the repository ships,
+    not what a `make run` added to the checkout since (issue 36)."""
+    import shutil
+
+    root = tmp_path_factory.mktemp("shipped")
+    shutil.copytree(committed_results(), root / "results")
+    shutil.copy(ROOT / "asv.conf.json", root / "asv.conf.json")
+    return root
+
+
 @pytest.mark.parametrize("name", list(COMMANDS))
-def test_json_is_one_document_on_stdout(name, capfd, monkeypatch):
+def test_json_is_one_document_on_stdout(name, capfd, monkeypatch, shipped_tree):
     """In this process, with stdout captured at the file descriptor (capfd): what kvbench, its libraries and any
     child process write to fd 1 is there, as in a pipe."""
     from kvbench.cli import main
 
-    monkeypatch.chdir(ROOT)
+    monkeypatch.chdir(shipped_tree)
     monkeypatch.setenv("COLUMNS", "200")
     with pytest.raises(SystemExit) as exc:
         main([*COMMANDS[name], "--json"])

@@ -6,12 +6,13 @@ import json
 from pathlib import Path
 
 import pandas as pd
+from support import committed_results
 
 from kvbench.dashboards import page_kernels as pk
 from kvbench.dashboards.components import Page
 
 REPO = Path(__file__).resolve().parents[2]
-H200 = REPO / "results" / "h200-141gb" / "kernels" / "20261204T174946Z.json"
+H200 = committed_results() / "h200-141gb" / "kernels" / "20261204T174946Z.json"
 FIELDS = ["t", "gpu", "memory_used_bytes", "power_w", "sm_util_pct", "mem_util_pct", "sm_clock_mhz", "mem_clock_mhz"]
 FIELDS += ["temperature_c"]
 

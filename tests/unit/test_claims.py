@@ -144,11 +144,13 @@ def test_an_up_to_ttft_claim_holds_when_a_run_reaches_it(speedup, verdict):
 def test_the_nvidia_accuracy_claim_is_not_checkable_on_the_committed_cpu_records():
     """The committed CPU records ran kvbench's tiny model only: NVIDIA's claim speaks of its own models, so it
     reads "not checkable here", the tiny model's figure beside it as context, labelled."""
+    from support import committed_results
+
     from kvbench.claims import measured_values
     from kvbench.harness.records import summary_frame
 
     doc, notes, judged = load_claims(), {}, {}
-    verdicts = evaluate(doc, measured_values(doc, summary_frame("results"), notes, judged), notes, judged)
+    verdicts = evaluate(doc, measured_values(doc, summary_frame(committed_results()), notes, judged), notes, judged)
     v = {v.id: v for v in verdicts}["nvidia-nvfp4-accuracy"]
     assert (v.verdict, v.label, v.measured) == ("not checkable", "not checkable here", None)
     assert "context only, not a judgement: kvbench's tiny model, which the claim does not speak of" in v.derivation
@@ -260,11 +262,11 @@ def test_the_shipped_claims_name_their_article():
 
 def test_the_committed_prefix_cache_run_is_read_as_prefix_sharing():
     # The records in results/ say their workload's kind: the prefix-cache scenario is a shared-prefix run.
-    from pathlib import Path
+    from support import committed_results
 
     from kvbench.harness.records import summary_frame
 
-    frame = summary_frame(Path(__file__).parents[2] / "results", problems=[])
+    frame = summary_frame(committed_results(), problems=[])
     kinds = frame.groupby("run_id")["workload_kind"].first()
     assert {"fixed", "shared-prefix", "multi-turn", "trace"} <= set(kinds)
     assert kinds[kinds.index.str.endswith("e9e05d")].tolist() == ["shared-prefix"]

@@ -277,14 +277,10 @@ def test_capacity_block_on_a_gpu_measures_the_overhead(tmp_path):
 
 def test_committed_v2_records_are_summaries_small_enough_for_git():
     # issue 11: a CPU-default record was 3.5 MB with every request inline; v2 keeps samples in Parquet.
-    from pathlib import Path
+    from support import committed_results
 
     from kvbench.datafiles import read_json
 
-    v2 = [
-        p
-        for p in records.find_records(Path(__file__).parents[2] / "results")
-        if read_json(p).get("schema") == records.SCHEMA
-    ]
+    v2 = [p for p in records.find_records(committed_results()) if read_json(p).get("schema") == records.SCHEMA]
     assert len(v2) >= 6
     assert max(p.stat().st_size for p in v2) <= 200_000
