@@ -10,7 +10,10 @@ staged and out of it.
 Environment: every vLLM version runs as the same asv environment, `existing:<repo>/.asv/venv/bin/python`,
 where `.asv/venv` is a directory symlink to the venv that holds that version. asv names environments
 after the interpreter's absolute path (not its real path), so all versions share one graph line; the
-vLLM version and package are in the run record (kvbench.history joins them back).
+vLLM version and package are in the run record (kvbench.history joins them back). That name still holds the
+checkout's path, so the result asv writes is filed under one fixed environment, `existing-pykvbench-venv`
+(interpreter `kvbench-venv`; `stabilize`): every checkout of a machine feeds one series, and no committed file
+name or field carries the path of the box that wrote it. `kvbench history upgrade` renames older files.
 
 Machine: asv's `asv machine --yes --machine X` stores only the name, so kvbench writes its entry of
 ~/.asv-machine.json itself, with fields that do not change from run to run (GPU model, count, driver,
@@ -30,7 +33,18 @@ from pathlib import Path
 from kvbench.datafiles import read_json
 from kvbench.errors import KvbenchError, UsageError
 from kvbench.harness.records import linked_records, write_atomic
-from kvbench.suite import ENV_COMMIT, ENV_ENV_NAME, ENV_MACHINE, ENV_MODEL, ENV_RESULTS, changed_code
+from kvbench.harness.records.storage import _replace_atomic
+from kvbench.suite import (
+    ENV_COMMIT,
+    ENV_ENV_NAME,
+    ENV_MACHINE,
+    ENV_MODEL,
+    ENV_RESULTS,
+    STABLE_ENV,
+    STABLE_PYTHON,
+    changed_code,
+    one_env,
+)
 
 VENV_LINK = Path(".asv") / "venv"  # relative to the asv.conf.json folder
 MACHINE_FILE = Path("~/.asv-machine.json")
@@ -89,6 +103,36 @@ def result_file(results_dir: Path, machine: str, commit: str, env: str) -> Path:
     from asv.results import get_filename
 
     return Path(results_dir) / get_filename(machine, commit, env)
+
+
+def stabilize(path: Path) -> Path:
+    """The asv result at `path`, filed under kvbench's one environment: env_name, python and the `python`
+    graph parameter rewritten, the file renamed to match (atomically; the old name removed). Returns the
+    new path; a result already there is left as it is."""
+    try:
+        doc = json.loads(Path(path).read_text())  # asv's own format (NaN included), rewritten as asv writes it
+    except (OSError, ValueError) as exc:
+        raise UsageError(f"{path}: not a readable asv result ({type(exc).__name__}); restore it from git") from None
+    if not isinstance(doc, dict) or one_env(doc.get("env_name")) != STABLE_ENV or "commit_hash" not in doc:
+        return path
+    doc.update(env_name=STABLE_ENV, python=STABLE_PYTHON)
+    if isinstance(doc.get("params"), dict) and "python" in doc["params"]:
+        doc["params"]["python"] = STABLE_PYTHON
+    new = path.with_name(f"{doc['commit_hash'][:8]}-{STABLE_ENV}.json")
+    _replace_atomic(new, lambda fh: fh.write(json.dumps(doc).encode()))
+    if new != path:
+        path.unlink()
+    return new
+
+
+def stabilize_all(results_dir: Path) -> list[tuple[Path, Path]]:
+    """(old, new) for every asv result under results_dir whose environment is named after a path."""
+    out = []
+    for machine in sorted(p for p in Path(results_dir).iterdir() if (p / "machine.json").is_file()):
+        for path in sorted(machine.glob("*-existing-*.json")):
+            if path.name != f"{path.name[:8]}-{STABLE_ENV}.json":
+                out.append((path, stabilize(path)))
+    return out
 
 
 # -- the environment ----------------------------------------------------------------------------------
@@ -272,7 +316,7 @@ def asv_command(project: AsvProject, commit: str, machine: str, bench: list[str]
 def asv_env(project: AsvProject, commit: str, machine: str, model: str | None) -> dict:
     env = dict(os.environ)
     env[ENV_COMMIT] = commit
-    env[ENV_ENV_NAME] = env_name(project.env_python)
+    env[ENV_ENV_NAME] = STABLE_ENV  # the record names the point as kvbench files it (stabilize)
     env[ENV_RESULTS] = str(project.results_dir.absolute())
     env[ENV_MACHINE] = machine
     if model:

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from kvbench.errors import UsageError
 from kvbench.harness.records import linked_records
+from kvbench.suite import one_env
 from kvbench.tracked import by_benchmark
 
 # The agreed shape of a history row (the dashboards' history frame has these); COLUMNS adds the rest.
@@ -75,7 +76,8 @@ def _records(machine_dir: Path, problems: list[str]) -> dict[tuple[str, str], li
     """(commit, env_name) -> [(created_at, record, path)] for the records that name an asv point."""
     out: dict = {}
     for created, doc, path in linked_records(machine_dir, problems):
-        out.setdefault((doc["asv"]["commit"], doc["asv"].get("env_name")), []).append((created, doc, path))
+        key = (doc["asv"]["commit"], one_env(doc["asv"].get("env_name")))  # path-named envs of old records too
+        out.setdefault(key, []).append((created, doc, path))
     return out
 
 
@@ -175,7 +177,7 @@ def history_frame(results_dir="results", asv_conf="asv.conf.json", problems: lis
                 if serving
                 else min((res.started_at[k] for k in keys if res.started_at.get(k)), default=None)
             )
-            doc, path = _pick_record(records.get((res.commit_hash, res.env_name)), started)
+            doc, path = _pick_record(records.get((res.commit_hash, one_env(res.env_name))), started)
             run_env = _env_from_record(doc)
             params = res.params
             point = {
@@ -191,7 +193,7 @@ def history_frame(results_dir="results", asv_conf="asv.conf.json", problems: lis
                 "driver": params.get("driver") or run_env.get("driver"),
                 "cuda": params.get("cuda") or run_env.get("cuda"),
                 "run_status": doc.get("status") if doc else None,
-                "env_name": res.env_name,
+                "env_name": res.env_name,  # as filed (a series is per machine, whatever the environment)
                 "python": res.params.get("python"),
                 "record": str(path) if path else None,
             }

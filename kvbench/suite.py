@@ -68,6 +68,18 @@ def changed_code(repo: Path) -> list[str]:
     return [line[3:] for line in out.stdout.splitlines() if len(line) > 3]
 
 
+# asv names an existing environment after its interpreter's absolute path, so the same machine run from two
+# checkouts (a CI runner, a second clone) would start two series, and committed file names would carry the
+# path of the box that wrote them. kvbench files every point under one name instead (asvrun.stabilize).
+STABLE_PYTHON = "kvbench-venv"
+STABLE_ENV = "existing-pykvbench-venv"  # asv.environment.get_env_name("existing", STABLE_PYTHON, {}, {})
+
+
+def one_env(name: str | None) -> str | None:
+    """The environment a point or record belongs to: every `existing` environment is kvbench's one."""
+    return STABLE_ENV if name and name.startswith("existing-") else name
+
+
 def _existing_env_name(python: str) -> str:
     """asv's name for an existing environment run by this interpreter path (see kvbench.asvrun.env_name)."""
     from asv.environment import get_env_name

@@ -119,7 +119,7 @@ def run(
     with console.status(f"asking {venv} for its vLLM"):
         info = asvrun.describe_venv(venv)
     vllm = f"{info['vllm_package']} {info['vllm_version']}"
-    env = asvrun.env_name(project.env_python)
+    env = asvrun.STABLE_ENV  # asv's path-named environment, filed under kvbench's one (asvrun.stabilize)
     console.print(f"[bold]history point[/]: machine {machine}, {vllm} from {venv}")
     console.print(f"asv environment {env} ({project.env_python} -> {venv})")
     dirty = asvrun.dirty_paths(project.repo)
@@ -154,7 +154,8 @@ def run(
     )
     console.print(" ".join(cmd), style="dim")
     rc = subprocess.run(cmd, cwd=project.root, env=asvrun.asv_env(project, sha, machine, model)).returncode
-    point = asvrun.result_file(project.results_dir, machine, sha, env)
+    written = asvrun.result_file(project.results_dir, machine, sha, asvrun.env_name(project.env_python))
+    point = asvrun.stabilize(written) if written.exists() else written
     if not point.exists():
         raise KvbenchError(f"asv wrote no result for {sha[:8]} (exit {rc}); see its output above")
     record = asvrun.find_record(project.results_dir, machine, sha, env)
@@ -205,17 +206,21 @@ def _table(rows, title: str) -> Table:
 
 def upgrade(project, as_json: bool) -> int:
     """Exit 1 when a record could not be rewritten faithfully (it is left as it was, and named)."""
+    from kvbench import asvrun
     from kvbench.harness.records.upgrade import upgrade_records
 
     with console.status(f"rewriting kvbench.run/1 records under {project.results_dir}"):
         outcomes = upgrade_records(project.results_dir)
+        if project.results_dir.is_dir():  # asv results named after a checkout's path: one environment
+            renamed = asvrun.stabilize_all(project.results_dir)
+            outcomes += [(str(old), f"asv environment: renamed to {new.name}") for old, new in renamed]
     failed = [p for p, outcome in outcomes if outcome.startswith("left")]
     if as_json:
         print_json([{"record": p, "outcome": o} for p, o in outcomes])
     else:
         for p, outcome in outcomes:
             console.print(f"{escape(p)}: {escape(outcome)}")
-        console.print(f"{len(outcomes) - len(failed)} of {len(outcomes)} kvbench.run/1 records rewritten")
+        console.print(f"{len(outcomes) - len(failed)} of {len(outcomes)} records rewritten")
     return 1 if failed else 0
 
 

@@ -173,7 +173,7 @@ def fake_history_point(results: Path) -> Path:
     """What `kvbench history run` leaves: an asv result keyed to a new commit, machine.json, and the run
     record of its serving benchmark linked to the point (copied from the committed CPU history)."""
     machine = results / MACHINE
-    src = json.loads((machine / "b526fed6-existing-py_work_main_.asv_venv_bin_python.json").read_text())
+    src = json.loads(next(machine.glob("b526fed6-existing-*.json")).read_text())
     src.update(commit_hash=NEW_COMMIT, date=src["date"] + 86_400_000)
     (machine / f"{NEW_COMMIT[:8]}-{src['env_name']}.json").write_text(json.dumps(src))
     rec = json.loads((machine / "runs" / "20261129T181535Z-cpu-amd-epyc-41c275.json").read_text())
