@@ -76,3 +76,41 @@ def divergence(model, tok, prompt: str, served: str, max_new_tokens: int, stop_i
     if choice in enders:
         return None
     return served_ids.shape[1], float(last[choice] - last[enders].max())
+
+
+# -- the cross-check's criterion, calibrated on the reference's own spread ---------------------------------
+
+ALPHA = 0.001  # a correct backend fails the share test about once in a thousand runs
+GAP_MARGIN = (
+    1.0  # gaps up to the largest a perturbed reference showed (at 1.5x, 7 of 40 stop-early controls pass alone)
+)
+
+
+def spread_bounds(spread: dict) -> dict:
+    """What correct implementations may differ by, from scripts/nvfp4_reference_spread.py's measurements:
+    `rate`: a one-sided 95% upper bound on the share of differing answers (pooled over the perturbation runs);
+    `gap`: GAP_MARGIN x the largest parting gap any run showed (logits)."""
+    from scipy import stats
+
+    runs = spread["runs"]
+    k, n = sum(r["differing"] for r in runs), spread["items"] * len(runs)
+    rate = float(stats.beta.ppf(0.95, k + 1, n - k)) if k < n else 1.0
+    gaps = [g for r in runs for g in r["gaps"] if g is not None]
+    return {"rate": rate, "gap": GAP_MARGIN * max(gaps, default=0.0), "runs": len(runs), "differing": k, "of": n}
+
+
+def judge(parted: list[float | None], n: int, spread: dict) -> tuple[bool, str]:
+    """(pass, why) for a backend whose answers differ from the reference's on len(parted) of n items, each
+    parting at the given gap (None: the reference would have produced the served text itself). Passes when
+    the share differing is within what correct implementations show (binomial, ALPHA) and every parting gap is
+    within theirs."""
+    from scipy import stats
+
+    b = spread_bounds(spread)
+    allowed = int(stats.binom.ppf(1 - ALPHA, n, b["rate"]))
+    wide = [g for g in parted if g is not None and g > b["gap"]]
+    why = (
+        f"{len(parted)} of {n} answers differ (allowed {allowed}: perturbed references differed on {b['differing']} "
+        f"of {b['of']}); {len(wide)} part at a gap over {b['gap']:.2f} logits"
+    )
+    return len(parted) <= allowed and not wide, why

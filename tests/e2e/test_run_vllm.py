@@ -13,7 +13,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from support import KVBENCH, LEAN, kvbench, kvbench_at, only_record, plan_for
+from support import DATA, KVBENCH, LEAN, kvbench, kvbench_at, only_record, plan_for
 
 from kvbench.harness import records
 from kvbench.harness.runner import Reporter, Runner
@@ -112,33 +112,33 @@ def _answers_match_transformers_with_nvfp4_kv(path: Path, doc: dict) -> None:
     items answered by the model in plain transformers with K/V rounded through kvbench.kernels.nvfp4 (no vLLM).
 
     Both run bf16 in different kernels, and rounding K to 4 bits turns a last-bit difference in a K value that
-    sits on a code boundary into a whole code step, so an answer may part at a near tie: the Intel CI box gave
-    37/40 equal answers, each of the three parting where the reference's top two logits were 0.31-0.69 apart
-    (auto, served against plain transformers, gave 40/40). So: most answers equal, and every answer that is
-    not equal parts where the reference rates the served token within near_tie logits of its own choice (a
-    backend computing something else parts at confident steps: typical top-two gaps on this task are 2-6).
+    sits on a code boundary into a whole code step, so some answers part at near ties. How many, and at what
+    gaps, correct implementations differ is measured, not guessed: tests/data/nvfp4_reference_spread.json holds
+    the reference's own spread under controlled perturbations (bf16 jitter of K/V, eager attention instead of
+    SDPA; scripts/nvfp4_reference_spread.py), and hf_nvfp4.judge compares the served answers with it
+    (docs/guide/cpu-nvfp4.md). Negative controls (a wrong digit, stopping early) fail it widely
+    (tests/unit/test_nvfp4_spread.py).
     """
     from kvbench import evaltasks
     from kvbench.kernels import hf_nvfp4
 
-    near_tie = 1.0  # logits: the served token has at least e^-1 of the reference's choice's probability
+    spread = json.loads((DATA / "nvfp4_reference_spread.json").read_text())
     evals = records.samples_frame(path, "evals")
     rows = evals[(evals.kv_cache_dtype == "nvfp4") & (evals.condition == "rest")]
     model, tok = hf_nvfp4.load(doc["config"]["model"])
     stops = evaltasks.stop_token_ids(tok)
-    agree, parted = 0, []
+    parted = []
     for task, group in rows.groupby("task"):
         kind, _ = evaltasks.parse_task(task)
         items = {i.doc_id: i for i in evaltasks.generate(task, tok, int(group.doc_id.max()) + 1)}
         for doc_id, served, response in zip(group.doc_id, group.filtered, group.response, strict=True):
             prompt, max_toks = items[doc_id].prompt, evaltasks.MAX_GEN_TOKS[kind]
             mine = hf_nvfp4.greedy(model, tok, prompt, max_toks, evaltasks.STOP).strip()
-            if mine == "".join((served or "").split()):
-                agree += 1
-            else:
-                parted.append((doc_id, hf_nvfp4.divergence(model, tok, prompt, response or "", max_toks, stops)))
-    assert len(rows) == 40 and agree >= 0.85 * len(rows), (agree, parted)
-    assert all(gap is not None and gap[1] <= near_tie for _, gap in parted), parted
+            if mine != "".join((served or "").split()):
+                part = hf_nvfp4.divergence(model, tok, prompt, response or "", max_toks, stops)
+                parted.append(None if part is None else part[1])
+    ok, why = hf_nvfp4.judge(parted, len(rows), spread)
+    assert len(rows) == spread["items"] == 40 and ok, why
 
 
 @pytest.mark.vllm
