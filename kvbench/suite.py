@@ -77,7 +77,7 @@ STABLE_ENV = "existing-pykvbench-venv"  # asv.environment.get_env_name("existing
 
 def one_env(name: str | None) -> str | None:
     """The environment a point or record belongs to: every `existing` environment is kvbench's one."""
-    return STABLE_ENV if name and name.startswith("existing-") else name
+    return STABLE_ENV if isinstance(name, str) and name.startswith("existing-") else name
 
 
 def _existing_env_name(python: str) -> str:

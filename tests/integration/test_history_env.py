@@ -147,3 +147,14 @@ def test_stabilize_refuses_a_damaged_result_in_one_line(tmp_path):
 
 def shutil_conf(tmp_path: Path) -> None:
     (tmp_path / "asv.conf.json").write_text((ROOT / "asv.conf.json").read_text())
+
+
+@pytest.mark.parametrize(
+    "name,expected",
+    [("existing-py_work_main_.asv_venv_bin_python", STABLE_ENV), (STABLE_ENV, STABLE_ENV), ("virtualenv-py3.11", None),
+     (None, None), (3, None), ("", None)],
+)  # fmt: skip
+def test_one_env_files_every_existing_environment_as_one(name, expected):
+    from kvbench.suite import one_env
+
+    assert one_env(name) == (name if expected is None else expected)
