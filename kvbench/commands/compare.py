@@ -50,6 +50,10 @@ def command(
     as_json: Annotated[bool, typer.Option("--json", help="Print the rows as JSON.")] = False,
 ) -> int:
     cliargs.number(threshold, "--threshold", low=0, unit="%")
+    if machine:
+        from kvbench.harness.machine import check_machine_name
+
+        check_machine_name(machine)  # a folder under --results, never a path out of it
     from kvbench.compare import accuracy_values, compare, machine_kind_of, recommendations, resolve_pair, side_values
 
     sa, sb = resolve_pair(a, b, results, machine)

@@ -80,3 +80,12 @@ def test_every_file_a_run_writes_lies_inside_results(tmp_path, tiny_model):
         assert p.resolve().is_relative_to(root / "node_07.rack-3"), p
     (rec,) = records.find_records(results)
     assert records.load_record(rec)["run_id"].split("-", 1)[1].startswith("node_07.rack-3-")
+
+
+def test_compare_refuses_a_machine_that_is_a_path(tmp_path):
+    from support import kvbench_here
+
+    (tmp_path / "results").mkdir()
+    out = kvbench_here("compare", "0.31.0", "0.32.0", "--machine", "../../etc", "--results", str(tmp_path / "results"))
+    line = one_line_error(out)
+    assert "--machine" in line and "letters, digits" in line, line
