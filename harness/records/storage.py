@@ -56,9 +56,10 @@ def utc_iso(when: datetime | None = None) -> str:
 
 
 def inside(results_dir: Path | str, path: Path) -> Path:
-    """`path`, refused in one line unless it resolves inside results_dir (a record never escapes --results)."""
-    root = Path(results_dir).resolve()
-    if not Path(path).resolve().is_relative_to(root):
+    """`path`, refused in one line unless it lies inside results_dir (a record never escapes --results). Checked
+    on the names (`..` included), not through symlinks: a machine folder linked to another disk stays usable."""
+    root = Path(os.path.abspath(results_dir))
+    if not Path(os.path.abspath(path)).is_relative_to(root):
         raise UsageError(f"{path} lies outside the results folder {results_dir}; check the machine name and run id")
     return Path(path)
 
