@@ -118,6 +118,7 @@ def build_plan(settings: RunSettings) -> RunPlan:
         workload_requests=spec_requests,
         eval_tasks=tasks,
         eval_limit=s.or_default("eval_limit"),  # None: every item
+        max_eval_items=s.max_eval_items or (None if s.eval_limit else s.or_default("max_eval_items")),  # looks
         accuracy_budget_points=s.or_default("accuracy_budget_points"),
         accuracy_confidence=s.or_default("accuracy_confidence"),
         notes=notes,

@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from kvbench.errors import one_line
-from kvbench.harness import failuremodes, quality
+from kvbench.harness import failuremodes, quality, untildecided
 from kvbench.harness.metrics import summarize
 from kvbench.harness.promscrape import fetch_metrics
 from kvbench.harness.scheduler import Concurrency, sustain_load
@@ -43,7 +43,7 @@ class EvalPhase:
         """Fill `evals` (the dtype's `eval`): {condition: summary}, and "error" when one failed."""
         fm = failuremodes.SETTINGS
         try:
-            await self._lm_eval(evals, "rest", 1)
+            await self._rest(evals)
             await self._lm_eval(evals, "load", max(1, at_load))
             batched = failuremodes.batched_concurrency(max(1, at_load))
             if batched:
@@ -80,11 +80,53 @@ class EvalPhase:
             plan.client_realtime,
         )
 
-    def _keep(self, evals: dict, condition: str, concurrency: int, res) -> None:
+    def _keep(self, evals: dict, condition: str, concurrency: int, res, stage=None) -> None:
+        """The condition's summary and items from `res` (all its items so far); `stage` (default `res`): the
+        items this evaluation added, into the evals Parquet."""
         evals[condition] = quality.condition_summary(res, concurrency)
         evals[condition]["degenerate"] = failuremodes.degenerate_counts(res, self.id0_text)
         self.items[(self.dtype, condition)] = quality.items_by_task(res)
-        self.samples.add_eval(self.dtype, condition, concurrency, res)
+        self.samples.add_eval(self.dtype, condition, concurrency, res if stage is None else stage)
+
+    def _looks(self) -> list[int]:
+        """Items per task at each planned look at rest (kvbench.harness.untildecided); one look for lm-eval's
+        own tasks, whose size is fixed."""
+        tasks = self.plan.eval_tasks
+        if failuremodes.own_tasks(tasks) != list(tasks):
+            return []
+        return untildecided.planned(self.plan.eval_limit, getattr(self.plan, "max_eval_items", None))
+
+    async def _rest(self, evals: dict) -> None:
+        """At rest: auto answers every planned look's items; another dtype takes looks while undecided."""
+        looks = self._looks()
+        if len(looks) < 2:
+            return await self._lm_eval(evals, "rest", 1)
+        reference = self.dtype == quality.REFERENCE
+        tasks = ", ".join(self.plan.eval_tasks)
+        first = looks[-1] if reference else looks[0]
+        self.reporter.phase(self.dtype, f"eval rest ({tasks}, concurrency 1, {first} items each)")
+        res = await self.evaluator.run(self._job(1, first))
+        self._keep(evals, "rest", 1, res)
+        if not reference and (quality.REFERENCE, "rest") in self.items:
+            await self._until_decided(evals, res, looks)
+
+    async def _until_decided(self, evals: dict, res, looks: list[int]) -> None:
+        ref, ntasks = self.items[(quality.REFERENCE, "rest")], len(self.plan.eval_tasks)
+        counts = [untildecided.pooled_counts(ref, self.items[(self.dtype, "rest")], looks[0])]
+        taken, stopped = untildecided.judge(counts, looks, ntasks, self.plan)
+        while taken[-1].decision == "continue":
+            k = len(counts)
+            self.reporter.phase(
+                self.dtype,
+                f"eval rest, look {k + 1} of {len(looks)}: items {looks[k - 1]}-{looks[k]} of each task "
+                f"(pooled comparison undecided at {taken[-1].items:,} items)",
+            )
+            stage = await self.evaluator.run(replace(self._job(1, None), docs=(looks[k - 1], looks[k])))
+            res = untildecided.merge(res, stage)
+            self._keep(evals, "rest", 1, res, stage)
+            counts.append(untildecided.pooled_counts(ref, self.items[(self.dtype, "rest")], looks[k]))
+            taken, stopped = untildecided.judge(counts, looks, ntasks, self.plan)
+        evals["rest"]["sequential"] = untildecided.record(looks, ntasks, taken, stopped, self.plan)
 
     async def _lm_eval(self, evals: dict, condition: str, concurrency: int, limit: int | None = None) -> None:
         tasks = ", ".join(self.plan.eval_tasks)

@@ -145,7 +145,7 @@ def evaluate(
     tasks: list[str],
     *,
     num_concurrent: int = 1,
-    limit: int | None = None,
+    limit: int | tuple[int, int] | None = None,
     headers: dict[str, str] | None = None,
     max_length: int | None = None,
     timeout_s: float = 300.0,
@@ -156,10 +156,9 @@ def evaluate(
     """Run `tasks` against the OpenAI-compatible server at `base_url` (no /v1 suffix).
 
     `tokenizer`: a local folder with the served model's tokenizer. `headers`: sent with every request (an
-    API key as `Authorization: Bearer ...`); without them lm-eval sends `Bearer $OPENAI_API_KEY`. `limit`:
-    the first `limit` items of each task. `max_seq_lengths`: for lm-eval's RULER tasks (see task_manager).
-    Raises UsageError for unknown tasks or hub-only data offline.
-    """
+    API key as `Authorization: Bearer ...`); without them lm-eval sends `Bearer $OPENAI_API_KEY`. `limit`: the
+    first `limit` items of each task, or (start, stop). `max_seq_lengths`: lm-eval's RULER tasks (task_manager).
+    Raises UsageError for unknown tasks or hub-only data offline."""
     import lm_eval
     from lm_eval.evaluator import simple_evaluate
 
@@ -169,6 +168,7 @@ def evaluate(
         )
     if num_concurrent < 1:
         raise UsageError(f"num_concurrent must be at least 1, got {num_concurrent}")
+    docs, limit = (limit, None) if isinstance(limit, tuple) else (None, limit)
     if limit is not None and limit < 1:
         raise UsageError(f"--limit must be at least 1, got {limit}")
     _quiet_lm_eval()
@@ -195,6 +195,7 @@ def evaluate(
             tasks=list(tasks),
             task_manager=tm,
             limit=limit,
+            samples={t: list(range(*docs)) for t in tasks} if docs else None,
             log_samples=True,
             gen_kwargs={"temperature": 0.0, "do_sample": False},
             random_seed=seed,

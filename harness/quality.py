@@ -41,6 +41,7 @@ class EvalJob:
     # SCHED_FIFO for the worker while it evaluates (the run's --realtime): on a small box whose server
     # busy-waits on every core, a normal-priority lm-eval can wait for a CPU for most of each request
     realtime: bool = False
+    docs: tuple[int, int] | None = None  # items [start, stop) of each task instead of the first `limit`
 
 
 def _evaluate(job: EvalJob):
@@ -57,7 +58,7 @@ def _evaluate(job: EvalJob):
             job.tokenizer,
             list(job.tasks),
             num_concurrent=job.num_concurrent,
-            limit=job.limit,
+            limit=job.docs or job.limit,
             headers=job.headers,
             max_length=job.max_length,
             timeout_s=job.timeout_s,

@@ -102,6 +102,7 @@ class RunPlan:
         default_factory=list
     )  # lm-eval tasks at rest / at load / during load (harness/quality)
     eval_limit: int | None = None  # first N items of each task (None: all)
+    max_eval_items: int | None = None  # items until decided: the most per task (kvbench.harness.untildecided)
     accuracy_budget_points: float = 1.0  # the most accuracy a dtype may lose vs auto and still be recommended
     accuracy_confidence: float = RUN["accuracy_confidence"]  # of the one-sided non-inferiority bound (kvbench.verdict)
     accuracy_budgets: dict[str, float] = field(default_factory=dict)  # per task, overriding it (nightly [quality])
@@ -149,6 +150,7 @@ class RunPlan:
             "eval": {
                 "tasks": self.eval_tasks,
                 "limit": self.eval_limit,
+                "max_items": self.max_eval_items,
                 "budget_points": self.accuracy_budget_points,
                 "budgets": self.accuracy_budgets,
                 "confidence": self.accuracy_confidence,

@@ -197,6 +197,15 @@ class RunSettings(BaseModel):
     eval_limit: Annotated[int | None, Flag("--eval-limit", default_from="eval_limit")] = Field(
         None, description="First N items of each eval task (default: all; the bundled tasks have 500)."
     )
+    max_eval_items: Annotated[int | None, Flag("--max-eval-items", default_from="max_eval_items")] = Field(
+        None,
+        description=(
+            "Items until decided: where a dtype's pooled accuracy comparison at rest is undecided after "
+            "--eval-limit items of each kvbench task, evaluate more in stages (at most 4 looks, O'Brien-Fleming "
+            "alpha spending) up to this many per task (CPU default: 500 unless --eval-limit is given; lm-eval's tasks "
+            "use their own size)."
+        ),
+    )
     accuracy_budget_points: Annotated[
         float | None, Flag("--accuracy-budget", default_from="accuracy_budget_points")
     ] = Field(None, description="Most accuracy points a dtype may lose vs auto and still be recommended (default 1).")
@@ -355,6 +364,7 @@ class RunSettings(BaseModel):
         "sweep_max",
         "repeat",
         "eval_limit",
+        "max_eval_items",
     )
     @classmethod
     def _whole(cls, value, info):

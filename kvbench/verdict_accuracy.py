@@ -20,7 +20,7 @@ against a reference that degrades under load).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from kvbench import noninferiority as ni
 from kvbench.harness.records import CONDITIONS, RunRecord, conditions
@@ -259,8 +259,10 @@ def _against_auto(dtype: str, evals: dict, ref_evals: dict, under: tuple, policy
     tests = _tests(pairs, dtype, REFERENCE, policy, extra=primary)
     if not tests:
         return AccuracyVerdict(dtype, UNDECIDED, note="no paired 0/1 comparison with auto", gaps=tuple(gaps))
-    if primary is not None:
+    if primary is not None:  # the pooled endpoint at rest as the run's looks decided it, where it took looks
         tests, primary = tests[:-1], tests[-1]
+        rule = (evals.get("rest") or {}).get("sequential") if primary.conditions == ("rest",) else None
+        primary = replace(primary, result=_sequential(rule, primary.result))
     states = {t.result.verdict for t in tests}
     if primary is not None:
         lead = primary.result.verdict
@@ -297,9 +299,26 @@ def _pooled(pairs: list[tuple], policy: Policy) -> Test | None:
         accuracy=_weighted(mine, weights),
         reference_accuracy=_weighted(theirs, weights),
         budget=budget,
-        result=ni.decide([(losses, gains, n, budget / 100)], policy.confidence)[0],
+        result=_sequential(
+            rows[0][4].get("sequential"), ni.decide([(losses, gains, n, budget / 100)], policy.confidence)[0]
+        ),
         pooled=tasks,
     )
+
+
+def _sequential(rule: dict | None, fixed: ni.Result) -> ni.Result:
+    """The pooled result as the run's group-sequential rule decided it (kvbench.sequential: its last look's
+    boundary, the bounds at that boundary's level), where the run took looks; else the fixed-size test."""
+    looks = (rule or {}).get("looks") or []
+    if not looks or looks[-1].get("items") != fixed.n:
+        return fixed
+    last = looks[-1]
+    decision = last["decision"] if last["decision"] in (NON_INFERIOR, INFERIOR) else UNDECIDED
+    from scipy.stats import norm
+
+    level = float(norm.cdf(last["boundary"]))
+    lower, upper = ni.bounds(fixed.losses, fixed.gains, fixed.n, level)
+    return replace(fixed, verdict=decision, lower=lower, upper=upper, alpha_used=1 - level)
 
 
 def _weighted(values: list, weights: list[int]) -> float | None:
