@@ -55,3 +55,28 @@ def environment() -> dict:
 
 def record_path(results_dir: str | Path, kind: str, machine: str, when: datetime) -> Path:
     return Path(results_dir) / machine / kind / f"{when:%Y%m%dT%H%M%SZ}.json"
+
+
+def header(started: datetime, mode: str, shape, card) -> dict:
+    """What every kernels record opens with (the default grid's and the sweep's): schema, when, where, the
+    attention shape and the catalog GPU (kernels/bench: AttnShape, a gpus.toml card or None)."""
+    from kvbench.kernels import bench
+
+    return {
+        "schema": bench.SCHEMA,
+        "created_at": started.isoformat(timespec="seconds"),
+        "machine": machine_name(),
+        "environment": environment(),
+        "mode": mode,
+        "status": "complete",
+        "shape": {
+            "model": shape.name,
+            "num_heads": shape.num_heads,
+            "num_kv_heads": shape.num_kv_heads,
+            "head_dim": shape.head_dim,
+            "block_size": shape.block_size,
+        },
+        "gpu_catalog": {"key": card.key, "name": card.name, "hbm_bandwidth_gbs": card.hbm_bandwidth_gbs}
+        if card
+        else None,
+    }

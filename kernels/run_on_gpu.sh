@@ -67,6 +67,13 @@ if [[ -n "$missing" ]]; then
 fi
 "$PYTHON" -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'gpu:', torch.cuda.get_device_name() if torch.cuda.is_available() else None)" | tee "$OUT/kernels.log"
 
+# Either mode ends the same way: its exit status, and the records it wrote.
+finish() {
+    set -e
+    echo "run_on_gpu.sh: exit $1; records:" | tee -a "$OUT/kernels.log"
+    find "$OUT/results" -name '*.json' 2>/dev/null | tee -a "$OUT/kernels.log"
+    exit "$1"
+}
 set +e
 if [[ "$MODE" == "sweep" ]]; then
     # The interpreter must be chosen before triton is first imported.
@@ -76,11 +83,7 @@ from pathlib import Path
 from kvbench.kernels.sweep import run
 run(Path("$OUT") / "results", max_seconds=$CASES_S)
 EOF
-    rc=${PIPESTATUS[0]}
-    set -e
-    echo "run_on_gpu.sh: exit $rc; records:" | tee -a "$OUT/kernels.log"
-    find "$OUT/results" -name '*.json' 2>/dev/null | tee -a "$OUT/kernels.log"
-    exit "$rc"
+    finish "${PIPESTATUS[0]}"
 fi
 # Call the command's body directly with its settings: only kvbench.commands.kernels (and its settings) and
 # kvbench.kernels get imported.
@@ -92,8 +95,4 @@ from kvbench.commands.kernels_settings import KernelsSettings
 measure(KernelsSettings(formats="$FORMATS", contexts="$CONTEXTS", batches="$BATCHES", write_tokens="$WRITE_TOKENS",
         max_seconds=$CASES_S, results_dir=Path("$OUT") / "results", interpret="--interpret" in sys.argv[1:]))
 EOF
-rc=${PIPESTATUS[0]}
-set -e
-echo "run_on_gpu.sh: exit $rc; records:" | tee -a "$OUT/kernels.log"
-find "$OUT/results" -name '*.json' 2>/dev/null | tee -a "$OUT/kernels.log"
-exit "$rc"
+finish "${PIPESTATUS[0]}"

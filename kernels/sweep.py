@@ -249,23 +249,8 @@ def bounds(variant_rows: list[dict]) -> list[dict]:
 def _header(shape, dev, card, dry: bool, started) -> dict:
     grid = DRY_GRID if dry else GPU_GRID
     return {
-        "schema": bench.SCHEMA,
-        "created_at": started.isoformat(timespec="seconds"),
-        "machine": records.machine_name(),
-        "environment": records.environment(),
-        "mode": "interpret" if dev.type != "cuda" else "gpu",
-        "status": "complete",
+        **records.header(started, "interpret" if dev.type != "cuda" else "gpu", shape, card),
         "kernel": "kvbench's reference Triton kernels (kernels/), not vLLM's",
-        "shape": {
-            "model": shape.name,
-            "num_heads": shape.num_heads,
-            "num_kv_heads": shape.num_kv_heads,
-            "head_dim": shape.head_dim,
-            "block_size": shape.block_size,
-        },
-        "gpu_catalog": {"key": card.key, "name": card.name, "hbm_bandwidth_gbs": card.hbm_bandwidth_gbs}
-        if card
-        else None,
         "grid": {k: sorted(v) if k != "formats" else list(v) for k, v in grid.items()},
         "skipped": [],
         "decode": [],

@@ -53,20 +53,7 @@ def measure(s: KernelsSettings) -> None:
         ("write", f, n, None) for n in wtok for f in fmts
     ]
     doc = {
-        "schema": bench.SCHEMA,
-        "created_at": started.isoformat(timespec="seconds"),
-        "machine": records.machine_name(),
-        "environment": records.environment(),
-        "mode": "interpret" if s.interpret else "gpu",
-        "status": "complete",
-        "shape": {
-            "model": shape.name,
-            "num_heads": shape.num_heads,
-            "num_kv_heads": shape.num_kv_heads,
-            "head_dim": shape.head_dim,
-            "block_size": shape.block_size,
-        },
-        "gpu_catalog": {"key": card.key, "name": card.name, "hbm_bandwidth_gbs": peak} if card else None,
+        **records.header(started, "interpret" if s.interpret else "gpu", shape, card),
         "grid": {"formats": fmts, "contexts": ctxs, "batches": bats, "write_tokens": wtok},
         "skipped": [],
     }
