@@ -229,3 +229,22 @@ def committed_results() -> Path:
 
 
 _COMMITTED: Path | None = None
+
+
+def predict_reference_log(path: Path, cases: dict):
+    """A reference start-up log parsed, and kvbench's prediction for it (kvbench.commands.fromlog.predict_for_log:
+    spec, card, estimate, row, ...) under the overrides its cases.toml entry gives."""
+    from kvbench.commands.fromlog import LogOverrides, predict_for_log
+    from kvbench.startuplog import parse_startup_log
+
+    case = cases.get(path.name, {})
+    log = parse_startup_log(path.read_text())
+    flags = LogOverrides(
+        model=case.get("model"),
+        gpu=case.get("gpu"),
+        context=case.get("max_model_len"),
+        utilization=case.get("utilization"),
+        weights=case.get("weights"),
+        vllm_version=case.get("vllm_version", cases["default_vllm_version"]),
+    )
+    return log, predict_for_log(log, path, flags)

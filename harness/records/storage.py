@@ -223,16 +223,20 @@ def _series_schema():
 def _eval_schema():
     import pyarrow as pa
 
-    return pa.schema(
-        [
-            ("run_id", pa.string()),
-            ("kv_cache_dtype", pa.string()),
-            ("condition", pa.string()),
-            ("concurrency", pa.int64()),
-            ("task", pa.string()),
-            *item_columns(),
-        ]
-    )
+    return pa.schema([*_item_keys(), *item_columns()])
+
+
+def _item_keys():
+    """Which run, dtype, condition and task an evaluated item's row belongs to (evals and fidelity Parquet)."""
+    import pyarrow as pa
+
+    return [
+        ("run_id", pa.string()),
+        ("kv_cache_dtype", pa.string()),
+        ("condition", pa.string()),
+        ("concurrency", pa.int64()),
+        ("task", pa.string()),
+    ]
 
 
 def _fidelity_schema():
@@ -240,11 +244,7 @@ def _fidelity_schema():
 
     return pa.schema(
         [
-            ("run_id", pa.string()),
-            ("kv_cache_dtype", pa.string()),
-            ("condition", pa.string()),
-            ("concurrency", pa.int64()),
-            ("task", pa.string()),
+            *_item_keys(),
             ("doc_id", pa.int64()),
             ("tokens", pa.int64()),  # scored positions: auto's continuation tokens
             ("kld_sum", pa.float64()),  # nats, summed over the tokens (a lower bound where method says top-k)

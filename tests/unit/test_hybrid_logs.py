@@ -12,9 +12,9 @@ import tomllib
 from pathlib import Path
 
 import pytest
+from support import predict_reference_log
 
 from kvbench.capacity import budget_from_bytes, capacity_row, rank_model
-from kvbench.commands.fromlog import LogOverrides, predict_for_log
 from kvbench.formats import get_format
 from kvbench.layerspec import with_mamba_ssm_dtype
 from kvbench.models import load_model
@@ -82,17 +82,7 @@ def test_reference_log_accounting_given_its_pool(path):
     """Every sliding-window / chunked / MLA / multimodal reference log (Gemma 2/3, gpt-oss, Llama 4 Scout,
     DeepSeek-V2, Kimi-VL, LLaVA...) agrees once the pool is the log's: the xfails of test_reference_logs.py
     are pool (non-KV memory) misses, not KV accounting."""
-    case = REFERENCE_CASES.get(path.name, {})
-    log = parse_startup_log(path.read_text())
-    flags = LogOverrides(
-        model=case.get("model"),
-        gpu=case.get("gpu"),
-        context=case.get("max_model_len"),
-        utilization=case.get("utilization"),
-        weights=case.get("weights"),
-        vllm_version=case.get("vllm_version", REFERENCE_CASES["default_vllm_version"]),
-    )
-    spec, card, est, _, _ = predict_for_log(log, path, flags)
+    log, (spec, card, est, _, _) = predict_reference_log(path, REFERENCE_CASES)
     part = rank_model(spec, est.tensor_parallel_size, est.stages[0].layers, est.dtype)
     dtype = log.args.get("kv_cache_dtype", "auto")
     row = capacity_row(

@@ -9,11 +9,10 @@ import tomllib
 from pathlib import Path
 
 import pytest
+from support import predict_reference_log
 from typer.testing import CliRunner
 
 from kvbench.cli import app
-from kvbench.commands.fromlog import LogOverrides, predict_for_log
-from kvbench.startuplog import parse_startup_log
 from kvbench.units import GiB
 
 LOGS = Path(__file__).parents[1] / "data" / "vllm-startup-logs"
@@ -62,17 +61,7 @@ def _cases():
 
 
 def _predict(path: Path):
-    case = CASES.get(path.name, {})
-    log = parse_startup_log(path.read_text())
-    flags = LogOverrides(
-        model=case.get("model"),
-        gpu=case.get("gpu"),
-        context=case.get("max_model_len"),
-        utilization=case.get("utilization"),
-        weights=case.get("weights"),
-        vllm_version=case.get("vllm_version", CASES["default_vllm_version"]),
-    )
-    _, _, est, row, _ = predict_for_log(log, path, flags)
+    log, (_, _, est, row, _) = predict_reference_log(path, CASES)
     return log, est, row
 
 
