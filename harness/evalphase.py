@@ -13,6 +13,7 @@ import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
+from kvbench import sequential as seq
 from kvbench.errors import one_line
 from kvbench.harness import failuremodes, quality, untildecided
 from kvbench.harness.metrics import summarize
@@ -94,7 +95,7 @@ class EvalPhase:
         tasks = self.plan.eval_tasks
         if failuremodes.own_tasks(tasks) != list(tasks):
             return []
-        return untildecided.planned(self.plan.eval_limit, getattr(self.plan, "max_eval_items", None))
+        return seq.plan(self.plan.eval_limit, getattr(self.plan, "max_eval_items", None))
 
     async def _rest(self, evals: dict) -> None:
         """At rest: auto answers every planned look's items; another dtype takes looks while undecided."""

@@ -11,22 +11,10 @@ holds (stopping for futility spends no alpha). Every look is kept in the record,
 
 from __future__ import annotations
 
-import math
 from dataclasses import replace
 
 from kvbench import noninferiority as ni
 from kvbench import sequential as seq
-
-
-def planned(first: int | None, cap: int | None) -> list[int]:
-    """Items per task at each look: [first, ..., cap] in equal stages; [first] when there is no room."""
-    if not first or not cap or cap <= first:
-        return [first] if first else []
-    step = math.ceil((cap - first) / (seq.MAX_LOOKS - 1))
-    looks = [first]
-    while looks[-1] < cap:
-        looks.append(min(cap, looks[-1] + step))
-    return looks
 
 
 def pooled_counts(ref: dict, mine: dict, per_task: int) -> tuple[int, int, int]:

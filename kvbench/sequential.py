@@ -103,16 +103,13 @@ def run(counts: list[tuple[int, int, int]], planned: list[int], margin: float, a
     return out
 
 
-def plan(first: int, needed: int | None, cap: int) -> list[int]:
-    """The item counts of the looks: the first stage already run, then up to MAX_LOOKS - 1 equal stages to
-    min(cap, what the fixed-size test would need, inflated 10% for the spending). Empty when no extra look helps
-    (the need is unknown or beyond the cap)."""
-    if needed is None or needed > cap or needed <= first:
-        return []
-    target = min(cap, math.ceil(needed * 1.1))
-    stages = MAX_LOOKS - 1
-    step = max(1, math.ceil((target - first) / stages))
+def plan(first: int | None, cap: int | None) -> list[int]:
+    """Items per task at each look, fixed before any answer is seen: [first, ..., cap] in equal stages (at most
+    MAX_LOOKS looks); [first] when the cap leaves no room, [] without a first stage."""
+    if not first or not cap or cap <= first:
+        return [first] if first else []
+    step = math.ceil((cap - first) / (MAX_LOOKS - 1))
     looks = [first]
-    while looks[-1] < target and len(looks) < MAX_LOOKS:
-        looks.append(min(target, looks[-1] + step))
+    while looks[-1] < cap:
+        looks.append(min(cap, looks[-1] + step))
     return looks

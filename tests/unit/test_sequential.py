@@ -50,8 +50,9 @@ def test_the_rule_stops_at_the_first_decision_and_records_every_look():
 
 
 def test_plan_stays_within_the_cap_and_four_looks():
-    assert seq.plan(200, 500, 2000) == [200, 317, 434, 550]  # 500 x 1.1, in 3 equal stages after the first
-    p = seq.plan(200, 1100, 1000)
-    assert p == []  # beyond the cap: no extra look helps
-    p = seq.plan(200, 700, 1000)
-    assert p[0] == 200 and p[-1] == 771 and len(p) <= seq.MAX_LOOKS and p == sorted(p)
+    # planned before any answer is seen: the first stage, then equal stages to the cap
+    assert seq.plan(200, 500) == [200, 300, 400, 500]
+    assert seq.plan(200, 260) == [200, 220, 240, 260]
+    assert seq.plan(200, 200) == [200] and seq.plan(200, None) == [200] and seq.plan(None, 500) == []
+    p = seq.plan(10, 10_000)
+    assert len(p) == seq.MAX_LOOKS and p[-1] == 10_000 and p == sorted(p)

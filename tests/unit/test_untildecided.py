@@ -13,13 +13,6 @@ PLAN = SimpleNamespace(
 )
 
 
-def test_looks_are_planned_before_any_answer_in_equal_stages_to_the_cap():
-    assert ud.planned(200, 500) == [200, 300, 400, 500]
-    assert ud.planned(200, 260) == [200, 220, 240, 260]
-    assert ud.planned(200, 200) == [200] and ud.planned(200, None) == [200] and ud.planned(None, 500) == []
-    assert len(ud.planned(10, 10_000)) == seq.MAX_LOOKS
-
-
 def test_pooled_counts_pair_only_items_both_answered_below_the_look():
     ref = {"a": {0: 1, 1: 1, 2: 0, 3: 1}, "b": {0: 0, 1: 1}}
     mine = {"a": {0: 0, 1: 1, 2: 1}, "b": {0: 0, 1: 0}}
