@@ -155,7 +155,7 @@ def dtype_chip(dtype: str) -> str:
 
 def speed(value_text: str, emulated) -> str:
     """A speed cell (HTML): greyed, with the reason on hover, where the dtype was emulated."""
-    from kvbench.harness.records import EMULATED_SPEED_REASON
+    from kvbench.records import EMULATED_SPEED_REASON
 
     if not emulated or value_text == "—":
         return esc(value_text)
@@ -164,7 +164,7 @@ def speed(value_text: str, emulated) -> str:
 
 def emulated_note(frame: pd.DataFrame) -> str:
     """Which dtypes on the page were emulated, and why their speed is greyed out (empty when none were)."""
-    from kvbench.harness.records import EMULATED_SPEED_REASON
+    from kvbench.records import EMULATED_SPEED_REASON
 
     if frame.empty or "emulated" not in frame or not frame["emulated"].fillna(False).astype(bool).any():
         return ""

@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pandas as pd
 
+from kvbench import records as run_records
 from kvbench.errors import KvbenchError
-from kvbench.harness import records as run_records
-from kvbench.harness.findings import FindingKind
-from kvbench.harness.records import PhaseKind, conditions, workload_label
 from kvbench.history import SHAPE as HISTORY_COLUMNS
+from kvbench.records import PhaseKind, conditions, workload_label
+from kvbench.records.findings import FindingKind
 
 REGRESSION_COLUMNS = [
     "machine",

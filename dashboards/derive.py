@@ -28,7 +28,7 @@ class Recommendation:
 def recommend(rows: pd.DataFrame, machine: str, records: list[dict]) -> Recommendation:
     """What kvbench.verdict.decide recommends for the newest run among `rows` (the function `kvbench report`
     calls, on the same typed record), with its line per dtype."""
-    from kvbench.harness.records import RunRecord
+    from kvbench.records import RunRecord
     from kvbench.verdict import decide
 
     newest = rows.sort_values("created_at").iloc[-1]["run_id"] if len(rows) else None

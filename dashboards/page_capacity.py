@@ -28,8 +28,8 @@ from kvbench.dashboards.data import SiteData, model_spec, newest_record_per_mach
 from kvbench.dashboards.theme import color, dash, esc, log_ticks, ordered, style, symbol
 from kvbench.errors import KvbenchError
 from kvbench.formats import get_format
-from kvbench.harness.findings import FindingKind
-from kvbench.harness.records import workload_label
+from kvbench.records import workload_label
+from kvbench.records.findings import FindingKind
 
 SLUG, TITLE = "capacity", "Capacity"
 POINTS_PER_LINE = 48

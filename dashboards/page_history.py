@@ -23,7 +23,7 @@ from kvbench.dashboards.components import (
 )
 from kvbench.dashboards.data import REGRESSION, SiteData
 from kvbench.dashboards.theme import REGRESSION_COLOR, color, dash, dtype_sort_key, esc, ordered, style, symbol
-from kvbench.harness.repeats import half_width
+from kvbench.records.repeats import half_width
 
 SLUG, TITLE = "history", "History"
 # Latency metrics are stored in seconds (asv's unit); people read them in ms.

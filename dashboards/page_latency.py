@@ -154,7 +154,7 @@ def knee_text(doc: dict) -> str:
 
 def length_scatter(doc: dict) -> go.Figure | None:
     """TTFT of every request of the fixed phases against its prompt length, per dtype (from the run's samples)."""
-    from kvbench.harness.records import samples_frame
+    from kvbench.records import samples_frame
 
     path = doc.get("_path")
     try:
@@ -231,7 +231,7 @@ def build(data: SiteData) -> Page:
                     "Parquet, not committed): no TTFT-by-prompt-length view."
                 )
             )
-        from kvbench.harness.records import workload_label
+        from kvbench.records import workload_label
 
         title = f"{machine} — {workload_label(doc.get('config') or {})} — run {doc.get('run_id')}"
         parts.append(section(title, inner, anchor=f"m-{machine}"))

@@ -29,7 +29,7 @@ from kvbench.dashboards.components import (
 from kvbench.dashboards.data import REGRESSION, SiteData, latest_runs, setups
 from kvbench.dashboards.page_history import regressions_table
 from kvbench.dashboards.theme import STATUS_BAD, STATUS_OK, color, esc, ordered, style
-from kvbench.harness.findings import FindingKind
+from kvbench.records.findings import FindingKind
 
 SLUG, TITLE = "overview", "Overview"
 NO_RUNS = (

@@ -11,7 +11,7 @@ from kvbench.dashboards.components import Page, empty, hover_data, hover_templat
 from kvbench.dashboards.data import SiteData, differing_items
 from kvbench.dashboards.fidelity_view import fidelity_section
 from kvbench.dashboards.theme import color, esc, ordered, style, symbol
-from kvbench.harness.records import CONDITIONS
+from kvbench.records import CONDITIONS
 
 SLUG, TITLE = "quality", "Quality"
 
@@ -169,7 +169,7 @@ def _forest_section(page: Page, data: SiteData) -> str | None:
     """Per machine and model's newest run: every paired comparison's drop and one-sided bounds against the budget
     (dashboards/verdict_view.py), coloured by verdict."""
     from kvbench.dashboards.verdict_view import forest_figure
-    from kvbench.harness.records import read_record
+    from kvbench.records import read_record
     from kvbench.verdict import decide
 
     newest = data.quality.sort_values("created_at").groupby(["machine", "model"]).tail(1)

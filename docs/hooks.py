@@ -2,7 +2,7 @@
 
 A page holds a marker line; the build replaces it with markdown:
     <!-- generated: cli-reference -->    every `kvbench` command, from the typer app in kvbench/cli.py
-    <!-- generated: record-schema -->    the run record's types, from the pydantic models in harness/records/schema.py
+    <!-- generated: record-schema -->    the run record's types, from the pydantic models in kvbench/records/schema.py
 An unknown marker fails the build (a typo would otherwise publish an empty section).
 """
 
@@ -135,7 +135,7 @@ def _bounds(info) -> str:
 
 
 def record_schema() -> str:
-    from kvbench.harness import records
+    from kvbench import records
 
     out = [
         f"Schema **`{records.SCHEMA}`** (readers also accept `{records.SCHEMA_V1}`, upgraded on load). "

@@ -17,7 +17,10 @@ from kvbench.errors import UsageError
 from kvbench.errors import one_line as _one_line
 from kvbench.formats import format_ratio, get_format
 from kvbench.harness.endpoint import ServerFacts
-from kvbench.harness.records import (
+from kvbench.harness.server import VllmServer
+from kvbench.logparse import EngineCapacity
+from kvbench.models import spec_for
+from kvbench.records import (
     Capacity,
     DtypeResult,
     DtypeStatus,
@@ -25,9 +28,6 @@ from kvbench.harness.records import (
     ModelCapacity,
     RunRecord,
 )
-from kvbench.harness.server import VllmServer
-from kvbench.logparse import EngineCapacity
-from kvbench.models import spec_for
 
 # Two capacity ratios (engine vs format) further apart than this mean the dtype was probably not honoured.
 HONOURED_TOLERANCE = 0.05

@@ -4,8 +4,7 @@ front says about cost at the SLO and at the target interactivity. The record's `
 from __future__ import annotations
 
 from kvbench import front
-from kvbench.harness import repeats
-from kvbench.harness.records import DtypeStatus, RunRecord
+from kvbench.records import DtypeStatus, RunRecord, repeats
 
 
 def comparisons(record: RunRecord) -> list[dict]:

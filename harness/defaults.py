@@ -14,13 +14,13 @@ from typing import TYPE_CHECKING
 from kvbench.errors import KvbenchError, UsageError
 from kvbench.harness.endpoint import Endpoint, ServerFacts, describe, refuse_shared_servers, with_credentials
 from kvbench.harness.kvsupport import cpu_support
-from kvbench.harness.records import check_writable
 from kvbench.harness.runner import RunPlan
 from kvbench.harness.scheduler import Concurrency, Rate
 from kvbench.harness.slo import SLO
 from kvbench.harness.spill import check_space
 from kvbench.harness.vllm_info import accepted_kv_dtypes, vllm_facts
 from kvbench.harness.workload import Workload
+from kvbench.records import check_writable
 
 if TYPE_CHECKING:  # settings.py plans through this module (RunSettings.plan)
     from kvbench.harness.settings import RunSettings
@@ -57,7 +57,7 @@ class _Lengths:
 def build_plan(settings: RunSettings) -> RunPlan:
     """The RunPlan of checked settings: the workload, the servers (asked, when they run already), the loads,
     vLLM's arguments and the eval, each refused in one line before anything is measured."""
-    from kvbench.harness.machine import check_machine_name, machine_name
+    from kvbench.machine import check_machine_name, machine_name
 
     s = settings
     machine = check_machine_name(s.machine, "machine") if s.machine else machine_name()
@@ -334,7 +334,7 @@ def _price_for_this_machine(prices: dict[str, float], on_gpu: bool) -> tuple[str
     if not prices:
         return None, None
     from kvbench.gpus import match_nvml_name
-    from kvbench.harness.machine import nvml_gpus
+    from kvbench.machine import nvml_gpus
 
     key = "cpu"
     if on_gpu:

@@ -33,7 +33,7 @@ class EvalPhase:
     headers: dict
     evaluator: quality.Evaluator
     reporter: object  # kvbench.harness.runner.Reporter
-    samples: object  # kvbench.harness.records.SampleStore
+    samples: object  # kvbench.records.SampleStore
     items: dict  # (dtype, condition) -> {task: {doc id: score}}, for the paired comparisons
     tokenizer: object  # the loaded tokenizer (for the prefix client and the background prompts)
     tokenizer_dir: str

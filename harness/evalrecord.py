@@ -18,8 +18,8 @@ from pathlib import Path
 
 from kvbench import stats
 from kvbench.harness.evaluation import EvalResult
-from kvbench.harness.records import new_run_id, utc_iso, write_atomic
-from kvbench.harness.records.storage import _replace_atomic, inside, item_columns
+from kvbench.records import new_run_id, utc_iso, write_atomic
+from kvbench.records.storage import _replace_atomic, inside, item_columns
 from kvbench.scrub import scrub_table
 
 SCHEMA = "kvbench.eval/1"

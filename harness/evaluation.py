@@ -283,7 +283,7 @@ def _give_tokenizer(lm, tokenizer: str | Path) -> None:
 
 def _no_env_survey(storage: dict) -> None:
     # lm-eval's add_env_info runs torch's collect_env (pip list, lscpu, ...: ~0.35 s) after every evaluation, a
-    # run evaluates each dtype in six conditions, and kvbench records the machine itself (harness/machine.py).
+    # run evaluates each dtype in six conditions, and kvbench records the machine itself (kvbench/machine.py).
     storage["pretty_env_info"] = "not collected (kvbench records the environment in the run record)"
 
 

@@ -33,13 +33,12 @@ from dataclasses import dataclass
 from kvbench import evaltasks
 from kvbench.datafiles import load_toml
 from kvbench.harness.evaluation import EvalResult, ItemResult, TaskResult
-from kvbench.harness.records import CONDITIONS
 from kvbench.harness.workload import Workload, make_prompts
+from kvbench.records.findings import DEGENERATE_KINDS
 
 SETTINGS = load_toml("run_defaults.toml")["failure_modes"]
 BATCHED_MIN: int = SETTINGS["batched_min"]
 PREFIX_SHARE: float = SETTINGS["prefix_share"]
-DEGENERATE_KINDS = ("empty", "repeated", "id-0")
 
 
 def batched_concurrency(at_load: int) -> int | None:
@@ -157,32 +156,3 @@ async def _complete(session, base_url: str, model: str, prompt, max_tokens: int,
 def own_tasks(tasks: list[str]) -> list[str]:
     """The tasks whose items kvbench rebuilds (its bundled ones): the prefix condition's."""
     return [t for t in tasks if t.startswith(evaltasks.PREFIX)]
-
-
-def degenerate_excess(dtype_eval: dict | None, auto_eval: dict | None, alpha: float) -> str | None:
-    """Where a dtype's answers were degenerate more often than auto's in the same condition (Fisher's exact
-    test, one-sided, Holm over the conditions), what it says; None otherwise."""
-    from scipy.stats import fisher_exact
-
-    rows = []
-    for cond, summary in (dtype_eval or {}).items():
-        if not isinstance(summary, dict) or not isinstance((auto_eval or {}).get(cond), dict):
-            continue
-        mine, ref = summary.get("degenerate"), auto_eval[cond].get("degenerate")
-        if not mine or not ref or not mine["n"] or not ref["n"]:
-            continue
-        if mine["degenerate"] * ref["n"] <= ref["degenerate"] * mine["n"]:  # not more often than auto
-            continue
-        table = [[x["degenerate"], x["n"] - x["degenerate"]] for x in (mine, ref)]
-        rows.append((float(fisher_exact(table, alternative="greater").pvalue), cond, mine, ref))
-    rows.sort()
-    flagged = []
-    for i, (p, cond, mine, ref) in enumerate(rows):  # Holm's step-down over the conditions tested
-        if p > alpha / (len(rows) - i):
-            break
-        kinds = ", ".join(f"{mine[k]} {k}" for k in DEGENERATE_KINDS if mine.get(k))
-        flagged.append(
-            f"{CONDITIONS.get(cond, cond)} {mine['degenerate']} of {mine['n']} ({kinds}) vs auto's "
-            f"{ref['degenerate']} of {ref['n']} (Fisher exact one-sided p = {p:.3g})"
-        )
-    return ("degenerate answers: " + "; ".join(flagged)) if flagged else None

@@ -12,8 +12,8 @@ import os
 from dataclasses import dataclass, field
 
 import kvbench
-from kvbench.harness.records import EMULATED_SPEED_REASON
 from kvbench.kernels import vllm_plugin
+from kvbench.records import EMULATED_SPEED_REASON
 
 NVFP4_FAMILY = ("nvfp4", "nvfp4_4over6")
 PLUGIN_ENTRY = "kvbench_cpu_nvfp4"  # pyproject.toml [project.entry-points."vllm.general_plugins"]

@@ -16,14 +16,14 @@ import aiohttp
 from kvbench.errors import one_line as _one_line
 from kvbench.harness import energy
 from kvbench.harness.endpoint import describe, server_changes
-from kvbench.harness.findings import FindingKind
 from kvbench.harness.metrics import distribution, summarize
 from kvbench.harness.promscrape import fetch_metrics
-from kvbench.harness.records import Finding, Phase, PhaseKind, PhaseSummary
 from kvbench.harness.runcontext import WARMUP_STREAM, DtypeRun, prompts, traffic
 from kvbench.harness.scheduler import run_load
 from kvbench.harness.server import healthy
 from kvbench.logparse import engine_failure
+from kvbench.records import Finding, Phase, PhaseKind, PhaseSummary
+from kvbench.records.findings import FindingKind
 
 
 async def load_phase(ctx: DtypeRun, name: str, kind: PhaseKind, load, n: int | None, stream: int, repeat: int = 0):

@@ -4,8 +4,8 @@ FAILED_SHARE (the latencies describe only the requests that survived)."""
 
 from __future__ import annotations
 
-from kvbench.harness.findings import FindingKind
-from kvbench.harness.records import Finding, PhaseKind, RunRecord
+from kvbench.records import Finding, PhaseKind, RunRecord
+from kvbench.records.findings import FindingKind
 
 # More failed requests than this share of a dtype's fixed load is said in a finding.
 FAILED_SHARE = 0.05

@@ -18,24 +18,14 @@ import math
 
 import aiohttp
 
-from kvbench import front
+from kvbench import front, records
 from kvbench.errors import one_line as _one_line
-from kvbench.harness import capacitychecks, evalphase, fidelity, records, repeats
+from kvbench.harness import capacitychecks, evalphase, fidelity
 from kvbench.harness.agreement import Canaries, Sample, collect, compare
 from kvbench.harness.backend import OpenAIBackend
 from kvbench.harness.endpoint import Endpoint, ServerFacts, describe, redact_url
 from kvbench.harness.loadphase import load_phase
 from kvbench.harness.promscrape import MetricsSampler, capacity_from_metrics, metrics_or_note
-from kvbench.harness.records import (
-    Agreement,
-    DtypeResult,
-    DtypeStatus,
-    Front,
-    MeasuredCapacity,
-    Phase,
-    PhaseKind,
-    ServerInfo,
-)
 from kvbench.harness.runcontext import (
     AGREEMENT_STREAM,
     FIXED_STREAM,
@@ -47,8 +37,19 @@ from kvbench.harness.runcontext import (
 from kvbench.harness.scheduler import Concurrency
 from kvbench.harness.server import ServerStartError, VllmServer
 from kvbench.harness.slo import search
-from kvbench.harness.telemetry import NvmlSampler
 from kvbench.harness.workload import Workload, make_prompts
+from kvbench.records import (
+    Agreement,
+    DtypeResult,
+    DtypeStatus,
+    Front,
+    MeasuredCapacity,
+    Phase,
+    PhaseKind,
+    ServerInfo,
+    repeats,
+)
+from kvbench.telemetry import NvmlSampler
 
 
 async def measure_dtype(ctx: DtypeRun) -> None:

@@ -21,7 +21,7 @@ import multiprocessing
 from dataclasses import dataclass
 
 from kvbench.harness.evalrecord import _accuracy, _binary, _paired
-from kvbench.harness.records import conditions
+from kvbench.records import conditions
 
 REFERENCE = "auto"
 

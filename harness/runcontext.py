@@ -11,9 +11,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from kvbench.harness.records import DtypeResult, Finding, SampleStore
 from kvbench.harness.scheduler import Sessions, Timed
 from kvbench.harness.workload import Workload, make_prompts
+from kvbench.records import DtypeResult, Finding, SampleStore
 
 if TYPE_CHECKING:  # runner imports the phases, which import this module
     from kvbench.harness.agreement import Canaries
@@ -21,7 +21,7 @@ if TYPE_CHECKING:  # runner imports the phases, which import this module
     from kvbench.harness.quality import Evaluator
     from kvbench.harness.runner import Reporter, RunPlan
     from kvbench.harness.server import VllmServer
-    from kvbench.harness.telemetry import NvmlSampler
+    from kvbench.telemetry import NvmlSampler
 
 # Prompt seed streams by phase kind: distinct, and stable across dtypes for pairing (evals: evalphase).
 PROBE_STREAM, SWEEP_STREAM, FIXED_STREAM, WARMUP_STREAM = 1_000, 20_000, 30_000, 500_000

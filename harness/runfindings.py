@@ -4,8 +4,8 @@ of CPU, and dtypes the platform probably did not honour."""
 from __future__ import annotations
 
 from kvbench.harness.capacitychecks import HONOURED_TOLERANCE, off_format
-from kvbench.harness.findings import FindingKind
-from kvbench.harness.records import Finding
+from kvbench.records import Finding
+from kvbench.records.findings import FindingKind
 
 # A client that waited for a CPU this share of a phase measured its own queueing, not the server.
 STARVED_CLIENT_FRACTION = 0.05

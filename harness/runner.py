@@ -1,6 +1,6 @@
 """One `kvbench run`: for each KV-cache dtype, a vLLM server (started here, or an --endpoint checked against
 what it says it runs), its capacity three ways, an SLO search and fixed-load phases, with /metrics and
-NVML alongside; one typed record (harness/records/), flushed after every dtype, with its samples in Parquet.
+NVML alongside; one typed record (kvbench/records/), flushed after every dtype, with its samples in Parquet.
 
 `execute(plan)` is the one entry point (the CLI, the asv suite and the nightly all call it): it owns the
 event loop, SIGTERM, the deadline, and stopping every server; it returns the record, or raises
@@ -11,7 +11,7 @@ its log tail, and the run goes on with the next one. Nothing measured is dropped
 
 This module orchestrates (the dtypes in order, the deadline and signals, the record's writes, what is derived
 when the run ends); one dtype's phases are harness/phases.py and harness/loadphase.py over the shared state of
-harness/runcontext.py, its capacity checks harness/capacitychecks.py, the findings harness/findings.py.
+harness/runcontext.py, its capacity checks harness/capacitychecks.py, the findings kvbench/records/findings.py.
 """
 
 from __future__ import annotations
@@ -23,21 +23,27 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kvbench import verdict
+from kvbench import records, verdict
 from kvbench.datafiles import load_toml
 from kvbench.errors import KvbenchError
 from kvbench.errors import one_line as _one_line
-from kvbench.harness import energy, phases, quality, records, spill
+from kvbench.harness import energy, phases, quality, spill
 from kvbench.harness.capacitychecks import _tensor_parallel as _tensor_parallel  # defaults.py imports it here
 from kvbench.harness.capacitychecks import non_kv_report as non_kv_report  # its old home, for callers
 from kvbench.harness.comparisons import comparisons
 from kvbench.harness.endpoint import Endpoint, served_vllm
-from kvbench.harness.findings import FindingKind
-from kvbench.harness.machine import environment
 from kvbench.harness.metrics import DEFINITIONS
 from kvbench.harness.notices import notices
 from kvbench.harness.phases import sweep_ladder as sweep_ladder  # its old home: the nightly estimate, tests
-from kvbench.harness.records import (
+from kvbench.harness.runcontext import DtypeRun, RunState
+from kvbench.harness.runfindings import findings
+from kvbench.harness.scheduler import Concurrency, Rate
+from kvbench.harness.server import ServerConfig, VllmServer, stop_all
+from kvbench.harness.slo import SLO
+from kvbench.harness.workload import Workload
+from kvbench.machine import environment
+from kvbench.models import spec_for
+from kvbench.records import (
     DtypeResult,
     DtypeStatus,
     Finding,
@@ -46,13 +52,7 @@ from kvbench.harness.records import (
     Stop,
     StopReason,
 )
-from kvbench.harness.runcontext import DtypeRun, RunState
-from kvbench.harness.runfindings import findings
-from kvbench.harness.scheduler import Concurrency, Rate
-from kvbench.harness.server import ServerConfig, VllmServer, stop_all
-from kvbench.harness.slo import SLO
-from kvbench.harness.workload import Workload
-from kvbench.models import spec_for
+from kvbench.records.findings import FindingKind
 
 # How every run measures (probe sizes, warm-up, agreement, timeouts): kvbench/data/run_defaults.toml [run].
 RUN = load_toml("run_defaults.toml")["run"]

@@ -13,33 +13,18 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from kvbench import cliargs
 from kvbench.datafiles import load_toml
 from kvbench.errors import UsageError
+from kvbench.flags import Flag, flag_of
 
 UNKNOWN_DTYPES = ("error", "record")
 APIS = ("completions", "chat")
 SLO_KEYS = ("ttft_p95_ms", "tpot_p95_ms")
-
-
-class Flag:
-    """A field's command-line form: option names, the type the command line gives when it differs from the
-    field's (text the field's validator parses), an environment variable, and the run_defaults.toml key of
-    its default ("key": the backend's [cpu]/[gpu] section, "run.key": the [run] table)."""
-
-    def __init__(self, *names: str, cli: Any = None, envvar: str | None = None, default_from: str | None = None):
-        self.names, self.cli, self.envvar, self.default_from = names, cli, envvar, default_from
-
-    def __repr__(self) -> str:
-        return f"Flag{self.names}"
-
-
-def flag_of(model: type[BaseModel], name: str) -> Flag | None:
-    return next((m for m in model.model_fields[name].metadata if isinstance(m, Flag)), None)
 
 
 def parse_slo(text: str) -> dict[str, float]:

@@ -19,8 +19,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from kvbench import records
 from kvbench.errors import KvbenchError, UsageError
-from kvbench.harness import records
 from kvbench.output import jsonable
 from kvbench.scrub import scrub_doc
 

@@ -12,11 +12,11 @@ import tempfile
 from datetime import UTC, datetime
 from pathlib import Path
 
-from kvbench.harness import machine as harness
-from kvbench.harness.machine import machine_name  # noqa: F401  (one machine identity for every record)
+from kvbench import machine
+from kvbench.machine import machine_name  # noqa: F401  (one machine identity for every record)
 
 try:
-    from kvbench.harness.records import utc_now, write_atomic  # noqa: F401  (one clock, one atomic writer)
+    from kvbench.records import utc_now, write_atomic  # noqa: F401  (one clock, one atomic writer)
 except ImportError:  # a bare GPU box running kernels/run_on_gpu.sh MODE=sweep has no rich or pyarrow
 
     def utc_now() -> datetime:
@@ -37,7 +37,7 @@ def environment() -> dict:
     """The harness's environment plus what kernels depend on: the torch device and the interpreter mode."""
     import torch
 
-    env = harness.environment()
+    env = machine.environment()
     env["cuda_runtime"] = torch.version.cuda
     env["triton_interpret"] = os.environ.get("TRITON_INTERPRET") == "1"
     if torch.cuda.is_available():

@@ -32,19 +32,17 @@ from pathlib import Path
 
 from kvbench.datafiles import read_json
 from kvbench.errors import KvbenchError, UsageError
-from kvbench.harness.records import linked_records, write_atomic
-from kvbench.harness.records.storage import _replace_atomic
+from kvbench.records import linked_records, write_atomic
+from kvbench.records.storage import _replace_atomic
 from kvbench.suite import (
     ENV_COMMIT,
     ENV_ENV_NAME,
     ENV_MACHINE,
     ENV_MODEL,
     ENV_RESULTS,
-    STABLE_ENV,
-    STABLE_PYTHON,
     changed_code,
-    one_env,
 )
+from kvbench.tracked import STABLE_ENV, STABLE_PYTHON, one_env
 
 VENV_LINK = Path(".asv") / "venv"  # relative to the asv.conf.json folder
 MACHINE_FILE = Path("~/.asv-machine.json")
@@ -145,7 +143,7 @@ def describe_venv(venv: Path) -> dict:
         raise UsageError(f"{venv} is not a virtual environment (no bin/python); pass --venv <venv folder>")
     probe = (
         "import json, importlib.util as u\n"
-        "from kvbench.harness.machine import vllm_package\n"
+        "from kvbench.machine import vllm_package\n"
         "p, v = vllm_package()\n"
         "print(json.dumps({'vllm_package': p, 'vllm_version': v, 'asv_runner': "
         "u.find_spec('asv_runner') is not None}))\n"
@@ -192,7 +190,7 @@ def machine_info(name: str) -> dict:
     model, count, driver and driver CUDA version (NVML); "none" on a CPU-only machine."""
     from asv.machine import Machine
 
-    from kvbench.harness.machine import _cuda_versions, nvml_gpus
+    from kvbench.machine import _cuda_versions, nvml_gpus
 
     defaults = Machine.get_defaults()
     gpus, _ = nvml_gpus()

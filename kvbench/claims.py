@@ -346,7 +346,7 @@ def measured_values(
 ) -> dict[str, float]:
     """Claim id -> the value a kvbench run measured, where a run matches the claim's conditions.
 
-    `runs` is `kvbench.harness.records.summary_frame(...)`. Only the engine's own numbers count
+    `runs` is `kvbench.records.summary_frame(...)`. Only the engine's own numbers count
     (engine_max_concurrency, engine_capacity_ratio, kv_budget_gb), and only from the newest run of the
     claim's model (short name or its Hugging Face id) at the claim's context whose KV budget is within
     the claim's tolerance of the claimed budget."""

@@ -51,7 +51,7 @@ def _newest(match, claim: dict) -> dict | None:
 
 def _verdict(path, dtype: str) -> dict:
     """What kvbench.verdict says of `dtype`'s accuracy in the record at `path` (nothing if unreadable)."""
-    from kvbench.harness.records import read_record
+    from kvbench.records import read_record
     from kvbench.verdict import decide
 
     if not isinstance(path, str):  # a frame built without paths (or a NaN)

@@ -23,7 +23,7 @@ from pydantic import BaseModel
 
 def options(model: type[BaseModel]) -> list[inspect.Parameter]:
     """One keyword parameter per field with a Flag: Annotated[command-line type, typer.Option(...)] = default."""
-    from kvbench.harness.settings import flag_of
+    from kvbench.flags import flag_of
 
     params = []
     for name, field in model.model_fields.items():

@@ -16,8 +16,8 @@ from pathlib import Path
 from rich.markup import escape
 
 from kvbench.errors import UsageError
-from kvbench.harness.records import find_records, load_record, read_records, summary_rows
 from kvbench.output import err_console
+from kvbench.records import find_records, load_record, read_records, summary_rows
 from kvbench.tracked import metrics
 
 
@@ -184,7 +184,7 @@ def compare(a: dict, b: dict, threshold_pct: float | None = None, kind: str = "c
 
 def recommendations(side: Side) -> list[dict]:
     """What each run of a side recommends (kvbench.verdict.decide, the one function that decides)."""
-    from kvbench.harness.records import RunRecord
+    from kvbench.records import RunRecord
     from kvbench.verdict import decide
 
     out = []

@@ -15,9 +15,8 @@ import math
 from pathlib import Path
 
 from kvbench.errors import UsageError
-from kvbench.harness.records import linked_records
-from kvbench.suite import one_env
-from kvbench.tracked import by_benchmark
+from kvbench.records import linked_records
+from kvbench.tracked import by_benchmark, one_env
 
 # The agreed shape of a history row (the dashboards' history frame has these); COLUMNS adds the rest.
 SHAPE = [

@@ -74,13 +74,13 @@ def spec_for(*candidates: str | None) -> ModelSpec | None:
     name, a shipped short name, a local folder or config.json; the first candidate that resolves wins, None
     when none does (a hub id whose config is not on this disk has no model-side prediction). The one lookup
     the runner, the dashboards and the nightly estimate share."""
-    from kvbench.tinymodel import build as tinymodel
+    from kvbench import tinyconfig as tinymodel
 
     for candidate in candidates:
         if not candidate:
             continue
         if candidate == tinymodel.NAME:
-            return from_config(dict(tinymodel.CONFIG), name=tinymodel.NAME, source="kvbench.tinymodel.build.CONFIG")
+            return from_config(dict(tinymodel.CONFIG), name=tinymodel.NAME, source="kvbench.tinyconfig.CONFIG")
         path = Path(candidate).expanduser()
         if candidate in catalog() or (path / "config.json").is_file() or path.is_file():
             try:

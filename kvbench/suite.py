@@ -20,7 +20,7 @@ from kvbench.tracked import KV_DTYPES
 ENV_COMMIT = "KVBENCH_ASV_COMMIT"
 ENV_ENV_NAME = "KVBENCH_ASV_ENV"
 ENV_RESULTS = "KVBENCH_RESULTS"
-ENV_MACHINE = "KVBENCH_MACHINE"  # also read by kvbench.harness.machine.machine_name
+ENV_MACHINE = "KVBENCH_MACHINE"  # also read by kvbench.machine.machine_name
 ENV_MODEL = "KVBENCH_MODEL"  # the model on GPU machines (the CPU default needs none)
 
 # The accuracy track: KV dtype -> (kvbench.kernels.accuracy format, tensor-scale convention). "auto" is
@@ -68,18 +68,6 @@ def changed_code(repo: Path) -> list[str]:
     return [line[3:] for line in out.stdout.splitlines() if len(line) > 3]
 
 
-# asv names an existing environment after its interpreter's absolute path, so the same machine run from two
-# checkouts (a CI runner, a second clone) would start two series, and committed file names would carry the
-# path of the box that wrote them. kvbench files every point under one name instead (asvrun.stabilize).
-STABLE_PYTHON = "kvbench-venv"
-STABLE_ENV = "existing-pykvbench-venv"  # asv.environment.get_env_name("existing", STABLE_PYTHON, {}, {})
-
-
-def one_env(name: str | None) -> str | None:
-    """The environment a point or record belongs to: every `existing` environment is kvbench's one."""
-    return STABLE_ENV if isinstance(name, str) and name.startswith("existing-") else name
-
-
 def _existing_env_name(python: str) -> str:
     """asv's name for an existing environment run by this interpreter path (see kvbench.asvrun.env_name)."""
     from asv.environment import get_env_name
@@ -105,10 +93,10 @@ def serving_numbers(root: Path, model: str | None = None) -> dict:
 
     root: the asv project folder (above benchmarks/). The record goes to <results>/<machine>/runs/ like any
     `kvbench run`, with an "asv" block linking it to the history point."""
-    from kvbench.harness.machine import nvml_gpus
     from kvbench.harness.runner import execute
     from kvbench.harness.settings import RunSettings
     from kvbench.harness.vllm_info import accepted_kv_dtypes
+    from kvbench.machine import nvml_gpus
 
     gpus, _ = nvml_gpus()
     plan = RunSettings.for_machine(
@@ -141,7 +129,7 @@ def serving_numbers(root: Path, model: str | None = None) -> dict:
 def _tracked(doc: dict) -> dict:
     """{dtype: {"status", "emulated", **headline}} as the asv tracks read them: an emulated dtype's speed numbers
     are blanked, so its speed series stay n/a and never reach `kvbench regress`."""
-    from kvbench.harness.records import headline, representative
+    from kvbench.records import headline, representative
 
     return {
         d["kv_cache_dtype"]: {
@@ -156,9 +144,9 @@ def _tracked(doc: dict) -> dict:
 def prefix_numbers(root: Path, model: str | None = None) -> dict:
     """Run the prefix-cache scenario once (kvbench/data/workloads.toml "prefix-cache", its fixed load only) and
     return {"dtypes": {dtype: {"status", **headline}}}: hit rate and TTFT per dtype."""
-    from kvbench.harness.machine import nvml_gpus
     from kvbench.harness.runner import execute
     from kvbench.harness.settings import RunSettings
+    from kvbench.machine import nvml_gpus
 
     gpus, _ = nvml_gpus()
     plan = RunSettings.for_machine(

@@ -88,3 +88,15 @@ def as_track(fn, metric: Metric):
     fn.unit = metric.unit
     fn.pretty_name = f"{metric.label} ({metric.unit}, {metric.direction} is better)"
     return fn
+
+
+# asv names an existing environment after its interpreter's absolute path, so the same machine run from two
+# checkouts (a CI runner, a second clone) would start two series, and committed file names would carry the
+# path of the box that wrote them. kvbench files every point under one name instead (asvrun.stabilize).
+STABLE_PYTHON = "kvbench-venv"
+STABLE_ENV = "existing-pykvbench-venv"  # asv.environment.get_env_name("existing", STABLE_PYTHON, {}, {})
+
+
+def one_env(name: str | None) -> str | None:
+    """The environment a point or record belongs to: every `existing` environment is kvbench's one."""
+    return STABLE_ENV if isinstance(name, str) and name.startswith("existing-") else name

@@ -18,9 +18,8 @@ from dataclasses import dataclass, field
 
 from kvbench import verdict_accuracy as acc
 from kvbench import verdict_speed as speed
-from kvbench.harness import failuremodes
-from kvbench.harness.findings import FindingKind
-from kvbench.harness.records import EMULATED_SPEED_REASON, DtypeResult, DtypeStatus, Finding, RunRecord
+from kvbench.records import EMULATED_SPEED_REASON, DtypeResult, DtypeStatus, Finding, RunRecord
+from kvbench.records.findings import FindingKind
 
 REFERENCE = "auto"
 TIE_BREAK = "ties go to the more precise dtype (auto, then fp8, then nvfp4)"
@@ -173,7 +172,7 @@ LINE_KINDS = (
 
 def shown_in_lines(finding: dict | Finding, decision: Decision) -> bool:
     """Whether a finding says what its dtype's line already says (printed once, there)."""
-    from kvbench.harness.findings import parse_kind
+    from kvbench.records.findings import parse_kind
 
     f = finding.model_dump() if isinstance(finding, Finding) else finding
     return f.get("dtype") in decision.dtypes and parse_kind(f) in LINE_KINDS
@@ -262,7 +261,7 @@ def _verdict(record: RunRecord, d: DtypeResult, accuracy: acc.AccuracyVerdict, p
         reasons.append(Reason(FindingKind.CANARY, canary))
     auto = record.dtype(REFERENCE)
     if d.kv_cache_dtype != REFERENCE and auto is not None:
-        junk = failuremodes.degenerate_excess(d.eval, auto.eval, 1 - policy.confidence)
+        junk = acc.degenerate_excess(d.eval, auto.eval, 1 - policy.confidence)
         if junk:
             reasons.append(Reason(FindingKind.DEGENERATE, junk))
     measured = d.capacity.measured

@@ -23,12 +23,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from kvbench import noninferiority as ni
-from kvbench.harness.records import CONDITIONS, RunRecord, conditions
+from kvbench.records import CONDITIONS, RunRecord, conditions
+from kvbench.records.findings import DEGENERATE_KINDS
 
 REFERENCE = "auto"
 REFERENCE_STATE, NO_EVAL, EVAL_FAILED = "reference", "no eval", "eval failed"
 NON_INFERIOR, INFERIOR, UNDECIDED = ni.NON_INFERIOR, ni.INFERIOR, ni.UNDECIDED
-SHORT = CONDITIONS  # what each condition is called (harness/records/schema.py)
+SHORT = CONDITIONS  # what each condition is called (kvbench/records/schema.py)
 
 
 @dataclass(frozen=True)
@@ -346,3 +347,32 @@ def _usable(vs: dict | None) -> bool:
 
 def _p(p: float) -> str:
     return "< 0.001" if p < 0.001 else f"{p:.3f}"
+
+
+def degenerate_excess(dtype_eval: dict | None, auto_eval: dict | None, alpha: float) -> str | None:
+    """Where a dtype's answers were degenerate more often than auto's in the same condition (Fisher's exact
+    test, one-sided, Holm over the conditions), what it says; None otherwise."""
+    from scipy.stats import fisher_exact
+
+    rows = []
+    for cond, summary in (dtype_eval or {}).items():
+        if not isinstance(summary, dict) or not isinstance((auto_eval or {}).get(cond), dict):
+            continue
+        mine, ref = summary.get("degenerate"), auto_eval[cond].get("degenerate")
+        if not mine or not ref or not mine["n"] or not ref["n"]:
+            continue
+        if mine["degenerate"] * ref["n"] <= ref["degenerate"] * mine["n"]:  # not more often than auto
+            continue
+        table = [[x["degenerate"], x["n"] - x["degenerate"]] for x in (mine, ref)]
+        rows.append((float(fisher_exact(table, alternative="greater").pvalue), cond, mine, ref))
+    rows.sort()
+    flagged = []
+    for i, (p, cond, mine, ref) in enumerate(rows):  # Holm's step-down over the conditions tested
+        if p > alpha / (len(rows) - i):
+            break
+        kinds = ", ".join(f"{mine[k]} {k}" for k in DEGENERATE_KINDS if mine.get(k))
+        flagged.append(
+            f"{CONDITIONS.get(cond, cond)} {mine['degenerate']} of {mine['n']} ({kinds}) vs auto's "
+            f"{ref['degenerate']} of {ref['n']} (Fisher exact one-sided p = {p:.3g})"
+        )
+    return ("degenerate answers: " + "; ".join(flagged)) if flagged else None

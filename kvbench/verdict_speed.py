@@ -17,8 +17,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from kvbench.harness import repeats
-from kvbench.harness.records import DtypeResult, PhaseKind, RunRecord
+from kvbench.records import DtypeResult, PhaseKind, RunRecord, repeats
 
 TIE = "tie"
 

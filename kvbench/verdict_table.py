@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from kvbench import verdict_accuracy as acc
 from kvbench import verdict_speed as speed
-from kvbench.harness.records import RunRecord
+from kvbench.records import RunRecord
 
 COLUMNS = (
     "dtype",
@@ -166,7 +166,7 @@ def _fidelity(d, key: str, ci_key: str, fmt: str, floor: dict | None = None) -> 
 
 def short_reason(v, decision) -> str:
     """One short reason: what decides this dtype's place."""
-    from kvbench.harness.findings import FindingKind
+    from kvbench.records.findings import FindingKind
 
     a = v.accuracy
     if v.status == "recommended":

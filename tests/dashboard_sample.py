@@ -192,9 +192,9 @@ def _sample_eval(dtype: str, machine_scale: float) -> dict:
 
 def add_front(doc: dict, price: float | None) -> dict:
     """The trade-off curve and repeat stats the runner adds, computed by the harness's own functions from the
-    sample's closed-loop phases (kvbench.front, kvbench.harness.repeats)."""
+    sample's closed-loop phases (kvbench.front, kvbench.records.repeats)."""
     from kvbench import front
-    from kvbench.harness import repeats
+    from kvbench.records import repeats
 
     for d in doc["dtypes"]:
         if d["status"] != "ok":

@@ -10,8 +10,8 @@ import sys
 import tomllib
 from pathlib import Path
 
+from kvbench import records
 from kvbench.datafiles import data_path, load_toml
-from kvbench.harness import records
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "tests" / "data"

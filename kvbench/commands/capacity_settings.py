@@ -13,7 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from kvbench import gpus, models
 from kvbench.capacity import VLLM_DEFAULT_BLOCK_SIZE
 from kvbench.errors import UsageError
-from kvbench.harness.settings import Flag
+from kvbench.flags import Flag
 from kvbench.vllm_memory import known_versions
 from kvbench.weights import WEIGHT_CHOICES
 

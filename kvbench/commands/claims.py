@@ -29,7 +29,7 @@ def _fmt(value, unit: str) -> str:
 
 def _runs(results: Path):
     """The run records' summary frame, or None when there are none (measured stays empty)."""
-    from kvbench.harness.records import find_records, summary_frame
+    from kvbench.records import find_records, summary_frame
 
     if not results.is_dir():
         return None

@@ -51,7 +51,7 @@ def command(
 ) -> int:
     cliargs.number(threshold, "--threshold", low=0, unit="%")
     if machine:
-        from kvbench.harness.machine import check_machine_name
+        from kvbench.machine import check_machine_name
 
         check_machine_name(machine)  # a folder under --results, never a path out of it
     from kvbench.compare import accuracy_values, compare, machine_kind_of, recommendations, resolve_pair, side_values

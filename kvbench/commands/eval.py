@@ -42,8 +42,8 @@ def settings_of(ctx: typer.Context, values: dict) -> EvalSettings:
 
 @command_from(EvalSettings, settings_of)
 def command(ctx: typer.Context, s: EvalSettings) -> int:
-    from kvbench.harness.machine import machine_name, nvml_gpus
-    from kvbench.harness.records import check_writable
+    from kvbench.machine import machine_name, nvml_gpus
+    from kvbench.records import check_writable
 
     gpus, _ = nvml_gpus()
     defaults = load_toml("run_defaults.toml")["gpu" if gpus else "cpu"]

@@ -10,7 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
 
 from kvbench import cliargs, evaltasks
 from kvbench.errors import UsageError
-from kvbench.harness.settings import Flag
+from kvbench.flags import Flag
 
 
 class EvalSettings(BaseModel):

@@ -112,7 +112,7 @@ def run(
     wait_load: float | None = None,
 ) -> int:
     from kvbench import asvrun
-    from kvbench.harness.machine import check_machine_name, machine_name
+    from kvbench.machine import check_machine_name, machine_name
 
     venv = Path(venv or sys.prefix).absolute()
     machine = check_machine_name(machine) if machine else machine_name()
@@ -207,7 +207,7 @@ def _table(rows, title: str) -> Table:
 def upgrade(project, as_json: bool) -> int:
     """Exit 1 when a record could not be rewritten faithfully (it is left as it was, and named)."""
     from kvbench import asvrun
-    from kvbench.harness.records.upgrade import upgrade_records
+    from kvbench.records.upgrade import upgrade_records
 
     with console.status(f"rewriting kvbench.run/1 records under {project.results_dir}"):
         outcomes = upgrade_records(project.results_dir)

@@ -10,7 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from kvbench import cliargs
 from kvbench.errors import UsageError
-from kvbench.harness.settings import Flag
+from kvbench.flags import Flag
 from kvbench.kernels.names import KERNEL_FORMATS
 
 GPU_GRID = {"contexts": "1024,4096,16384,32768,131072", "batches": "1,8,32"}

@@ -70,9 +70,9 @@ def run_shard(ctx: dict, sp, index: int, night: str | None, out: Path | None, ex
     """One shard's night here: its units through the night's steps (history only where it owns the point;
     gate and dashboard wait for the merge), then its folder and manifest. A failure before the night is
     written as a failed shard, so the merge can name it."""
-    from kvbench.harness.records import utc_iso
     from kvbench.nightly import manifest as mf
     from kvbench.nightly.shards import restrict
+    from kvbench.records import utc_iso
 
     plan, est, target = ctx["plan"], ctx["est"], ctx["target"]
     shard = sp.shard(index)

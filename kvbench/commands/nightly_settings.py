@@ -10,7 +10,7 @@ from typing import Annotated
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from kvbench.errors import UsageError
-from kvbench.harness.settings import Flag
+from kvbench.flags import Flag
 
 LAUNCHERS = ("sky",)
 

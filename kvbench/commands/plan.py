@@ -113,8 +113,8 @@ def _from_run(path: Path, users: int, user_tps: float | None, price_text: str | 
     """Replicas per dtype from a run's measured front: users per replica = the concurrency the front serves at
     the asked interactivity (PCHIP along the front) or at its best point under the SLO."""
     from kvbench import cliargs
-    from kvbench.harness.records import read_record
     from kvbench.plan import plan_from_front
+    from kvbench.records import read_record
 
     record = read_record(path)
     keys = sorted(

@@ -22,7 +22,7 @@ from kvbench.commands.capacity_settings import (
     check_sizing,
 )
 from kvbench.errors import UsageError
-from kvbench.harness.settings import Flag
+from kvbench.flags import Flag
 from kvbench.plan import TP_SIZES
 
 

@@ -22,8 +22,8 @@ from kvbench.commands.report_sections import (
 )
 from kvbench.commands.report_tables import add_rows, capacity_table, latency_table
 from kvbench.commands.report_verdict import render_fronts, render_quality, render_verdict_table
-from kvbench.harness.records import RunRecord, headline, load_record
 from kvbench.output import console, print_json, terminal_safe
+from kvbench.records import RunRecord, headline, load_record
 from kvbench.verdict import decide
 
 NAME = "report"

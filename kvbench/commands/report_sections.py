@@ -7,8 +7,8 @@ from pathlib import Path
 
 from rich.table import Table
 
-from kvbench.harness.records import fixed_phase, workload_label
 from kvbench.output import console, num
+from kvbench.records import fixed_phase, workload_label
 from kvbench.verdict import shown_in_lines
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from rich.table import Table
 
-from kvbench.harness.records import fixed_phase, headline
 from kvbench.output import num
+from kvbench.records import fixed_phase, headline
 
 
 def _conc(value) -> str:

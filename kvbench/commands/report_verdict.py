@@ -6,8 +6,8 @@ from __future__ import annotations
 from rich.markup import escape
 from rich.table import Table
 
-from kvbench.harness.records import conditions, fixed_phase
 from kvbench.output import console, num
+from kvbench.records import conditions, fixed_phase
 from kvbench.verdict_speed import cost_lines
 
 

@@ -34,7 +34,7 @@ def endpoint_key(ctx: typer.Context, api_key: str | None, endpoint) -> str | Non
 
 def json_summary(record, path) -> dict:
     """What `--json` prints: the record's path and status, each dtype's headline numbers, the findings."""
-    from kvbench.harness.records import headline
+    from kvbench.records import headline
 
     doc = record.as_doc()
     return {
@@ -59,7 +59,7 @@ def json_summary(record, path) -> dict:
 
 def settings_of(ctx: typer.Context, values: dict) -> RunSettings:
     """The run's settings: the flags, vLLM's arguments after --, and this machine's backend defaults."""
-    from kvbench.harness.machine import nvml_gpus
+    from kvbench.machine import nvml_gpus
 
     gpus, _ = nvml_gpus()
     values["api_key"] = endpoint_key(ctx, values["api_key"], values["endpoints"])
@@ -72,9 +72,9 @@ def command(ctx: typer.Context, settings: RunSettings) -> int:
     as_json = settings.as_json
 
     from kvbench.commands.report import render
-    from kvbench.harness.records import DtypeStatus
     from kvbench.harness.runner import RunInterrupted, execute
     from kvbench.progress import ProgressReporter, new_progress
+    from kvbench.records import DtypeStatus
 
     for note in plan.notes:  # notes quote servers and files: never rich markup
         err_console.print(f"[dim]{escape(note)}[/]")

@@ -105,19 +105,19 @@ def accuracy(
     import torch
 
     from kvbench import evaltasks
-    from kvbench.harness import tinyeval
     from kvbench.tinymodel import build as tinymodel
+    from kvbench.tinymodel import scoring
 
     cliargs.at_least_one(items, "--items")
     names = cliargs.names(tasks, "--tasks", "kvbench_needle_512")
     for task in names:
         evaltasks.parse_task(task)
-    dtypes = cliargs.choices(kv_dtypes, "--kv-dtypes", tinyeval.KV_DTYPES, "KV dtype")
+    dtypes = cliargs.choices(kv_dtypes, "--kv-dtypes", scoring.KV_DTYPES, "KV dtype")
     folder = folder or tinymodel.ensure_trained_model()
     torch.set_num_threads(min(2, torch.get_num_threads()))
-    model, tok = tinyeval.load(folder)
+    model, tok = scoring.load(folder)
     log = None if as_json else (lambda m: err_console.print(f"[dim]{m}[/]"))
-    scores = tinyeval.measure(model, tok, names, items, dtypes, log=log)
+    scores = scoring.measure(model, tok, names, items, dtypes, log=log)
     rows = [s.summary() for s in scores]
     _pair_with_auto(scores, rows)
     if as_json:

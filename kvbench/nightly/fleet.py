@@ -185,7 +185,7 @@ def write_tasks(fleet: Fleet, cfg: NightlyConfig, root: Path, out_dir: Path) -> 
     """One task file per launched shard and the fleet plan (plan.json) in out_dir; (path, job name, section, shard)."""
     import yaml
 
-    from kvbench.harness.records import write_atomic
+    from kvbench.records import write_atomic
 
     dumper = _dumper()
     template = load_template(root)

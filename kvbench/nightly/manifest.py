@@ -154,7 +154,7 @@ def relative_paths(doc: dict, results_dir: Path) -> dict:
 def pack(out: Path, results_dir: Path, files: list[str], summary: dict | None, repo: Path, head_before: str | None):
     """Copy the night's files under out/results/, write summary.json and the commits' bundle; the files'
     hashes (relative to out) for the manifest."""
-    from kvbench.harness.records import write_atomic
+    from kvbench.records import write_atomic
 
     hashes: dict[str, str] = {}
     for rel in files:
@@ -171,7 +171,7 @@ def pack(out: Path, results_dir: Path, files: list[str], summary: dict | None, r
 
 
 def write_manifest(out: Path, manifest: ShardManifest) -> Path:
-    from kvbench.harness.records import write_atomic
+    from kvbench.records import write_atomic
 
     return write_atomic(Path(out) / MANIFEST, manifest.model_dump(mode="json", by_alias=True))
 

@@ -26,7 +26,7 @@ def resolve_model(name: str) -> ModelRef:
 
     kind = model_kind(name)
     if kind == "tiny":
-        return ModelRef(name, None, None)  # its config is kvbench.tinymodel.build.CONFIG
+        return ModelRef(name, None, None)  # its config is kvbench.tinyconfig.CONFIG
     if kind == "short":
         return ModelRef(name, catalog()[name]["hf_id"], name)
     if kind == "path":
@@ -183,8 +183,8 @@ def expand(cfg: NightlyConfig, key: str) -> MachinePlan:
 
 
 def machine_folder(plan: MachinePlan) -> str:
-    """The results folder a section's machine writes to (as kvbench.harness.machine names it)."""
-    from kvbench.harness.machine import cpu_model, gpu_machine_name, slug
+    """The results folder a section's machine writes to (as kvbench.machine names it)."""
+    from kvbench.machine import cpu_model, gpu_machine_name, slug
 
     if not plan.on_gpu:
         return f"cpu-{slug(cpu_model())}"

@@ -219,7 +219,7 @@ def check_file(folder: Path, rel: str, m: mf.ShardManifest, group: Group) -> str
 
 
 def check_record(path: Path, rel: str, m: mf.ShardManifest) -> str | None:
-    from kvbench.harness.records import read_record
+    from kvbench.records import read_record
 
     try:
         doc = read_record(path).as_doc()

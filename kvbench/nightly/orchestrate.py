@@ -25,13 +25,13 @@ from pathlib import Path
 from rich.markup import escape
 
 from kvbench.errors import KvbenchError, UsageError
-from kvbench.harness.records import DtypeStatus, linked_records, load_record
 from kvbench.nightly.config import NightlyConfig
 from kvbench.nightly.estimate import MachineEstimate
 from kvbench.nightly.matrix import Entry, MachinePlan, served_model
 from kvbench.nightly.outcomes import EntryResult, EntryStatus, NightStatus, StepResult, StepStatus
 from kvbench.nightly.stepio import _fmt_change, _json_after_command, _last_line, _stop_group
 from kvbench.nightly.target import Target, detect, results_dir_of
+from kvbench.records import DtypeStatus, linked_records, load_record
 
 # Target, detect, results_dir_of and the statuses stay importable from here, where callers found them.
 __all__ = [
@@ -68,7 +68,7 @@ class Nightly:
         vllm_installed: tuple[str | None, str | None],
         night_id: str | None = None,
     ):
-        from kvbench.harness.records import utc_iso
+        from kvbench.records import utc_iso
 
         self.cfg, self.cfg_path, self.plan, self.target, self.estimate = cfg, cfg_path, plan, target, estimate
         self.asv_conf = Path(asv_conf).absolute()
@@ -144,7 +144,7 @@ class Nightly:
         if self.remaining_s() <= 0:
             return StepResult("history", StepStatus.SKIPPED, f"budget of {self.plan.cfg.max_minutes:g} min spent")
         args = self._history_args()
-        from kvbench.harness.records import utc_iso
+        from kvbench.records import utc_iso
 
         started = utc_iso()
         rc, secs, log = self._subprocess(
@@ -237,10 +237,10 @@ class Nightly:
         return found[-1] if found else None
 
     def matrix(self, progress_factory) -> None:
-        from kvbench.harness.records import StopReason
         from kvbench.harness.runner import RunInterrupted, execute
         from kvbench.nightly.matrix import run_plan
         from kvbench.progress import ProgressReporter
+        from kvbench.records import StopReason
 
         estimates = {e.name: e.total_s for e in self.estimate.entries}
         for i, entry in enumerate(self.plan.entries):
@@ -434,14 +434,14 @@ class Nightly:
         return (time.monotonic() - self.t0) / 60
 
     def write_summary(self) -> dict:
-        from kvbench.harness.records import write_atomic
+        from kvbench.records import write_atomic
 
         doc = self.summary_doc()
         self.path = write_atomic(self.summary_path, doc)
         return doc
 
     def summary_doc(self) -> dict:
-        from kvbench.harness.records import utc_iso
+        from kvbench.records import utc_iso
 
         reasons = self.reasons()
         regressed = any(s.status == StepStatus.REGRESSION for s in self.steps.values())

@@ -20,7 +20,7 @@ class Target:
 def detect(cfg: NightlyConfig, tensor_parallel: dict[str, int] | None = None) -> Target:
     """The config section for this machine's GPU (NVML name -> catalog key), or "cpu" without one."""
     from kvbench.gpus import match_nvml_name
-    from kvbench.harness.machine import machine_name, nvml_gpus
+    from kvbench.machine import machine_name, nvml_gpus
 
     gpus, _ = nvml_gpus()
     if not gpus:

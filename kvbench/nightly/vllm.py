@@ -35,7 +35,7 @@ def install_args(wanted: str, on_gpu: bool) -> list[str]:
 
 
 def installed() -> tuple[str | None, str | None]:
-    from kvbench.harness.machine import vllm_package
+    from kvbench.machine import vllm_package
 
     return vllm_package()
 

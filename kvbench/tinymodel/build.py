@@ -24,18 +24,11 @@ import tempfile
 from pathlib import Path
 
 from kvbench.corpus import corpus_words, sentence
-from kvbench.datafiles import cache_root, data_path, load_toml
+from kvbench.datafiles import cache_root, data_path
 from kvbench.errors import KvbenchError
+from kvbench.tinyconfig import CONFIG, NAME, SPEC  # noqa: F401 (NAME and CONFIG: the builder's public names)
 
-_SPEC = load_toml("tinymodel.toml")
-NAME = _SPEC["model"]["name"]
-CONFIG = {
-    "architectures": ["LlamaForCausalLM"],
-    "model_type": "llama",
-    **{k: v for k, v in _SPEC["model"].items() if k not in ("name", "init_seed")},
-    "torch_dtype": "bfloat16",
-}
-SEED = _SPEC["model"]["init_seed"]
+SEED = SPEC["model"]["init_seed"]
 COMMITTED = "tinymodel"  # the trained model's folder under kvbench/data/
 SHA256_FILE = "tinymodel.sha256"  # its files' sha256, `sha256sum -c` format, beside it
 # Bump when the random build's recipe changes, so cached copies are rebuilt.

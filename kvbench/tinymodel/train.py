@@ -310,8 +310,8 @@ def build(path: Path, log=None, recipe: dict = RECIPE, report_items: int = REPOR
     import torch
     import transformers
 
-    from kvbench.harness import tinyeval
-    from kvbench.harness.machine import machine_name
+    from kvbench.machine import machine_name
+    from kvbench.tinymodel import scoring
 
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
@@ -328,8 +328,8 @@ def build(path: Path, log=None, recipe: dict = RECIPE, report_items: int = REPOR
         # The report measures what is saved: the bf16 weights, loaded back as a server would.
         evals = []
         if report_items:
-            served, served_tok = tinyeval.load(path)
-            evals = [s.summary() for s in tinyeval.measure(served, served_tok, REPORT_TASKS, report_items, ["auto"])]
+            served, served_tok = scoring.load(path)
+            evals = [s.summary() for s in scoring.measure(served, served_tok, REPORT_TASKS, report_items, ["auto"])]
         t_eval = time.monotonic() - t0 - t_tok - t_train
     finally:
         torch.set_num_threads(threads)
@@ -348,7 +348,7 @@ def build(path: Path, log=None, recipe: dict = RECIPE, report_items: int = REPOR
             "total": round(time.monotonic() - t0, 1),
         },
         "accuracy_bf16": evals,
-        "eval_note": "greedy, the saved bf16 weights in transformers (kvbench.harness.tinyeval), KV auto; "
+        "eval_note": "greedy, the saved bf16 weights in transformers (kvbench.tinymodel.scoring), KV auto; "
         "items = the first n of kvbench eval's own",
         "versions": {
             "torch": torch.__version__,

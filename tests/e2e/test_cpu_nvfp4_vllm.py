@@ -18,7 +18,7 @@ import aiohttp
 import pytest
 from support import CPU, CPU_ARGS, KVBENCH
 
-from kvbench.harness import records
+from kvbench import records
 from kvbench.harness.server import ServerConfig, VllmServer
 from kvbench.harness.workload import Workload, make_prompts
 from kvbench.kernels.vllm_plugin import ACTIVE_MARK, ENV_SWITCH, ENV_VERIFY

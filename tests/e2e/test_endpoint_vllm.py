@@ -11,7 +11,7 @@ import sys
 import pytest
 from support import CPU, LEAN, everything_under, kvbench, one_line_error
 
-from kvbench.harness import records
+from kvbench import records
 
 KEY = "sk-kvbench-test-0123456789"
 SMALL = ["--num-requests", "8", "--concurrency", "4", "--search-cap", "4"]

@@ -20,7 +20,7 @@ def test_run_on_the_gqa_model_completes_on_cpu(tmp_path, gqa_model):
     import subprocess
     import sys
 
-    from kvbench.harness import records
+    from kvbench import records
 
     pytest.importorskip("vllm")
     args = ["--model", str(gqa_model), "--kv-dtypes", "auto,fp8", "--num-requests", "8", "--concurrency", "4"]

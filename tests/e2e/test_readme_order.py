@@ -14,8 +14,8 @@ import sys
 import pytest
 from support import ROOT, kvbench
 
-from kvbench.harness import records
-from kvbench.harness.machine import machine_name
+from kvbench import records
+from kvbench.machine import machine_name
 from kvbench.testing.fakeserver import FakeConfig, FakeServer
 
 # The fast-tier tests that read results/: the two that failed after `make run` (issue 36), and the files whose

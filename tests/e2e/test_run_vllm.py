@@ -15,7 +15,7 @@ import psutil
 import pytest
 from support import DATA, KVBENCH, LEAN, kvbench, kvbench_at, only_record, plan_for
 
-from kvbench.harness import records
+from kvbench import records
 from kvbench.harness.runner import Reporter, Runner
 
 SMALL = ["--num-requests", "16", "--concurrency", "4", "--search-cap", "8"]

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 from support import kvbench, run_against
 
-from kvbench.harness import records
+from kvbench import records
 
 
 @pytest.mark.vllm

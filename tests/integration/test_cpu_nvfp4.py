@@ -157,7 +157,7 @@ def test_the_plugin_never_loads_off_the_cpu_platform(monkeypatch):
 
 
 def test_emulated_speed_stays_out_of_the_asv_series_but_capacity_and_accuracy_stay_in():
-    from kvbench.harness.records import SPEED_FIELDS
+    from kvbench.records import SPEED_FIELDS
     from kvbench.suite import _tracked
 
     d = {

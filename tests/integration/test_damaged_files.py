@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from support import committed_results, kvbench, kvbench_here
 
-from kvbench.harness import records
+from kvbench import records
 
 ROOT = Path(__file__).resolve().parents[2]
 COMMITTED = committed_results()

@@ -16,7 +16,7 @@ from support import committed_results, kvbench
 from kvbench.dashboards import data as site_data
 from kvbench.dashboards import derive, site, theme
 from kvbench.dashboards.theme import esc
-from kvbench.harness.records import workload_label
+from kvbench.records import workload_label
 
 REPO = Path(__file__).resolve().parents[2]
 _spec = importlib.util.spec_from_file_location("dashboard_sample", Path(__file__).parents[1] / "dashboard_sample.py")
@@ -466,7 +466,7 @@ def test_quality_page_shows_accuracy_with_intervals_per_condition(sample_pages):
 
 def test_history_points_with_repeats_get_95pct_error_bars():
     from kvbench.dashboards import page_history
-    from kvbench.harness.repeats import half_width
+    from kvbench.records.repeats import half_width
 
     loaded = site_data.load(committed_results(), asv_conf=REPO / "asv.conf.json")
     ttft = loaded.history[loaded.history["metric"] == loaded.history["metric"].iloc[0]].copy()

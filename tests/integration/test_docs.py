@@ -12,8 +12,8 @@ import pytest
 import typer.main
 from pydantic import BaseModel
 
+from kvbench import records
 from kvbench.cli import app
-from kvbench.harness import records
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -45,7 +45,7 @@ def test_the_cli_reference_has_every_command_and_option(hooks):
 
 def test_the_record_schema_has_every_type_and_field(hooks):
     text = hooks.record_schema()
-    # every record type in harness/records/schema.py is reachable from RunRecord: each gets a section with all
+    # every record type in kvbench/records/schema.py is reachable from RunRecord: each gets a section with all
     # its fields
     models = [
         m

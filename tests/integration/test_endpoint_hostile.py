@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 from support import cpu_plan, everything_under, kvbench, kvbench_at, one_line_error
 
+from kvbench import records
 from kvbench.errors import UsageError
-from kvbench.harness import http, records
+from kvbench.harness import http
 from kvbench.harness.backend import OpenAIBackend
 from kvbench.harness.runner import Reporter, Runner
 from kvbench.harness.settings import RunSettings

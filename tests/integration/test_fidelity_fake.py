@@ -10,7 +10,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from kvbench.harness import fidelity
-from kvbench.harness.records import SampleStore
+from kvbench.records import SampleStore
 from kvbench.testing.fakeserver import FakeServer
 from kvbench.testing.fakestate import FakeConfig
 

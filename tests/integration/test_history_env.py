@@ -17,7 +17,7 @@ from support import ROOT, kvbench_here
 
 from kvbench.asvrun import AsvProject, asv_command, env_name, link_venv, result_file, stabilize, write_machine_file
 from kvbench.errors import UsageError
-from kvbench.suite import STABLE_ENV, STABLE_PYTHON
+from kvbench.tracked import STABLE_ENV, STABLE_PYTHON
 
 BENCH = """
 class Tiny:
@@ -155,6 +155,6 @@ def shutil_conf(tmp_path: Path) -> None:
      (None, None), (3, None), ("", None)],
 )  # fmt: skip
 def test_one_env_files_every_existing_environment_as_one(name, expected):
-    from kvbench.suite import one_env
+    from kvbench.tracked import one_env
 
     assert one_env(name) == (name if expected is None else expected)

@@ -7,10 +7,10 @@ from __future__ import annotations
 import pytest
 from support import LEAN, json_summary, kvbench_at, one_line_error
 
+from kvbench import records
 from kvbench.errors import UsageError
-from kvbench.harness import records
 from kvbench.harness.evalrecord import eval_path
-from kvbench.harness.machine import MAX_NAME, check_machine_name, machine_name, safe_machine_name
+from kvbench.machine import MAX_NAME, check_machine_name, machine_name, safe_machine_name
 from kvbench.testing.fakeserver import FakeConfig, FakeServer
 
 HOSTILE = ["../../escaped", "..", ".", "a/b", "/abs", "x\ny", "a b", "é", "x" * (MAX_NAME + 1), "", "~root", "a\\b"]

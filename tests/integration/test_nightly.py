@@ -16,12 +16,12 @@ from support import SHIPPED_NIGHTLY, kvbench_here, shipped, write_config
 
 from kvbench.datafiles import data_path
 from kvbench.errors import UsageError
-from kvbench.harness.records import DtypeStatus, RunRecord
 from kvbench.harness.runner import Runner
 from kvbench.nightly import config as nconfig
 from kvbench.nightly import estimate as nestimate
 from kvbench.nightly import matrix as nmatrix
 from kvbench.nightly import vllm as nvllm
+from kvbench.records import DtypeStatus, RunRecord
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -211,7 +211,7 @@ def test_a_workload_spec_in_the_config_is_what_the_entry_sends_and_prices_reach_
     monkeypatch.setattr("kvbench.harness.defaults.accepted_kv_dtypes", lambda python=None: ("auto", "fp8"))
     monkeypatch.setattr(nmatrix, "local_snapshot", lambda hf_id: None)
     h200 = {"name": "NVIDIA H200", "memory_bytes": 150_117_105_664, "index": 0}
-    monkeypatch.setattr("kvbench.harness.machine.nvml_gpus", lambda: ([h200], None))
+    monkeypatch.setattr("kvbench.machine.nvml_gpus", lambda: ([h200], None))
     changes = {"machines.h200.workloads": ["system-prompts"], "machines.h200.slos": [], "machines.h200.overrides": None}
     cfg = nconfig.parse(shipped(**changes))
     (entry,) = nmatrix.expand(cfg, "h200").entries
@@ -360,13 +360,13 @@ def test_detect_maps_the_nvml_name_to_a_section(monkeypatch):
 
     monkeypatch.delenv("KVBENCH_MACHINE", raising=False)
     h100 = [{"index": 0, "name": "NVIDIA H100 80GB HBM3", "memory_bytes": 81559 * 2**20}]
-    monkeypatch.setattr("kvbench.harness.machine.nvml_gpus", lambda: (h100, None))
+    monkeypatch.setattr("kvbench.machine.nvml_gpus", lambda: (h100, None))
     t = orchestrate.detect(cfg)
     assert (t.key, t.machine, t.gpus_found) == ("h100-sxm", "h100-sxm-80gb", 1)
-    monkeypatch.setattr("kvbench.harness.machine.nvml_gpus", lambda: ([{**h100[0], "name": "NVIDIA B300"}], None))
+    monkeypatch.setattr("kvbench.machine.nvml_gpus", lambda: ([{**h100[0], "name": "NVIDIA B300"}], None))
     with pytest.raises(UsageError, match="not in kvbench's catalog"):
         orchestrate.detect(cfg)
-    monkeypatch.setattr("kvbench.harness.machine.nvml_gpus", lambda: ([{**h100[0], "name": "NVIDIA H100 PCIe"}], None))
+    monkeypatch.setattr("kvbench.machine.nvml_gpus", lambda: ([{**h100[0], "name": "NVIDIA H100 PCIe"}], None))
     with pytest.raises(UsageError, match=r"no \[machines.h100-pcie\] section"):
         orchestrate.detect(cfg)
 
@@ -542,7 +542,7 @@ def test_a_dtype_that_failed_in_the_history_point_fails_the_night_unless_expecte
         calls.append(argv)
         runs = tmp_path / "results" / "cpu-test" / "runs"
         runs.mkdir(parents=True, exist_ok=True)
-        from kvbench.harness.records import utc_iso
+        from kvbench.records import utc_iso
 
         point = RunRecord(
             run_id="point",

@@ -9,7 +9,7 @@ import contextlib
 import pytest
 from support import json_summary, kvbench_at
 
-from kvbench.harness import records
+from kvbench import records
 from kvbench.testing.fakeserver import FakeConfig, FakeServer
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 from support import kvbench, run_against
 
-from kvbench.harness import records
+from kvbench import records
 from kvbench.testing.fakeserver import FakeConfig, FakeServer
 
 FAST = dict(kv_cache_dtype="auto", max_model_len=512, ttft_s=0.002, itl_s=0.0005)

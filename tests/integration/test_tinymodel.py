@@ -133,16 +133,16 @@ def test_random_build_is_atomic_and_cached(tmp_path):
 
 @pytest.fixture(scope="module")
 def served():
-    from kvbench.harness import tinyeval
+    from kvbench.tinymodel import scoring
 
-    return tinyeval.load(tinymodel.committed_dir())
+    return scoring.load(tinymodel.committed_dir())
 
 
 def test_committed_weights_reach_the_task_bars(served):
-    from kvbench.harness import tinyeval
+    from kvbench.tinymodel import scoring
 
     model, tok = served
-    scores = tinyeval.measure(model, tok, [*BAR_TASKS, "kvbench_passkey_512"], BAR_ITEMS, ["auto"])
+    scores = scoring.measure(model, tok, [*BAR_TASKS, "kvbench_passkey_512"], BAR_ITEMS, ["auto"])
     by = {s.task: s.accuracy for s in scores}
     for task in BAR_TASKS:
         assert BAND[0] <= by[task] <= BAND[1], (task, by)
@@ -153,21 +153,21 @@ def test_teacher_forced_scoring_equals_generation(served):
     import torch
 
     from kvbench import evaltasks
-    from kvbench.harness import tinyeval
+    from kvbench.tinymodel import scoring
 
     model, tok = served
     for task in BAR_TASKS:
         items = evaltasks.generate(task, tok, 10)
         for dtype in ("auto", "nvfp4"):
-            fast = tinyeval.score_items(model, tok, task, items, dtype).correct
-            tinyeval._SWITCH.dtype = dtype
+            fast = scoring.score_items(model, tok, task, items, dtype).correct
+            scoring._SWITCH.dtype = dtype
             try:
                 slow = [
-                    tinyeval._generate_and_score(model, tok, tok.encode(i.prompt), i.answer, task.split("_")[1])
+                    scoring._generate_and_score(model, tok, tok.encode(i.prompt), i.answer, task.split("_")[1])
                     for i in items
                 ]
             finally:
-                tinyeval._SWITCH.dtype = "auto"
+                scoring._SWITCH.dtype = "auto"
             assert fast == slow, (task, dtype)
     assert torch.get_default_dtype() == torch.float32
 
@@ -175,15 +175,15 @@ def test_teacher_forced_scoring_equals_generation(served):
 def test_fake_quant_is_the_reference_numerics_row_by_row():
     import torch
 
-    from kvbench.harness import tinyeval
     from kvbench.kernels import fp8, nvfp4
+    from kvbench.tinymodel import scoring
 
     x = torch.randn(2, 2, 7, 32, generator=torch.Generator().manual_seed(0)).to(torch.bfloat16)
-    assert tinyeval.fake_quant(x, "auto") is x
-    assert torch.equal(tinyeval.fake_quant(x, "fp8"), fp8.quant_dequant(x, 1.0, "e4m3").to(torch.bfloat16))
-    q = tinyeval.fake_quant(x, "nvfp4")
+    assert scoring.fake_quant(x, "auto") is x
+    assert torch.equal(scoring.fake_quant(x, "fp8"), fp8.quant_dequant(x, 1.0, "e4m3").to(torch.bfloat16))
+    q = scoring.fake_quant(x, "nvfp4")
     assert torch.equal(q, nvfp4.quant_dequant(x, 1.0).to(torch.bfloat16)) and not torch.equal(q, x)
     # Each token's row is quantized alone: the whole cache at once equals each token when it was written.
-    assert torch.equal(q[:, :, :3], tinyeval.fake_quant(x[:, :, :3], "nvfp4"))
+    assert torch.equal(q[:, :, :3], scoring.fake_quant(x[:, :, :3], "nvfp4"))
     with pytest.raises(Exception, match="choose from: auto, fp8, nvfp4"):
-        tinyeval.fake_quant(x, "int4")
+        scoring.fake_quant(x, "int4")

@@ -12,8 +12,8 @@ import pandas as pd
 import pytest
 from support import DATA, ROOT, kvbench_here
 
-from kvbench.harness import records
-from kvbench.harness.records import storage
+from kvbench import records
+from kvbench.records import storage
 
 V1 = DATA / "v1-record.json"
 

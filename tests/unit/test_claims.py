@@ -147,7 +147,7 @@ def test_the_nvidia_accuracy_claim_is_not_checkable_on_the_committed_cpu_records
     from support import committed_results
 
     from kvbench.claims import measured_values
-    from kvbench.harness.records import summary_frame
+    from kvbench.records import summary_frame
 
     doc, notes, judged = load_claims(), {}, {}
     verdicts = evaluate(doc, measured_values(doc, summary_frame(committed_results()), notes, judged), notes, judged)
@@ -193,7 +193,7 @@ def test_a_claim_about_the_tiny_model_itself_is_held_to_the_verdict(tmp_path, lo
     """Non-inferior -> holds, inferior -> fails, undecided -> not decided with the items that would decide it,
     whatever the point estimate (0.67 points lost on 150 items is inside "<1" but decides nothing)."""
     from kvbench.claims import measured_values
-    from kvbench.harness.records import summary_frame
+    from kvbench.records import summary_frame
 
     _accuracy_record(tmp_path, "kvbench-tiny-llama", losses, n)
     doc = load_claims()
@@ -210,7 +210,7 @@ def test_a_claim_about_the_tiny_model_itself_is_held_to_the_verdict(tmp_path, lo
 
 def test_an_any_model_claim_ignores_the_tiny_model_but_counts_a_real_one(tmp_path):
     from kvbench.claims import measured_values
-    from kvbench.harness.records import summary_frame
+    from kvbench.records import summary_frame
 
     _accuracy_record(tmp_path, "meta-llama/Llama-3.1-8B", 0)
     doc, notes, judged = load_claims(), {}, {}
@@ -264,7 +264,7 @@ def test_the_committed_prefix_cache_run_is_read_as_prefix_sharing():
     # The records in results/ say their workload's kind: the prefix-cache scenario is a shared-prefix run.
     from support import committed_results
 
-    from kvbench.harness.records import summary_frame
+    from kvbench.records import summary_frame
 
     frame = summary_frame(committed_results(), problems=[])
     kinds = frame.groupby("run_id")["workload_kind"].first()

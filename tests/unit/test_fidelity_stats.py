@@ -154,7 +154,7 @@ def test_regress_treats_fidelity_like_the_other_tracked_metrics():
     sys.path.insert(0, str(Path(__file__).parent))
     from test_regress import frame
 
-    from kvbench.harness.records import headline
+    from kvbench.records import headline
     from kvbench.regress import find_regressions
     from kvbench.tracked import by_name
 

@@ -6,9 +6,10 @@ import math
 
 import pytest
 
-from kvbench import front
-from kvbench.harness import energy, repeats, telemetry
+from kvbench import front, telemetry
+from kvbench.harness import energy
 from kvbench.harness.runner import sweep_ladder
+from kvbench.records import repeats
 
 # -- energy ---------------------------------------------------------------------------------------------------
 

@@ -6,13 +6,13 @@ from types import SimpleNamespace
 
 import pytest
 
+from kvbench import records
 from kvbench.errors import UsageError
-from kvbench.harness import records
-from kvbench.harness.machine import gpu_machine_name, machine_name, slug
 from kvbench.harness.promscrape import capacity_from_metrics, parse_metrics
 from kvbench.harness.slo import SLO, search
-from kvbench.harness.telemetry import NvmlSampler
 from kvbench.logparse import parse_capacity, startup_error
+from kvbench.machine import gpu_machine_name, machine_name, slug
+from kvbench.telemetry import NvmlSampler
 
 ONE_LINE = (
     "(EngineCore pid=1) INFO 11-29 16:37:03 [kv_cache_utils.py:2327] CPU KV cache size: "

@@ -8,7 +8,8 @@ import pytest
 
 from kvbench.datafiles import load_toml
 from kvbench.errors import UsageError
-from kvbench.harness.settings import RunSettings, flag_of
+from kvbench.flags import flag_of
+from kvbench.harness.settings import RunSettings
 
 
 def test_the_command_has_one_option_per_flag_field_in_field_order():

@@ -2,10 +2,10 @@
 
 Every module under the folders setup.py maps (kvbench/, harness/, kernels/, dashboards/) is parsed; its
 imports, top-level and inside functions, absolute and relative, are resolved to modules of the package.
-A cycle makes import order matter and hides which layer owns what; the capacity model (kvbench's own
-modules other than commands, CLI and orchestration) must stand without the measurement harness, so that
-it can be used and tested without vLLM's client side; and harness/ holds the harness only, not the test
-double or the model builders.
+A cycle makes import order matter and hides which layer owns what, and each layer stands on the ones below it
+only (LAYERS): the capacity model and the record format are used and tested without vLLM's client side, and a
+change in the harness never changes what the verdict or a page says. Imports under `if TYPE_CHECKING:` count:
+an annotation that names a higher layer is the same dependency, only later.
 """
 
 from __future__ import annotations
@@ -72,22 +72,16 @@ def _targets(module: str, node: ast.Import | ast.ImportFrom) -> list[str]:
     return [f"{base}.{alias.name}" for alias in node.names] + [base]
 
 
-def _type_checking_imports(tree: ast.Module) -> list[ast.AST]:
-    """Imports under `if TYPE_CHECKING:`: annotations only, never executed, so they make no runtime cycle."""
-    blocks = [n for n in ast.walk(tree) if isinstance(n, ast.If) and "TYPE_CHECKING" in ast.unparse(n.test)]
-    return [node for block in blocks for stmt in block.body for node in ast.walk(stmt)]
-
-
 @cache
 def imports() -> dict[str, set[str]]:
-    """Module -> the package modules it imports anywhere in its body (functions included)."""
+    """Module -> the package modules it imports anywhere in its body (functions and TYPE_CHECKING blocks
+    included)."""
     graph = {}
     for module, path in modules().items():
         deps = set()
         tree = ast.parse(path.read_text(), str(path))
-        typing_only = {id(n) for n in _type_checking_imports(tree)}
         for node in ast.walk(tree):
-            if not isinstance(node, (ast.Import, ast.ImportFrom)) or id(node) in typing_only:
+            if not isinstance(node, (ast.Import, ast.ImportFrom)):
                 continue
             names = _targets(module, node)
             if isinstance(node, ast.ImportFrom):
@@ -173,57 +167,94 @@ def test_no_import_cycles():
     assert not cycles, "import cycles:\n" + "\n".join(cycles)
 
 
-# The rule for kvbench/ (not harness/, kernels/, dashboards/): the capacity model and the code it shares with
-# the harness (formats, units, stats, scrub, logparse, front, evaltasks, corpus, ...) import no kvbench.harness
-# module, so that it runs and is tested without the harness and never changes because the harness did; what
-# both need lives in kvbench/ and the harness imports it from there. The exceptions, each with why:
-MAY_IMPORT_HARNESS = (
-    "kvbench.commands",  # the CLI's subcommands: they drive the harness
-    "kvbench.cli",  # the entry point that dispatches to them
-    "kvbench.clisettings",  # builds the run command's flags from the harness's RunSettings
-    "kvbench.nightly",  # orchestration of many harness runs
-    "kvbench.suite",  # the run/eval suite the commands and the asv benchmarks execute
-    "kvbench.asvrun",  # asv's runner: runs the suite and reads what it recorded
-    "kvbench.progress",  # the live display of a run: implements the runner's Reporter
-    "kvbench.tinymodel.train",  # a build tool: its report measures the trained model with the harness's tinyeval
+# The layers, lowest first. A module may import its own group and any group of a lower rank, nothing else:
+# peers of one rank (harness and analysis; nightly and the CLI are ranked) never import each other. A module
+# belongs to the group with the longest prefix naming it; kvbench's own top-level modules are the core unless
+# a group names them. Five layers, two of them ordered inside:
+#   core < records < [kernels < tinymodel < harness | analysis] < dashboards < [nightly < cli]
+# kernels sits below the tiny model (whose scorer quantizes K/V with the reference numerics) and below the
+# harness (which asks the vLLM plugin whether it will load); the CLI drives the nightly orchestration.
+LAYERS = (
+    ("core", 0, ("kvbench",)),
+    ("records", 1, ("kvbench.records",)),
+    ("kernels", 2, ("kvbench.kernels",)),
+    ("tinymodel", 3, ("kvbench.tinymodel",)),
+    # the harness with its test double, the asv suite it runs and the live display of a run
+    ("harness", 4, ("kvbench.harness", "kvbench.testing", "kvbench.suite", "kvbench.asvrun", "kvbench.progress")),
+    # reading records and judging them: verdicts, comparisons, claims, history, regressions
+    ("analysis", 4, ("kvbench.verdict*", "kvbench.compare", "kvbench.claims*", "kvbench.history", "kvbench.regress")),
+    ("dashboards", 5, ("kvbench.dashboards",)),
+    ("nightly", 6, ("kvbench.nightly",)),
+    ("cli", 7, ("kvbench.cli", "kvbench.__main__", "kvbench.clisettings", "kvbench.commands")),
 )
-# Modules that read run records and judge them: they may import the record format, which harness/records/
-# defines (with the finding kinds, failure modes and repeat statistics that records carry), and nothing else
-# of the harness. Moving the record format under kvbench/ would let this list go.
-READS_RECORDS = ("kvbench.claims", "kvbench.compare", "kvbench.history", "kvbench.verdict")
-RECORD_FORMAT = ("kvbench.harness.record", "kvbench.harness.findings", "kvbench.harness.failuremodes")
-RECORD_FORMAT += ("kvbench.harness.repeats",)
 
 
-def _under(module: str, prefixes: tuple[str, ...]) -> bool:
-    """`module` is one of `prefixes` or inside one; a prefix ending in a partial name matches its variants
-    (kvbench.verdict covers kvbench.verdict_speed, kvbench.harness.record covers records and any split of it)."""
-    return any(module.startswith(p) for p in prefixes)
+def _names(module: str, prefix: str) -> bool:
+    """`prefix` names `module`: the module itself or a module inside it; a prefix ending in * also every module
+    whose name extends it (kvbench.verdict* names kvbench.verdict_speed and kvbench.verdict_table)."""
+    if prefix.endswith("*"):
+        return module.startswith(prefix[:-1])
+    return module == prefix or module.startswith(prefix + ".")
 
 
-def _harness_imports_allowed(module: str, dep: str) -> bool:
-    if any(module == a or module.startswith(a + ".") for a in MAY_IMPORT_HARNESS):
-        return True
-    return _under(module, READS_RECORDS) and _under(dep, RECORD_FORMAT)
+def layer_of(module: str, layers=LAYERS) -> tuple[str, int]:
+    best = max(((len(p), name, rank) for name, rank, ps in layers for p in ps if _names(module, p)), default=None)
+    assert best, f"{module} is in no layer"
+    return best[1], best[2]
 
 
-def test_capacity_model_does_not_import_the_harness():
-    harness_layers = ("kvbench.harness", "kvbench.kernels", "kvbench.dashboards")
-    own = [m for m in imports() if m.startswith("kvbench.") and not m.startswith(harness_layers)]
-    wrong = sorted(
-        f"{m} imports {d}"
-        for m in own
-        for d in imports()[m]
-        if (d == "kvbench.harness" or d.startswith("kvbench.harness.")) and not _harness_imports_allowed(m, d)
-    )
-    assert not wrong, "the capacity model imports the harness:\n" + "\n".join(wrong)
+def back_arrows(graph: dict[str, set[str]], layers=LAYERS) -> list[str]:
+    """Every import that breaks the layer rule, as text."""
+    wrong = []
+    for module, deps in sorted(graph.items()):
+        group, rank = layer_of(module, layers)
+        for dep in sorted(deps - _parents(module)):
+            dep_group, dep_rank = layer_of(dep, layers)
+            if dep_group != group and dep_rank >= rank:
+                wrong.append(f"{module} ({group}) imports {dep} ({dep_group})")
+    return wrong
 
 
-def test_the_exceptions_still_exist():
-    # an allowance for a module that was renamed or removed would silently allow its successor nothing
-    # (or, worse, a new module of the same name everything): each must name a module of the package
-    for name in (*MAY_IMPORT_HARNESS, *READS_RECORDS):
-        assert any(m == name or m.startswith(name) for m in modules()), f"{name} is not a kvbench module"
+def test_every_import_follows_the_layers():
+    wrong = back_arrows(imports())
+    assert not wrong, "imports against the layers:\n" + "\n".join(wrong)
+
+
+def test_every_layer_names_modules():
+    # a prefix left behind by a rename would silently put its successor in the core
+    for name, _, prefixes in LAYERS:
+        for prefix in prefixes:
+            assert any(_names(m, prefix) for m in modules()), f"layer {name}: {prefix} names no module"
+
+
+@pytest.mark.parametrize(
+    ("module", "dep"),
+    [
+        ("kvbench.records.schema", "kvbench.harness.runner"),  # the record format reaching up to the harness
+        ("kvbench.harness.runner", "kvbench.verdict"),  # a peer: the harness takes the verdict as an argument
+        ("kvbench.kernels.records", "kvbench.harness.settings"),
+        ("kvbench.capacity", "kvbench.dashboards.site"),
+        ("kvbench.nightly.orchestrate", "kvbench.commands.run"),
+    ],
+)
+def test_a_planted_back_arrow_is_found(module, dep):
+    graph = {m: set(d) for m, d in imports().items()}
+    graph[module].add(dep)
+    assert any(line.startswith(f"{module} (") and f"imports {dep} (" in line for line in back_arrows(graph))
+
+
+def test_a_planted_type_only_import_counts(tmp_path, monkeypatch):
+    # an import under TYPE_CHECKING is an edge like any other
+    source = "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from kvbench.dashboards import site\n"
+    path = tmp_path / "planted.py"
+    path.write_text(source)
+    monkeypatch.setitem(modules(), "kvbench.planted", path)
+    imports.cache_clear()
+    try:
+        assert "kvbench.dashboards.site" in imports()["kvbench.planted"]
+        assert any(line.startswith("kvbench.planted (core)") for line in back_arrows(imports()))
+    finally:
+        imports.cache_clear()
 
 
 @pytest.mark.parametrize("name", ["fakeserver", "tinymodel", "tinytrain"])

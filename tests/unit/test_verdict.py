@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 
 from kvbench import verdict
-from kvbench.harness.findings import FindingKind
-from kvbench.harness.records import parse_record
-from kvbench.harness.repeats import interval
+from kvbench.records import parse_record
+from kvbench.records.findings import FindingKind
+from kvbench.records.repeats import interval
 
 TASK = "kvbench_passkey_512"
 

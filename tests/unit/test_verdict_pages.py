@@ -14,8 +14,8 @@ from support import committed_results
 from kvbench.commands.report import render
 from kvbench.dashboards import data as site_data
 from kvbench.dashboards import page_overview
-from kvbench.harness.records import find_records, load_record, read_record
 from kvbench.output import console
+from kvbench.records import find_records, load_record, read_record
 from kvbench.verdict import decide
 
 REPO = Path(__file__).resolve().parents[2]

@@ -13,7 +13,7 @@ RECORD = Path("results/cpu-amd-epyc/runs/20261202T105658Z-cpu-amd-epyc-4f374e.js
 
 
 def _record():
-    from kvbench.harness.records import read_record
+    from kvbench.records import read_record
 
     if not RECORD.is_file():
         pytest.skip(f"{RECORD} is not in this checkout")
@@ -42,8 +42,8 @@ def _report(explain: bool) -> list[str]:
     import json
 
     from kvbench.commands.report_verdict import render_verdict_table
-    from kvbench.harness.records import RunRecord
     from kvbench.output import console
+    from kvbench.records import RunRecord
 
     rec = RunRecord.model_validate(json.loads(_record().model_dump_json()))
     with console.capture() as cap:

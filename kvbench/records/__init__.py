@@ -30,7 +30,7 @@ a function for a test, patch it where it lives (e.g. `records.storage._replace_a
 callers look it up.
 """
 
-from kvbench.harness.records.queries import (
+from kvbench.records.queries import (
     conditions,
     find_records,
     fixed_phase,
@@ -43,7 +43,7 @@ from kvbench.harness.records.queries import (
     summary_rows,
     workload_label,
 )
-from kvbench.harness.records.schema import (
+from kvbench.records.schema import (
     CONDITIONS,
     EMULATED_SPEED_REASON,
     SCHEMA,
@@ -75,7 +75,7 @@ from kvbench.harness.records.schema import (
     TelemetrySummary,
     derive_status,
 )
-from kvbench.harness.records.storage import (
+from kvbench.records.storage import (
     EVALS_SUFFIX,
     PROBE_BYTES,
     REQUESTS_SUFFIX,

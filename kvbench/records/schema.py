@@ -13,7 +13,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from kvbench.harness.findings import FindingKind, parse_kind
+from kvbench.records.findings import FindingKind, parse_kind
 
 SCHEMA = "kvbench.run/2"
 SCHEMA_V1 = "kvbench.run/1"
@@ -308,7 +308,7 @@ class Finding(_Model):
     level: str
     text: str
     dtype: str | None = None
-    kind: FindingKind = FindingKind.OTHER  # what readers switch on (harness/findings.py), never the text
+    kind: FindingKind = FindingKind.OTHER  # what readers switch on (kvbench/records/findings.py), never the text
 
     @model_validator(mode="before")
     @classmethod

@@ -24,9 +24,9 @@ from pydantic import ValidationError
 
 from kvbench.datafiles import read_json
 from kvbench.errors import UsageError
-from kvbench.harness.records.migrate import upgrade_v1
-from kvbench.harness.records.schema import SCHEMA, SCHEMA_V1, SCHEMAS, RunRecord, SamplesRef
 from kvbench.output import jsonable
+from kvbench.records.migrate import upgrade_v1
+from kvbench.records.schema import SCHEMA, SCHEMA_V1, SCHEMAS, RunRecord, SamplesRef
 from kvbench.scrub import scrub_doc, scrub_table
 
 RUNS_DIR = "runs"

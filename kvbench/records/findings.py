@@ -6,7 +6,7 @@ wording. What cannot be told is `other`.
 
 The findings a run derives from its record when it finishes are built in harness/runfindings.py; the verdict
 (kvbench/verdict.py) and harness/notices.py add theirs. This module is the record's vocabulary only, so the
-record (harness/records/) can import it without importing what derives findings.
+record (kvbench/records/) can import it without importing what derives findings.
 """
 
 from __future__ import annotations
@@ -54,3 +54,8 @@ def parse_kind(finding: dict) -> FindingKind:
         return FindingKind(kind)
     except ValueError:
         return FindingKind.OTHER
+
+
+# The kinds of degenerate answer a record counts per condition (harness/failuremodes.py counts them, the verdict
+# compares them with auto's).
+DEGENERATE_KINDS = ("empty", "repeated", "id-0")

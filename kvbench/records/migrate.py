@@ -3,7 +3,7 @@ their embedded requests and /metrics snapshots kept readable as samples tables."
 
 from __future__ import annotations
 
-from kvbench.harness.records.schema import SCHEMA_V1, PhaseKind, RunStatus
+from kvbench.records.schema import SCHEMA_V1, PhaseKind, RunStatus
 
 
 def upgrade_v1(doc: dict) -> dict:

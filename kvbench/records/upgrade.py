@@ -9,9 +9,9 @@ from dataclasses import dataclass
 
 from kvbench.datafiles import read_json
 from kvbench.errors import KvbenchError
-from kvbench.harness.records import migrate, queries, storage
-from kvbench.harness.records.schema import SCHEMA, SCHEMA_V1
-from kvbench.harness.records.storage import SampleStore, _request_schema, parse_record, write_record
+from kvbench.records import migrate, queries, storage
+from kvbench.records.schema import SCHEMA, SCHEMA_V1
+from kvbench.records.storage import SampleStore, _request_schema, parse_record, write_record
 
 
 def rewrite_v1(path, doc: dict):
