@@ -1,0 +1,52 @@
+"""Every `kvbench` command (tinymodel's subcommands too) keeps the flags and arguments it has: the command line
+is generated from settings models (kvbench/clisettings.py), and a refactor of those must not add, drop or
+rename a flag by accident. A deliberate change updates tests/data/cli_flags.json:
+
+    .venv/bin/python tests/unit/test_cli_flags.py > tests/data/cli_flags.json
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+SNAPSHOT = Path(__file__).resolve().parents[1] / "data" / "cli_flags.json"
+
+
+def cli_flags() -> dict[str, dict[str, list[str]]]:
+    """{"tinymodel train": {"options": [...], "arguments": [...]}, ...} for every leaf command, read from click."""
+    import typer
+
+    from kvbench.cli import app
+
+    out: dict[str, dict[str, list[str]]] = {}
+
+    def walk(command, path: list[str]) -> None:
+        subcommands = getattr(command, "commands", None)  # a group (typer vendors click: duck-typed)
+        if subcommands:
+            for name, sub in subcommands.items():
+                walk(sub, [*path, name])
+            return
+        params = command.params
+        out[" ".join(path)] = {
+            "options": sorted(
+                {o for p in params if p.param_type_name == "option" for o in (*p.opts, *p.secondary_opts)}
+            ),
+            "arguments": [p.name for p in params if p.param_type_name == "argument"],
+        }
+
+    walk(typer.main.get_command(app), [])
+    return dict(sorted(out.items()))
+
+
+def test_every_command_keeps_its_flags():
+    expected = json.loads(SNAPSHOT.read_text())
+    got = cli_flags()
+    assert sorted(got) == sorted(expected), "commands added or removed"
+    changed = {name: (expected[name], got[name]) for name in expected if got[name] != expected[name]}
+    assert not changed, f"flags changed (expected, got): {changed}"
+
+
+if __name__ == "__main__":
+    sys.stdout.write(json.dumps(cli_flags(), indent=1) + "\n")
