@@ -47,9 +47,12 @@ for module in (
     compare,
     nightly,
 ):
-    app.command(module.NAME, help=module.HELP, context_settings=getattr(module, "CONTEXT_SETTINGS", None))(
-        module.command
-    )
+    app.command(
+        module.NAME,
+        help=module.HELP,
+        context_settings=getattr(module, "CONTEXT_SETTINGS", None),
+        cls=getattr(module, "COMMAND_CLASS", None),  # dashboard: its help names the registered pages
+    )(module.command)
 app.add_typer(tinymodel.app, name=tinymodel.NAME, help=tinymodel.HELP)  # a group: train, verify, accuracy
 
 

@@ -22,19 +22,21 @@ from pydantic import BaseModel
 
 
 def options(model: type[BaseModel]) -> list[inspect.Parameter]:
-    """One keyword parameter per field with a Flag: Annotated[command-line type, typer.Option(...)] = default."""
-    from kvbench.flags import flag_of
+    """One keyword parameter per field with a Flag: Annotated[command-line type, typer.Option(...)] = default
+    (typer.Argument(...) for an Arg)."""
+    from kvbench.flags import Arg, flag_of
 
     params = []
     for name, field in model.model_fields.items():
         flag = flag_of(model, name)
         if flag is None:
             continue
-        option = typer.Option(
-            *flag.names,
-            help=field.description,
-            envvar=flag.envvar,
-            show_envvar=flag.envvar is not None,
+        option = (
+            typer.Argument(help=field.description)
+            if isinstance(flag, Arg)
+            else typer.Option(
+                *flag.names, help=field.description, envvar=flag.envvar, show_envvar=flag.envvar is not None
+            )
         )
         kind = flag.cli if flag.cli is not None else field.annotation
         default = inspect.Parameter.empty if field.is_required() else field.default  # required: typer asks for it

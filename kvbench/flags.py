@@ -21,5 +21,17 @@ class Flag:
         return f"Flag{self.names}"
 
 
+class Arg(Flag):
+    """A positional argument instead of an option (`kvbench report RECORD`): no names, the field's name."""
+
+    def __init__(self, *, cli: Any = None):
+        super().__init__(cli=cli)
+
+    def __repr__(self) -> str:
+        return "Arg()"
+
+
 def flag_of(model: type[BaseModel], name: str) -> Flag | None:
-    return next((m for m in model.model_fields[name].metadata if isinstance(m, Flag)), None)
+    """The field's Flag; the last one where a field narrows a shared option's (kvbench/options.py) names."""
+    flags = [m for m in model.model_fields[name].metadata if isinstance(m, Flag)]
+    return flags[-1] if flags else None

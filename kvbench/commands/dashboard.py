@@ -6,50 +6,79 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from pydantic import BaseModel, ConfigDict, Field
+from typer.core import TyperCommand
 
+from kvbench.clisettings import command_from
 from kvbench.errors import UsageError
+from kvbench.flags import Flag
+from kvbench.options import Results
 from kvbench.output import console
 
 NAME = "dashboard"
-HELP = (
-    "Write static HTML pages from results/ (overview, history, across GPUs, capacity, latency under load, claims, "
-    "kernels and accuracy); they open from file:// with no network."
-)
+HELP = "Write static HTML pages from results/; they open from file:// with no network."  # + the pages: PagesHelp
 
 
-def command(
-    results: Annotated[Path, typer.Option("--results", help="Results folder to read (results/<machine>/...).")] = Path(
-        "results"
-    ),
-    out: Annotated[
-        Path, typer.Option("--out", help="Folder to write the site into (replaced as a whole on each build).")
-    ] = Path("site"),
-    asv_conf: Annotated[
-        Path | None,
-        typer.Option("--asv-conf", help="asv.conf.json for the history (default: beside the results folder)."),
-    ] = None,
-    claims_file: Annotated[
-        Path | None,
-        typer.Option("--claims", help="Claims TOML for the claims page (default: the shipped article claims)."),
-    ] = None,
-) -> None:
+def pages_help() -> str:
+    """The command's help, naming every page the site registers (kvbench/dashboards/site.py PAGES)."""
+    from kvbench.dashboards.site import PAGES
+
+    titles = ", ".join(page.TITLE[:1].lower() + page.TITLE[1:] for page in PAGES)
+    return f"Write static HTML pages from results/ ({titles}); they open from file:// with no network."
+
+
+class PagesHelp(TyperCommand):
+    """Reads the page registry only when help is shown: the site's modules (pandas, plotly) cost ~0.4 s to
+    import, which no other command should pay."""
+
+    @property
+    def help(self) -> str:
+        return pages_help()
+
+    @help.setter
+    def help(self, value) -> None:  # click sets it from HELP; the registry is the one source
+        pass
+
+
+COMMAND_CLASS = PagesHelp
+
+
+class DashboardSettings(BaseModel):
+    """What one `kvbench dashboard` is asked to do; the fields are the command's options, in --help order."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    results: Results = Field(description="Results folder to read (results/<machine>/...).")
+    out: Annotated[Path, Flag("--out")] = Field(
+        Path("site"), description="Folder to write the site into (replaced as a whole on each build)."
+    )
+    asv_conf: Annotated[Path | None, Flag("--asv-conf")] = Field(
+        None, description="asv.conf.json for the history (default: beside the results folder)."
+    )
+    claims_file: Annotated[Path | None, Flag("--claims")] = Field(
+        None, description="Claims TOML for the claims page (default: the shipped article claims)."
+    )
+
+
+@command_from(DashboardSettings, lambda ctx, values: DashboardSettings(**values))
+def command(ctx: typer.Context, s: DashboardSettings) -> None:
     from kvbench.dashboards import data as site_data
     from kvbench.dashboards.site import MARKER, write_site
 
-    if not results.is_dir():  # a mistyped --results must not replace a good site with an empty one
-        raise UsageError(f"--results {results}: no such folder; give the results folder (results/<machine>/...)")
-    loaded = site_data.load(results, asv_conf=asv_conf, claims_file=claims_file)
+    if not s.results.is_dir():  # a mistyped --results must not replace a good site with an empty one
+        raise UsageError(f"--results {s.results}: no such folder; give the results folder (results/<machine>/...)")
+    loaded = site_data.load(s.results, asv_conf=s.asv_conf, claims_file=s.claims_file)
     nothing = not loaded.records and loaded.history.empty and not loaded.kernel_records and loaded.accuracy.empty
-    if nothing and (out / MARKER).exists():
+    if nothing and (s.out / MARKER).exists():
         raise UsageError(
-            f"--results {results} holds no results; not replacing the site at {out} with an empty one "
+            f"--results {s.results} holds no results; not replacing the site at {s.out} with an empty one "
             "(remove that folder first to write an empty site)"
         )
     try:
-        pages = write_site(loaded, out)
+        pages = write_site(loaded, s.out)
     except OSError as exc:  # --out under a file, a read-only or full disk: the old site, if any, is untouched
         raise UsageError(
-            f"--out {out}: cannot write the site there ({exc.strerror or exc}); give another folder"
+            f"--out {s.out}: cannot write the site there ({exc.strerror or exc}); give another folder"
         ) from None
     machines = sorted({str(d.get("machine")) for d in loaded.records})
     console.print(

@@ -7,10 +7,14 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 from rich.table import Table
 
 from kvbench import cliargs
+from kvbench.clisettings import command_from
 from kvbench.errors import UsageError
+from kvbench.flags import Flag
+from kvbench.options import AsJson, Machine, Results
 from kvbench.output import console, fmt_pct, fmt_value, print_json, vllm_label
 from kvbench.regress import DEFAULT_WINDOW, K_SPREAD, MIN_SPREAD_POINTS
 
@@ -37,41 +41,49 @@ STYLE = {
 }
 
 
-def command(
-    machine: Annotated[
-        str | None, typer.Option("--machine", help="Only this machine (default: every machine in the results).")
-    ] = None,
-    window: Annotated[
-        int, typer.Option("--window", help="Points before the newest that form the baseline.")
-    ] = DEFAULT_WINDOW,
-    threshold: Annotated[
-        float | None,
-        typer.Option(
-            "--threshold",
-            help=(
-                "Smallest change in % that counts, for every metric (default: each metric's noise_pct "
-                "for the machine's kind, metrics.toml); widened by 3x the baseline's robust spread."
-            ),
+class RegressSettings(BaseModel):
+    """What one `kvbench regress` is asked to do; the fields are the command's options, in --help order."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    machine: Machine = Field(description="Only this machine (default: every machine in the results).")
+    window: Annotated[int, Flag("--window")] = Field(
+        DEFAULT_WINDOW, description="Points before the newest that form the baseline."
+    )
+    threshold: Annotated[float | None, Flag("--threshold")] = Field(
+        None,
+        description=(
+            "Smallest change in % that counts, for every metric (default: each metric's noise_pct "
+            "for the machine's kind, metrics.toml); widened by 3x the baseline's robust spread."
         ),
-    ] = None,
-    results: Annotated[Path, typer.Option("--results", help="asv results folder.")] = Path("results"),
-    config: Annotated[Path, typer.Option("--config", help="asv config (for benchmarks.json).")] = Path("asv.conf.json"),
-    show_all: Annotated[bool, typer.Option("--all", help="List every series, not only those that moved.")] = False,
-    as_json: Annotated[bool, typer.Option("--json", help="Print every series' verdict as JSON.")] = False,
-) -> int:
-    if window < 1:
-        raise UsageError(f"--window must be at least 1, got {window}")
-    cliargs.number(threshold, "--threshold", low=0, unit="%")
+    )
+    results: Results = Field(description="asv results folder.")
+    config: Annotated[Path, Flag("--config")] = Field(
+        Path("asv.conf.json"), description="asv config (for benchmarks.json)."
+    )
+    show_all: Annotated[bool, Flag("--all")] = Field(False, description="List every series, not only those that moved.")
+    as_json: AsJson = Field(description="Print every series' verdict as JSON.")
+
+    @model_validator(mode="after")
+    def _check(self) -> RegressSettings:
+        if self.window < 1:
+            raise UsageError(f"--window must be at least 1, got {self.window}")
+        cliargs.number(self.threshold, "--threshold", low=0, unit="%")
+        return self
+
+
+@command_from(RegressSettings, lambda ctx, values: RegressSettings(**values))
+def command(ctx: typer.Context, s: RegressSettings) -> int:
     from kvbench.regress import find_regressions
 
-    frame = _history(results, config, machine)
-    found = find_regressions(frame, window=window, threshold_pct=threshold)
+    frame = _history(s.results, s.config, s.machine)
+    found = find_regressions(frame, window=s.window, threshold_pct=s.threshold)
     bad = [r for r in found if r.verdict == "regression"]
-    if as_json:
+    if s.as_json:
         print_json(
             {
-                "window": window,
-                "threshold_pct": threshold,
+                "window": s.window,
+                "threshold_pct": s.threshold,
                 "k_spread": K_SPREAD,
                 "regressions": len(bad),
                 "series": [r.as_dict() for r in found],
@@ -79,10 +91,10 @@ def command(
         )
         return 1 if bad else 0
 
-    _print_baselines(frame, window, threshold)
-    shown = found if show_all else [r for r in found if r.verdict in ("regression", "improvement", "not measured")]
+    _print_baselines(frame, s.window, s.threshold)
+    shown = found if s.show_all else [r for r in found if r.verdict in ("regression", "improvement", "not measured")]
     if shown:
-        _print_table(shown, show_all)
+        _print_table(shown, s.show_all)
     counts = {v: sum(r.verdict == v for r in found) for v in STYLE}
     console.print(", ".join(f"{n} {v}" for v, n in counts.items() if n) or "no series")
     if bad:

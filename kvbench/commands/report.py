@@ -6,7 +6,9 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from pydantic import BaseModel, ConfigDict, Field
 
+from kvbench.clisettings import command_from
 from kvbench.commands.report_fidelity import render_fidelity
 from kvbench.commands.report_sections import (
     render_agreement,
@@ -22,6 +24,8 @@ from kvbench.commands.report_sections import (
 )
 from kvbench.commands.report_tables import add_rows, capacity_table, latency_table
 from kvbench.commands.report_verdict import render_fronts, render_quality, render_verdict_table
+from kvbench.flags import Arg, Flag
+from kvbench.options import AsJson
 from kvbench.output import console, print_json, terminal_safe
 from kvbench.records import RunRecord, headline, load_record
 from kvbench.verdict import decide
@@ -64,15 +68,22 @@ def render(doc: dict, path: Path | None = None, explain: bool = False) -> None:
     render_problems(doc, decision)
 
 
-def command(
-    record: Annotated[Path, typer.Argument(help="A run record JSON written by `kvbench run`.")],
-    as_json: Annotated[bool, typer.Option("--json", help="Print the per-dtype headline numbers as JSON.")] = False,
-    explain: Annotated[
-        bool, typer.Option("--explain", help="Add the full verdict statement: every test per task and condition.")
-    ] = False,
-) -> None:
-    doc = load_record(record)
-    if as_json:
+class ReportSettings(BaseModel):
+    """What one `kvbench report` is asked to do; the fields are the command's argument and options."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    record: Annotated[Path, Arg()] = Field(description="A run record JSON written by `kvbench run`.")
+    as_json: AsJson = Field(description="Print the per-dtype headline numbers as JSON.")
+    explain: Annotated[bool, Flag("--explain")] = Field(
+        False, description="Add the full verdict statement: every test per task and condition."
+    )
+
+
+@command_from(ReportSettings, lambda ctx, values: ReportSettings(**values))
+def command(ctx: typer.Context, s: ReportSettings) -> None:
+    doc = load_record(s.record)
+    if s.as_json:
         print_json(
             {
                 "run_id": doc["run_id"],
@@ -83,4 +94,4 @@ def command(
             }
         )
         return
-    render(doc, record, explain)
+    render(doc, s.record, s.explain)

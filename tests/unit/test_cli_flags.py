@@ -48,5 +48,19 @@ def test_every_command_keeps_its_flags():
     assert not changed, f"flags changed (expected, got): {changed}"
 
 
+def test_dashboard_help_names_every_registered_page():
+    """The help is read from the page registry (kvbench/dashboards/site.py PAGES), so a new page shows in it."""
+    from typer.testing import CliRunner
+
+    from kvbench.cli import app
+    from kvbench.dashboards.site import PAGES
+
+    result = CliRunner().invoke(app, ["dashboard", "--help"], env={"COLUMNS": "100", "NO_COLOR": "1"})
+    assert result.exit_code == 0, result.output
+    squeeze = lambda text: "".join(text.replace("│", "").split()).lower()  # noqa: E731 rich wraps and boxes it
+    missing = [page.TITLE for page in PAGES if squeeze(page.TITLE) not in squeeze(result.output)]
+    assert not missing, f"kvbench dashboard --help does not name: {missing}\n{result.output}"
+
+
 if __name__ == "__main__":
     sys.stdout.write(json.dumps(cli_flags(), indent=1) + "\n")

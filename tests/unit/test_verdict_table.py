@@ -60,10 +60,10 @@ def test_the_reports_verdict_part_is_at_most_40_lines_without_explain():
 def test_report_explain_adds_the_long_statement(capsys):
     from kvbench.commands.report import command
 
-    command(RECORD, explain=True)
+    command(None, record=RECORD, explain=True)  # ctx, then the flags
     out = capsys.readouterr().out
     assert "Task accuracy through lm-evaluation-harness" in out and "how: accuracy must be non-inferior" in out
-    command(RECORD)
+    command(None, record=RECORD)
     assert "Task accuracy through lm-evaluation-harness" not in capsys.readouterr().out
 
 

@@ -1,0 +1,57 @@
+"""The options many commands share, declared once: each one's flag, type, default, check and help, as an
+Annotated type a settings model gives its field (kvbench/clisettings.py turns the fields into typer options).
+
+    as_json: AsJson = Field(description="Print the rows as JSON.")
+
+keeps the flag, type and default and says what this command prints; a field that says nothing more takes the
+shared help. Core: the commands' settings models and the harness's RunSettings use it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+from pydantic import AfterValidator, Field
+
+from kvbench.flags import Flag
+
+
+def _machine(name: str | None) -> str | None:
+    """A folder under --results, never a path out of it (kvbench.machine's rule, one line and exit 2)."""
+    from kvbench.machine import check_machine_name
+
+    return check_machine_name(name) if name else name
+
+
+Model = Annotated[
+    str | None, Flag("--model", "-m"), Field(None, description="HF id, short name or local path of the model.")
+]
+Results = Annotated[Path, Flag("--results"), Field(Path("results"), description="Results folder.")]
+AsJson = Annotated[bool, Flag("--json"), Field(False, description="Print JSON instead of tables.")]
+Machine = Annotated[
+    str | None,
+    Flag("--machine"),
+    AfterValidator(_machine),
+    Field(None, description="Machine name: the folder under --results (default: named from the GPU or CPU)."),
+]
+KvDtypes = Annotated[
+    str | None,
+    Flag("--kv-dtypes"),
+    Field(None, description="Comma-separated --kv-cache-dtype values (default auto,fp8,nvfp4)."),
+]
+Endpoint = Annotated[
+    str | None,
+    Flag("--endpoint"),
+    Field(None, description="Running servers: URL (one server, its dtype read from /metrics) or auto=URL1,fp8=URL2"),
+]
+ApiKey = Annotated[
+    str | None,
+    Flag("--api-key", envvar="OPENAI_API_KEY"),
+    Field(None, description="Bearer key for --endpoint servers (never recorded)."),
+]
+Header = Annotated[
+    list[str] | None,
+    Flag("--header"),
+    Field(None, description="Extra header for --endpoint servers, 'NAME: VALUE' (repeatable; never recorded)."),
+]
