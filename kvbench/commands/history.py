@@ -12,11 +12,15 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 from rich.markup import escape
 from rich.table import Table
 
 from kvbench import cliargs
+from kvbench.clisettings import command_from
 from kvbench.errors import KvbenchError, UsageError
+from kvbench.flags import Arg, Flag
+from kvbench.options import AsJson, Machine, Model
 from kvbench.output import console, err_console, fmt_value, print_json, vllm_label
 
 NAME = "history"
@@ -28,62 +32,60 @@ HELP = (
 ACTIONS = ("run", "show", "upgrade")
 
 
-def command(
-    action: Annotated[
-        str, typer.Argument(help="run (add a history point), show (print the history) or upgrade (v1 records).")
-    ],
-    venv: Annotated[
-        Path | None,
-        typer.Option(
-            "--venv", help="Venv holding the vLLM to benchmark, with kvbench and asv installed (default: this one)."
+class HistorySettings(BaseModel):
+    """What one `kvbench history` is asked to do; the fields are the command's argument and options."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    action: Annotated[str, Arg()] = Field(
+        description="run (add a history point), show (print the history) or upgrade (v1 records)."
+    )
+    venv: Annotated[Path | None, Flag("--venv")] = Field(
+        None, description="Venv holding the vLLM to benchmark, with kvbench and asv installed (default: this one)."
+    )
+    machine: Machine = Field(description="asv machine / results folder name (default: named from the GPU or CPU).")
+    config: Annotated[Path, Flag("--config")] = Field(
+        Path("asv.conf.json"), description="asv config of the kvbench checkout."
+    )
+    model: Annotated[Model, Flag("--model")] = Field(  # no -m here: the flag set is as it was
+        description="Model for the serving run (required with a GPU; CPU: the tiny local model)."
+    )
+    bench: Annotated[list[str] | None, Flag("--bench", "-b")] = Field(
+        None, description="Only benchmarks matching this regex (repeatable; asv -b)."
+    )
+    wait_load: Annotated[float | None, Flag("--wait-load")] = Field(
+        None,
+        description=(
+            "First wait (up to 30 min) until the 1-minute load average is at most this: "
+            "other work distorts every latency."
         ),
-    ] = None,
-    machine: Annotated[
-        str | None,
-        typer.Option("--machine", help="asv machine / results folder name (default: named from the GPU or CPU)."),
-    ] = None,
-    config: Annotated[Path, typer.Option("--config", help="asv config of the kvbench checkout.")] = Path(
-        "asv.conf.json"
-    ),
-    model: Annotated[
-        str | None,
-        typer.Option("--model", help="Model for the serving run (required with a GPU; CPU: the tiny local model)."),
-    ] = None,
-    bench: Annotated[
-        list[str] | None,
-        typer.Option("--bench", "-b", help="Only benchmarks matching this regex (repeatable; asv -b)."),
-    ] = None,
-    wait_load: Annotated[
-        float | None,
-        typer.Option(
-            "--wait-load",
-            help=(
-                "First wait (up to 30 min) until the 1-minute load average is at most this: "
-                "other work distorts every latency."
-            ),
-        ),
-    ] = None,
-    commit: Annotated[
-        bool,
-        typer.Option(
-            "--commit",
-            help="Commit the new point's files (asv result, machine.json, run record, benchmarks.json) afterwards.",
-        ),
-    ] = False,
-    dry_run: Annotated[bool, typer.Option("--dry-run", help="Say what would run; change nothing.")] = False,
-    as_json: Annotated[bool, typer.Option("--json", help="show, upgrade: print the rows as JSON.")] = False,
-) -> int:
-    if action not in ACTIONS:
-        raise UsageError(f"unknown action {action!r}; choose from: {', '.join(ACTIONS)}")
+    )
+    commit: Annotated[bool, Flag("--commit")] = Field(
+        False,
+        description="Commit the new point's files (asv result, machine.json, run record, benchmarks.json) afterwards.",
+    )
+    dry_run: Annotated[bool, Flag("--dry-run")] = Field(False, description="Say what would run; change nothing.")
+    as_json: AsJson = Field(description="show, upgrade: print the rows as JSON.")
+
+    @field_validator("action")
+    @classmethod
+    def _action(cls, value: str) -> str:
+        if value not in ACTIONS:
+            raise UsageError(f"unknown action {value!r}; choose from: {', '.join(ACTIONS)}")
+        return value
+
+
+@command_from(HistorySettings, lambda ctx, values: HistorySettings(**values))
+def command(ctx: typer.Context, s: HistorySettings) -> int:
     from kvbench.asvrun import AsvProject
 
-    project = AsvProject.load(config)
-    if action == "show":
-        return show(project, machine, as_json)
-    if action == "upgrade":
-        return upgrade(project, as_json)
-    cliargs.positive(wait_load, "--wait-load")
-    return run(project, venv, machine, model, bench, commit, dry_run, wait_load)
+    project = AsvProject.load(s.config)
+    if s.action == "show":
+        return show(project, s.machine, s.as_json)
+    if s.action == "upgrade":
+        return upgrade(project, s.as_json)
+    cliargs.positive(s.wait_load, "--wait-load")
+    return run(project, s.venv, s.machine, s.model, s.bench, s.commit, s.dry_run, s.wait_load)
 
 
 def wait_for_quiet(max_load: float, timeout_s: float = 1800.0, poll_s: float = 10.0) -> float:

@@ -7,10 +7,14 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
 from rich.table import Table
 
 from kvbench import cliargs
+from kvbench.clisettings import command_from
 from kvbench.errors import UsageError
+from kvbench.flags import Flag
+from kvbench.options import AsJson, KvDtypes
 from kvbench.output import console, err_console, print_json
 
 NAME = "tinymodel"
@@ -26,6 +30,75 @@ def _passive_threads() -> None:
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 
+class TrainSettings(BaseModel):
+    """What one `kvbench tinymodel train` is asked to do."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    out: Annotated[Path, Flag("--out")] = Field(description="Folder to write the model into (new or empty).")
+    report_items: Annotated[int, Flag("--report-items")] = Field(
+        200, description="Items per task scored into training_report.json (0: none)."
+    )
+
+    @model_validator(mode="after")
+    def _check(self) -> TrainSettings:
+        cliargs.number(self.report_items, "--report-items", low=0, kind="a whole number")
+        if self.out.exists() and (not self.out.is_dir() or any(self.out.iterdir())):
+            raise UsageError(f"--out {self.out} exists and is not an empty folder; name a new one")
+        return self
+
+
+class VerifySettings(BaseModel):
+    """What one `kvbench tinymodel verify` is asked to do."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    folder: Annotated[Path | None, Flag("--dir")] = Field(
+        None, description="Folder to check (default: kvbench/data/tinymodel)."
+    )
+
+
+class ScoreSettings(BaseModel):
+    """What one `kvbench tinymodel accuracy` is asked to do; the fields are its options, in --help order."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    tasks: Annotated[str, Flag("--tasks")] = Field(
+        "kvbench_needle_512,kvbench_manykeys_512,kvbench_track_512", description="Comma-separated bundled tasks."
+    )
+    items: Annotated[int, Flag("--items")] = Field(200, description="First N items of each task.")
+    kv_dtypes: KvDtypes = Field("auto,fp8,nvfp4", description="auto, fp8 and/or nvfp4.")
+    folder: Annotated[Path | None, Flag("--dir")] = Field(
+        None, description="Model folder (default: the committed one)."
+    )
+    as_json: AsJson = Field(description="Machine-readable output.")
+
+    # what the checks parsed: the task names and the KV dtypes
+    _tasks: list[str] = PrivateAttr(default_factory=list)
+    _dtypes: list[str] = PrivateAttr(default_factory=list)
+
+    @property
+    def task_list(self) -> list[str]:
+        return self._tasks
+
+    @property
+    def dtype_list(self) -> list[str]:
+        return self._dtypes
+
+    @model_validator(mode="after")
+    def _check(self) -> ScoreSettings:
+        """The flag checks, in the order the command always made them (the first wrong flag is the one named)."""
+        from kvbench import evaltasks
+        from kvbench.tinymodel import scoring
+
+        cliargs.at_least_one(self.items, "--items")
+        self._tasks = cliargs.names(self.tasks, "--tasks", "kvbench_needle_512")
+        for task in self._tasks:
+            evaltasks.parse_task(task)
+        self._dtypes = cliargs.choices(self.kv_dtypes or "", "--kv-dtypes", scoring.KV_DTYPES, "KV dtype")
+        return self
+
+
 app = typer.Typer(name=NAME, help=HELP, no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False)
 
 
@@ -36,19 +109,13 @@ app = typer.Typer(name=NAME, help=HELP, no_args_is_help=True, add_completion=Fal
         "DIR, then compare its files with the committed sha256. About 25 minutes on 2 busy cores."
     ),
 )
-def train(
-    out: Annotated[Path, typer.Option("--out", help="Folder to write the model into (new or empty).")],
-    report_items: Annotated[
-        int, typer.Option("--report-items", help="Items per task scored into training_report.json (0: none).")
-    ] = 200,
-) -> None:
+@command_from(TrainSettings, lambda ctx, values: TrainSettings(**values))
+def train(ctx: typer.Context, settings: TrainSettings) -> None:
+    out, report_items = settings.out, settings.report_items
     _passive_threads()
     from kvbench.tinymodel import build as tinymodel
     from kvbench.tinymodel import train as tinytrain
 
-    cliargs.number(report_items, "--report-items", low=0, kind="a whole number")
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise UsageError(f"--out {out} exists and is not an empty folder; name a new one")
     report = tinytrain.build(out, log=lambda m: err_console.print(f"[dim]{m}[/]"), report_items=report_items)
     err_console.print(f"trained in {report['wall_time_s']['total']:.0f} s, final loss {report['final_loss']}")
     for row in report["accuracy_bf16"]:
@@ -57,14 +124,11 @@ def train(
 
 
 @app.command("verify", help="Check a model folder (default: the committed one) against the recorded sha256.")
-def verify(
-    folder: Annotated[
-        Path | None, typer.Option("--dir", help="Folder to check (default: kvbench/data/tinymodel).")
-    ] = None,
-) -> None:
+@command_from(VerifySettings, lambda ctx, values: VerifySettings(**values))
+def verify(ctx: typer.Context, settings: VerifySettings) -> None:
     from kvbench.tinymodel import build as tinymodel
 
-    folder = folder or tinymodel.committed_dir()
+    folder = settings.folder or tinymodel.committed_dir()
     if not folder.is_dir():
         raise UsageError(f"--dir {folder} is not a folder")
     _print_verify(folder, tinymodel.verify(folder))
@@ -92,27 +156,21 @@ def _print_verify(folder: Path, bad: dict) -> None:
         "Wilson 95% intervals. No vLLM."
     ),
 )
-def accuracy(
-    tasks: Annotated[
-        str, typer.Option("--tasks", help="Comma-separated bundled tasks.")
-    ] = "kvbench_needle_512,kvbench_manykeys_512,kvbench_track_512",
-    items: Annotated[int, typer.Option("--items", help="First N items of each task.")] = 200,
-    kv_dtypes: Annotated[str, typer.Option("--kv-dtypes", help="auto, fp8 and/or nvfp4.")] = "auto,fp8,nvfp4",
-    folder: Annotated[Path | None, typer.Option("--dir", help="Model folder (default: the committed one).")] = None,
-    as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
-) -> None:
+@command_from(ScoreSettings, lambda ctx, values: ScoreSettings(**values))
+def accuracy(ctx: typer.Context, settings: ScoreSettings) -> None:
+    names, items, dtypes, folder, as_json = (
+        settings.task_list,
+        settings.items,
+        settings.dtype_list,
+        settings.folder,
+        settings.as_json,
+    )
     _passive_threads()
     import torch
 
-    from kvbench import evaltasks
     from kvbench.tinymodel import build as tinymodel
     from kvbench.tinymodel import scoring
 
-    cliargs.at_least_one(items, "--items")
-    names = cliargs.names(tasks, "--tasks", "kvbench_needle_512")
-    for task in names:
-        evaltasks.parse_task(task)
-    dtypes = cliargs.choices(kv_dtypes, "--kv-dtypes", scoring.KV_DTYPES, "KV dtype")
     folder = folder or tinymodel.ensure_trained_model()
     torch.set_num_threads(min(2, torch.get_num_threads()))
     model, tok = scoring.load(folder)
