@@ -118,6 +118,15 @@ def has_control(text: str) -> bool:
     return any(ord(c) < 32 or 127 <= ord(c) < 160 for c in text)
 
 
+def check_api_key(key: str) -> str:
+    """--api-key (or OPENAI_API_KEY) stripped; empty, or with control characters: one line, the key never echoed."""
+    if not key.strip():
+        raise UsageError("--api-key (or OPENAI_API_KEY) is empty; give the key, or unset it")
+    if has_control(key.strip()):
+        raise UsageError("--api-key (or OPENAI_API_KEY) holds control characters (CR, LF ...); give the key alone")
+    return key.strip()
+
+
 @dataclass
 class ServerFacts:
     """What the server said about itself."""

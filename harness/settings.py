@@ -21,6 +21,7 @@ from kvbench import cliargs
 from kvbench.datafiles import load_toml
 from kvbench.errors import UsageError
 from kvbench.flags import Flag, flag_of
+from kvbench.options import ApiKey, AsJson, Endpoint, Header, KvDtypes, Model, Results, parsed
 
 UNKNOWN_DTYPES = ("error", "record")
 APIS = ("completions", "chat")
@@ -55,14 +56,14 @@ class RunSettings(BaseModel):
 
     model_config = ConfigDict(extra="forbid")  # a misspelt setting is an error, not ignored
 
-    model: Annotated[str | None, Flag("--model", "-m")] = Field(
+    model: Model = Field(
         None,
         description=(
             "HF id or local path (required with a GPU; CPU default: the tiny local model). With --endpoint: a local "
             "copy of the served model (tokenizer, config.json)."
         ),
     )
-    kv_dtypes: Annotated[list[str] | None, Flag("--kv-dtypes", cli=str | None, default_from="kv_dtypes")] = Field(
+    kv_dtypes: parsed(list[str] | None, KvDtypes, default_from="kv_dtypes") = Field(
         None,
         description=(
             "Comma-separated --kv-cache-dtype values (default auto,fp8,nvfp4; with --endpoint: what the server runs)."
@@ -106,23 +107,19 @@ class RunSettings(BaseModel):
         int | None, Flag("--kv-cache-memory-bytes", default_from="kv_cache_memory_bytes")
     ] = Field(None, description=_KV_BYTES_HELP)
     api: Annotated[str, Flag("--api")] = Field("completions", description="completions or chat.")
-    endpoints: Annotated[dict[str | None, str] | None, Flag("--endpoint", cli=str | None)] = Field(
+    endpoints: parsed(dict[str | None, str] | None, Endpoint) = Field(
         None,
         description=(
             "Measure running servers instead of starting vLLM: URL (one server, its dtype read from /metrics) or "
             "auto=URL1,fp8=URL2,..."
         ),
     )
-    api_key: Annotated[str | None, Flag("--api-key", envvar="OPENAI_API_KEY")] = Field(
-        None, description="Bearer key for --endpoint servers (never recorded)."
-    )
-    headers: Annotated[dict[str, str] | None, Flag("--header", cli=list[str] | None)] = Field(
-        None, description="Extra header for --endpoint servers, 'NAME: VALUE' (repeatable; never recorded)."
-    )
+    api_key: ApiKey
+    headers: parsed(dict[str, str] | None, Header)
     unknown_dtypes: Annotated[str, Flag("--unknown-dtypes")] = Field(
         "error", description="'error' (exit 2) or 'record' (record them as unsupported and go on)."
     )
-    results_dir: Annotated[Path, Flag("--results")] = Field(
+    results_dir: Results = Field(
         Path("results"), description="Where records go: <dir>/<machine>/runs/<run id>.json (+ .parquet samples)."
     )
     stall_timeout_s: Annotated[float | None, Flag("--stall-timeout", default_from="run.stall_timeout_s")] = Field(
@@ -206,7 +203,7 @@ class RunSettings(BaseModel):
     strict: Annotated[bool, Flag("--strict")] = Field(
         False, description="Exit 1 if any dtype failed (default: only if none succeeded)."
     )
-    as_json: Annotated[bool, Flag("--json")] = Field(
+    as_json: AsJson = Field(
         False,
         description="Print the record's headline numbers as one JSON document on stdout (progress goes to stderr).",
     )
@@ -319,16 +316,9 @@ class RunSettings(BaseModel):
     @field_validator("api_key")
     @classmethod
     def _api_key(cls, value):
-        """Empty, or with control characters: one line, the key never echoed."""
-        from kvbench.harness.endpoint import has_control
+        from kvbench.harness.endpoint import check_api_key
 
-        if value is None:
-            return None
-        if not value.strip():
-            raise UsageError("--api-key (or OPENAI_API_KEY) is empty; give the key, or unset it")
-        if has_control(value.strip()):
-            raise UsageError("--api-key (or OPENAI_API_KEY) holds control characters (CR, LF ...); give the key alone")
-        return value.strip()
+        return None if value is None else check_api_key(value)
 
     @field_validator("api")
     @classmethod

@@ -4,13 +4,15 @@ Annotated type a settings model gives its field (kvbench/clisettings.py turns th
     as_json: AsJson = Field(description="Print the rows as JSON.")
 
 keeps the flag, type and default and says what this command prints; a field that says nothing more takes the
-shared help. Core: the commands' settings models and the harness's RunSettings use it.
+shared help. A field that holds the parsed value rather than the text (RunSettings' --endpoint: a {dtype: URL}
+map) takes `parsed(its type, the shared option)`. Core: the commands' settings models and the harness's
+RunSettings use it.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 from pydantic import AfterValidator, Field
 
@@ -37,12 +39,12 @@ Machine = Annotated[
 ]
 KvDtypes = Annotated[
     str | None,
-    Flag("--kv-dtypes"),
+    Flag("--kv-dtypes", cli=str | None),
     Field(None, description="Comma-separated --kv-cache-dtype values (default auto,fp8,nvfp4)."),
 ]
 Endpoint = Annotated[
     str | None,
-    Flag("--endpoint"),
+    Flag("--endpoint", cli=str | None),
     Field(None, description="Running servers: URL (one server, its dtype read from /metrics) or auto=URL1,fp8=URL2"),
 ]
 ApiKey = Annotated[
@@ -52,6 +54,18 @@ ApiKey = Annotated[
 ]
 Header = Annotated[
     list[str] | None,
-    Flag("--header"),
+    Flag("--header", cli=list[str] | None),
     Field(None, description="Extra header for --endpoint servers, 'NAME: VALUE' (repeatable; never recorded)."),
 ]
+
+
+def parsed(kind: Any, shared: Any, default_from: str | None = None) -> Any:
+    """`shared`'s flag, default and help on a field that holds `kind`, which the model's own validator parses
+    from the command line's text (the Flag's cli type); `default_from` names its run_defaults.toml key."""
+    meta = [
+        Flag(*m.names, cli=m.cli, envvar=m.envvar, default_from=default_from or m.default_from)
+        if isinstance(m, Flag)
+        else m
+        for m in shared.__metadata__
+    ]
+    return Annotated[(kind, *meta)]

@@ -14,6 +14,7 @@ from kvbench import gpus, models
 from kvbench.capacity import VLLM_DEFAULT_BLOCK_SIZE
 from kvbench.errors import UsageError
 from kvbench.flags import Flag
+from kvbench.options import AsJson, Model
 from kvbench.vllm_memory import known_versions
 from kvbench.weights import WEIGHT_CHOICES
 
@@ -117,9 +118,7 @@ class CapacitySettings(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    model: Annotated[str | None, Flag("--model", "-m")] = Field(
-        None, description=f"Short name ({', '.join(models.catalog())}) or a path to a config.json."
-    )
+    model: Model = Field(None, description=f"Short name ({', '.join(models.catalog())}) or a path to a config.json.")
     gpu: Annotated[str | None, Flag("--gpu", "-g")] = Field(None, description=f"GPU: {', '.join(gpus.catalog())}.")
     context: Annotated[int | None, Flag("--context", "-c")] = Field(
         None, description="Tokens per sequence (prompt + output; vLLM's max_model_len)."
@@ -152,7 +151,7 @@ class CapacitySettings(BaseModel):
             "default: the last complete one)."
         ),
     )
-    as_json: Annotated[bool, Flag("--json")] = Field(False, description="Print JSON instead of tables.")
+    as_json: AsJson
     explain: Annotated[bool, Flag("--explain")] = Field(
         False, description="Print the per-layer KV spec read from the config and vLLM's accounting terms."
     )

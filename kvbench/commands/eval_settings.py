@@ -11,6 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
 from kvbench import cliargs, evaltasks
 from kvbench.errors import UsageError
 from kvbench.flags import Flag
+from kvbench.options import ApiKey, AsJson, Endpoint, Header, KvDtypes, Model, Results
 
 
 class EvalSettings(BaseModel):
@@ -18,14 +19,14 @@ class EvalSettings(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    model: Annotated[str | None, Flag("--model", "-m")] = Field(
+    model: Model = Field(
         None,
         description=(
             "HF id or local path (required with a GPU; CPU default: the trained tiny model). With --endpoint: a "
             "local copy of the served model's tokenizer."
         ),
     )
-    kv_dtypes: Annotated[str | None, Flag("--kv-dtypes")] = Field(
+    kv_dtypes: KvDtypes = Field(
         None,
         description=(
             "Comma-separated --kv-cache-dtype values (default auto,fp8,nvfp4; with --endpoint: what the servers run)."
@@ -59,27 +60,21 @@ class EvalSettings(BaseModel):
     max_model_len: Annotated[int | None, Flag("--max-model-len")] = Field(
         None, description="vLLM --max-model-len (default: the backend default, or what the bundled tasks need)."
     )
-    endpoint: Annotated[str | None, Flag("--endpoint")] = Field(
+    endpoint: Endpoint = Field(
         None,
         description=(
             "Evaluate running servers instead: URL (one server, its dtype read from /metrics) or auto=URL1,fp8=URL2,..."
         ),
     )
-    api_key: Annotated[str | None, Flag("--api-key", envvar="OPENAI_API_KEY")] = Field(
-        None, description="Bearer key for --endpoint servers (never recorded)."
-    )
-    header: Annotated[list[str] | None, Flag("--header")] = Field(
-        None, description="Extra header for --endpoint servers, 'NAME: VALUE' (repeatable; never recorded)."
-    )
-    results: Annotated[Path, Flag("--results")] = Field(
+    api_key: ApiKey
+    header: Header
+    results: Results = Field(
         Path("results"), description="Where records go: <dir>/<machine>/evals/<id>.json (+ .items.parquet)."
     )
     startup_timeout: Annotated[float | None, Flag("--startup-timeout")] = Field(
         None, description="Seconds to wait for each server to become ready."
     )
-    as_json: Annotated[bool, Flag("--json")] = Field(
-        False, description="Print one JSON document on stdout (progress goes to stderr)."
-    )
+    as_json: AsJson = Field(False, description="Print one JSON document on stdout (progress goes to stderr).")
 
     # -- not flags: vLLM's own arguments (after -- on the command line) -------------------------------------------
     extra_args: list[str] = Field(default_factory=list)
@@ -130,15 +125,9 @@ class EvalSettings(BaseModel):
 
         headers = parse_headers(self.header)
         if self.api_key is not None and self.endpoint is not None:
-            from kvbench.harness.endpoint import has_control
+            from kvbench.harness.endpoint import check_api_key
 
-            if not self.api_key.strip():
-                raise UsageError("--api-key (or OPENAI_API_KEY) is empty; give the key, or unset it")
-            if has_control(self.api_key.strip()):
-                raise UsageError(
-                    "--api-key (or OPENAI_API_KEY) holds control characters (CR, LF ...); give the key alone"
-                )
-            headers.setdefault("Authorization", f"Bearer {self.api_key.strip()}")
+            headers.setdefault("Authorization", f"Bearer {check_api_key(self.api_key)}")
         if self.header and self.endpoint is None:
             raise UsageError("--api-key/--header are for --endpoint servers; kvbench's own servers need none")
         return headers

@@ -12,6 +12,7 @@ from kvbench import cliargs
 from kvbench.errors import UsageError
 from kvbench.flags import Flag
 from kvbench.kernels.names import KERNEL_FORMATS
+from kvbench.options import AsJson, Model, Results
 
 GPU_GRID = {"contexts": "1024,4096,16384,32768,131072", "batches": "1,8,32"}
 INTERPRET_GRID = {"contexts": "32,64", "batches": "1,2"}
@@ -22,9 +23,7 @@ class KernelsSettings(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    model: Annotated[str, Flag("--model", "-m")] = Field(
-        "llama-3.1-8b", description="Attention shape from this model (heads, KV heads, head_dim)."
-    )
+    model: Model = Field("llama-3.1-8b", description="Attention shape from this model (heads, KV heads, head_dim).")
     formats: Annotated[str, Flag("--formats")] = Field(
         "fp16,fp8,nvfp4", description=f"Comma-separated: {', '.join(KERNEL_FORMATS)}."
     )
@@ -56,11 +55,9 @@ class KernelsSettings(BaseModel):
     interpret: Annotated[bool, Flag("--interpret")] = Field(
         False, description="Run in Triton's interpreter on the CPU (tiny grid; times are not GPU times)."
     )
-    results_dir: Annotated[Path, Flag("--results")] = Field(
-        Path("results"), description="Where records go: <dir>/<machine>/kernels/<time>.json."
-    )
+    results_dir: Results = Field(Path("results"), description="Where records go: <dir>/<machine>/kernels/<time>.json.")
     record: Annotated[bool, Flag("--record/--no-record")] = Field(True, description="Write the record.")
-    as_json: Annotated[bool, Flag("--json")] = Field(False, description="Print the record as JSON instead of tables.")
+    as_json: AsJson = Field(description="Print the record as JSON instead of tables.")
 
     def grid(self) -> tuple[list[str], list[int], list[int], list[int]]:
         """(formats, contexts, batches, write sizes): the flags, or the grid for the GPU or the interpreter."""

@@ -11,6 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from kvbench.errors import UsageError
 from kvbench.flags import Flag
+from kvbench.options import AsJson
 
 LAUNCHERS = ("sky",)
 
@@ -46,7 +47,7 @@ class NightlySettings(BaseModel):
             "install-args (`uv pip install` arguments for the config's vLLM), models (HF ids to download)."
         ),
     )
-    as_json: Annotated[bool, Flag("--json")] = Field(False, description="With --dry-run: the plans as JSON.")
+    as_json: AsJson = Field(description="With --dry-run: the plans as JSON.")
     shards: Annotated[int | None, Flag("--shards")] = Field(
         None,
         description=(

@@ -23,6 +23,7 @@ from kvbench.commands.capacity_settings import (
 )
 from kvbench.errors import UsageError
 from kvbench.flags import Flag
+from kvbench.options import AsJson, Model
 from kvbench.plan import TP_SIZES
 
 
@@ -32,9 +33,7 @@ class PlanSettings(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     users: Annotated[int, Flag("--users", "-u")] = Field(description="Concurrent sequences to serve.")
-    model: Annotated[str | None, Flag("--model", "-m")] = Field(
-        None, description="Short name or a config.json path (not with --from-run)."
-    )
+    model: Model = Field(None, description="Short name or a config.json path (not with --from-run).")
     context: Annotated[int | None, Flag("--context", "-c")] = Field(
         None, description="Tokens per sequence (not with --from-run)."
     )
@@ -69,7 +68,7 @@ class PlanSettings(BaseModel):
     weights: Weights = "auto"
     vllm_version: VllmVersion = None
     max_num_batched_tokens: BatchedTokens = None
-    as_json: Annotated[bool, Flag("--json")] = Field(False, description="Print JSON instead of a table.")
+    as_json: AsJson = Field(description="Print JSON instead of a table.")
 
     @model_validator(mode="after")
     def _check(self) -> PlanSettings:
