@@ -21,7 +21,7 @@ from kvbench import cliargs
 from kvbench.datafiles import load_toml
 from kvbench.errors import UsageError
 from kvbench.flags import Flag, flag_of
-from kvbench.options import ApiKey, AsJson, Endpoint, Header, KvDtypes, Model, Results, parsed
+from kvbench.options import ApiKey, AsJson, Endpoint, Header, KvDtypes, Model, Results, StartupTimeout, parsed
 
 UNKNOWN_DTYPES = ("error", "record")
 APIS = ("completions", "chat")
@@ -129,9 +129,7 @@ class RunSettings(BaseModel):
             "run_defaults.toml [run])."
         ),
     )
-    startup_timeout_s: Annotated[float | None, Flag("--startup-timeout", default_from="startup_timeout_s")] = Field(
-        None, description="Seconds to wait for each server to become ready."
-    )
+    startup_timeout_s: parsed(float | None, StartupTimeout, default_from="startup_timeout_s")
     realtime: Annotated[bool | None, Flag("--realtime/--no-realtime", default_from="client_realtime")] = Field(
         None, description="Run the client under SCHED_FIFO where permitted (CPU default: on)."
     )
@@ -349,11 +347,6 @@ class RunSettings(BaseModel):
     @classmethod
     def _stall(cls, value):
         return cliargs.number(value, "--stall-timeout", low=1, unit="s")  # below 1 s a healthy prefill is a "hang"
-
-    @field_validator("startup_timeout_s")
-    @classmethod
-    def _startup(cls, value):
-        return cliargs.positive(value, "--startup-timeout", unit="s")
 
     @field_validator("burstiness")
     @classmethod

@@ -16,6 +16,7 @@ from typing import Annotated, Any
 
 from pydantic import AfterValidator, Field
 
+from kvbench import cliargs
 from kvbench.flags import Flag
 
 
@@ -24,6 +25,14 @@ def _machine(name: str | None) -> str | None:
     from kvbench.machine import check_machine_name
 
     return check_machine_name(name) if name else name
+
+
+def _percent(value: float | None) -> float | None:
+    return cliargs.number(value, "--threshold", low=0, unit="%")
+
+
+def _seconds(value: float | None) -> float | None:
+    return cliargs.positive(value, "--startup-timeout", unit="s")
 
 
 Model = Annotated[
@@ -56,6 +65,20 @@ Header = Annotated[
     list[str] | None,
     Flag("--header", cli=list[str] | None),
     Field(None, description="Extra header for --endpoint servers, 'NAME: VALUE' (repeatable; never recorded)."),
+]
+
+AsvConfig = Annotated[Path, Flag("--config"), Field(Path("asv.conf.json"), description="asv config.")]
+Threshold = Annotated[
+    float | None,
+    Flag("--threshold"),
+    AfterValidator(_percent),
+    Field(None, description="Changes within this % count as noise (default: each metric's noise floor)."),
+]
+StartupTimeout = Annotated[
+    float | None,
+    Flag("--startup-timeout"),
+    AfterValidator(_seconds),
+    Field(None, description="Seconds to wait for each server to become ready."),
 ]
 
 

@@ -2,17 +2,15 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Annotated
 
 import typer
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field
 from rich.table import Table
 
-from kvbench import cliargs
 from kvbench.clisettings import command_from
-from kvbench.flags import Arg, Flag
-from kvbench.options import AsJson, Machine, Results
+from kvbench.flags import Arg
+from kvbench.options import AsJson, AsvConfig, Machine, Results, Threshold
 from kvbench.output import console, fmt_pct, fmt_value, print_json
 
 NAME = "compare"
@@ -35,23 +33,15 @@ class CompareSettings(BaseModel):
     )
     b: Annotated[str, Arg()] = Field(description="After: the same kinds as A.")
     machine: Machine = Field(description="Machine whose runs to look in (needed when a version ran on several).")
-    threshold: Annotated[float | None, Flag("--threshold")] = Field(
-        None,
+    threshold: Threshold = Field(
         description=(
             "Changes within this % are called 'same' (default: "
             "each metric's noise floor for the machine kind, metrics.toml)."
         ),
     )
     results: Results
-    config: Annotated[Path, Flag("--config")] = Field(
-        Path("asv.conf.json"), description="asv config (accuracy values come from the asv history)."
-    )
+    config: AsvConfig = Field(description="asv config (accuracy values come from the asv history).")
     as_json: AsJson = Field(description="Print the rows as JSON.")
-
-    @field_validator("threshold")
-    @classmethod
-    def _threshold(cls, value):
-        return cliargs.number(value, "--threshold", low=0, unit="%")
 
 
 @command_from(CompareSettings, lambda ctx, values: CompareSettings(**values))

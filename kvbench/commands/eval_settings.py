@@ -11,7 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
 from kvbench import cliargs, evaltasks
 from kvbench.errors import UsageError
 from kvbench.flags import Flag
-from kvbench.options import ApiKey, AsJson, Endpoint, Header, KvDtypes, Model, Results
+from kvbench.options import ApiKey, AsJson, Endpoint, Header, KvDtypes, Model, Results, StartupTimeout
 
 
 class EvalSettings(BaseModel):
@@ -71,9 +71,7 @@ class EvalSettings(BaseModel):
     results: Results = Field(
         Path("results"), description="Where records go: <dir>/<machine>/evals/<id>.json (+ .items.parquet)."
     )
-    startup_timeout: Annotated[float | None, Flag("--startup-timeout")] = Field(
-        None, description="Seconds to wait for each server to become ready."
-    )
+    startup_timeout: StartupTimeout
     as_json: AsJson = Field(False, description="Print one JSON document on stdout (progress goes to stderr).")
 
     # -- not flags: vLLM's own arguments (after -- on the command line) -------------------------------------------
@@ -110,7 +108,6 @@ class EvalSettings(BaseModel):
         cliargs.at_least_one(self.limit, "--limit")
         cliargs.at_least_one(self.concurrency, "--concurrency")
         cliargs.at_least_one(self.max_model_len, "--max-model-len")
-        cliargs.positive(self.startup_timeout, "--startup-timeout", unit="s")
         self._headers = self._request_headers()
         if self.endpoint is not None and self.extra_args:
             raise UsageError(

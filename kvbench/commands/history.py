@@ -20,7 +20,7 @@ from kvbench import cliargs
 from kvbench.clisettings import command_from
 from kvbench.errors import KvbenchError, UsageError
 from kvbench.flags import Arg, Flag
-from kvbench.options import AsJson, Machine, Model
+from kvbench.options import AsJson, AsvConfig, Machine, Model
 from kvbench.output import console, err_console, fmt_value, print_json, vllm_label
 
 NAME = "history"
@@ -44,9 +44,7 @@ class HistorySettings(BaseModel):
         None, description="Venv holding the vLLM to benchmark, with kvbench and asv installed (default: this one)."
     )
     machine: Machine = Field(description="asv machine / results folder name (default: named from the GPU or CPU).")
-    config: Annotated[Path, Flag("--config")] = Field(
-        Path("asv.conf.json"), description="asv config of the kvbench checkout."
-    )
+    config: AsvConfig = Field(description="asv config of the kvbench checkout.")
     model: Annotated[Model, Flag("--model")] = Field(  # no -m here: the flag set is as it was
         description="Model for the serving run (required with a GPU; CPU: the tiny local model)."
     )

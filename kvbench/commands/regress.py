@@ -7,14 +7,13 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 from rich.table import Table
 
-from kvbench import cliargs
 from kvbench.clisettings import command_from
 from kvbench.errors import UsageError
 from kvbench.flags import Flag
-from kvbench.options import AsJson, Machine, Results
+from kvbench.options import AsJson, AsvConfig, Machine, Results, Threshold
 from kvbench.output import console, fmt_pct, fmt_value, print_json, vllm_label
 from kvbench.regress import DEFAULT_WINDOW, K_SPREAD, MIN_SPREAD_POINTS
 
@@ -50,26 +49,23 @@ class RegressSettings(BaseModel):
     window: Annotated[int, Flag("--window")] = Field(
         DEFAULT_WINDOW, description="Points before the newest that form the baseline."
     )
-    threshold: Annotated[float | None, Flag("--threshold")] = Field(
-        None,
+    threshold: Threshold = Field(
         description=(
             "Smallest change in % that counts, for every metric (default: each metric's noise_pct "
             "for the machine's kind, metrics.toml); widened by 3x the baseline's robust spread."
         ),
     )
     results: Results = Field(description="asv results folder.")
-    config: Annotated[Path, Flag("--config")] = Field(
-        Path("asv.conf.json"), description="asv config (for benchmarks.json)."
-    )
+    config: AsvConfig = Field(description="asv config (for benchmarks.json).")
     show_all: Annotated[bool, Flag("--all")] = Field(False, description="List every series, not only those that moved.")
     as_json: AsJson = Field(description="Print every series' verdict as JSON.")
 
-    @model_validator(mode="after")
-    def _check(self) -> RegressSettings:
-        if self.window < 1:
-            raise UsageError(f"--window must be at least 1, got {self.window}")
-        cliargs.number(self.threshold, "--threshold", low=0, unit="%")
-        return self
+    @field_validator("window")
+    @classmethod
+    def _window(cls, value: int) -> int:  # a field check, so it is named before --threshold as it always was
+        if value < 1:
+            raise UsageError(f"--window must be at least 1, got {value}")
+        return value
 
 
 @command_from(RegressSettings, lambda ctx, values: RegressSettings(**values))
