@@ -1,5 +1,6 @@
 """A typer command generated from a pydantic settings model, so each setting is declared once (its flag, default,
-help and check live on the model's field; harness/settings.py Flag).
+help and check live on the model's field: kvbench/flags.py's Flag, or Arg for a positional argument; the
+options many commands share are typed once in kvbench/options.py).
 
     @command_from(RunSettings, make)
     def command(ctx, settings): ...

@@ -1,6 +1,7 @@
-"""Every setting of `kvbench capacity`, declared once: its flag, default, check and help (harness/settings.py's
-Flag; the command line is generated from the fields by kvbench/clisettings.py). The sizing settings that
-`kvbench plan` shares are declared here once, as Annotated types both models use."""
+"""Every setting of `kvbench capacity`, declared once: its flag, default, check and help (kvbench/flags.py's
+Flag, shared options from kvbench/options.py; the command line is generated from the fields by
+kvbench/clisettings.py). The sizing settings that `kvbench plan` shares are declared here once, as Annotated
+types both models use."""
 
 from __future__ import annotations
 

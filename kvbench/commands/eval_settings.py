@@ -1,5 +1,5 @@
-"""Every setting of `kvbench eval`, declared once: its flag, default, check and help (harness/settings.py's Flag;
-the command line is generated from the fields by kvbench/clisettings.py)."""
+"""Every setting of `kvbench eval`, declared once: its flag, default, check and help (kvbench/flags.py's Flag,
+shared options from kvbench/options.py; the command line is generated from the fields by kvbench/clisettings.py)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,7 @@
-"""Every setting of `kvbench nightly`, declared once: its flag, default, check and help (harness/settings.py's
-Flag; the command line is generated from the fields by kvbench/clisettings.py). The checks here need no
-config; those that read it (--gpu's section, the prices, the budget) stay with the command."""
+"""Every setting of `kvbench nightly`, declared once: its flag, default, check and help (kvbench/flags.py's
+Flag, shared options from kvbench/options.py; the command line is generated from the fields by
+kvbench/clisettings.py). The checks here need no config; those that read it (--gpu's section, the prices, the
+budget) stay with the command."""
 
 from __future__ import annotations
 

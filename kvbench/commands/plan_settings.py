@@ -1,6 +1,6 @@
-"""Every setting of `kvbench plan`, declared once: its flag, default, check and help (harness/settings.py's Flag;
-the command line is generated from the fields by kvbench/clisettings.py). The sizing settings it shares with
-`kvbench capacity` come from kvbench/commands/capacity_settings.py."""
+"""Every setting of `kvbench plan`, declared once: its flag, default, check and help (kvbench/flags.py's Flag,
+shared options from kvbench/options.py; the command line is generated from the fields by kvbench/clisettings.py).
+The sizing settings it shares with `kvbench capacity` come from kvbench/commands/capacity_settings.py."""
 
 from __future__ import annotations
 

@@ -62,5 +62,40 @@ def test_dashboard_help_names_every_registered_page():
     assert not missing, f"kvbench dashboard --help does not name: {missing}\n{result.output}"
 
 
+SHARED = {  # kvbench/options.py: flag -> the Annotated type that declares it
+    "--model": "Model",
+    "--results": "Results",
+    "--json": "AsJson",
+    "--machine": "Machine",
+    "--kv-dtypes": "KvDtypes",
+    "--endpoint": "Endpoint",
+    "--api-key": "ApiKey",
+    "--header": "Header",
+    "--threshold": "Threshold",
+    "--startup-timeout": "StartupTimeout",
+}
+
+
+def test_shared_options_are_declared_once():
+    """Each shared option's flag is declared in kvbench/options.py only; a command may narrow its names on the
+    shared type itself (Annotated[Model, Flag("--model")]), and declares no typer option of its own."""
+    import re
+
+    root = Path(__file__).resolve().parents[2]
+    found = []
+    for path in [*(root / "kvbench").rglob("*.py"), *(root / "harness").rglob("*.py")]:
+        if path.name == "options.py" and path.parent.name == "kvbench":
+            continue
+        text = path.read_text()
+        if path.parent.name == "commands" and re.search(r"typer\.(Option|Argument)\(", text):
+            found.append(f"{path.relative_to(root)}: declares a typer option inline")
+        for m in re.finditer(r'Flag\(\s*"(--[a-z-]+)"', text):
+            alias = SHARED.get(m.group(1))
+            line = text[text.rfind("\n", 0, m.start()) + 1 : m.start()]
+            if alias and not re.search(rf"Annotated\[\s*{alias},\s*$", line):
+                found.append(f"{path.relative_to(root)}: {m.group(1)} (use kvbench.options.{alias})")
+    assert not found, found
+
+
 if __name__ == "__main__":
     sys.stdout.write(json.dumps(cli_flags(), indent=1) + "\n")
