@@ -11,6 +11,8 @@ import json
 import sys
 from pathlib import Path
 
+import pytest
+
 SNAPSHOT = Path(__file__).resolve().parents[1] / "data" / "cli_flags.json"
 
 
@@ -95,6 +97,25 @@ def test_shared_options_are_declared_once():
             if alias and not re.search(rf"Annotated\[\s*{alias},\s*$", line):
                 found.append(f"{path.relative_to(root)}: {m.group(1)} (use kvbench.options.{alias})")
     assert not found, found
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["compare", "a", "b", "--machine", "../up"],
+        ["regress", "--machine", "../up"],
+        ["history", "show", "--machine", "a/b"],
+    ],
+)
+def test_the_shared_machine_check_refuses_a_path_in_one_line(argv, capsys):
+    """--machine is one typed option (kvbench/options.py Machine): every command that takes it refuses a name
+    that is a path, in one line with exit 2, before reading anything."""
+    from kvbench.cli import main
+
+    with pytest.raises(SystemExit) as exit_:
+        main(argv)
+    err = capsys.readouterr().err.strip()
+    assert exit_.value.code == 2 and len(err.splitlines()) == 1 and "is not a usable machine name" in err, err
 
 
 if __name__ == "__main__":
