@@ -68,13 +68,29 @@ def distribution_key(*names: str) -> list | None:
     return None
 
 
+# A folder whose files stand in for the shipped kvbench/data/ files of the same relative name (the others are
+# still read from the package): a test or a user tries an edited copy of, say, formats.toml (a new KV dtype)
+# without touching the installed one.
+ENV_DATA_DIR = "KVBENCH_DATA_DIR"
+
+
 def data_path(relative: str) -> Path:
+    """The data file `relative` resolves to: $KVBENCH_DATA_DIR/<relative> when that file exists, else the
+    shipped one."""
+    overlay = os.environ.get(ENV_DATA_DIR)
+    if overlay and (Path(overlay) / relative).is_file():
+        return Path(overlay) / relative
     return Path(str(DATA / relative))
 
 
-@cache
 def load_toml(relative: str) -> dict:
-    with (DATA / relative).open("rb") as fh:
+    """The parsed data file (read once per resolved path, so an overlay set later is still honoured)."""
+    return _load_toml(data_path(relative))
+
+
+@cache
+def _load_toml(path: Path) -> dict:
+    with path.open("rb") as fh:
         return tomllib.load(fh)
 
 
