@@ -1,6 +1,8 @@
 """asv: the Triton KV kernels per format (thin wrappers over kvbench.kernels.bench, which `kvbench
 kernels` also uses). Without a CUDA GPU, setup raises NotImplementedError and asv records NaN."""
 
+from kvbench.formats import speed_kernels
+
 
 def _gpu():
     import torch
@@ -16,7 +18,7 @@ class DecodeAttention:
     """Paged decode attention, Llama-3.1-8B layer shape, batch 8."""
 
     version = "kvbench.kernels/1"
-    params = (["fp16", "fp8", "nvfp4"], [4096, 32768])
+    params = (list(speed_kernels()), [4096, 32768])
     param_names = ["kv_format", "context"]
     timeout = 300
 
@@ -46,7 +48,7 @@ class ReshapeAndCache:
     """Quantize + write new K/V tokens into the paged cache, Llama-3.1-8B layer shape."""
 
     version = "kvbench.kernels/1"
-    params = (["fp16", "fp8", "nvfp4"], [8, 16384])
+    params = (list(speed_kernels()), [8, 16384])
     param_names = ["kv_format", "tokens"]
     timeout = 300
 

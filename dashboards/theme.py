@@ -12,29 +12,10 @@ import html
 import plotly.graph_objects as go
 import plotly.io as pio
 
-# Most precise first: legends and tables read in this order, and the recommendation breaks ties with it.
-DTYPE_ORDER = ("auto", "fp16", "bf16", "fp8", "fp8_e5m2", "nvfp4", "nvfp4_4over6", "mxfp4")
-COLORS = {
-    "auto": "#0072B2",  # blue
-    "fp8": "#E69F00",  # orange
-    "nvfp4": "#009E73",  # bluish green
-    "fp8_e5m2": "#D55E00",  # vermillion
-    "nvfp4_4over6": "#56B4E9",  # sky blue
-    "mxfp4": "#CC79A7",  # reddish purple
-    "fp16": "#000000",  # black
-    "bf16": "#999999",  # grey
-}
-SYMBOLS = {
-    "auto": "circle",
-    "fp8": "square",
-    "nvfp4": "diamond",
-    "fp8_e5m2": "triangle-up",
-    "nvfp4_4over6": "star",
-    "mxfp4": "x",
-    "fp16": "triangle-down",
-    "bf16": "pentagon",
-}
-DASHES = {"auto": "solid", "fp8": "dash", "nvfp4": "dot", "fp8_e5m2": "dashdot"}
+from kvbench import formats
+
+# Each dtype's colour, marker and line dash, and the order legends and tables read in (most precise first;
+# the recommendation breaks ties with it too), come from the KV-dtype registry, kvbench/data/formats.toml.
 OTHER_COLOR = "#7F7F7F"
 OTHER_SYMBOL = "hexagon"
 
@@ -55,19 +36,29 @@ FONT = "system-ui, -apple-system, 'Segoe UI', Roboto, 'Helvetica Neue', Arial, s
 
 
 def color(dtype: str) -> str:
-    return COLORS.get(dtype, OTHER_COLOR)
+    return formats.look(dtype).get("color", OTHER_COLOR)
 
 
 def symbol(dtype: str) -> str:
-    return SYMBOLS.get(dtype, OTHER_SYMBOL)
+    return formats.look(dtype).get("marker", OTHER_SYMBOL)
 
 
 def dash(dtype: str) -> str:
-    return DASHES.get(dtype, "solid")
+    return formats.look(dtype).get("dash", "solid")
 
 
-def dtype_sort_key(dtype: str) -> tuple[int, str]:
-    return (DTYPE_ORDER.index(dtype) if dtype in DTYPE_ORDER else len(DTYPE_ORDER), str(dtype))
+def colors() -> dict[str, str]:
+    """{dtype: colour} for every dtype the registry gives one."""
+    return {d: formats.look(d)["color"] for d in formats.dtype_order() if "color" in formats.look(d)}
+
+
+def symbols() -> dict[str, str]:
+    """{dtype: marker} for every dtype the registry gives one."""
+    return {d: formats.look(d)["marker"] for d in formats.dtype_order() if "marker" in formats.look(d)}
+
+
+def dtype_sort_key(dtype: str) -> tuple[float, str]:
+    return formats.order_key(dtype)
 
 
 def ordered(dtypes) -> list[str]:

@@ -18,10 +18,11 @@ from dataclasses import dataclass
 
 import torch
 
+from kvbench.formats import speed_kernels
 from kvbench.kernels import paged_cache as pc
 
 SCHEMA = "kvbench.kernels/1"
-BENCH_FORMATS = ("fp16", "fp8", "nvfp4")  # the speed ratio fp16 : fp8 : nvfp4
+BENCH_FORMATS = speed_kernels()  # the speed ratio fp16 : fp8 : nvfp4 (the tracked dtypes, formats.toml)
 # Issue targets the record is checked against (inputs, not results).
 TARGET_WRITE_PCT_OF_COPY = 70.0
 TARGET_NVFP4_SPEEDUP_AT_32K = 2.5
@@ -260,17 +261,17 @@ def check_on_device(shape: AttnShape, dev: torch.device, formats=BENCH_FORMATS) 
 def ratios(decode_rows: list[dict], shape: AttnShape) -> list[dict]:
     """Per (batch, context): decode time fp16 : fp8 : nvfp4 as speedups over fp16, with the ideal
     (bytes) speedups beside them."""
-    out = []
+    out, (base, *others) = [], BENCH_FORMATS  # base: auto's kernel key (fp16), the others against it
     keys = sorted({(r["batch"], r["context"]) for r in decode_rows})
     for b, ctx in keys:
         t = {r["format"]: r["time_us"] for r in decode_rows if (r["batch"], r["context"]) == (b, ctx)}
-        if "fp16" not in t:
+        if base not in t:
             continue
         row = {"batch": b, "context": ctx, "time_us": t}
-        for f in ("fp8", "nvfp4"):
+        for f in others:
             if f in t:
-                row[f"speedup_{f}"] = t["fp16"] / t[f]
-                row[f"ideal_{f}"] = decode_bytes("fp16", b, ctx, shape) / decode_bytes(f, b, ctx, shape)
+                row[f"speedup_{f}"] = t[base] / t[f]
+                row[f"ideal_{f}"] = decode_bytes(base, b, ctx, shape) / decode_bytes(f, b, ctx, shape)
         out.append(row)
     return out
 

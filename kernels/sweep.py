@@ -27,12 +27,12 @@ from kvbench.kernels.gpu_evidence import Trace, device_memory
 
 # 32K first: the targets are there, and a sweep cut short by its clock should still have them
 GPU_GRID = {
-    "formats": ["fp16", "fp8", "nvfp4"],
+    "formats": list(bench.BENCH_FORMATS),  # the tracked dtypes' kernel keys (formats.toml)
     "contexts": [32768, 131072, 4096, 16384, 1024],
     "batches": [32, 8, 1],
     "write_tokens": [16384, 131072, 4096, 1024, 32, 8, 1],
 }
-DRY_GRID = {"formats": ["fp16", "fp8", "nvfp4"], "contexts": [40], "batches": [2], "write_tokens": [5]}
+DRY_GRID = {"formats": list(bench.BENCH_FORMATS), "contexts": [40], "batches": [2], "write_tokens": [5]}
 DRY_SHAPE = bench.AttnShape("dry run: 8 query heads, 2 KV heads, head_dim 64", 8, 2, 64, 16)
 AS_IS = {"tile_n": 64, "num_warps": 4, "num_stages": 3, "dequant": "f32", "mma": "dot"}
 SCREEN = {"warmup_ms": 10, "rep_ms": 40}  # do_bench per candidate: shorter than `kvbench kernels`' 25 / 100 ms

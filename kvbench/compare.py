@@ -16,6 +16,7 @@ from pathlib import Path
 from rich.markup import escape
 
 from kvbench.errors import UsageError
+from kvbench.formats import order_key
 from kvbench.output import err_console
 from kvbench.records import find_records, load_record, read_records, summary_rows
 from kvbench.tracked import metrics
@@ -163,10 +164,7 @@ def compare(a: dict, b: dict, threshold_pct: float | None = None, kind: str = "c
     noise_pct), or within threshold_pct when given, a change is called "same"."""
     rows = []
     for m in metrics():
-        dtypes = sorted(
-            {d for (name, d) in [*a, *b] if name == m.name},
-            key=lambda d: ("auto", "fp8", "nvfp4").index(d) if d in ("auto", "fp8", "nvfp4") else 9,
-        )
+        dtypes = sorted({d for (name, d) in [*a, *b] if name == m.name}, key=order_key)
         for d in dtypes:
             va, vb = a.get((m.name, d), math.nan), b.get((m.name, d), math.nan)
             if not (math.isfinite(va) and math.isfinite(vb)):

@@ -131,3 +131,52 @@ def format_ratio(a: CacheFormat, b: CacheFormat, model: ModelSpec) -> float:
     bytes_a = sum(a.bytes_per_token_per_layer(model, layer) for layer in model.layers)
     bytes_b = sum(b.bytes_per_token_per_layer(model, layer) for layer in model.layers)
     return bytes_b / bytes_a
+
+
+# The registry's other views (formats.toml's header says what each field means). Each reads the file at call
+# time (load_toml keeps the parse), so a $KVBENCH_DATA_DIR copy with a new dtype is seen everywhere.
+
+
+def _entries() -> dict[str, dict]:
+    """Every named entry, vLLM formats and kernel-only numerics (fp16, bf16, ...), in the file's order."""
+    raw = load_toml("formats.toml")
+    return {**raw["formats"], **raw.get("kernel_formats", {})}
+
+
+def dtype_order() -> tuple[str, ...]:
+    """Every dtype and kernel key, most precise first: the order legends, tables and ties read in."""
+    entries = _entries()
+    return tuple(sorted(entries, key=lambda name: entries[name]["order"]))
+
+
+def order_key(dtype: str) -> tuple[float, str]:
+    """Sort key in the registry's order; a name it does not hold goes last (by name)."""
+    entry = _entries().get(dtype)
+    return (entry["order"] if entry else 1_000_000, str(dtype))
+
+
+def look(dtype: str) -> dict:
+    """{"color", "marker", "dash"} the registry gives the dtype (those it gives; {} for an unknown name)."""
+    entry = _entries().get(dtype, {})
+    return {k: entry[k] for k in ("color", "marker", "dash") if k in entry}
+
+
+def tracked_dtypes() -> tuple[str, ...]:
+    """The dtypes tracked over time (asv's kv_dtype parameter), in order: the same on every machine."""
+    return tuple(d for d in dtype_order() if _entries()[d].get("tracked"))
+
+
+def speed_kernels() -> tuple[str, ...]:
+    """The kernel keys the tracked dtypes' kernel speed is measured with (fp16 : fp8 : nvfp4), in order."""
+    return tuple(_entries()[d]["speed_kernel"] for d in tracked_dtypes())
+
+
+def accuracy_variants() -> dict[str, tuple[str, str]]:
+    """Tracked dtype -> (accuracy-study kernel key, tensor-scale convention) of the accuracy track."""
+    return {d: tuple(_entries()[d]["accuracy_variant"]) for d in tracked_dtypes()}
+
+
+def kernel_formats(role: str) -> tuple[str, ...]:
+    """Kernel keys in order with `role` set: "cache_kernel" (the Triton paged-cache kernels) or
+    "accuracy_study" (the attention-accuracy study)."""
+    return tuple(d for d in dtype_order() if _entries()[d].get(role))

@@ -12,6 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from kvbench.formats import accuracy_variants
 from kvbench.tracked import KV_DTYPES
 
 # Environment the `kvbench history run` wrapper sets for the benchmark processes. asv passes the calling
@@ -26,7 +27,7 @@ ENV_MODEL = "KVBENCH_MODEL"  # the model on GPU machines (the CPU default needs 
 # The accuracy track: KV dtype -> (kvbench.kernels.accuracy format, tensor-scale convention). "auto" is
 # bf16, the dtype of the tiny CPU model and of most checkpoints. Scale "1" is what vLLM uses for fp8 and
 # nvfp4 when the checkpoint carries no calibrated scales, i.e. what `--kv-cache-dtype` alone gives.
-ACCURACY_VARIANTS = {"auto": ("bf16", "-"), "fp8": ("fp8", "1"), "nvfp4": ("nvfp4", "1")}
+ACCURACY_VARIANTS = accuracy_variants()  # formats.toml `accuracy_variant` of each tracked dtype
 ACCURACY_DATA = "gaussian"  # seed 0, Llama-3.1-8B attention shape at 4K context: ~10 s on 2 cores
 
 

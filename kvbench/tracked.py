@@ -8,8 +8,9 @@ from dataclasses import dataclass
 from functools import cache
 
 from kvbench.datafiles import load_toml
+from kvbench.formats import tracked_dtypes
 
-KV_DTYPES = ("auto", "fp8", "nvfp4")  # the asv parameter: the same on every machine
+KV_DTYPES = tracked_dtypes()  # the asv parameter (formats.toml `tracked`): the same on every machine
 DIRECTIONS = ("higher", "lower")
 MACHINE_KINDS = ("cpu", "gpu")
 SOURCES = ("run", "accuracy", "prefix")

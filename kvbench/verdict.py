@@ -179,16 +179,15 @@ def shown_in_lines(finding: dict | Finding, decision: Decision) -> bool:
 
 
 def precision_key(dtype: str) -> tuple[int, int, str]:
-    """Most precise first: more data bits (auto is the model's 16), then formats.toml's order."""
+    """Most precise first: more data bits (auto is the model's 16), then the registry's order (formats.toml)."""
     from kvbench.errors import UsageError
-    from kvbench.formats import catalog, get_format
+    from kvbench.formats import get_format, order_key
 
     try:
         fmt = get_format(dtype)
     except UsageError:
-        return (0, 99, dtype)
-    keys = list(catalog())
-    return (-(16 if fmt.key == REFERENCE else fmt.data_bits), keys.index(fmt.key) if fmt.key in keys else 99, dtype)
+        return (0, order_key(dtype)[0], dtype)
+    return (-(16 if fmt.key == REFERENCE else fmt.data_bits), order_key(fmt.key)[0], dtype)
 
 
 def decide(record: RunRecord, policy: acc.Policy | None = None) -> Decision:

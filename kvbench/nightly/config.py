@@ -36,6 +36,7 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from kvbench.errors import UsageError
+from kvbench.formats import tracked_dtypes
 from kvbench.plan import TP_SIZES
 
 CPU = "cpu"  # the machine section used when NVML finds no GPU
@@ -111,7 +112,7 @@ class MachineConfig(Strict):
     models: Annotated[list[str], Field(min_length=1)]
     workloads: Annotated[list[str], Field(min_length=1)]
     slos: list[str] = []  # empty: no SLO search, fixed load only
-    kv_dtypes: Annotated[list[str], Field(min_length=1)] = ["auto", "fp8", "nvfp4"]
+    kv_dtypes: Annotated[list[str], Field(min_length=1, default_factory=lambda: list(tracked_dtypes()))]
     tensor_parallel_size: Positive = 1  # passed to vLLM as --tensor-parallel-size
     gpus: Positive | None = None  # GPUs rented (what is paid for); default: tensor_parallel_size
     max_concurrency: Positive | None = None  # cap on fixed-load concurrency and on the SLO search

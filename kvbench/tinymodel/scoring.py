@@ -21,8 +21,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from kvbench import evaltasks
+from kvbench.formats import tracked_dtypes
 
-KV_DTYPES = ("auto", "fp8", "nvfp4")
+KV_DTYPES = tracked_dtypes()  # the tracked dtypes (formats.toml); fake_quant below implements each
 _ATTENTION = "kvbench_fake_quant_kv"
 
 

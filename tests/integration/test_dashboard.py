@@ -155,11 +155,12 @@ def _trace_colors(trace) -> list[str]:
 
 
 def test_one_colour_per_dtype_on_every_page(sample_pages):
+    palette = theme.colors()
     seen: dict[str, set[str]] = {}
     for _slug, _div, fig in all_figures(sample_pages):
         for trace in fig.data:
             group = trace.legendgroup
-            if group in theme.COLORS:
+            if group in palette:
                 for c in _trace_colors(trace):
                     seen.setdefault(group, set()).add(c)
             marker_colors = getattr(trace.marker, "color", None) if hasattr(trace, "marker") else None
@@ -167,18 +168,19 @@ def test_one_colour_per_dtype_on_every_page(sample_pages):
                 isinstance(marker_colors, (list, tuple)) and trace.x is not None
             ):  # bars coloured per dtype on the x axis
                 for x, c in zip(trace.x, marker_colors, strict=False):
-                    if x in theme.COLORS:
+                    if x in palette:
                         seen.setdefault(x, set()).add(c)
     assert {"auto", "fp8", "nvfp4"} <= set(seen)
     for dtype, colors in seen.items():
-        assert colors == {theme.COLORS[dtype]}, (dtype, colors)
+        assert colors == {palette[dtype]}, (dtype, colors)
 
 
 def test_palette_is_okabe_ito_and_markers_differ():
     okabe_ito = {"#E69F00", "#56B4E9", "#009E73", "#F0E442", "#0072B2", "#D55E00", "#CC79A7", "#000000", "#999999"}
-    assert set(theme.COLORS.values()) <= okabe_ito
-    assert len(set(theme.COLORS.values())) == len(theme.COLORS)
-    assert len(set(theme.SYMBOLS.values())) == len(theme.SYMBOLS)
+    palette, symbols = theme.colors(), theme.symbols()
+    assert set(palette.values()) <= okabe_ito
+    assert len(set(palette.values())) == len(palette)
+    assert len(set(symbols.values())) == len(symbols)
 
 
 def test_every_axis_title_has_a_unit(sample_pages):
