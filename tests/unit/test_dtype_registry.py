@@ -1,0 +1,136 @@
+"""kvbench/data/formats.toml is the one KV-dtype registry: a fake dtype added to a COPY of it (through
+$KVBENCH_DATA_DIR, kvbench.datafiles) reaches the capacity table, the run record, the verdict's order and a
+dashboard page with no other change. The views of the shipped registry keep the orders they had."""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import pytest
+
+from kvbench import datafiles, formats, verdict
+from kvbench.capacity import budget_from_bytes, capacity_table
+from kvbench.errors import UsageError
+from kvbench.models import load_model
+from kvbench.records import parse_record
+from kvbench.units import GB
+
+# 6-bit values + one 8-bit scale per 32: 0.75 + 1/32 = 0.78125 B per element; vLLM does not know it
+FAKE = """
+[formats.fp6_test]
+description = "a fake 6-bit format with one 8-bit scale per 32 values (test only)"
+vllm_dtypes = ["fp6_test"]
+aliases = ["fp6t"]
+data_bits = 6
+scale_bits = 8
+scale_block = 32
+article_bytes_per_element = 0.75
+order = 4.5
+color = "#F0E442"
+marker = "cross"
+source = "tests/unit/test_dtype_registry.py"
+"""
+
+
+@pytest.fixture
+def fake_registry(tmp_path, monkeypatch):
+    """A copy of the shipped registry with fp6_test added, in force through $KVBENCH_DATA_DIR. load_toml caches
+    per resolved path, so nothing needs clearing: the copy's path is new, and unsetting the variable brings
+    back the shipped file's cached parse."""
+    shipped = datafiles.data_path("formats.toml").read_text()
+    (tmp_path / "formats.toml").write_text(shipped + FAKE)
+    monkeypatch.setenv(datafiles.ENV_DATA_DIR, str(tmp_path))
+    yield tmp_path
+    monkeypatch.delenv(datafiles.ENV_DATA_DIR)
+    assert "fp6_test" not in formats.catalog() and "fp6_test" not in formats.dtype_order()
+
+
+def test_the_shipped_registry_keeps_its_orders_and_lists():
+    assert formats.dtype_order()[:8] == ("auto", "fp16", "bf16", "fp8", "fp8_e5m2", "nvfp4", "nvfp4_4over6", "mxfp4")
+    assert formats.tracked_dtypes() == ("auto", "fp8", "nvfp4")  # the asv parameter
+    assert formats.speed_kernels() == ("fp16", "fp8", "nvfp4")
+    assert formats.accuracy_variants() == {"auto": ("bf16", "-"), "fp8": ("fp8", "1"), "nvfp4": ("nvfp4", "1")}
+    assert formats.kernel_formats("cache_kernel") == ("fp16", "bf16", "fp8", "fp8_e5m2", "nvfp4")
+    assert formats.kernel_formats("accuracy_study")[-2:] == ("nvfp4_4over6", "mxfp4")
+    orders = [formats.order_key(d)[0] for d in formats.dtype_order()]
+    assert len(set(orders)) == len(orders)  # one place each: a tie would make the order depend on the file
+    assert "fp16" not in formats.catalog() and formats.get_format("fp16").key == "auto"  # kernel-only keys
+
+
+def test_a_fake_dtype_reaches_the_capacity_table(fake_registry):
+    llama = load_model("llama-3.1-8b")
+    auto, fake, nvfp4 = capacity_table(
+        llama, formats.parse_format_list("auto,fp6t,nvfp4"), 4096, budget_from_bytes(56 * GB)
+    )
+    assert (fake.dtype, fake.vllm_dtype, fake.supported) == ("fp6_test", "fp6_test", True)
+    assert fake.bytes_per_element == 0.78125
+    assert fake.bytes_per_user == 4096 * 32 * 2 * 8 * 128 * 0.78125  # tokens x layers x K,V x heads x dim
+    assert nvfp4.users > fake.users > auto.users
+
+
+def test_a_fake_dtype_reaches_the_capacity_command(fake_registry):
+    from typer.testing import CliRunner
+
+    from kvbench.cli import app
+
+    args = ["capacity", "-m", "llama-3.1-8b", "-g", "h100-sxm", "-c", "4096", "--kv-dtype", "auto,fp6_test", "--json"]
+    out = CliRunner().invoke(app, args, env={"COLUMNS": "200"})
+    assert out.exit_code == 0, out.output
+    assert [r["dtype"] for r in json.loads(out.stdout)["rows"]] == ["auto", "fp6_test"]
+
+
+def _record(*names: str):
+    ok = {"status": "ok", "kv_dtype_confirmed": True, "capacity": {}}
+    return parse_record(
+        {
+            "schema": "kvbench.run/2",
+            "run_id": "r",
+            "created_at": "2026-12-01T00:00:00+00:00",
+            "machine": "m",
+            "config": {"eval": {"budget_points": 1.0, "budgets": {}, "confidence": 0.95}},
+            "environment": {"gpus": []},
+            "dtypes": [{"kv_cache_dtype": n, **ok} for n in names],
+            "findings": [],
+        }
+    )
+
+
+def test_a_fake_dtype_round_trips_through_the_record(fake_registry):
+    rec = _record("auto", "fp6_test")
+    again = parse_record(json.loads(json.dumps(rec.as_doc())))
+    assert again.dtype("fp6_test") is not None and again.as_doc() == rec.as_doc()
+
+
+def test_a_fake_dtype_takes_its_place_in_the_verdicts_order(fake_registry):
+    # 6 data bits: after fp8's 8, before nvfp4's 4; among equal bits the registry's order decides
+    got = sorted(["nvfp4", "fp6_test", "mxfp4", "auto", "fp8"], key=verdict.precision_key)
+    assert got == ["auto", "fp8", "fp6_test", "nvfp4", "mxfp4"]
+
+
+def test_a_fake_dtype_gets_its_look_and_place_on_a_page(fake_registry):
+    from kvbench.dashboards import page_capacity, theme
+
+    assert (theme.color("fp6_test"), theme.symbol("fp6_test"), theme.dash("fp6_test")) == ("#F0E442", "cross", "solid")
+    assert theme.ordered(["nvfp4", "fp6_test", "auto", "fp8_e5m2"]) == ["auto", "fp8_e5m2", "fp6_test", "nvfp4"]
+    block = {"model": {"budget_bytes": 8 * GB, "block_size": 16, "context": 4096}}
+    doc = {
+        "run_id": "r",
+        "created_at": "2026-12-01T00:00:00+00:00",
+        "config": {"model_name": "llama-3.1-8b"},
+        "dtypes": [{"kv_cache_dtype": d, "capacity": block} for d in ("nvfp4", "fp6_test", "auto")],
+    }
+    lines, why = page_capacity.model_lines(doc)
+    assert why is None
+    runs = pd.DataFrame(
+        columns=["run_id", "kv_cache_dtype", "context", "engine_max_concurrency", "measured_max_concurrency"]
+    )
+    fig = page_capacity.capacity_figure(doc, lines, runs)
+    traces = [t for t in fig.data if t.legendgroup]
+    assert [t.legendgroup for t in traces] == ["auto", "fp6_test", "nvfp4"]
+    assert traces[1].line.color == "#F0E442"
+
+
+def test_an_unknown_dtype_names_the_fake_one_among_the_choices(fake_registry):
+    with pytest.raises(UsageError, match="fp6_test"):
+        formats.get_format("fp7")
