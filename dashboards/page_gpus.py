@@ -8,7 +8,7 @@ from plotly.subplots import make_subplots
 
 from kvbench.dashboards.components import Page, empty, fmt, hover_data, hover_template, note, section, slug, table, text
 from kvbench.dashboards.data import SiteData
-from kvbench.dashboards.theme import color, esc, ordered, style
+from kvbench.dashboards.theme import color, esc, ordered, pattern, style
 
 SLUG, TITLE = "gpus", "Across GPUs"
 PANELS = (  # column, panel title, axis title, unit
@@ -74,7 +74,7 @@ def comparison_figure(rows: pd.DataFrame) -> go.Figure:
                     marker={
                         "color": color(dtype),
                         "line": {"color": "#333", "width": 0.5},
-                        "pattern": {"shape": {"fp8": "/", "nvfp4": "x"}.get(dtype, ""), "fgcolor": "#fff"},
+                        "pattern": {"shape": pattern(dtype), "fgcolor": "#fff"},
                     },
                     text=[f"✕ {esc(text(s))}" if m else "" for m, s in zip(missing, pts["status"], strict=False)],
                     textposition="outside",

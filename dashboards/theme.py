@@ -47,6 +47,11 @@ def dash(dtype: str) -> str:
     return formats.look(dtype).get("dash", "solid")
 
 
+def pattern(dtype: str) -> str:
+    """Bar fill pattern ("" for a plain bar)."""
+    return formats.look(dtype).get("pattern", "")
+
+
 def colors() -> dict[str, str]:
     """{dtype: colour} for every dtype the registry gives one."""
     return {d: formats.look(d)["color"] for d in formats.dtype_order() if "color" in formats.look(d)}

@@ -120,7 +120,7 @@ def parse_format_list(text: str, flag: str = "--kv-dtype") -> list[CacheFormat]:
     from kvbench import cliargs
 
     out: list[CacheFormat] = []
-    for fmt in (get_format(name) for name in cliargs.names(text, flag, "auto,fp8,nvfp4")):
+    for fmt in (get_format(name) for name in cliargs.names(text, flag, ",".join(tracked_dtypes()))):
         if fmt not in out:  # aliases of one format count once (CacheFormat is not hashable)
             out.append(fmt)
     return out
@@ -156,9 +156,9 @@ def order_key(dtype: str) -> tuple[float, str]:
 
 
 def look(dtype: str) -> dict:
-    """{"color", "marker", "dash"} the registry gives the dtype (those it gives; {} for an unknown name)."""
+    """{"color", "marker", "dash", "pattern"} the registry gives the dtype (those it gives; {} for an unknown name)."""
     entry = _entries().get(dtype, {})
-    return {k: entry[k] for k in ("color", "marker", "dash") if k in entry}
+    return {k: entry[k] for k in ("color", "marker", "dash", "pattern") if k in entry}
 
 
 def tracked_dtypes() -> tuple[str, ...]:
