@@ -13,7 +13,7 @@ from kvbench import datafiles, formats, verdict
 from kvbench.capacity import budget_from_bytes, capacity_table
 from kvbench.errors import UsageError
 from kvbench.models import load_model
-from kvbench.records import parse_record
+from kvbench.records import parse_record, read_record, write_record
 from kvbench.units import GB
 
 # 6-bit values + one 8-bit scale per 32: 0.75 + 1/32 = 0.78125 B per element; vLLM does not know it
@@ -80,8 +80,18 @@ def test_a_fake_dtype_reaches_the_capacity_command(fake_registry):
     assert [r["dtype"] for r in json.loads(out.stdout)["rows"]] == ["auto", "fp6_test"]
 
 
-def _record(*names: str):
-    ok = {"status": "ok", "kv_dtype_confirmed": True, "capacity": {}}
+def _record(*names: str, tps: float = 1000.0):
+    """A run record where every dtype answered alike and ran alike fast: eligible, and tied on speed."""
+    summary = {"completed": 10, "output_throughput_tps": tps}
+    answers = {"metric": "exact_match,exact", "n": 500, "correct": 500, "accuracy": 1.0}
+    ok = {
+        "status": "ok",
+        "kv_dtype_confirmed": True,
+        "capacity": {},
+        "phases": [{"name": "fixed", "kind": "fixed", "concurrency": 16, "summary": summary}],
+    }
+    paired = {**answers, "vs_auto": {"n": 500, "losses": 0, "gains": 0, "difference": 0.0}}
+    evals = {n: {"rest": {"concurrency": 1, "tasks": {"t": answers if n == "auto" else paired}}} for n in names}
     return parse_record(
         {
             "schema": "kvbench.run/2",
@@ -90,7 +100,7 @@ def _record(*names: str):
             "machine": "m",
             "config": {"eval": {"budget_points": 1.0, "budgets": {}, "confidence": 0.95}},
             "environment": {"gpus": []},
-            "dtypes": [{"kv_cache_dtype": n, **ok} for n in names],
+            "dtypes": [{"kv_cache_dtype": n, **ok, "eval": evals[n]} for n in names],
             "findings": [],
         }
     )
@@ -98,7 +108,7 @@ def _record(*names: str):
 
 def test_a_fake_dtype_round_trips_through_the_record(fake_registry):
     rec = _record("auto", "fp6_test")
-    again = parse_record(json.loads(json.dumps(rec.as_doc())))
+    again = read_record(write_record(fake_registry / "run.json", rec))
     assert again.dtype("fp6_test") is not None and again.as_doc() == rec.as_doc()
 
 
@@ -106,6 +116,8 @@ def test_a_fake_dtype_takes_its_place_in_the_verdicts_order(fake_registry):
     # 6 data bits: after fp8's 8, before nvfp4's 4; among equal bits the registry's order decides
     got = sorted(["nvfp4", "fp6_test", "mxfp4", "auto", "fp8"], key=verdict.precision_key)
     assert got == ["auto", "fp8", "fp6_test", "nvfp4", "mxfp4"]
+    decision = verdict.decide(_record("nvfp4", "fp6_test", "auto"))  # all tied: the most precise keeps it
+    assert decision.recommended == "auto" and "tie with fp6_test, nvfp4" in decision.why, decision.why
 
 
 def test_a_fake_dtype_gets_its_look_and_place_on_a_page(fake_registry):
