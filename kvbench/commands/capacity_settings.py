@@ -15,6 +15,7 @@ from kvbench import gpus, models
 from kvbench.capacity import VLLM_DEFAULT_BLOCK_SIZE
 from kvbench.errors import UsageError
 from kvbench.flags import Flag
+from kvbench.formats import tracked_dtypes
 from kvbench.options import AsJson, Model
 from kvbench.vllm_memory import known_versions
 from kvbench.weights import WEIGHT_CHOICES
@@ -124,7 +125,7 @@ class CapacitySettings(BaseModel):
     context: Annotated[int | None, Flag("--context", "-c")] = Field(
         None, description="Tokens per sequence (prompt + output; vLLM's max_model_len)."
     )
-    kv_dtype: KvDtypes = "auto,fp8,nvfp4"
+    kv_dtype: KvDtypes = ",".join(tracked_dtypes())
     kv_budget_gb: KvBudgetGb = None
     gpu_memory_utilization: Utilization = None
     overhead_gb: OverheadGb = None

@@ -11,7 +11,7 @@ from rich.table import Table
 from kvbench.capacity import capacity_for_ranks
 from kvbench.commands.fromlog_hybrid import cut_settings, kv_terms, print_kv_terms, terms_as_json
 from kvbench.errors import UsageError
-from kvbench.formats import get_format
+from kvbench.formats import get_format, tracked_dtypes
 from kvbench.gpus import GpuSpec, catalog, get_gpu
 from kvbench.models import ModelSpec, by_hf_id, load_model
 from kvbench.output import console, err_console, print_json
@@ -175,7 +175,7 @@ def compare_log(settings) -> None:
     text = read_log(Path(path))
     log, start, count = choose_startup(Path(path), text, picked)
     note = _start_note(path, count, start, picked)
-    kv = None if s.kv_dtype == "auto,fp8,nvfp4" else s.kv_dtype  # the capacity default: take the log's dtype instead
+    kv = None if s.kv_dtype == ",".join(tracked_dtypes()) else s.kv_dtype  # the default: take the log's dtype instead
     flags = LogOverrides(
         model=s.model,
         gpu=s.gpu,

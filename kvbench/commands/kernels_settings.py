@@ -12,6 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from kvbench import cliargs
 from kvbench.errors import UsageError
 from kvbench.flags import Flag
+from kvbench.formats import speed_kernels
 from kvbench.kernels.names import KERNEL_FORMATS
 from kvbench.options import AsJson, Model, Results
 
@@ -26,7 +27,7 @@ class KernelsSettings(BaseModel):
 
     model: Model = Field("llama-3.1-8b", description="Attention shape from this model (heads, KV heads, head_dim).")
     formats: Annotated[str, Flag("--formats")] = Field(
-        "fp16,fp8,nvfp4", description=f"Comma-separated: {', '.join(KERNEL_FORMATS)}."
+        ",".join(speed_kernels()), description=f"Comma-separated: {', '.join(KERNEL_FORMATS)}."
     )
     contexts: Annotated[str | None, Flag("--contexts")] = Field(
         None, description=f"Decode context lengths in tokens (default {GPU_GRID['contexts']})."

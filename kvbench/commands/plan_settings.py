@@ -23,6 +23,7 @@ from kvbench.commands.capacity_settings import (
 )
 from kvbench.errors import UsageError
 from kvbench.flags import Flag
+from kvbench.formats import tracked_dtypes
 from kvbench.options import AsJson, Model
 from kvbench.plan import TP_SIZES
 
@@ -50,7 +51,7 @@ class PlanSettings(BaseModel):
     gpus: Annotated[str, Flag("--gpus")] = Field(
         "a100-80gb,h100-sxm,h200", description="Comma-separated GPU keys to compare."
     )
-    kv_dtype: KvDtypes = "auto,fp8,nvfp4"
+    kv_dtype: KvDtypes = ",".join(tracked_dtypes())
     price_per_hour: Annotated[str | None, Flag("--price-per-hour")] = Field(
         None, description="USD per GPU-hour, e.g. h100-sxm=2.65,h200=3.5."
     )

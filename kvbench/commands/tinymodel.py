@@ -14,6 +14,7 @@ from kvbench import cliargs
 from kvbench.clisettings import command_from
 from kvbench.errors import UsageError
 from kvbench.flags import Flag
+from kvbench.formats import tracked_dtypes
 from kvbench.options import AsJson, KvDtypes
 from kvbench.output import console, err_console, print_json
 
@@ -67,7 +68,9 @@ class ScoreSettings(BaseModel):
         "kvbench_needle_512,kvbench_manykeys_512,kvbench_track_512", description="Comma-separated bundled tasks."
     )
     items: Annotated[int, Flag("--items")] = Field(200, description="First N items of each task.")
-    kv_dtypes: KvDtypes = Field("auto,fp8,nvfp4", description="auto, fp8 and/or nvfp4.")
+    kv_dtypes: KvDtypes = Field(  # the tiny model scores the tracked dtypes (kvbench.tinymodel.scoring)
+        ",".join(tracked_dtypes()), description=f"{', '.join(tracked_dtypes()[:-1])} and/or {tracked_dtypes()[-1]}."
+    )
     folder: Annotated[Path | None, Flag("--dir")] = Field(
         None, description="Model folder (default: the committed one)."
     )
