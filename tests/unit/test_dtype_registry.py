@@ -146,3 +146,10 @@ def test_a_fake_dtype_gets_its_look_and_place_on_a_page(fake_registry):
 def test_an_unknown_dtype_names_the_fake_one_among_the_choices(fake_registry):
     with pytest.raises(UsageError, match="fp6_test"):
         formats.get_format("fp7")
+
+
+def test_the_default_run_on_each_backend_runs_every_tracked_dtype():
+    # asv's history points are default `kvbench run`s: a tracked dtype they skip would be a hole in every history
+    run_defaults = datafiles.load_toml("run_defaults.toml")
+    for backend in ("cpu", "gpu"):
+        assert set(formats.tracked_dtypes()) <= set(run_defaults[backend]["kv_dtypes"]), backend
