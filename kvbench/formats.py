@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
 
-from kvbench.datafiles import load_toml
-from kvbench.errors import unknown_choice
+from kvbench.datafiles import data_path, load_toml
+from kvbench.errors import UsageError, unknown_choice
 from kvbench.gpus import GpuSpec
 from kvbench.modelspec import LayerKind, ModelSpec
 
@@ -139,8 +141,37 @@ def format_ratio(a: CacheFormat, b: CacheFormat, model: ModelSpec) -> float:
 
 def _entries() -> dict[str, dict]:
     """Every named entry, vLLM formats and kernel-only numerics (fp16, bf16, ...), in the file's order."""
+    return _checked(data_path("formats.toml"))
+
+
+@cache
+def _checked(path: Path) -> dict[str, dict]:
+    """The entries of the registry at `path`, or a one-line error naming the entry and field that is wrong."""
     raw = load_toml("formats.toml")
-    return {**raw["formats"], **raw.get("kernel_formats", {})}
+    entries = {**raw["formats"], **raw.get("kernel_formats", {})}
+    clash = set(raw["formats"]) & set(raw.get("kernel_formats", {}))
+    places: dict[float, str] = {}
+    for name, e in entries.items():
+        where = f"{path}: [{'kernel_formats' if name in raw.get('kernel_formats', {}) else 'formats'}.{name}]"
+        if name in clash:
+            raise UsageError(f"{where} is both a format and a kernel-only format; keep one")
+        if not isinstance(e.get("order"), int | float):
+            raise UsageError(f"{where} needs a number `order`, its place in the precision order")
+        if e["order"] in places:
+            raise UsageError(f"{where} has order {e['order']}, already {places[e['order']]}'s; each needs its own")
+        places[e["order"]] = name
+        if e.get("tracked") and not ("speed_kernel" in e and "accuracy_variant" in e):
+            raise UsageError(f"{where} is tracked, so it needs `speed_kernel` and `accuracy_variant`")
+    for name, e in entries.items():
+        for key, role in (
+            (e.get("speed_kernel"), "cache_kernel"),
+            ((e.get("accuracy_variant") or [None])[0], "accuracy_study"),
+        ):
+            if key is not None and not entries.get(key, {}).get(role):
+                raise UsageError(
+                    f"{path}: [formats.{name}] names kernel key {key!r}, which has no `{role} = true` entry"
+                )
+    return entries
 
 
 def dtype_order() -> tuple[str, ...]:

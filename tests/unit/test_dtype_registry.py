@@ -153,3 +153,24 @@ def test_the_default_run_on_each_backend_runs_every_tracked_dtype():
     run_defaults = datafiles.load_toml("run_defaults.toml")
     for backend in ("cpu", "gpu"):
         assert set(formats.tracked_dtypes()) <= set(run_defaults[backend]["kv_dtypes"]), backend
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        (lambda t: t.replace("order = 4.5\n", ""), r"\[formats.fp6_test\] needs a number `order`"),
+        (lambda t: t.replace("order = 4.5", "order = 5"), r"\[formats.fp6_test\] has order 5, already nvfp4's"),
+        (lambda t: t.replace("order = 4.5", "order = 4.5\ntracked = true"), r"is tracked, so it needs `speed_kernel`"),
+        (
+            lambda t: t.replace("order = 4.5", 'order = 4.5\nspeed_kernel = "fp6_test"'),
+            r"kernel key 'fp6_test', which has no `cache_kernel = true` entry",
+        ),
+    ],
+)
+def test_a_broken_registry_entry_is_one_line_naming_it(tmp_path, monkeypatch, edit, message):
+    shipped = datafiles.data_path("formats.toml").read_text()
+    (tmp_path / "formats.toml").write_text(shipped + edit(FAKE))
+    monkeypatch.setenv(datafiles.ENV_DATA_DIR, str(tmp_path))
+    with pytest.raises(UsageError, match=message) as err:
+        formats.dtype_order()
+    assert "\n" not in str(err.value)
