@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 from kvbench.errors import KvbenchError, UsageError
 from kvbench.harness.endpoint import Endpoint, ServerFacts, describe, refuse_shared_servers, with_credentials
 from kvbench.harness.kvsupport import cpu_support
-from kvbench.harness.runner import RunPlan
+from kvbench.harness.runplan import RunPlan
 from kvbench.harness.scheduler import Concurrency, Rate
 from kvbench.harness.slo import SLO
 from kvbench.harness.spill import check_space
@@ -324,7 +324,7 @@ def _check_eval_tasks(tasks: list[str], max_model_len: int | None) -> None:
 
 def _parallel_size(args: list[str]) -> int:
     """GPUs one server spans: --tensor-parallel-size x --pipeline-parallel-size from the vLLM arguments."""
-    from kvbench.harness.runner import _tensor_parallel
+    from kvbench.harness.capacitychecks import _tensor_parallel
 
     return _tensor_parallel(args) * _tensor_parallel(args, ("--pipeline-parallel-size", "-pp"))
 

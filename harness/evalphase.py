@@ -27,12 +27,12 @@ EVAL_LOAD_STREAM, MIXED_STREAM = 40_000, 60_000  # prompt seed streams of the ba
 class EvalPhase:
     """What the phase needs from the run: the plan, the dtype's server and where results go."""
 
-    plan: object  # kvbench.harness.runner.RunPlan
+    plan: object  # kvbench.harness.runplan.RunPlan
     dtype: str
     backend: object  # an open kvbench.harness.backend.OpenAIBackend
     headers: dict
     evaluator: quality.Evaluator
-    reporter: object  # kvbench.harness.runner.Reporter
+    reporter: object  # kvbench.harness.runplan.Reporter
     samples: object  # kvbench.records.SampleStore
     items: dict  # (dtype, condition) -> {task: {doc id: score}}, for the paired comparisons
     tokenizer: object  # the loaded tokenizer (for the prefix client and the background prompts)

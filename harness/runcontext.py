@@ -19,7 +19,7 @@ if TYPE_CHECKING:  # runner imports the phases, which import this module
     from kvbench.harness.agreement import Canaries
     from kvbench.harness.backend import OpenAIBackend
     from kvbench.harness.quality import Evaluator
-    from kvbench.harness.runner import Reporter, RunPlan
+    from kvbench.harness.runplan import Reporter, RunPlan
     from kvbench.harness.server import VllmServer
     from kvbench.telemetry import NvmlSampler
 

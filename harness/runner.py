@@ -20,27 +20,20 @@ import asyncio
 import signal
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 
-from kvbench import records, verdict
-from kvbench.datafiles import load_toml
+from kvbench import records
 from kvbench.errors import KvbenchError
 from kvbench.errors import one_line as _one_line
 from kvbench.harness import energy, phases, quality, spill
-from kvbench.harness.capacitychecks import _tensor_parallel as _tensor_parallel  # defaults.py imports it here
-from kvbench.harness.capacitychecks import non_kv_report as non_kv_report  # its old home, for callers
 from kvbench.harness.comparisons import comparisons
-from kvbench.harness.endpoint import Endpoint, served_vllm
+from kvbench.harness.endpoint import served_vllm
 from kvbench.harness.metrics import DEFINITIONS
 from kvbench.harness.notices import notices
-from kvbench.harness.phases import sweep_ladder as sweep_ladder  # its old home: the nightly estimate, tests
 from kvbench.harness.runcontext import DtypeRun, RunState
 from kvbench.harness.runfindings import findings
-from kvbench.harness.scheduler import Concurrency, Rate
+from kvbench.harness.runplan import Decide, Reporter, RunPlan
 from kvbench.harness.server import ServerConfig, VllmServer, stop_all
-from kvbench.harness.slo import SLO
-from kvbench.harness.workload import Workload
 from kvbench.machine import environment
 from kvbench.models import spec_for
 from kvbench.records import (
@@ -53,119 +46,6 @@ from kvbench.records import (
     StopReason,
 )
 from kvbench.records.findings import FindingKind
-
-# How every run measures (probe sizes, warm-up, agreement, timeouts): kvbench/data/run_defaults.toml [run].
-RUN = load_toml("run_defaults.toml")["run"]
-
-
-@dataclass
-class RunPlan:
-    model: str | None  # what vLLM loads (managed) / the served model's local copy (endpoint), for its config
-    kv_dtypes: list[str]
-    workload: Workload  # fixed lengths (and the agreement prompts' shape)
-    loads: list[Concurrency | Rate]  # the fixed-load phases, in order
-    machine: str  # the results folder: results/<machine>/runs/
-    slo: SLO | None = None  # the SLO: the search runs when set, and goodput counts requests within it
-    search_cap: int | None = None  # highest concurrency to probe (default: 2x the engine's capacity)
-    max_probes: int = RUN["max_probes"]
-    probe_rounds: int = RUN["probe_rounds"]  # requests per probe (and sweep point) = rounds x concurrency
-    min_probe_requests: int = RUN["min_probe_requests"]
-    sweep: bool = False  # the concurrency ladder (doubling from 1 past the SLO knee, and the knee): the front
-    sweep_max: int | None = None  # highest ladder point (default: the first power of two past the knee)
-    repeat: int = 1  # every fixed-load phase this many times, each with fresh prompts (CIs from them)
-    gpus: int = 1  # accelerators one server uses (tensor x pipeline parallel); per-GPU throughput divides by it
-    price_per_gpu_hour: float | None = None  # USD, an input (kvbench ships no prices); for the cost of the front
-    price_key: str | None = None  # the --price-per-hour entry it came from
-    target_user_tps: float | None = None  # interactivity to read the front at (default: 1000 / the SLO's TPOT)
-    workload_spec: object | None = None  # a kvbench.harness.workloads spec (None: `workload`'s fixed lengths)
-    workload_requests: int | None = None  # requests of the spec's fixed phase (None: as many as it holds)
-    endpoints: dict[str, Endpoint] | None = None  # dtype -> a running server to measure instead of starting one
-    tokenizer: str | None = None  # local tokenizer folder for the prompts (default: model)
-    extra_args: list[str] = field(default_factory=list)
-    server_env: dict[str, str] = field(default_factory=dict)
-    max_model_len: int | None = None
-    results_dir: Path = Path("results")
-    startup_timeout_s: float = 600.0
-    stall_timeout_s: float = RUN["stall_timeout_s"]
-    request_timeout_s: float = RUN["request_timeout_s"]
-    warmup_requests: int = RUN["warmup_requests"]
-    model_name: str | None = None  # how records name the model (the tiny model's short name, an HF id, the served id)
-    unsupported: dict[str, str] = field(default_factory=dict)  # dtype -> why it is recorded, not run
-    emulated: dict[str, dict] = field(default_factory=dict)  # dtype -> the emulation that serves it (kvsupport)
-    client_realtime: bool = False  # SCHED_FIFO for the client (see harness/clientsched.py), where permitted
-    agreement_prompts: int = RUN["agreement_prompts"]  # end-to-end accuracy vs auto (harness/agreement.py); 0: off
-    agreement_tokens: int = RUN["agreement_tokens"]
-    canaries: int = RUN[
-        "canaries"
-    ]  # of the agreement prompts, re-sent inside every load phase (harness/agreement.Canaries)
-    eval_tasks: list[str] = field(
-        default_factory=list
-    )  # lm-eval tasks at rest / at load / during load (harness/quality)
-    eval_limit: int | None = None  # first N items of each task (None: all)
-    max_eval_items: int | None = None  # items until decided: the most per task (kvbench.harness.untildecided)
-    accuracy_budget_points: float = 1.0  # the most accuracy a dtype may lose vs auto and still be recommended
-    accuracy_confidence: float = RUN["accuracy_confidence"]  # of the one-sided non-inferiority bound (kvbench.verdict)
-    accuracy_budgets: dict[str, float] = field(default_factory=dict)  # per task, overriding it (nightly [quality])
-    notes: list[str] = field(default_factory=list)
-
-    def as_dict(self) -> dict:
-        """The plan as a record stores it: no header, key or credential (URLs redacted)."""
-        endpoints = None
-        if self.endpoints:
-            endpoints = {d: e.redacted for d, e in self.endpoints.items()}
-        headers = sorted({h for e in (self.endpoints or {}).values() for h in e.headers})
-        return {
-            "model": self.model,
-            "model_name": self.model_name or self.model,
-            "kv_dtypes": self.kv_dtypes,
-            "workload": self.workload.as_dict(),
-            "workload_spec": self.workload_spec.describe() if self.workload_spec is not None else None,
-            "loads": [load.describe() for load in self.loads],
-            "slo": self.slo.as_dict() if self.slo else None,
-            "search_cap": self.search_cap,
-            "max_probes": self.max_probes,
-            "probe_rounds": self.probe_rounds,
-            "sweep": self.sweep,
-            "sweep_max": self.sweep_max,
-            "repeat": self.repeat,
-            "gpus": self.gpus,
-            "price_per_gpu_hour": self.price_per_gpu_hour,
-            "price_key": self.price_key,
-            "target_user_tps": self.target_user_tps,
-            "endpoint": endpoints,
-            "headers_sent": headers,  # names only: values are secrets
-            "tokenizer": self.tokenizer,
-            "extra_args": self.extra_args,
-            "server_env": self.server_env,
-            "max_model_len": self.max_model_len,
-            "stall_timeout_s": self.stall_timeout_s,
-            "unsupported": self.unsupported,
-            "emulated": self.emulated,
-            "client_realtime": self.client_realtime,
-            "agreement": {
-                "prompts": self.agreement_prompts,
-                "tokens": self.agreement_tokens,
-                "canaries": self.canaries,
-            },
-            "eval": {
-                "tasks": self.eval_tasks,
-                "limit": self.eval_limit,
-                "max_items": self.max_eval_items,
-                "budget_points": self.accuracy_budget_points,
-                "budgets": self.accuracy_budgets,
-                "confidence": self.accuracy_confidence,
-            },
-            "notes": self.notes,
-        }
-
-
-class Reporter:
-    """What the runner tells its caller (the CLI draws progress bars from it). Silent by default."""
-
-    def dtype_started(self, dtype: str, index: int, total: int) -> None: ...
-    def phase(self, dtype: str, text: str, total: int | None = None) -> None: ...
-    def advance(self, done: int, total: int) -> None: ...
-    def note(self, text: str) -> None: ...
 
 
 class RunInterrupted(KvbenchError):
@@ -181,8 +61,11 @@ class RunInterrupted(KvbenchError):
 
 
 class Runner:
-    def __init__(self, plan: RunPlan, reporter: Reporter | None = None, extra: dict | None = None):
+    def __init__(
+        self, plan: RunPlan, reporter: Reporter | None = None, extra: dict | None = None, decide: Decide | None = None
+    ):
         self.plan = plan
+        self.decide = decide  # the recommendation, handed in: the harness measures, kvbench.verdict judges
         self.reporter = reporter or Reporter()
         self.run_id = records.new_run_id(plan.machine)
         self.path = records.record_path(plan.results_dir, plan.machine, self.run_id)
@@ -272,9 +155,10 @@ class Runner:
             for d in rec.dtypes:
                 if d.kv_cache_dtype in evals:
                     d.eval = evals[d.kv_cache_dtype]
-            decision = verdict.decide(rec)  # the one recommendation (kvbench/verdict.py), from the typed record
-            rec.quality = decision.as_dict()
-            rec.findings = [*rec.findings, *decision.findings()]
+            if self.decide is not None:  # the one recommendation (kvbench.verdict.decide), from the typed record
+                decision = self.decide(rec)
+                rec.quality = decision.as_dict()
+                rec.findings = [*rec.findings, *decision.findings()]
         except Exception as exc:  # what is derived must never cost what was measured
             error = Finding(level="error", kind=FindingKind.ERROR, text=f"findings not derived: {_one_line(exc)}")
             rec.findings = [*rec.findings, error]
@@ -318,6 +202,7 @@ def execute(
     plan: RunPlan,
     reporter: Reporter | None = None,
     *,
+    decide: Decide | None = None,
     extra: dict | None = None,
     deadline_s: float | None = None,
     deadline_note: str | None = None,
@@ -325,13 +210,15 @@ def execute(
 ) -> tuple[RunRecord, Path]:
     """Run a plan to its record: (record, path). Every server is stopped however it ends.
 
-    extra: top-level record fields the caller adds (asv link, nightly entry). deadline_s: stop after this
-    many seconds (the record is kept, status interrupted, reason deadline). on_finish(record): called before
-    the final write (e.g. to note the host load after the run). Raises RunInterrupted after writing the
+    decide(record): the recommendation the record carries (kvbench.verdict.decide; kvbench.measure.execute
+    hands it in); without it the record has no verdict. extra: top-level record fields the caller adds (asv
+    link, nightly entry). deadline_s: stop after this many seconds (the record is kept, status interrupted,
+    reason deadline). on_finish(record): called before the final write (e.g. to note the host load after the
+    run). Raises RunInterrupted after writing the
     partial record when a signal or the deadline stopped the run."""
     records.check_writable(plan.results_dir, plan.machine)
     spill.check_space(plan.results_dir)
-    runner = Runner(plan, reporter, extra)
+    runner = Runner(plan, reporter, extra, decide)
     main = threading.current_thread() is threading.main_thread()
     # SIGTERM and SIGHUP (a closed terminal or ssh session) take Ctrl-C's path: the partial record is kept
     previous = {s: signal.signal(s, _sigterm) for s in (signal.SIGTERM, signal.SIGHUP)} if main else {}

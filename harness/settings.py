@@ -236,12 +236,6 @@ class RunSettings(BaseModel):
             headers.setdefault("Authorization", f"Bearer {self.api_key}")
         return headers
 
-    def plan(self):
-        """The harness RunPlan (harness/defaults.py build_plan): servers asked, models read, nothing measured."""
-        from kvbench.harness.defaults import build_plan
-
-        return build_plan(self)
-
     # -- checks, one per field: the command line's text is parsed here too -----------------------------------
     @field_validator("kv_dtypes", mode="before")
     @classmethod

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from kvbench.harness.runner import Reporter
+from kvbench.harness.runplan import Reporter
 from kvbench.output import err_console
 
 
@@ -18,7 +18,7 @@ def new_progress(disable: bool = False) -> Progress:
 
 
 class ProgressReporter(Reporter):
-    """Draws the runner's progress (kvbench.harness.runner.Reporter) on a rich Progress."""
+    """Draws the runner's progress (kvbench.harness.runplan.Reporter) on a rich Progress."""
 
     def __init__(self, progress: Progress):
         self.progress = progress

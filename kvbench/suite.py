@@ -94,22 +94,25 @@ def serving_numbers(root: Path, model: str | None = None) -> dict:
 
     root: the asv project folder (above benchmarks/). The record goes to <results>/<machine>/runs/ like any
     `kvbench run`, with an "asv" block linking it to the history point."""
-    from kvbench.harness.runner import execute
+    from kvbench.harness.defaults import build_plan
     from kvbench.harness.settings import RunSettings
     from kvbench.harness.vllm_info import accepted_kv_dtypes
     from kvbench.machine import nvml_gpus
+    from kvbench.measure import execute
 
     gpus, _ = nvml_gpus()
-    plan = RunSettings.for_machine(
-        bool(gpus),
-        model=model or os.environ.get(ENV_MODEL) or None,
-        kv_dtypes=list(KV_DTYPES),
-        # the SLO search (on by default) with the machine's default objective: measured capacity
-        unknown_dtypes="record",
-        results_dir=results_dir(root),
-        python=sys.executable,
-        machine=os.environ.get(ENV_MACHINE) or None,  # `kvbench history run` names the asv machine
-    ).plan()
+    plan = build_plan(
+        RunSettings.for_machine(
+            bool(gpus),
+            model=model or os.environ.get(ENV_MODEL) or None,
+            kv_dtypes=list(KV_DTYPES),
+            # the SLO search (on by default) with the machine's default objective: measured capacity
+            unknown_dtypes="record",
+            results_dir=results_dir(root),
+            python=sys.executable,
+            machine=os.environ.get(ENV_MACHINE) or None,  # `kvbench history run` names the asv machine
+        )
+    )
     extra = {
         "asv": asv_link(root),
         # which --kv-cache-dtype values this vLLM accepts: releases differ in it, and the tracked three are a subset
@@ -145,25 +148,28 @@ def _tracked(doc: dict) -> dict:
 def prefix_numbers(root: Path, model: str | None = None) -> dict:
     """Run the prefix-cache scenario once (kvbench/data/workloads.toml "prefix-cache", its fixed load only) and
     return {"dtypes": {dtype: {"status", **headline}}}: hit rate and TTFT per dtype."""
-    from kvbench.harness.runner import execute
+    from kvbench.harness.defaults import build_plan
     from kvbench.harness.settings import RunSettings
     from kvbench.machine import nvml_gpus
+    from kvbench.measure import execute
 
     gpus, _ = nvml_gpus()
-    plan = RunSettings.for_machine(
-        bool(gpus),
-        model=model or os.environ.get(ENV_MODEL) or None,
-        kv_dtypes=list(KV_DTYPES),
-        no_search=True,
-        unknown_dtypes="record",
-        results_dir=results_dir(root),
-        python=sys.executable,
-        machine=os.environ.get(ENV_MACHINE) or None,
-        workload="prefix-cache",
-        concurrency=[8],
-        sweep=False,
-        eval_tasks=[],
-    ).plan()
+    plan = build_plan(
+        RunSettings.for_machine(
+            bool(gpus),
+            model=model or os.environ.get(ENV_MODEL) or None,
+            kv_dtypes=list(KV_DTYPES),
+            no_search=True,
+            unknown_dtypes="record",
+            results_dir=results_dir(root),
+            python=sys.executable,
+            machine=os.environ.get(ENV_MACHINE) or None,
+            workload="prefix-cache",
+            concurrency=[8],
+            sweep=False,
+            eval_tasks=[],
+        )
+    )
     record, path = execute(plan, extra={"asv": asv_link(root)})
     return {"record": str(path), "dtypes": _tracked(record.as_doc())}
 

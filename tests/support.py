@@ -86,10 +86,11 @@ def json_summary(out) -> dict:
 
 def cpu_plan(results_dir: Path, **kw):
     """A run plan of the CPU default without the SLO search, the front, repeats or eval (RunSettings' plan)."""
+    from kvbench.harness.defaults import build_plan
     from kvbench.harness.settings import RunSettings
 
     lean = dict(no_search=True, sweep=False, repeat=1, eval_tasks=[])
-    return RunSettings.for_machine(False, results_dir=results_dir, **{**lean, **kw}).plan()
+    return build_plan(RunSettings.for_machine(False, results_dir=results_dir, **{**lean, **kw}))
 
 
 def only_record(results: Path) -> dict:

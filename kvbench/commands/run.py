@@ -68,11 +68,14 @@ def settings_of(ctx: typer.Context, values: dict) -> RunSettings:
 
 @command_from(RunSettings, settings_of)
 def command(ctx: typer.Context, settings: RunSettings) -> int:
-    plan = settings.plan()
+    from kvbench.harness.defaults import build_plan
+
+    plan = build_plan(settings)
     as_json = settings.as_json
 
     from kvbench.commands.report import render
-    from kvbench.harness.runner import RunInterrupted, execute
+    from kvbench.harness.runner import RunInterrupted
+    from kvbench.measure import execute
     from kvbench.progress import ProgressReporter, new_progress
     from kvbench.records import DtypeStatus
 

@@ -220,7 +220,7 @@ def estimate_entry(entry: Entry, plan: MachinePlan, consts: dict | None = None) 
                 search_s += phase_s(n, c, capacity, req, consts["warmup_requests"])
         sweep_s = 0.0
         if defaults.get("sweep"):  # the harness's ladder, less the concurrencies the search already measured
-            from kvbench.harness.runner import sweep_ladder
+            from kvbench.harness.phases import sweep_ladder
 
             for c in sweep_ladder(capacity, cap):
                 if c not in probes:

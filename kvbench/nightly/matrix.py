@@ -203,32 +203,35 @@ def run_plan(
     """The harness RunPlan of one entry: RunSettings with the backend's defaults and the entry's values.
     Dtypes the installed vLLM does not accept are recorded as unsupported, not fatal (one bad dtype must not
     cost the night). `prices` (USD per GPU-hour by GPU key) put the bill on the run's fronts."""
+    from kvbench.harness.defaults import build_plan
     from kvbench.harness.settings import RunSettings
 
     serve, note = served_model(entry.model, on_gpu)
-    plan = RunSettings.for_machine(
-        on_gpu,
-        model=serve,
-        kv_dtypes=list(entry.kv_dtypes),
-        concurrency=list(entry.concurrency),
-        search_slo=entry.slo,
-        no_search=entry.slo is None,
-        search_cap=entry.search_cap,
-        prompt_tokens=None if entry.workload_spec else entry.prompt_tokens,
-        output_tokens=None if entry.workload_spec else entry.output_tokens,
-        workload=entry.workload_spec,
-        num_requests=entry.num_requests,
-        # a spec's own lengths vary: its table's prompt + output tokens (the longest it sends) size the server
-        max_model_len=entry.max_model_len or (entry.context if entry.workload_spec else None),
-        api=entry.api,
-        extra_args=list(entry.extra_args),
-        unknown_dtypes="record",
-        results_dir=results_dir,
-        machine=machine,
-        eval_tasks=list(entry.eval_tasks) if entry.eval_tasks is not None else None,
-        accuracy_budget_points=entry.budget_points,
-        prices=prices,
-    ).plan()
+    plan = build_plan(
+        RunSettings.for_machine(
+            on_gpu,
+            model=serve,
+            kv_dtypes=list(entry.kv_dtypes),
+            concurrency=list(entry.concurrency),
+            search_slo=entry.slo,
+            no_search=entry.slo is None,
+            search_cap=entry.search_cap,
+            prompt_tokens=None if entry.workload_spec else entry.prompt_tokens,
+            output_tokens=None if entry.workload_spec else entry.output_tokens,
+            workload=entry.workload_spec,
+            num_requests=entry.num_requests,
+            # a spec's own lengths vary: its table's prompt + output tokens (the longest it sends) size the server
+            max_model_len=entry.max_model_len or (entry.context if entry.workload_spec else None),
+            api=entry.api,
+            extra_args=list(entry.extra_args),
+            unknown_dtypes="record",
+            results_dir=results_dir,
+            machine=machine,
+            eval_tasks=list(entry.eval_tasks) if entry.eval_tasks is not None else None,
+            accuracy_budget_points=entry.budget_points,
+            prices=prices,
+        )
+    )
     plan.accuracy_budgets = dict(entry.budgets)
     if entry.model.name != TINY:
         plan.model_name = entry.model.name

@@ -4,7 +4,7 @@ the dashboard, and a summary that says why it failed when it did.
 The history point, the gate and the dashboard are other kvbench commands (`kvbench history run`,
 `kvbench regress --json`, `kvbench dashboard`), run as subprocesses through their documented CLI: their
 output goes to results/<machine>/logs/nightly-<id>/ (never committed) and a failure shows its tail. The
-matrix runs in this process through the harness (kvbench.harness.runner.Runner), one entry at a time; a
+matrix runs in this process through kvbench.measure.execute (the harness, then the verdict), one entry at a time; a
 dtype that fails is recorded by the harness and the run goes on, and an entry that fails does not stop
 the next one.
 
@@ -237,7 +237,8 @@ class Nightly:
         return found[-1] if found else None
 
     def matrix(self, progress_factory) -> None:
-        from kvbench.harness.runner import RunInterrupted, execute
+        from kvbench.harness.runner import RunInterrupted
+        from kvbench.measure import execute
         from kvbench.nightly.matrix import run_plan
         from kvbench.progress import ProgressReporter
         from kvbench.records import StopReason

@@ -12,7 +12,9 @@ import pytest
 from support import cli, committed_results, cpu_plan
 
 from kvbench.errors import UsageError
+from kvbench.harness.defaults import build_plan
 from kvbench.harness.settings import RunSettings
+from kvbench.verdict import decide
 
 ROOT = Path(__file__).resolve().parents[2]
 # a committed run record with fronts (cpu-amd-epyc, price key cpu)
@@ -27,9 +29,11 @@ def one_line(capsys, *args: str, code: int = 2) -> str:
 
 
 def plan(tmp_path, model, workload: str, **kw):
-    return RunSettings.for_machine(
-        False, model=str(model), workload=workload, results_dir=tmp_path / "r", machine="m", **kw
-    ).plan()
+    return build_plan(
+        RunSettings.for_machine(
+            False, model=str(model), workload=workload, results_dir=tmp_path / "r", machine="m", **kw
+        )
+    )
 
 
 # -- 7. unbounded workloads -------------------------------------------------------------------------------
@@ -291,7 +295,7 @@ def test_no_usage_failed_requests_and_no_canaries_are_stated(tmp_path, tiny_mode
             num_requests=10,
         )
         p.agreement_prompts = p.canaries = 0
-        doc = asyncio.run(Runner(p).run()).as_doc()
+        doc = asyncio.run(Runner(p, decide=decide).run()).as_doc()
     d = doc["dtypes"][0]
     assert d["status"] == "ok" and any("/metrics unusable" in w for w in d["warnings"])  # not a failed dtype
     texts = " ".join(f["text"] for f in doc["findings"])

@@ -10,6 +10,7 @@ import pytest
 from support import kvbench_here
 
 from kvbench.errors import UsageError
+from kvbench.harness.defaults import build_plan
 from kvbench.harness.settings import RunSettings
 
 BAD_PLANS = [
@@ -38,7 +39,7 @@ BAD_PLANS = [
 @pytest.mark.parametrize("kwargs,message", BAD_PLANS, ids=[m[:40] for _, m in BAD_PLANS])
 def test_bad_plans_are_refused_in_one_line(tmp_path, kwargs, message):
     with pytest.raises(UsageError) as exc:
-        RunSettings.for_machine(False, results_dir=tmp_path / "results", machine="cpu-test", **kwargs).plan()
+        build_plan(RunSettings.for_machine(False, results_dir=tmp_path / "results", machine="cpu-test", **kwargs))
     assert message in str(exc.value) and "\n" not in str(exc.value)
     assert not (tmp_path / "results").exists()  # nothing written
 

@@ -15,9 +15,11 @@ from kvbench import records
 from kvbench.errors import UsageError
 from kvbench.harness import http
 from kvbench.harness.backend import OpenAIBackend
+from kvbench.harness.defaults import build_plan
 from kvbench.harness.runner import Reporter, Runner
 from kvbench.harness.settings import RunSettings
 from kvbench.testing.fakeserver import FakeConfig, FakeServer
+from kvbench.verdict import decide
 
 KEY = "sk-kvbench-test-0123456789"
 TEAM = "hush-hush-42"
@@ -40,9 +42,11 @@ def test_two_labels_on_one_unchecked_server_are_refused(tmp_path, tiny_model):
         aliased = {"auto": srv.base_url, "fp8": srv.base_url.replace("127.0.0.1", "localhost")}
         for endpoints in (same, aliased):
             with pytest.raises(UsageError) as exc:
-                RunSettings.for_machine(
-                    False, model=str(model), endpoints=endpoints, results_dir=tmp_path / "r", machine="m"
-                ).plan()
+                build_plan(
+                    RunSettings.for_machine(
+                        False, model=str(model), endpoints=endpoints, results_dir=tmp_path / "r", machine="m"
+                    )
+                )
             assert "one server" in str(exc.value) and "\n" not in str(exc.value)
     assert not (tmp_path / "r").exists()
 
@@ -50,7 +54,7 @@ def test_two_labels_on_one_unchecked_server_are_refused(tmp_path, tiny_model):
 def test_several_unchecked_labels_give_no_recommendation(tmp_path, tiny_model):
     with FakeServer(FakeConfig(max_model_len=512)) as a, FakeServer(FakeConfig(max_model_len=512)) as b:
         p = plan(tmp_path, tiny_model, {"auto": a.base_url, "fp8": b.base_url}, concurrency=[2], num_requests=4)
-        doc = asyncio.run(Runner(p).run()).as_doc()
+        doc = asyncio.run(Runner(p, decide=decide).run()).as_doc()
     assert [d["kv_dtype_confirmed"] for d in doc["dtypes"]] == [None, None]
     rec = doc["quality"]["recommendation"]
     assert rec["dtype"] is None and "unchecked" in rec["why"], rec
@@ -75,7 +79,7 @@ def test_a_dtype_that_changes_between_phases_is_partial_with_an_error_finding(tm
     with FakeServer(FakeConfig(kv_cache_dtype="auto", max_model_len=512)) as srv:
         p = plan(tmp_path, tiny_model, {None: srv.base_url}, concurrency=[2, 4], num_requests=4)
         reporter = Restart(srv)
-        doc = asyncio.run(Runner(p, reporter).run()).as_doc()
+        doc = asyncio.run(Runner(p, reporter, decide=decide).run()).as_doc()
     assert reporter.done
     d = doc["dtypes"][0]
     assert d["status"] == "partial" and "changed" in d["error"] and "fp8" in d["error"], d["error"]

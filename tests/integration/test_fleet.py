@@ -149,8 +149,8 @@ class FakeRunner(Runner):
     outcomes: dict[str, str] = {}
     made: list = []
 
-    def __init__(self, plan, reporter=None, extra=None):
-        super().__init__(plan, reporter, extra)
+    def __init__(self, plan, reporter=None, extra=None, decide=None):
+        super().__init__(plan, reporter, extra, decide)
         FakeRunner.made.append(self)
 
     async def _one_dtype(self, dtype, result):

@@ -9,6 +9,7 @@ import pytest
 from kvbench.datafiles import load_toml
 from kvbench.errors import UsageError
 from kvbench.harness import kvbudget
+from kvbench.harness.defaults import build_plan
 from kvbench.harness.settings import RunSettings
 
 CPU = load_toml("run_defaults.toml")["cpu"]
@@ -21,7 +22,7 @@ def _no_vllm_probe(monkeypatch):
 
 
 def plan(tmp_path, **kwargs):
-    return RunSettings.for_machine(False, results_dir=tmp_path / "results", machine="cpu-test", **kwargs).plan()
+    return build_plan(RunSettings.for_machine(False, results_dir=tmp_path / "results", machine="cpu-test", **kwargs))
 
 
 def kv_arg(p) -> int:
@@ -116,9 +117,11 @@ def test_run_defaults_may_set_the_eval_limit(tmp_path):
     # (beside the budget: the other run default issue 23 adds) absent: every item; the flag wins over the file
     assert plan(tmp_path).eval_limit == CPU.get("eval_limit")
     with_limit = {**CPU, "eval_limit": 200}
-    p = RunSettings.for_machine(False, defaults=with_limit, results_dir=tmp_path / "r", machine="cpu-test").plan()
+    p = build_plan(RunSettings.for_machine(False, defaults=with_limit, results_dir=tmp_path / "r", machine="cpu-test"))
     assert p.eval_limit == 200
-    p = RunSettings.for_machine(
-        False, defaults=with_limit, results_dir=tmp_path / "r", machine="cpu-test", eval_limit=7
-    ).plan()
+    p = build_plan(
+        RunSettings.for_machine(
+            False, defaults=with_limit, results_dir=tmp_path / "r", machine="cpu-test", eval_limit=7
+        )
+    )
     assert p.eval_limit == 7

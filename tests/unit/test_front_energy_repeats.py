@@ -8,7 +8,7 @@ import pytest
 
 from kvbench import front, telemetry
 from kvbench.harness import energy
-from kvbench.harness.runner import sweep_ladder
+from kvbench.harness.phases import sweep_ladder
 from kvbench.records import repeats
 
 # -- energy ---------------------------------------------------------------------------------------------------

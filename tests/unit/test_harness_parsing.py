@@ -245,7 +245,8 @@ def test_tensor_parallel_from_vllm_args():
 def test_capacity_block_on_a_gpu_measures_the_overhead(tmp_path):
     from kvbench.harness import capacitychecks
     from kvbench.harness.endpoint import ServerFacts
-    from kvbench.harness.runner import Runner, RunPlan
+    from kvbench.harness.runner import Runner
+    from kvbench.harness.runplan import RunPlan
     from kvbench.harness.scheduler import Concurrency
     from kvbench.harness.workload import Workload
     from kvbench.logparse import EngineCapacity

@@ -171,20 +171,22 @@ def test_no_import_cycles():
 # peers of one rank (harness and analysis; nightly and the CLI are ranked) never import each other. A module
 # belongs to the group with the longest prefix naming it; kvbench's own top-level modules are the core unless
 # a group names them. Five layers, two of them ordered inside:
-#   core < records < [kernels < tinymodel < harness | analysis] < dashboards < [nightly < cli]
+#   core < records < [kernels < tinymodel < harness | analysis] < dashboards < [orchestration < cli]
 # kernels sits below the tiny model (whose scorer quantizes K/V with the reference numerics) and below the
-# harness (which asks the vLLM plugin whether it will load); the CLI drives the nightly orchestration.
+# harness (which asks the vLLM plugin whether it will load); orchestration (kvbench.measure, the one entrypoint
+# that runs a plan and hands the harness the verdict; the asv suite; the nightly) starts runs, the CLI drives it.
 LAYERS = (
     ("core", 0, ("kvbench",)),
     ("records", 1, ("kvbench.records",)),
     ("kernels", 2, ("kvbench.kernels",)),
     ("tinymodel", 3, ("kvbench.tinymodel",)),
-    # the harness with its test double, the asv suite it runs and the live display of a run
-    ("harness", 4, ("kvbench.harness", "kvbench.testing", "kvbench.suite", "kvbench.asvrun", "kvbench.progress")),
+    # the harness with its test double and the live display of a run
+    ("harness", 4, ("kvbench.harness", "kvbench.testing", "kvbench.progress")),
     # reading records and judging them: verdicts, comparisons, claims, history, regressions
     ("analysis", 4, ("kvbench.verdict*", "kvbench.compare", "kvbench.claims*", "kvbench.history", "kvbench.regress")),
     ("dashboards", 5, ("kvbench.dashboards",)),
-    ("nightly", 6, ("kvbench.nightly",)),
+    # runs a plan with its verdict (measure), the asv suite and its runner, the nightly: what starts runs
+    ("orchestration", 6, ("kvbench.measure", "kvbench.suite", "kvbench.asvrun", "kvbench.nightly")),
     ("cli", 7, ("kvbench.cli", "kvbench.__main__", "kvbench.clisettings", "kvbench.commands")),
 )
 
@@ -235,6 +237,7 @@ def test_every_layer_names_modules():
         ("kvbench.kernels.records", "kvbench.harness.settings"),
         ("kvbench.capacity", "kvbench.dashboards.site"),
         ("kvbench.nightly.orchestrate", "kvbench.commands.run"),
+        ("kvbench.harness.runner", "kvbench.measure"),
     ],
 )
 def test_a_planted_back_arrow_is_found(module, dep):
