@@ -164,8 +164,8 @@ def _lengths(s: RunSettings) -> _Lengths:
 
 def _endpoint_servers(s: RunSettings, notes: list[str]) -> _Served:
     """Running servers, asked what they run; --max-model-len must agree with theirs."""
-    plan_endpoints, dtypes, facts = _resolve_endpoints(s.endpoints, s.request_headers(), s.kv_dtypes, s.python, notes)
-    model, model_name, tokenizer = _endpoint_model(s.model, facts)
+    plan_endpoints, dtypes, facts = resolve_endpoints(s.endpoints, s.request_headers(), s.kv_dtypes, s.python, notes)
+    model, model_name, tokenizer = endpoint_model(s.model, facts)
     server_len = facts.max_model_len
     if s.max_model_len is not None and server_len is not None and s.max_model_len != server_len:
         raise UsageError(
@@ -363,7 +363,7 @@ def known_dtype(name: str, python: str) -> bool:
         return False
 
 
-def _dtype_choices(python: str) -> str:
+def dtype_choices(python: str) -> str:
     from kvbench.formats import catalog
 
     names = set(catalog())
@@ -374,13 +374,13 @@ def _dtype_choices(python: str) -> str:
     return ", ".join(sorted(names))
 
 
-def _resolve_endpoints(
+def resolve_endpoints(
     endpoints: dict[str | None, str], headers: dict[str, str], dtypes: list[str] | None, python: str, notes: list[str]
 ) -> tuple[dict[str, Endpoint], list[str], ServerFacts]:
     """Ask every server what it runs; dtype -> Endpoint, checked. Refuses any label the server contradicts."""
     for name in [*(dtypes or []), *(k for k in endpoints if k is not None)]:
         if name != UNKNOWN_DTYPE and not known_dtype(name, python):
-            raise UsageError(f"unknown KV-cache dtype {name!r}; choose from: {_dtype_choices(python)}")
+            raise UsageError(f"unknown KV-cache dtype {name!r}; choose from: {dtype_choices(python)}")
     out: dict[str, Endpoint] = {}
     seen: list[ServerFacts] = []
     if None in endpoints:
@@ -474,7 +474,7 @@ def _check_context(model: str, max_model_len: int | None) -> None:
         )
 
 
-def _endpoint_model(model: str | None, facts: ServerFacts) -> tuple[str | None, str, str]:
+def endpoint_model(model: str | None, facts: ServerFacts) -> tuple[str | None, str, str]:
     """(model for the capacity model's config, the record's model name, local tokenizer folder) of a server."""
     from kvbench import models
 

@@ -19,7 +19,7 @@ from pathlib import Path
 from kvbench import stats
 from kvbench.harness.evaluation import EvalResult
 from kvbench.records import new_run_id, utc_iso, write_atomic
-from kvbench.records.storage import _replace_atomic, inside, item_columns
+from kvbench.records.storage import inside, item_columns, replace_atomic
 from kvbench.scrub import scrub_table
 
 SCHEMA = "kvbench.eval/1"
@@ -151,7 +151,7 @@ def write_eval_record(path: Path, doc: dict, results: dict[RunKey, EvalResult]) 
     path.parent.mkdir(parents=True, exist_ok=True)
     items = path.with_name(path.name.removesuffix(".json") + ITEMS_SUFFIX)
     table = scrub_table(_items_table(results))
-    _replace_atomic(items, lambda fh: pq.write_table(table, fh, compression="zstd"))
+    replace_atomic(items, lambda fh: pq.write_table(table, fh, compression="zstd"))
     doc = {**doc, "items": {"path": items.name, "rows": table.num_rows}}
     write_atomic(path, doc)
     return path

@@ -33,7 +33,7 @@ from pathlib import Path
 from kvbench.datafiles import read_json
 from kvbench.errors import KvbenchError, UsageError
 from kvbench.records import linked_records, write_atomic
-from kvbench.records.storage import _replace_atomic
+from kvbench.records.storage import replace_atomic
 from kvbench.suite import (
     ENV_COMMIT,
     ENV_ENV_NAME,
@@ -117,7 +117,7 @@ def stabilize(path: Path) -> Path:
     if isinstance(doc.get("params"), dict) and "python" in doc["params"]:
         doc["params"]["python"] = STABLE_PYTHON
     new = path.with_name(f"{doc['commit_hash'][:8]}-{STABLE_ENV}.json")
-    _replace_atomic(new, lambda fh: fh.write(json.dumps(doc).encode()))
+    replace_atomic(new, lambda fh: fh.write(json.dumps(doc).encode()))
     if new != path:
         path.unlink()
     return new
@@ -190,7 +190,7 @@ def machine_info(name: str) -> dict:
     model, count, driver and driver CUDA version (NVML); "none" on a CPU-only machine."""
     from asv.machine import Machine
 
-    from kvbench.machine import _cuda_versions, nvml_gpus
+    from kvbench.machine import cuda_versions, nvml_gpus
 
     defaults = Machine.get_defaults()
     gpus, _ = nvml_gpus()
@@ -207,7 +207,7 @@ def machine_info(name: str) -> dict:
         "cuda": NONE,
     }
     if gpus:
-        cuda = _cuda_versions()
+        cuda = cuda_versions()
         info.update(
             gpu=gpus[0]["name"],
             gpu_count=str(len(gpus)),

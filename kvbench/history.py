@@ -92,7 +92,7 @@ def _machine_results(machine_dir: Path, machine: str, problems: list[str]):
             continue
         try:
             res = Results.load(str(path), machine_name=machine)
-            bad = _bad_value(res)
+            bad = bad_value(res)
         except (UserError, ValueError, TypeError, KeyError, AttributeError, UnicodeDecodeError) as exc:
             problems.append(f"{path}: corrupt asv result ({' '.join(str(exc).split())[:200]})")
             continue
@@ -102,7 +102,7 @@ def _machine_results(machine_dir: Path, machine: str, problems: list[str]):
         yield res
 
 
-def _bad_value(res) -> str | None:
+def bad_value(res) -> str | None:
     """Why an asv result cannot be believed: a value that is not a number (or null), or no commit."""
     if not isinstance(res.commit_hash, str) or not res.commit_hash:
         return "no commit hash"

@@ -143,7 +143,7 @@ def environment(python: str | None = None) -> dict:
         "nvml": "available" if gpus else nvml_reason,
     }
     if gpus:
-        env.update(_cuda_versions())
+        env.update(cuda_versions())
     return env
 
 
@@ -154,7 +154,7 @@ def _total_memory() -> int | None:
         return None
 
 
-def _cuda_versions() -> dict:
+def cuda_versions() -> dict:
     out: dict = {}
     try:
         import pynvml

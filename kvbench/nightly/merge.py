@@ -239,10 +239,10 @@ def check_asv(path: Path, rel: str, machine: str) -> str | None:
     from asv.results import Results
     from asv.util import UserError
 
-    from kvbench.history import _bad_value
+    from kvbench.history import bad_value
 
     try:
-        bad = _bad_value(Results.load(str(path), machine_name=machine))
+        bad = bad_value(Results.load(str(path), machine_name=machine))
     except (UserError, ValueError, TypeError, KeyError, AttributeError, UnicodeDecodeError) as exc:
         bad = " ".join(str(exc).split())[:200]
     return f"{rel}: not a readable asv result ({bad})" if bad else None

@@ -26,7 +26,7 @@ The package, by what each module holds (none imports one listed after it):
     queries.py   finding records, headline numbers, the pandas tables readers use
     upgrade.py   v1 records rewritten as v2 for good (`kvbench history upgrade`), each read back first
 Everything is re-exported here: `from kvbench.harness import records; records.X` is the public path. To patch
-a function for a test, patch it where it lives (e.g. `records.storage._replace_atomic`), which is where its
+a function for a test, patch it where it lives (e.g. `records.storage.replace_atomic`), which is where its
 callers look it up.
 """
 

@@ -128,7 +128,7 @@ def _micro(obj):
     return obj
 
 
-def _replace_atomic(path: Path, write) -> Path:
+def replace_atomic(path: Path, write) -> Path:
     """Write through a temp file in the same folder, fsync, rename: a reader never sees half a file."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -149,7 +149,7 @@ def _replace_atomic(path: Path, write) -> Path:
 def write_atomic(path: Path, doc: dict) -> Path:
     """A JSON document, compact, floats to 1 µs, every string scrubbed of credentials, written atomically."""
     text = json.dumps(_micro(scrub_doc(jsonable(doc))), separators=(",", ":")) + "\n"
-    return _replace_atomic(path, lambda fh: fh.write(text.encode()))
+    return replace_atomic(path, lambda fh: fh.write(text.encode()))
 
 
 def write_record(path: Path, record: RunRecord, samples: SampleStore | None = None) -> Path:
@@ -403,7 +403,7 @@ class SampleStore:
             table = scrub_table(
                 pa.Table.from_pylist([{k: _finite(row.get(k)) for k in schema.names} for row in rows], schema=schema)
             )
-            _replace_atomic(path, lambda fh, table=table: pq.write_table(table, fh, compression="zstd"))
+            replace_atomic(path, lambda fh, table=table: pq.write_table(table, fh, compression="zstd"))
             setattr(ref, attr, path.name)
         return ref
 

@@ -59,7 +59,7 @@ def upgrade_records(where) -> list[tuple[str, str]]:
         except (OSError, KvbenchError) as exc:  # a full disk, a read-back that fails: the v1 file goes back
             problem = str(exc)
         if problem:
-            storage._replace_atomic(path, lambda fh, original=original: fh.write(original))
+            storage.replace_atomic(path, lambda fh, original=original: fh.write(original))
             for name in storage.samples_paths(path):
                 name.unlink(missing_ok=True)
             outcomes.append((str(path), f"left as kvbench.run/1: {problem}"))

@@ -71,7 +71,7 @@ def test_enospc_at_a_flush_keeps_the_summary_and_says_where(tmp_path, monkeypatc
 def test_when_no_write_fits_under_results_the_record_goes_to_the_temp_folder(tmp_path, monkeypatch, tiny_model):
     spare = tmp_path / "spare"
     spare.mkdir()
-    real = records.storage._replace_atomic
+    real = records.storage.replace_atomic
 
     def full_under_results(path, write):
         if "results" in Path(path).parts:
@@ -80,7 +80,7 @@ def test_when_no_write_fits_under_results_the_record_goes_to_the_temp_folder(tmp
 
     with FakeServer(FakeConfig(kv_cache_dtype="auto", max_model_len=512)) as srv:
         p = plan(tmp_path, tiny_model, srv.base_url)
-        monkeypatch.setattr(records.storage, "_replace_atomic", full_under_results)
+        monkeypatch.setattr(records.storage, "replace_atomic", full_under_results)
         monkeypatch.setattr("tempfile.tempdir", str(spare))
         with pytest.raises(KvbenchError) as exc:
             execute(p)

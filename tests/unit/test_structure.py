@@ -300,3 +300,18 @@ def test_no_function_over_80_lines_or_12_parameters():
             if lines > MAX_FUNCTION_LINES or n > MAX_PARAMETERS:
                 big.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.name}: {lines} lines, {n} parameters")
     assert not big, big
+
+
+def test_no_layer_imports_another_layers_private_names():
+    # a layer's _names are its internals: another layer that needs one needs a public function instead
+    wrong = []
+    for module, path in modules().items():
+        group = layer_of(module)[0]
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.ImportFrom):
+                continue
+            source = _resolve(module, _targets(module, node)[-1])
+            private = [a.name for a in node.names if a.name.startswith("_") and not a.name.startswith("__")]
+            if source and private and layer_of(source)[0] != group:
+                wrong.append(f"{module} imports {', '.join(private)} from {source}")
+    assert not wrong, "\n".join(wrong)
