@@ -21,7 +21,18 @@ from kvbench import cliargs
 from kvbench.datafiles import load_toml
 from kvbench.errors import UsageError
 from kvbench.flags import Flag, flag_of
-from kvbench.options import ApiKey, AsJson, Endpoint, Header, KvDtypes, Model, Results, StartupTimeout, parsed
+from kvbench.options import (
+    ApiKey,
+    AsJson,
+    Endpoint,
+    Header,
+    KvDtypes,
+    Model,
+    Results,
+    StartupTimeout,
+    default_kv_dtypes,
+    parsed,
+)
 
 UNKNOWN_DTYPES = ("error", "record")
 APIS = ("completions", "chat")
@@ -66,7 +77,8 @@ class RunSettings(BaseModel):
     kv_dtypes: parsed(list[str] | None, KvDtypes, default_from="kv_dtypes") = Field(
         None,
         description=(
-            "Comma-separated --kv-cache-dtype values (default auto,fp8,nvfp4; with --endpoint: what the server runs)."
+            f"Comma-separated --kv-cache-dtype values (default {default_kv_dtypes()}; "
+            "with --endpoint: what the server runs)."
         ),
     )
     concurrency: Annotated[list[int] | None, Flag("--concurrency", cli=str | None, default_from="concurrency")] = Field(

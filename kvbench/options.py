@@ -46,10 +46,21 @@ Machine = Annotated[
     AfterValidator(_machine),
     Field(None, description="Machine name: the folder under --results (default: named from the GPU or CPU)."),
 ]
+
+
+def default_kv_dtypes() -> str:
+    """The dtypes a run measures when --kv-dtypes is not given, as run_defaults.toml sets them per backend."""
+    from kvbench.datafiles import load_toml
+
+    table = load_toml("run_defaults.toml")
+    cpu, gpu = (",".join(table[key]["kv_dtypes"]) for key in ("cpu", "gpu"))
+    return cpu if cpu == gpu else f"CPU {cpu}, GPU {gpu}"
+
+
 KvDtypes = Annotated[
     str | None,
     Flag("--kv-dtypes", cli=str | None),
-    Field(None, description="Comma-separated --kv-cache-dtype values (default auto,fp8,nvfp4)."),
+    Field(None, description=f"Comma-separated --kv-cache-dtype values (default {default_kv_dtypes()})."),
 ]
 Endpoint = Annotated[
     str | None,

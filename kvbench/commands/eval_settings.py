@@ -11,7 +11,17 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
 from kvbench import cliargs, evaltasks
 from kvbench.errors import UsageError
 from kvbench.flags import Flag
-from kvbench.options import ApiKey, AsJson, Endpoint, Header, KvDtypes, Model, Results, StartupTimeout
+from kvbench.options import (
+    ApiKey,
+    AsJson,
+    Endpoint,
+    Header,
+    KvDtypes,
+    Model,
+    Results,
+    StartupTimeout,
+    default_kv_dtypes,
+)
 
 
 class EvalSettings(BaseModel):
@@ -29,7 +39,8 @@ class EvalSettings(BaseModel):
     kv_dtypes: KvDtypes = Field(
         None,
         description=(
-            "Comma-separated --kv-cache-dtype values (default auto,fp8,nvfp4; with --endpoint: what the servers run)."
+            f"Comma-separated --kv-cache-dtype values (default {default_kv_dtypes()}; "
+            "with --endpoint: what the servers run)."
         ),
     )
     tasks: Annotated[str | None, Flag("--tasks")] = Field(
