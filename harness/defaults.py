@@ -22,7 +22,7 @@ from kvbench.harness.vllm_info import accepted_kv_dtypes, vllm_facts
 from kvbench.harness.workload import Workload
 from kvbench.records import check_writable
 
-if TYPE_CHECKING:  # settings.py plans through this module (RunSettings.plan)
+if TYPE_CHECKING:  # annotations only: callers plan with build_plan(settings); settings.py never imports this module
     from kvbench.harness.settings import RunSettings
 
 UNKNOWN_DTYPE = "unknown"  # the label of an --endpoint server that does not say its KV dtype

@@ -15,7 +15,7 @@ from kvbench.harness.scheduler import Sessions, Timed
 from kvbench.harness.workload import Workload, make_prompts
 from kvbench.records import DtypeResult, Finding, SampleStore
 
-if TYPE_CHECKING:  # runner imports the phases, which import this module
+if TYPE_CHECKING:  # annotations only: the phases import this module, and these names are theirs to build
     from kvbench.harness.agreement import Canaries
     from kvbench.harness.backend import OpenAIBackend
     from kvbench.harness.quality import Evaluator

@@ -16,7 +16,8 @@ import pytest
 from support import DATA, KVBENCH, LEAN, kvbench, kvbench_at, only_record, plan_for
 
 from kvbench import records
-from kvbench.harness.runner import Reporter, Runner
+from kvbench.harness.runner import Runner
+from kvbench.harness.runplan import Reporter
 
 SMALL = ["--num-requests", "16", "--concurrency", "4", "--search-cap", "8"]
 TASK = "kvbench_needle_512"  # one of the CPU default's tasks: retrieval at the run's context

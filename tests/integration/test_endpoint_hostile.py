@@ -16,7 +16,8 @@ from kvbench.errors import UsageError
 from kvbench.harness import http
 from kvbench.harness.backend import OpenAIBackend
 from kvbench.harness.defaults import build_plan
-from kvbench.harness.runner import Reporter, Runner
+from kvbench.harness.runner import Runner
+from kvbench.harness.runplan import Reporter
 from kvbench.harness.settings import RunSettings
 from kvbench.testing.fakeserver import FakeConfig, FakeServer
 from kvbench.verdict import decide
