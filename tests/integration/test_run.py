@@ -8,7 +8,7 @@ import json
 import time
 
 import pytest
-from support import LEAN, kvbench_at, kvbench_here, only_record, plan_for
+from support import LEAN, cpu_plan, kvbench_at, kvbench_here, only_record, plan_for
 
 from kvbench.harness.runner import Runner
 from kvbench.testing.fakeserver import FakeConfig, FakeServer
@@ -26,6 +26,38 @@ def test_unknown_dtype_lists_what_vllm_accepts():
     assert out.returncode == 2
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and "'fp3'" in lines[0] and "fp8_e5m2" in lines[0] and "nvfp4" in lines[0]
+
+
+def test_the_runner_judges_with_the_verdict_it_is_handed(tmp_path, tiny_model):
+    """The harness never imports the verdict: the record carries what the handed-in decide says, or none."""
+    seen = []
+
+    class Decision:
+        def as_dict(self):
+            return {"judge": "handed in"}
+
+        def findings(self):
+            return []
+
+    def decide(rec):
+        seen.append(rec.status)
+        return Decision()
+
+    docs = []
+    with FakeServer(FakeConfig(kv_cache_dtype="auto", max_model_len=512)) as srv:
+        for judge in (decide, None):
+            p = cpu_plan(
+                tmp_path / str(len(docs)),
+                model=str(tiny_model),
+                machine="cpu-test",
+                endpoints={None: srv.base_url},
+                concurrency=[2],
+                num_requests=4,
+            )
+            p.agreement_prompts = p.canaries = 0  # the verdict's hand-off is the point, not the outputs
+            docs.append(asyncio.run(Runner(p, decide=judge).run()).as_doc())
+    assert len(seen) == 1 and docs[0]["quality"] == {"judge": "handed in"}
+    assert docs[1]["quality"] is None
 
 
 def test_hung_server_ends_by_no_progress_timeout(tmp_path, tiny_model):
