@@ -176,7 +176,7 @@ def non_kv_report(
 ) -> dict:
     """kvbench's prediction of every non-KV term (kvbench.vllm_memory) beside what the server's own start-up
     log says, per rank: weights, activation peak, non-torch memory, CUDA graphs, the KV pool (GiB)."""
-    from kvbench.startuplog import parse_startup_log
+    from kvbench.logparse import parse_startup_log
     from kvbench.vllm_memory import VLLM_DTYPE_ARGS, VLLM_QUANTIZATION_WEIGHTS, predict_non_kv
 
     try:

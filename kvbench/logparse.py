@@ -1,4 +1,6 @@
-"""What vLLM's own log says: its KV-cache capacity report, the dtype it used, and why it failed.
+"""What vLLM's own log says: its KV-cache capacity report, the dtype it used, why it failed, and (further down,
+`parse_startup_log`) the inputs and memory figures of a start-up. The one reader of vLLM's logs: the harness
+reads a live server's log with it, `kvbench capacity --from-log` a saved one.
 
 vLLM 0.32+ prints one line (vllm/v1/core/kv_cache_utils.py):
     CPU KV cache size: 4,194,304 tokens, Maximum concurrency for 1,024 tokens per request: 4096.00x
@@ -8,8 +10,9 @@ request: X.XXx`); the device prefix is GPU, CPU, XPU... Both forms are accepted.
 
 from __future__ import annotations
 
+import ast
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 # Every pattern is bounded (no unbounded run before a literal) and only tried on lines holding its literal, and
 # lines are cut to MAX_LINE_CHARS: a hostile 100 MB line or a 20 kB run of capitals costs linear time.
@@ -123,3 +126,226 @@ def startup_error(lines: list[str]) -> str | None:
         if ("Error: " in line or "Exception: " in line) and (m := ERROR_LINE.search(line)):
             return f"{m['kind'].rsplit('.', 1)[-1]}: {m['msg'].strip()}"
     return None
+
+
+# -- a start-up's inputs and memory figures ---------------------------------------------------------------------
+# What a vLLM start-up log says about memory: the inputs it was started with and the figures it logged.
+#
+# Reads every form in tests/data/vllm-startup-logs: V1 (0.8 to 0.19+: "non-default args", the worker's memory
+# snapshot, "Model loading took", "Memory profiling takes ... Total non KV cache memory", "Available KV cache
+# memory", "GPU KV cache size", "Free memory on device ... Actual usage is ...") and V0 (0.6: the "Memory
+# profiling results" block and its one-line form, "# CUDA blocks"). Lines it does not know are ignored.
+# All memory figures are GiB (2^30 bytes), as vLLM prints them (V0 wrote "GB" for the same GiB figure).
+
+STARTUP_LINE_CHARS = 16_384  # a start-up line is < 1 kB (a big model's "non-default args" a few kB); cut longer
+# What each vLLM start-up prints once (the API server's version and its non-default arguments; V0's engine
+# banner): a kind seen again begins another start-up (a restarted container appends to the same log).
+START_BANNERS = (
+    ("api", "vLLM API server version"),
+    ("args", "non-default args:"),
+    ("v0", "Initializing an LLM engine (v"),
+)
+
+_F = r"(\d{1,12}(?:\.\d{1,12})?)"  # a figure, bounded: no pattern backtracks over a long run of digits
+_VERSION = (
+    re.compile(r"version (\d{1,4}\.\d{1,4}\.\d{1,6}\S{0,64})\s*$"),
+    re.compile(r"Initializing an? (?:V1 )?LLM engine \(v(\d{1,4}\.\d{1,4}\.\d{1,6}[^)]{0,64})\)"),
+)
+_ARGS = re.compile(r"non-default args: (\{.*\})\s*$")
+_SERVE = re.compile(r"\$ vllm serve (\S+)")
+_MAX_LEN = re.compile(r"Using max model len (\d+)")
+_SNAPSHOT = re.compile(rf"total_memory={_F}GiB")
+_LOADING = re.compile(rf"(?:Model loading took|Loading model weights took) {_F} (?:GiB|GB)")
+_GRAPH_EST = re.compile(rf"Estimated CUDA graph memory: {_F} GiB")
+_GRAPH_TOOK = re.compile(rf"Graph capturing finished in \d+ secs?, took {_F} GiB")
+_PROFILE = re.compile(
+    rf"Total non KV cache memory: {_F} ?GiB; torch peak memory increase: {_F} ?GiB; "
+    rf"non-torch forward increase memory: {_F} ?GiB; weights memory: {_F} ?GiB"
+)
+_AVAILABLE = re.compile(rf"Available KV cache memory: {_F} GiB")
+_FREE_ON_DEVICE = re.compile(
+    rf"Free memory on device \({_F}/{_F} GiB\) on startup\. Desired GPU memory utilization is \({_F}, {_F} GiB\)\. "
+    rf"Actual usage is (.*)"
+)
+_USAGE_PART = re.compile(rf"(?<![\d.]){_F} GiB for ([a-zA-Z -]+?)(?: memory)?(?: \(weights \+ non-torch\))?(?=[,.]|$)")
+# V0 (0.6.x): a block of "key   value" lines, or one line with the same figures.
+_V0_KEYS = {
+    "total_gpu_memory": "total_gib",
+    "gpu_memory_utilization": "utilization",
+    "model weights take": "weights_gib",
+    "non_torch_memory": "non_torch_gib",
+    "PyTorch activation peak memory": "activation_gib",
+    "available_kv_cache_memory": "available_kv_gib",
+}
+_V0_BLOCK = re.compile(rf"\] ({'|'.join(re.escape(k) for k in _V0_KEYS)})\s+{_F}(?:GiB)?\s*$")
+_V0_TOTAL = re.compile(rf"total_gpu_memory \({_F}GiB\) x gpu_memory_utilization \({_F}\)")
+_V0_LINE = re.compile(
+    rf"model weights take {_F}GiB; non_torch_memory takes {_F}GiB; PyTorch activation peak memory takes {_F}GiB; "
+    rf"the rest of the memory reserved for KV Cache is {_F}GiB"
+)
+_V0_BLOCKS = re.compile(r"# (?:CUDA|GPU) blocks: (\d+)")
+_V0_CONC = re.compile(r"Maximum concurrency for ([\d,]+) tokens per request: ([\d.]+)x")
+
+
+@dataclass
+class ProfileLine:
+    """One rank's "Memory profiling takes ..." figures, GiB."""
+
+    non_kv_gib: float
+    torch_peak_gib: float
+    non_torch_gib: float
+    weights_gib: float
+
+
+@dataclass
+class StartupLog:
+    """What one vLLM start-up log says. None where the log does not say it."""
+
+    vllm_version: str | None = None
+    engine: str | None = None  # "v1" or "v0"
+    model: str | None = None  # the Hugging Face id it served
+    args: dict = field(default_factory=dict)  # vLLM's "non-default args"
+    max_model_len: int | None = None
+    total_gib: float | None = None  # device total as torch reports it
+    utilization: float | None = None
+    weights_gib: float | None = None  # "Model loading took" (the first rank that says it)
+    weights_gib_all: list[float] = field(default_factory=list)
+    profiles: list[ProfileLine] = field(default_factory=list)
+    activation_gib: float | None = None  # torch peak increase during profiling
+    non_torch_gib: float | None = None
+    cudagraph_estimate_gib: float | None = None
+    cudagraph_actual_gib: float | None = None
+    available_kv_gib: float | None = None  # per rank
+    kv_tokens: int | None = None  # whole group
+    max_concurrency: float | None = None
+    tokens_per_request: int | None = None
+
+    @property
+    def tensor_parallel_size(self) -> int:
+        return int(self.args.get("tensor_parallel_size", 1))
+
+    @property
+    def pipeline_parallel_size(self) -> int:
+        return int(self.args.get("pipeline_parallel_size", 1))
+
+    @property
+    def has_capacity(self) -> bool:
+        return self.available_kv_gib is not None or self.kv_tokens is not None
+
+
+def split_startups(text: str) -> list[str]:
+    """The start-ups a log holds, in order: it is cut where a start banner's kind repeats (see START_BANNERS).
+    A log without banners (an excerpt) is one start-up."""
+    parts: list[list[str]] = [[]]
+    kinds: set[str] = set()
+    for line in text.splitlines():
+        kind = next((k for k, literal in START_BANNERS if literal in line[:STARTUP_LINE_CHARS]), None)
+        if kind is not None and kind in kinds:
+            parts.append([])
+            kinds = set()
+        if kind is not None:
+            kinds.add(kind)
+        parts[-1].append(line)
+    return ["\n".join(p) + "\n" for p in parts if any(line.strip() for line in p)] or [text]
+
+
+def parse_startup_log(text: str) -> StartupLog:
+    """What one start-up says (split a log of several with split_startups first: figures would mix)."""
+    log = StartupLog()
+    lines = [line[:STARTUP_LINE_CHARS] for line in text.splitlines()]
+    for line in lines:
+        _parse_line(log, line)
+    if log.profiles:
+        first = log.profiles[0]
+        log.activation_gib = first.torch_peak_gib if log.activation_gib is None else log.activation_gib
+        log.non_torch_gib = first.non_torch_gib if log.non_torch_gib is None else log.non_torch_gib
+    capacity = parse_capacity(lines)
+    if capacity is not None:
+        log.kv_tokens = capacity.kv_tokens
+        log.max_concurrency = capacity.max_concurrency
+        log.tokens_per_request = capacity.tokens_per_request
+    if log.max_model_len is None:
+        log.max_model_len = _int_arg(log.args.get("max_model_len")) or log.tokens_per_request
+    if log.utilization is None and "gpu_memory_utilization" in log.args:
+        log.utilization = float(log.args["gpu_memory_utilization"])
+    return log
+
+
+def _int_arg(value) -> int | None:
+    return int(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def _parse_line(log: StartupLog, line: str) -> None:
+    for pattern in _VERSION:
+        if (m := pattern.search(line)) and log.vllm_version is None:
+            log.vllm_version = m[1]
+            log.engine = "v1" if "V1" in line or "EngineCore" in line else log.engine
+    if "EngineCore" in line or "v1/worker" in line or "Worker_TP" in line:
+        log.engine = "v1"
+    if m := _ARGS.search(line):
+        try:
+            args = ast.literal_eval(m[1])
+        except (ValueError, SyntaxError, TypeError, RecursionError, MemoryError):  # a hostile line is no args
+            args = {}
+        if isinstance(args, dict):
+            log.args.update(args)
+            log.model = log.model or args.get("model") or args.get("model_tag")
+    if (m := _SERVE.search(line)) and log.model is None:
+        log.model = m[1]
+    if m := _MAX_LEN.search(line):
+        log.max_model_len = int(m[1])
+    if (m := _SNAPSHOT.search(line)) and log.total_gib is None:
+        log.total_gib = float(m[1])
+    if m := _LOADING.search(line):
+        log.weights_gib_all.append(float(m[1]))
+        log.weights_gib = log.weights_gib if log.weights_gib is not None else float(m[1])
+    if (m := _GRAPH_EST.search(line)) and log.cudagraph_estimate_gib is None:
+        log.cudagraph_estimate_gib = float(m[1])
+    if (m := _GRAPH_TOOK.search(line)) and log.cudagraph_actual_gib is None:
+        log.cudagraph_actual_gib = float(m[1])
+    if m := _PROFILE.search(line):
+        log.profiles.append(ProfileLine(*(float(m[i]) for i in range(1, 5))))
+    if (m := _AVAILABLE.search(line)) and log.available_kv_gib is None:
+        log.available_kv_gib = float(m[1])
+    if m := _FREE_ON_DEVICE.search(line):
+        _parse_free_on_device(log, m)
+    _parse_v0(log, line)
+
+
+def _parse_free_on_device(log: StartupLog, m: re.Match) -> None:
+    """0.10+: 'Free memory on device (free/total GiB) ... Actual usage is A GiB for X, B GiB for Y, ...'."""
+    log.engine = "v1"
+    log.total_gib = float(m[2])
+    log.utilization = float(m[3])
+    for part in _USAGE_PART.finditer(m[5]):
+        value, what = float(part[1]), part[2].strip().lower()
+        if what.startswith("weight"):
+            log.weights_gib = value
+        elif what.startswith("consumed"):  # weights + non-torch in one figure
+            log.args.setdefault("_consumed_gib", value)
+        elif "activation" in what:
+            log.activation_gib = value
+        elif "non-torch" in what:
+            log.non_torch_gib = value
+        elif "cudagraph" in what:
+            log.cudagraph_actual_gib = value
+
+
+def _parse_v0(log: StartupLog, line: str) -> None:
+    if m := _V0_BLOCK.search(line):
+        log.engine = "v0"
+        setattr(log, _V0_KEYS[m[1]], float(m[2]))
+    if m := _V0_TOTAL.search(line):
+        log.engine = "v0"
+        log.total_gib, log.utilization = float(m[1]), float(m[2])
+    if m := _V0_LINE.search(line):
+        log.weights_gib, log.non_torch_gib, log.activation_gib, log.available_kv_gib = (
+            float(m[i]) for i in range(1, 5)
+        )
+    if m := _V0_BLOCKS.search(line):
+        # V0 logs blocks of 16 tokens (the CUDA default); the token count is theirs times the block size
+        log.kv_tokens = int(m[1]) * 16
+        log.args.setdefault("_v0_blocks", int(m[1]))
+    if (m := _V0_CONC.search(line)) and "," not in m[1]:
+        log.tokens_per_request = int(m[1])
+        log.max_concurrency = float(m[2])

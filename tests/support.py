@@ -236,7 +236,7 @@ def predict_reference_log(path: Path, cases: dict):
     """A reference start-up log parsed, and kvbench's prediction for it (kvbench.commands.fromlog.predict_for_log:
     spec, card, estimate, row, ...) under the overrides its cases.toml entry gives."""
     from kvbench.commands.fromlog import LogOverrides, predict_for_log
-    from kvbench.startuplog import parse_startup_log
+    from kvbench.logparse import parse_startup_log
 
     case = cases.get(path.name, {})
     log = parse_startup_log(path.read_text())

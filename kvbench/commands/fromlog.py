@@ -13,9 +13,9 @@ from kvbench.commands.fromlog_hybrid import cut_settings, kv_terms, print_kv_ter
 from kvbench.errors import UsageError
 from kvbench.formats import get_format, tracked_dtypes
 from kvbench.gpus import GpuSpec, catalog, get_gpu
+from kvbench.logparse import StartupLog, parse_startup_log, split_startups
 from kvbench.models import ModelSpec, by_hf_id, load_model
 from kvbench.output import console, err_console, print_json
-from kvbench.startuplog import StartupLog, parse_startup_log, split_startups
 from kvbench.units import GiB
 from kvbench.vllm_memory import VLLM_DTYPE_ARGS, VLLM_QUANTIZATION_WEIGHTS, NonKvEstimate, predict_non_kv
 

@@ -17,8 +17,8 @@ from support import predict_reference_log
 from kvbench.capacity import budget_from_bytes, capacity_row, rank_model
 from kvbench.formats import get_format
 from kvbench.layerspec import with_mamba_ssm_dtype
+from kvbench.logparse import parse_startup_log
 from kvbench.models import load_model
-from kvbench.startuplog import parse_startup_log
 
 DATA = Path(__file__).parents[1] / "data"
 HYBRID = DATA / "vllm-hybrid-logs"
