@@ -28,6 +28,7 @@ from kvbench.records import (
     ModelCapacity,
     RunRecord,
 )
+from kvbench.vllm_memory import argv_args, int_arg, server_inputs
 
 # Two capacity ratios (engine vs format) further apart than this mean the dtype was probably not honoured.
 HONOURED_TOLERANCE = 0.05
@@ -52,7 +53,7 @@ def capacity(
     context = _model_capacity(out, plan, environment, dtype, engine, cache_config, facts, server)
     if plan.workload_spec is not None and context:
         out.distribution = capacity_under_distribution(
-            plan, tokenizer, engine, out.model, _int(cache_config.get("block_size")), context
+            plan, tokenizer, engine, out.model, int_arg(cache_config.get("block_size")), context
         )
     return out
 
@@ -63,7 +64,7 @@ def _model_capacity(
     """Fill out.model (or out.model_note); return the context it used."""
     spec = spec_for(plan.model)  # None for a hub id whose config is not on disk: no model-side prediction
     budget_bytes = _kv_budget_bytes(engine, cache_config)
-    block = _int(cache_config.get("block_size"))
+    block = int_arg(cache_config.get("block_size"))
     context = facts.max_model_len or plan.max_model_len or (engine.tokens_per_request if engine else None)
     missing = [
         what
@@ -164,10 +165,10 @@ def overhead(plan, environment: dict, spec, budget_bytes: int, cache_config: dic
     GPU: device memory x utilization - weights / TP - KV budget. The number `kvbench capacity
     --overhead-gb` asks for; only on a GPU whose KV budget vLLM derived itself."""
     gpus = environment.get("gpus") or []
-    if not gpus or _int(cache_config.get("kv_cache_memory_bytes")):
+    if not gpus or int_arg(cache_config.get("kv_cache_memory_bytes")):
         return None
     util = float(cache_config.get("gpu_memory_utilization") or VLLM_DEFAULT_GPU_MEMORY_UTILIZATION)
-    tp = _tensor_parallel(plan.extra_args)
+    tp = server_inputs(argv_args(plan.extra_args))["tensor_parallel_size"]
     return int(gpus[0]["memory_bytes"] * util - spec.weight_bytes / tp - budget_bytes)
 
 
@@ -177,23 +178,17 @@ def non_kv_report(
     """kvbench's prediction of every non-KV term (kvbench.vllm_memory) beside what the server's own start-up
     log says, per rank: weights, activation peak, non-torch memory, CUDA graphs, the KV pool (GiB)."""
     from kvbench.logparse import parse_startup_log
-    from kvbench.vllm_memory import VLLM_DTYPE_ARGS, VLLM_QUANTIZATION_WEIGHTS, predict_non_kv
+    from kvbench.vllm_memory import predict_non_kv
 
     try:
         util = cache_config.get("gpu_memory_utilization")
-        dtype = _flag(vllm_args, ("--dtype",))
+        # what the server was started with changes the terms: the profiling batch, the weights' format
         predicted = predict_non_kv(
             spec,
             gpu,
             utilization=float(util) if util else None,
-            tensor_parallel_size=_tensor_parallel(vllm_args),
-            pipeline_parallel_size=_tensor_parallel(vllm_args, ("--pipeline-parallel-size", "-pp")),
-            # what the server was started with changes the terms: the profiling batch, the weights' format
-            weights=VLLM_QUANTIZATION_WEIGHTS.get((_flag(vllm_args, ("--quantization", "-q")) or "").lower(), "auto"),
-            dtype=VLLM_DTYPE_ARGS.get(dtype.lower()) if dtype else None,
+            **server_inputs(argv_args(vllm_args)),
             vllm_version=vllm_version,
-            max_num_seqs=_int(_flag(vllm_args, ("--max-num-seqs",))),
-            max_num_batched_tokens=_int(_flag(vllm_args, ("--max-num-batched-tokens",))),
             max_model_len=context,
         ).as_dict()
     except Exception as exc:  # a prediction kvbench cannot make is a note, never a lost run
@@ -268,33 +263,15 @@ def emulation_active(server: VllmServer, result: DtypeResult) -> bool:
     return True
 
 
-def _flag(args: list[str], flags: tuple[str, ...]) -> str | None:
-    """The value of the first of `flags` in the vLLM arguments (`--flag V` or `--flag=V`), else None."""
-    for i, arg in enumerate(args):
-        for flag in flags:
-            if arg == flag and i + 1 < len(args):
-                return args[i + 1]
-            if arg.startswith(flag + "="):
-                return arg.split("=", 1)[1]
-    return None
-
-
-def _tensor_parallel(args: list[str], flags: tuple[str, ...] = ("--tensor-parallel-size", "-tp")) -> int:
-    """--tensor-parallel-size / -tp (or the given flags) from the vLLM arguments (1 when absent)."""
-    return max(1, _int(_flag(args, flags)) or 1)
-
-
-def _int(text) -> int | None:
-    try:
-        value = float(text)
-    except (TypeError, ValueError):
-        return None
-    return int(value) if math.isfinite(value) else None
+def gpus_per_server(argv: list[str]) -> int:
+    """GPUs one server spans: tensor x pipeline parallel, from its vLLM arguments (1 when absent)."""
+    inputs = server_inputs(argv_args(argv))
+    return inputs["tensor_parallel_size"] * inputs["pipeline_parallel_size"]
 
 
 def _kv_budget_bytes(engine: EngineCapacity | None, cache_config: dict) -> int | None:
     """The bytes the engine gave its KV cache: the explicit setting, else what its log reported."""
-    explicit = _int(cache_config.get("kv_cache_memory_bytes"))
+    explicit = int_arg(cache_config.get("kv_cache_memory_bytes"))
     if explicit:
         return explicit
     if engine and engine.kv_cache_gib:

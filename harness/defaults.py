@@ -324,9 +324,9 @@ def _check_eval_tasks(tasks: list[str], max_model_len: int | None) -> None:
 
 def _parallel_size(args: list[str]) -> int:
     """GPUs one server spans: --tensor-parallel-size x --pipeline-parallel-size from the vLLM arguments."""
-    from kvbench.harness.capacitychecks import _tensor_parallel
+    from kvbench.harness.capacitychecks import gpus_per_server
 
-    return _tensor_parallel(args) * _tensor_parallel(args, ("--pipeline-parallel-size", "-pp"))
+    return gpus_per_server(args)
 
 
 def _price_for_this_machine(prices: dict[str, float], on_gpu: bool) -> tuple[str | None, float | None]:

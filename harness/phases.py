@@ -50,6 +50,7 @@ from kvbench.records import (
     repeats,
 )
 from kvbench.telemetry import NvmlSampler
+from kvbench.vllm_memory import int_arg
 
 
 async def measure_dtype(ctx: DtypeRun) -> None:
@@ -383,6 +384,6 @@ def server_info(facts: ServerFacts, server: VllmServer | None) -> ServerInfo:
         max_model_len=facts.max_model_len,
         vllm_version=facts.vllm_version,
         cache_dtype=facts.cache_dtype,
-        block_size=capacitychecks._int(cc.get("block_size")),
-        num_gpu_blocks=capacitychecks._int(cc.get("num_gpu_blocks")),
+        block_size=int_arg(cc.get("block_size")),
+        num_gpu_blocks=int_arg(cc.get("num_gpu_blocks")),
     )

@@ -42,6 +42,53 @@ VLLM_DTYPE_ARGS = {
 }
 # vLLM's --quantization values whose weight format kvbench models -> predict_non_kv's `weights`
 VLLM_QUANTIZATION_WEIGHTS = {"fp8": "fp8"}
+# vLLM's command-line flags (long and short) by the names its "non-default args" line uses
+VLLM_FLAGS = {
+    "tensor_parallel_size": ("--tensor-parallel-size", "-tp"),
+    "pipeline_parallel_size": ("--pipeline-parallel-size", "-pp"),
+    "quantization": ("--quantization", "-q"),
+    "dtype": ("--dtype",),
+    "max_num_seqs": ("--max-num-seqs",),
+    "max_num_batched_tokens": ("--max-num-batched-tokens",),
+    "block_size": ("--block-size",),
+}
+
+
+def argv_args(argv: list[str]) -> dict:
+    """A vLLM command line's flags (`--flag V` or `--flag=V`) by vLLM's own names, as its "non-default args" line
+    gives them: the one form server_inputs reads."""
+    found = {}
+    for name, flags in VLLM_FLAGS.items():
+        for i, arg in enumerate(argv):
+            value = next((v for f in flags for v in ([argv[i + 1]] if arg == f and i + 1 < len(argv) else [])), None)
+            value = value or next((arg.split("=", 1)[1] for f in flags if arg.startswith(f + "=")), None)
+            if value is not None:
+                found[name] = value
+                break
+    return found
+
+
+def int_arg(value) -> int | None:
+    """A whole number from a vLLM argument (text or number); None for anything else."""
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return None
+    return int(number) if math.isfinite(number) else None
+
+
+def server_inputs(args: dict) -> dict:
+    """predict_non_kv's inputs that a server's arguments set (by vLLM's names: its "non-default args", or a
+    command line through argv_args): parallel sizes, the weights' format and dtype, the scheduler's limits."""
+    dtype = str(args.get("dtype") or "auto").lower()
+    return {
+        "tensor_parallel_size": max(1, int_arg(args.get("tensor_parallel_size")) or 1),
+        "pipeline_parallel_size": max(1, int_arg(args.get("pipeline_parallel_size")) or 1),
+        "weights": VLLM_QUANTIZATION_WEIGHTS.get(str(args.get("quantization") or "").lower(), "auto"),
+        "dtype": VLLM_DTYPE_ARGS.get(dtype),
+        "max_num_seqs": int_arg(args.get("max_num_seqs")),
+        "max_num_batched_tokens": int_arg(args.get("max_num_batched_tokens")),
+    }
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ from kvbench.logparse import StartupLog, parse_startup_log, split_startups
 from kvbench.models import ModelSpec, by_hf_id, load_model
 from kvbench.output import console, err_console, print_json
 from kvbench.units import GiB
-from kvbench.vllm_memory import VLLM_DTYPE_ARGS, VLLM_QUANTIZATION_WEIGHTS, NonKvEstimate, predict_non_kv
+from kvbench.vllm_memory import NonKvEstimate, predict_non_kv, server_inputs
 
 MAX_LOG_BYTES = 256 << 20  # a start-up log is kilobytes; a request log of days is not what --from-log reads
 
@@ -73,25 +73,23 @@ def predict_for_log(log: StartupLog, source: Path, flags: LogOverrides = LogOver
     max_len = flags.context or log.max_model_len
     if max_len is None:
         raise UsageError(f"{source}: the log does not say max_model_len; pass --context")
-    args, weights = log.args, flags.weights
-    if weights in (None, "auto"):
-        dtype_arg = str(args.get("dtype", "auto")).lower()
-        weights = VLLM_QUANTIZATION_WEIGHTS.get(str(args.get("quantization", "")).lower()) or "auto"
-        dtype = None if dtype_arg == "auto" else VLLM_DTYPE_ARGS.get(dtype_arg)
-    else:
-        dtype = None
+    args = log.args
+    inputs = server_inputs(args)  # what the server was started with, by vLLM's names; the flags override it
+    if flags.weights not in (None, "auto"):
+        inputs.update(weights=flags.weights, dtype=None)
+    if flags.tp and flags.tp > 1:
+        inputs["tensor_parallel_size"] = flags.tp
+    if flags.pp and flags.pp > 1:
+        inputs["pipeline_parallel_size"] = flags.pp
+    inputs["max_num_seqs"] = flags.max_num_seqs or inputs["max_num_seqs"]
+    inputs["max_num_batched_tokens"] = flags.max_num_batched_tokens or inputs["max_num_batched_tokens"]
     fmt = get_format(flags.kv_dtype or str(args.get("kv_cache_dtype", "auto")))
     est = predict_non_kv(
         spec,
         card,
         utilization=flags.utilization if flags.utilization is not None else log.utilization,
-        tensor_parallel_size=flags.tp if flags.tp and flags.tp > 1 else log.tensor_parallel_size,
-        pipeline_parallel_size=flags.pp if flags.pp and flags.pp > 1 else log.pipeline_parallel_size,
-        weights=weights,
-        dtype=dtype,
+        **inputs,
         vllm_version=flags.vllm_version or log.vllm_version,
-        max_num_seqs=flags.max_num_seqs or args.get("max_num_seqs"),
-        max_num_batched_tokens=flags.max_num_batched_tokens or args.get("max_num_batched_tokens"),
         max_model_len=max_len,
     )
     block = args.get("block_size") or flags.block_size

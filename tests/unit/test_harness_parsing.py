@@ -234,12 +234,25 @@ def test_agreement_compare():
     assert compare(ref, got, None)["logprob_delta_mean"] is None
 
 
-def test_tensor_parallel_from_vllm_args():
-    from kvbench.harness.capacitychecks import _tensor_parallel
+def test_a_command_line_and_a_logged_args_line_map_to_the_same_capacity_inputs():
+    # one mapping (kvbench.vllm_memory.server_inputs) for the harness's argv and --from-log's "non-default args"
+    from kvbench.harness.capacitychecks import gpus_per_server
+    from kvbench.vllm_memory import argv_args, server_inputs
 
-    assert _tensor_parallel([]) == 1
-    assert _tensor_parallel(["--enforce-eager", "--tensor-parallel-size", "4"]) == 4
-    assert _tensor_parallel(["-tp=2"]) == 2
+    assert gpus_per_server([]) == 1
+    assert gpus_per_server(["--enforce-eager", "--tensor-parallel-size", "4"]) == 4
+    assert gpus_per_server(["-tp=2", "-pp", "3"]) == 6
+    argv = ["--tensor-parallel-size", "2", "--quantization=fp8", "--dtype", "half", "--max-num-seqs", "64"]
+    logged = {"tensor_parallel_size": 2, "quantization": "fp8", "dtype": "half", "max_num_seqs": 64}
+    assert server_inputs(argv_args(argv)) == server_inputs(logged)
+    assert server_inputs(logged) == {
+        "tensor_parallel_size": 2,
+        "pipeline_parallel_size": 1,
+        "weights": "fp8",
+        "dtype": "float16",
+        "max_num_seqs": 64,
+        "max_num_batched_tokens": None,
+    }
 
 
 def test_capacity_block_on_a_gpu_measures_the_overhead(tmp_path):
