@@ -19,11 +19,10 @@ from pathlib import Path
 from kvbench import stats
 from kvbench.harness.evaluation import EvalResult
 from kvbench.records import new_run_id, utc_iso, write_atomic
-from kvbench.records.storage import inside, item_columns, replace_atomic
+from kvbench.records.storage import item_columns, replace_atomic
 from kvbench.scrub import scrub_table
 
 SCHEMA = "kvbench.eval/1"
-EVALS_DIR = "evals"
 ITEMS_SUFFIX = ".items.parquet"
 REFERENCE = "auto"
 
@@ -90,10 +89,6 @@ def summarize(results: dict[RunKey, EvalResult], reference: str = REFERENCE) -> 
             entry["vs_rest"] = _paired(by_item[(task, dtype, 1)], items)
         out.setdefault(task, {}).setdefault(dtype, {})[str(conc)] = entry
     return out
-
-
-def eval_path(results_dir: Path, machine: str, eval_id: str) -> Path:
-    return inside(results_dir, Path(results_dir) / machine / EVALS_DIR / f"{eval_id}.json")
 
 
 def new_eval_id(machine: str) -> str:

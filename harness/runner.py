@@ -44,6 +44,7 @@ from kvbench.records import (
     SampleStore,
     Stop,
     StopReason,
+    layout,
 )
 from kvbench.records.findings import FindingKind
 
@@ -187,7 +188,7 @@ class Runner:
             env={"HF_HUB_OFFLINE": "1", **plan.server_env} if Path(plan.model).exists() else plan.server_env,
             startup_timeout_s=plan.startup_timeout_s,
         )
-        log = Path(plan.results_dir) / plan.machine / "logs" / self.run_id / f"vllm-{dtype}.log"
+        log = layout.logs_dir(plan.results_dir, plan.machine, self.run_id) / f"vllm-{dtype}.log"
         return VllmServer(cfg, log)
 
 

@@ -53,10 +53,6 @@ def environment() -> dict:
     return env
 
 
-def record_path(results_dir: str | Path, kind: str, machine: str, when: datetime) -> Path:
-    return Path(results_dir) / machine / kind / f"{when:%Y%m%dT%H%M%SZ}.json"
-
-
 def header(started: datetime, mode: str, shape, card) -> dict:
     """What every kernels record opens with (the default grid's and the sweep's): schema, when, where, the
     attention shape and the catalog GPU (kernels/bench: AttnShape, a gpus.toml card or None)."""

@@ -24,6 +24,7 @@ from kvbench.kernels import bench, records, variants
 from kvbench.kernels import decode_attention as da
 from kvbench.kernels import paged_cache as pc
 from kvbench.kernels.gpu_evidence import Trace, device_memory
+from kvbench.records import layout
 
 # 32K first: the targets are there, and a sweep cut short by its clock should still have them
 GPU_GRID = {
@@ -336,7 +337,7 @@ def run(results_dir, *, max_seconds: float = 380.0) -> dict:
     doc["sweep"]["bounds"] = bounds(doc["sweep"]["decode_variants"])
     doc["sweep"]["all_checks_ok"] = all(r["ok"] for r in doc["sweep"]["checks"] + doc["checks"])
     doc["elapsed_s"] = time.monotonic() - t0
-    path = records.write_atomic(records.record_path(results_dir, "kernels", doc["machine"], started), doc)
+    path = records.write_atomic(layout.dated_path(results_dir, doc["machine"], "kernels", started), doc)
     summary(doc, path)
     return doc
 

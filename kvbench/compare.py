@@ -18,7 +18,7 @@ from rich.markup import escape
 from kvbench.errors import UsageError
 from kvbench.formats import order_key
 from kvbench.output import err_console
-from kvbench.records import find_records, load_record, read_records, summary_rows
+from kvbench.records import find_records, layout, load_record, read_records, summary_rows
 from kvbench.tracked import metrics
 
 
@@ -37,7 +37,7 @@ def _records(results_dir: Path, machine: str | None) -> list[tuple[Path, dict]]:
     where = Path(results_dir) / machine if machine else Path(results_dir)
     if machine and not where.is_dir():
         known = (
-            sorted(p.name for p in Path(results_dir).iterdir() if (p / "runs").is_dir())
+            sorted(p.name for p in Path(results_dir).iterdir() if (p / layout.RUNS_DIR).is_dir())
             if Path(results_dir).is_dir()
             else []
         )

@@ -16,6 +16,7 @@ from kvbench.flags import Flag
 from kvbench.kernels.names import ACCURACY_FORMATS as FORMATS
 from kvbench.options import AsJson, Results
 from kvbench.output import console, err_console, print_json
+from kvbench.records import layout
 
 NAME = "accuracy"
 HELP = (
@@ -111,9 +112,7 @@ def command(ctx: typer.Context, s: AccuracySettings) -> None:
         **{k: v for k, v in doc.items() if k != "schema"},
     }
     path = (
-        records.write_atomic(records.record_path(s.results_dir, "accuracy", machine, started), doc)
-        if s.record
-        else None
+        records.write_atomic(layout.dated_path(s.results_dir, machine, "accuracy", started), doc) if s.record else None
     )
     if s.as_json:
         print_json(doc)

@@ -20,6 +20,7 @@ from kvbench.commands.eval_settings import EvalSettings
 from kvbench.datafiles import load_toml
 from kvbench.errors import UsageError
 from kvbench.output import console, err_console, print_json
+from kvbench.records import layout
 
 NAME = "eval"
 HELP = (
@@ -198,7 +199,7 @@ def _run_managed(plan: _Plan, eval_id: str, run_levels, servers: dict, failures:
     from kvbench.harness.server import ServerConfig, ServerStartError, VllmServer
 
     s = plan.server
-    log_dir = Path(plan.results) / plan.machine / "logs" / eval_id  # beside run logs (not committed)
+    log_dir = layout.logs_dir(plan.results, plan.machine, eval_id)  # beside run logs (not committed)
     for dtype in s["dtypes"]:
         cfg = ServerConfig(
             model=s["model"],
@@ -228,14 +229,14 @@ def _run_managed(plan: _Plan, eval_id: str, run_levels, servers: dict, failures:
 
 def _finish(plan: _Plan, eval_id: str, servers: dict, results: dict, failures: dict, as_json: bool) -> int:
     """Write the eval record, print it (or its JSON summary) and return the exit code."""
-    from kvbench.harness.evalrecord import eval_path, new_doc, write_eval_record
+    from kvbench.harness.evalrecord import new_doc, write_eval_record
 
     doc = new_doc(
         eval_id, plan.machine, plan.model_name, plan.tasks, plan.limit, plan.levels, servers, results, plan.notes
     )
     doc["failures"] = failures
     doc["max_seq_lengths"] = plan.max_seq_lengths  # what lm-eval's synthetic long-context tasks were sized to
-    path = write_eval_record(eval_path(plan.results, plan.machine, eval_id), doc, results)
+    path = write_eval_record(layout.eval_path(plan.results, plan.machine, eval_id), doc, results)
     if as_json:
         print_json(
             {

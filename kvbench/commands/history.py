@@ -22,6 +22,7 @@ from kvbench.errors import KvbenchError, UsageError
 from kvbench.flags import Arg, Flag
 from kvbench.options import AsJson, AsvConfig, Machine, Model
 from kvbench.output import console, err_console, fmt_value, print_json, vllm_label
+from kvbench.records import layout
 
 NAME = "history"
 HELP = (
@@ -163,7 +164,7 @@ def run(
     if rc != 0:
         console.print(f"[red]asv exited {rc}[/]: some benchmark failed (shown as failed in the point)")
     if commit:
-        files = [point, project.results_dir / machine / "machine.json", project.results_dir / "benchmarks.json"]
+        files = [point, layout.asv_machine_file(project.results_dir, machine), project.results_dir / "benchmarks.json"]
         run_id = "no run record"
         if record is not None:
             files.append(record)

@@ -13,6 +13,7 @@ from kvbench.clisettings import command_from
 from kvbench.commands.kernels_settings import KernelsSettings
 from kvbench.errors import UsageError
 from kvbench.output import console, err_console, print_json
+from kvbench.records import layout
 
 NAME = "kernels"
 HELP = (
@@ -62,7 +63,7 @@ def measure(s: KernelsSettings) -> None:
     doc["targets"] = bench.targets(doc["write"], doc["ratios"]) if dev.type == "cuda" else None
     doc["elapsed_s"] = time.monotonic() - t0
     path = (
-        records.write_atomic(records.record_path(s.results_dir, "kernels", doc["machine"], started), doc)
+        records.write_atomic(layout.dated_path(s.results_dir, doc["machine"], "kernels", started), doc)
         if s.record
         else None
     )

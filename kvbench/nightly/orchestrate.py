@@ -31,7 +31,7 @@ from kvbench.nightly.matrix import Entry, MachinePlan, served_model
 from kvbench.nightly.outcomes import EntryResult, EntryStatus, NightStatus, StepResult, StepStatus
 from kvbench.nightly.stepio import _fmt_change, _json_after_command, _last_line, _stop_group
 from kvbench.nightly.target import Target, detect, results_dir_of
-from kvbench.records import DtypeStatus, linked_records, load_record
+from kvbench.records import DtypeStatus, layout, linked_records, load_record
 
 # Target, detect, results_dir_of and the statuses stay importable from here, where callers found them.
 __all__ = [
@@ -84,7 +84,7 @@ class Nightly:
         self.id = night_id or f"{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}-{target.machine}"
         self.summary_path = self.results_dir / target.machine / NIGHTLY_DIR / f"{self.id}.json"
         self.nodes: list[dict] = []  # a multi-node night's nodes (kvbench.nightly.nodes), named in every record
-        self.logs = self.results_dir / target.machine / "logs" / f"nightly-{self.id}"
+        self.logs = layout.logs_dir(self.results_dir, target.machine, f"nightly-{self.id}")
         self.t0 = time.monotonic()
         self.deadline = self.t0 + plan.cfg.max_minutes * 60
         self.steps: dict[str, StepResult] = {}

@@ -30,6 +30,7 @@ a function for a test, patch it where it lives (e.g. `records.storage.replace_at
 callers look it up.
 """
 
+from kvbench.records.layout import RUNS_DIR, record_path
 from kvbench.records.queries import (
     conditions,
     find_records,
@@ -79,7 +80,6 @@ from kvbench.records.storage import (
     EVALS_SUFFIX,
     PROBE_BYTES,
     REQUESTS_SUFFIX,
-    RUNS_DIR,
     SERIES_SUFFIX,
     SampleStore,
     check_writable,
@@ -87,7 +87,6 @@ from kvbench.records.storage import (
     new_run_id,
     parse_record,
     read_record,
-    record_path,
     samples_paths,
     utc_iso,
     utc_now,

@@ -7,9 +7,10 @@ from pathlib import Path
 
 from kvbench.datafiles import read_json
 from kvbench.errors import UsageError
+from kvbench.records.layout import RUNS_DIR
 from kvbench.records.migrate import v1_samples
 from kvbench.records.schema import CONDITIONS, SCHEMA_V1, SPEED_FIELDS, PhaseKind, RunRecord
-from kvbench.records.storage import RUNS_DIR, load_record, parse_record, read_record, sample_schema
+from kvbench.records.storage import load_record, parse_record, read_record, sample_schema
 
 
 def find_records(where: str | Path) -> list[Path]:

@@ -25,11 +25,11 @@ from pydantic import ValidationError
 from kvbench.datafiles import read_json
 from kvbench.errors import UsageError
 from kvbench.output import jsonable
+from kvbench.records.layout import RUNS_DIR, machine_dir
 from kvbench.records.migrate import upgrade_v1
 from kvbench.records.schema import SCHEMA, SCHEMA_V1, SCHEMAS, RunRecord, SamplesRef
 from kvbench.scrub import scrub_doc, scrub_table
 
-RUNS_DIR = "runs"
 REQUESTS_SUFFIX = ".requests.parquet"
 SERIES_SUFFIX = ".series.parquet"
 EVALS_SUFFIX = ".evals.parquet"
@@ -55,19 +55,6 @@ def utc_iso(when: datetime | None = None) -> str:
     return (when or utc_now()).isoformat(timespec="seconds")
 
 
-def inside(results_dir: Path | str, path: Path) -> Path:
-    """`path`, refused in one line unless it lies inside results_dir (a record never escapes --results). Checked
-    on the names (`..` included), not through symlinks: a machine folder linked to another disk stays usable."""
-    root = Path(os.path.abspath(results_dir))
-    if not Path(os.path.abspath(path)).is_relative_to(root):
-        raise UsageError(f"{path} lies outside the results folder {results_dir}; check the machine name and run id")
-    return Path(path)
-
-
-def record_path(results_dir: Path, machine: str, run_id: str) -> Path:
-    return inside(results_dir, Path(results_dir) / machine / RUNS_DIR / f"{run_id}.json")
-
-
 def stem_of(path: Path | str) -> str:
     return Path(path).name.removesuffix(".json")
 
@@ -85,7 +72,7 @@ def samples_paths(path: Path) -> tuple[Path, Path, Path]:
 def check_writable(results_dir: Path, machine: str) -> Path:
     """Make sure records can be written under results_dir/<machine>/runs before anything is measured: create
     the folder and a probe file, remove the probe (and any folder this created, if it fails). One line if not."""
-    target = inside(results_dir, Path(results_dir) / machine / RUNS_DIR)
+    target = machine_dir(results_dir, machine, RUNS_DIR)
     created = []
     probe = None
     try:
