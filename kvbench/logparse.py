@@ -146,7 +146,7 @@ START_BANNERS = (
     ("v0", "Initializing an LLM engine (v"),
 )
 
-_F = r"(\d{1,12}(?:\.\d{1,12})?)"  # a figure, bounded: no pattern backtracks over a long run of digits
+_F = rf"({_X})"  # a figure (the decimal number above), captured
 _VERSION = (
     re.compile(r"version (\d{1,4}\.\d{1,4}\.\d{1,6}\S{0,64})\s*$"),
     re.compile(r"Initializing an? (?:V1 )?LLM engine \(v(\d{1,4}\.\d{1,4}\.\d{1,6}[^)]{0,64})\)"),
@@ -219,14 +219,6 @@ class StartupLog:
     kv_tokens: int | None = None  # whole group
     max_concurrency: float | None = None
     tokens_per_request: int | None = None
-
-    @property
-    def tensor_parallel_size(self) -> int:
-        return int(self.args.get("tensor_parallel_size", 1))
-
-    @property
-    def pipeline_parallel_size(self) -> int:
-        return int(self.args.get("pipeline_parallel_size", 1))
 
     @property
     def has_capacity(self) -> bool:

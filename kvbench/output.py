@@ -59,6 +59,16 @@ def print_json(obj) -> None:
     sys.stdout.write(json.dumps(jsonable(obj), indent=2) + "\n")
 
 
+def present(doc: dict, path: Path | None, as_json: bool, render) -> None:
+    """A command's finished document: as JSON on stdout, or rendered with the record's path under it."""
+    if as_json:
+        print_json(doc)
+        return
+    render(doc)
+    if path:
+        console.print(f"record: {path}")
+
+
 def num(value: float | None, digits: int = 2) -> str:
     if value is None or (isinstance(value, float) and not math.isfinite(value)):
         return "—"

@@ -94,25 +94,10 @@ def serving_numbers(root: Path, model: str | None = None) -> dict:
 
     root: the asv project folder (above benchmarks/). The record goes to <results>/<machine>/runs/ like any
     `kvbench run`, with an "asv" block linking it to the history point."""
-    from kvbench.harness.defaults import build_plan
-    from kvbench.harness.settings import RunSettings
     from kvbench.harness.vllm_info import accepted_kv_dtypes
-    from kvbench.machine import nvml_gpus
     from kvbench.measure import execute
 
-    gpus, _ = nvml_gpus()
-    plan = build_plan(
-        RunSettings.for_machine(
-            bool(gpus),
-            model=model or os.environ.get(ENV_MODEL) or None,
-            kv_dtypes=list(KV_DTYPES),
-            # the SLO search (on by default) with the machine's default objective: measured capacity
-            unknown_dtypes="record",
-            results_dir=results_dir(root),
-            python=sys.executable,
-            machine=os.environ.get(ENV_MACHINE) or None,  # `kvbench history run` names the asv machine
-        )
-    )
+    plan = _suite_plan(root, model)  # the SLO search (on by default) with the machine's default objective
     extra = {
         "asv": asv_link(root),
         # which --kv-cache-dtype values this vLLM accepts: releases differ in it, and the tracked three are a subset
@@ -128,6 +113,28 @@ def serving_numbers(root: Path, model: str | None = None) -> dict:
     record, path = execute(plan, extra=extra, on_finish=after)
     doc = record.as_doc()
     return {"run_id": doc["run_id"], "record": str(path), "status": doc["status"], "dtypes": _tracked(doc)}
+
+
+def _suite_plan(root: Path, model: str | None, **values):
+    """The plan of a suite run: this machine's defaults and the tracked dtypes (one not accepted is recorded as
+    unsupported), the record under the asv results folder and machine, and `values` on top."""
+    from kvbench.harness.defaults import build_plan
+    from kvbench.harness.settings import RunSettings
+    from kvbench.machine import nvml_gpus
+
+    gpus, _ = nvml_gpus()
+    return build_plan(
+        RunSettings.for_machine(
+            bool(gpus),
+            model=model or os.environ.get(ENV_MODEL) or None,
+            kv_dtypes=list(KV_DTYPES),
+            unknown_dtypes="record",
+            results_dir=results_dir(root),
+            python=sys.executable,
+            machine=os.environ.get(ENV_MACHINE) or None,  # `kvbench history run` names the asv machine
+            **values,
+        )
+    )
 
 
 def _tracked(doc: dict) -> dict:
@@ -148,27 +155,10 @@ def _tracked(doc: dict) -> dict:
 def prefix_numbers(root: Path, model: str | None = None) -> dict:
     """Run the prefix-cache scenario once (kvbench/data/workloads.toml "prefix-cache", its fixed load only) and
     return {"dtypes": {dtype: {"status", **headline}}}: hit rate and TTFT per dtype."""
-    from kvbench.harness.defaults import build_plan
-    from kvbench.harness.settings import RunSettings
-    from kvbench.machine import nvml_gpus
     from kvbench.measure import execute
 
-    gpus, _ = nvml_gpus()
-    plan = build_plan(
-        RunSettings.for_machine(
-            bool(gpus),
-            model=model or os.environ.get(ENV_MODEL) or None,
-            kv_dtypes=list(KV_DTYPES),
-            no_search=True,
-            unknown_dtypes="record",
-            results_dir=results_dir(root),
-            python=sys.executable,
-            machine=os.environ.get(ENV_MACHINE) or None,
-            workload="prefix-cache",
-            concurrency=[8],
-            sweep=False,
-            eval_tasks=[],
-        )
+    plan = _suite_plan(
+        root, model, no_search=True, workload="prefix-cache", concurrency=[8], sweep=False, eval_tasks=[]
     )
     record, path = execute(plan, extra={"asv": asv_link(root)})
     return {"record": str(path), "dtypes": _tracked(record.as_doc())}

@@ -15,7 +15,7 @@ from kvbench.errors import UsageError
 from kvbench.flags import Flag
 from kvbench.kernels.names import ACCURACY_FORMATS as FORMATS
 from kvbench.options import AsJson, Results
-from kvbench.output import console, err_console, print_json
+from kvbench.output import console, err_console, present
 from kvbench.records import layout
 
 NAME = "accuracy"
@@ -114,12 +114,7 @@ def command(ctx: typer.Context, s: AccuracySettings) -> None:
     path = (
         records.write_atomic(layout.dated_path(s.results_dir, machine, "accuracy", started), doc) if s.record else None
     )
-    if s.as_json:
-        print_json(doc)
-        return
-    _print(doc)
-    if path:
-        console.print(f"record: {path}")
+    present(doc, path, s.as_json, _print)
 
 
 def _check(context: int, window: int, max_windows: int, text: Path | None, synthetic: bool, real: bool) -> None:

@@ -12,7 +12,7 @@ from rich.table import Table
 from kvbench.clisettings import command_from
 from kvbench.commands.kernels_settings import KernelsSettings
 from kvbench.errors import UsageError
-from kvbench.output import console, err_console, print_json
+from kvbench.output import console, err_console, present, print_json
 from kvbench.records import layout
 
 NAME = "kernels"
@@ -67,12 +67,7 @@ def measure(s: KernelsSettings) -> None:
         if s.record
         else None
     )
-    if s.as_json:
-        print_json(doc)
-        return
-    _print(doc)
-    if path:
-        console.print(f"record: {path}")
+    present(doc, path, s.as_json, _print)
 
 
 def _device_ready(interpret: bool, as_json: bool) -> bool:
