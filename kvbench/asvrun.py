@@ -32,7 +32,7 @@ from pathlib import Path
 
 from kvbench.datafiles import read_json
 from kvbench.errors import KvbenchError, UsageError
-from kvbench.records import linked_records, write_atomic
+from kvbench.records import layout, linked_records, write_atomic
 from kvbench.records.storage import replace_atomic
 from kvbench.suite import (
     ENV_COMMIT,
@@ -326,7 +326,7 @@ def find_record(results_dir: Path, machine: str, commit: str, env: str) -> Path 
     """The newest run record the serving benchmarks wrote for this point."""
     found = [
         path
-        for _, doc, path in linked_records(Path(results_dir) / machine)
+        for _, doc, path in linked_records(layout.machine_dir(results_dir, machine))
         if doc["asv"]["commit"] == commit and doc["asv"].get("env_name") in (env, None)
     ]
     return found[-1] if found else None

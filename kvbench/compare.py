@@ -34,7 +34,7 @@ class Side:
 
 
 def _records(results_dir: Path, machine: str | None) -> list[tuple[Path, dict]]:
-    where = Path(results_dir) / machine if machine else Path(results_dir)
+    where = layout.machine_dir(results_dir, machine) if machine else Path(results_dir)
     if machine and not where.is_dir():
         known = (
             sorted(p.name for p in Path(results_dir).iterdir() if (p / layout.RUNS_DIR).is_dir())

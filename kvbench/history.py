@@ -15,7 +15,7 @@ import math
 from pathlib import Path
 
 from kvbench.errors import UsageError
-from kvbench.records import linked_records
+from kvbench.records import layout, linked_records
 from kvbench.tracked import by_benchmark, one_env
 
 # The agreed shape of a history row (the dashboards' history frame has these); COLUMNS adds the rest.
@@ -167,8 +167,8 @@ def history_frame(results_dir="results", asv_conf="asv.conf.json", problems: lis
         sorted(p.name for p in results_dir.iterdir() if (p / "machine.json").is_file()) if results_dir.is_dir() else []
     )
     for machine in machines:
-        records = _records(results_dir / machine, problems)
-        for res in _machine_results(results_dir / machine, machine, problems):
+        records = _records(folder := layout.machine_dir(results_dir, machine), problems)
+        for res in _machine_results(folder, machine, problems):
             keys = [k for k in res.get_result_keys(benchmarks) if k in tracked]
             serving = [res.started_at[k] for k in keys if tracked[k].source == "run" and res.started_at.get(k)]
             started = (

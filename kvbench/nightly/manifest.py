@@ -27,6 +27,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from kvbench.errors import UsageError
+from kvbench.records import layout
 
 SCHEMA = "kvbench.shard/1"
 MANIFEST = "shard.json"
@@ -71,7 +72,8 @@ def sha256(path: Path) -> str:
 
 
 def _watched(results_dir: Path, machine: str) -> list[Path]:
-    out = [p for p in (results_dir / machine).rglob("*") if p.is_file()] if (results_dir / machine).is_dir() else []
+    folder = layout.machine_dir(results_dir, machine)
+    out = [p for p in folder.rglob("*") if p.is_file()] if folder.is_dir() else []
     bench = results_dir / "benchmarks.json"
     return out + ([bench] if bench.is_file() else [])
 
