@@ -5,7 +5,8 @@ early) and a request is sent before the server receives it, so a measured latenc
 one is a client bug. Upper bounds allow the fake's own measured lateness plus TOL_MS for the client and
 loopback on a small CI box; they are asserted on medians, where one descheduled request cannot fail them.
 They assume the box is not oversubscribed (two CPU hogs on two cores push client medians past 5 ms: then
-no client can time to the millisecond, and these tests say so).
+no client can time to the millisecond, and these tests say so). So the module is marked `timing`, and the
+Makefile runs it on its own after the parallel tiers, whose extra worker oversubscribes the cores on purpose.
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ from kvbench.harness.metrics import summarize
 from kvbench.harness.scheduler import Concurrency, Rate, arrival_schedule, run_load
 from kvbench.harness.workload import Workload, make_prompts
 from kvbench.testing.fakeserver import FakeServer
+
+pytestmark = pytest.mark.timing
 
 TOL_MS = 5.0
 EPS_MS = 0.05  # float noise on the lower bounds
