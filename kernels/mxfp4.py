@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
+from kvbench.kernels import codecs
 from kvbench.kernels.nvfp4 import e2m1_decode, e2m1_encode, pack_nibbles, unpack_nibbles
 
 BLOCK = 32
@@ -46,3 +47,6 @@ def dequantize(q: Mxfp4Tensor) -> torch.Tensor:
 
 def quant_dequant(x: torch.Tensor) -> torch.Tensor:
     return dequantize(quantize(x))
+
+
+CODEC = codecs.register(codecs.Codec(key="mxfp4", quant_dequant=lambda x: quant_dequant(x.float()), scaled=False))

@@ -25,6 +25,8 @@ from dataclasses import dataclass
 
 import torch
 
+from kvbench.kernels import codecs
+
 BLOCK = 16
 E2M1_MAX = 6.0
 E4M3_MAX = 448.0
@@ -194,3 +196,87 @@ def from_vllm_side(side: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     data = flat[: h * t * d_data].reshape(h, t, d_data)
     scales = flat[h * t * d_data :].reshape(h, t, full - d_data)
     return data, scales
+
+
+# ---------------------------------------------------------------------------------------------
+# Codecs (kernels/codecs.py): the round trip and the page store of vLLM's nvfp4 / nvfp4_4over6 caches
+# ---------------------------------------------------------------------------------------------
+
+
+def page_layout(head_size: int) -> codecs.PageLayout:
+    """FlashInfer's customize_spec (vllm/v1/attention/backends/flashinfer.py): 2H head slots, K heads then V
+    heads, each D/2 + D/16 bytes per token."""
+    if head_size % BLOCK:
+        raise ValueError(f"NVFP4 KV cache needs a head size divisible by {BLOCK}, got {head_size}")
+    return codecs.PageLayout(k_bytes=row_bytes(head_size), v_bytes=row_bytes(head_size), head_slots=2)
+
+
+def page_sides(pages: torch.Tensor, num_kv_heads: int):
+    """((K data, K scales), (V data, V scales)), uint8 views [B, H, N, D/2] and [B, H, N, D/16] of a layer's
+    pages [B, 2H, N, D/2 + D/16]: within a side all data rows come first, then all scale rows (vLLM's own
+    `nvfp4_split_data_scale` makes the views, so they follow its layout whatever the strides)."""
+    from vllm.utils.torch_utils import nvfp4_split_data_scale
+
+    pages = codecs.byte_view(pages)
+    sides = []
+    for side in (pages[:, :num_kv_heads], pages[:, num_kv_heads:]):
+        data, scales = nvfp4_split_data_scale(side)
+        sides.append((data, scales.view(torch.uint8)))
+    return sides
+
+
+def _quantize_pair(key, value, scales: codecs.Scales, four_over_six: bool) -> list[Nvfp4Tensor]:
+    """K and V quantized, in one pass where they share the tensor scale (the usual 1.0): half the torch calls
+    on the engine's hot path."""
+    if scales.k == scales.v:
+        q = quantize(torch.stack((key, value)), scales.k, four_over_six=four_over_six)
+        return [Nvfp4Tensor(q.data[i], q.scales[i], q.global_scale) for i in (0, 1)]
+    return [quantize(x, s, four_over_six=four_over_six) for x, s in ((key, scales.k), (value, scales.v))]
+
+
+def store_pages(pages, key, value, slot_mapping, scales: codecs.Scales, *, four_over_six: bool = False) -> None:
+    """Quantize key/value [T, H, D] into the pages at their slots (vLLM's CUDA writer's rules)."""
+    blk, off = codecs.rows(slot_mapping, pages.shape[2])
+    quantized = _quantize_pair(key, value, scales, four_over_six)
+    for (data, sf), q in zip(page_sides(pages, key.shape[1]), quantized, strict=True):
+        data[blk, :, off] = q.data
+        sf[blk, :, off] = q.scales
+
+
+def decode_pages(pages, slot_mapping, num_kv_heads: int, head_size: int, scales: codecs.Scales):
+    """The K and V rows [T, H, D] stored at the slots, float32, decoded from the page bytes."""
+    blk, off = codecs.rows(slot_mapping, pages.shape[2])
+    (kd, ks), (vd, vs) = ((data[blk, :, off], sf[blk, :, off]) for data, sf in page_sides(pages, num_kv_heads))
+    if scales.k == scales.v:
+        both = dequantize(Nvfp4Tensor(torch.stack((kd, vd)), torch.stack((ks, vs)), scales.k))
+        return both[0], both[1]
+    return dequantize(Nvfp4Tensor(kd, ks, scales.k)), dequantize(Nvfp4Tensor(vd, vs, scales.v))
+
+
+def _codec(key: str, four_over_six: bool) -> codecs.Codec:
+    def round_trip(x: torch.Tensor, scale: float = 1.0) -> torch.Tensor:
+        return quant_dequant(x, scale, four_over_six=four_over_six)
+
+    def store(pages, key_rows, value_rows, slot_mapping, scales):
+        store_pages(pages, key_rows, value_rows, slot_mapping, scales, four_over_six=four_over_six)
+
+    return codecs.register(
+        codecs.Codec(
+            key=key,
+            quant_dequant=round_trip,
+            scaled=True,
+            vllm_dtype=key,
+            layout=page_layout,
+            store=store,
+            decode=decode_pages,
+            notes={
+                "stores": "NVFP4 in vLLM's pages: D/2 + D/16 bytes per head per token, E4M3 scale per 16 values"
+                + (", scale max/4 or max/6 per block (4over6)" if four_over_six else ""),
+                "oracle": "vLLM's writer is CUDA-only (FlashInfer nvfp4_kv_quantize, SM100+): checked against "
+                "kvbench's independent reference (tests/unit/test_nvfp4.py, test_vllm_crosscheck.py)",
+            },
+        )
+    )
+
+
+CODECS = (_codec("nvfp4", False), _codec("nvfp4_4over6", True))

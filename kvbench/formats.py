@@ -207,6 +207,12 @@ def accuracy_variants() -> dict[str, tuple[str, str]]:
     return {d: tuple(_entries()[d]["accuracy_variant"]) for d in tracked_dtypes()}
 
 
+def numerics_modules() -> dict[str, str]:
+    """Kernel key -> the kvbench.kernels module that implements its numerics (the entry's `numerics` field), in
+    order: kvbench.kernels.codecs imports it to find the key's Codec."""
+    return {d: _entries()[d]["numerics"] for d in dtype_order() if _entries()[d].get("numerics")}
+
+
 def kernel_formats(role: str) -> tuple[str, ...]:
     """Kernel keys in order with `role` set: "cache_kernel" (the Triton paged-cache kernels) or
     "accuracy_study" (the attention-accuracy study)."""
