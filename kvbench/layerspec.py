@@ -17,8 +17,32 @@ from kvbench.modelspec import DTYPE_BYTES, LayerKind, MambaState
 INDEXER_QUANT_BLOCK = 128
 
 
+# The closed set of `layer_types` values kvbench sizes, and what each needs besides (vLLM builds one KV spec per
+# kind: FullAttentionSpec, SlidingWindowSpec, ChunkedLocalAttentionSpec, MambaSpec for GDN and Mamba2).
+GDN_FIELDS = ("linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim", "linear_value_head_dim")
+MAMBA2_FIELDS = ("mamba_num_heads", "mamba_head_dim", "ssm_state_size")
+LAYER_TYPES = {
+    "full_attention": (),
+    "sliding_attention": ("sliding_window",),
+    "chunked_attention": ("attention_chunk_size",),
+    "linear_attention": GDN_FIELDS,
+    "mamba": MAMBA2_FIELDS,
+}
+
+
 def layer_kinds(cfg, num_layers: int, model_type: str, mla: bool) -> tuple[LayerKind, ...]:
-    """`cfg`: hfconfig._Config of the language model (text_config where nested)."""
+    """`cfg`: hfconfig._Config of the language model (text_config where nested). A config in which no layer
+    keeps a cache (no attention, no recurrent state) is refused: there is nothing to size."""
+    kinds = _layer_kinds(cfg, num_layers, model_type, mla)
+    if not any(k.cached for k in kinds):
+        raise UsageError(
+            f"{cfg.source}: no layer of this config keeps a KV cache or a recurrent state "
+            "(every layer is an MLP or MoE block); kvbench has nothing to size"
+        )
+    return kinds
+
+
+def _layer_kinds(cfg, num_layers: int, model_type: str, mla: bool) -> tuple[LayerKind, ...]:
     if mla:
         index_dim = cfg.int("index_head_dim") if cfg.has("index_topk") else None
         index = index_dim + index_dim // INDEXER_QUANT_BLOCK * 4 if index_dim else 0
@@ -27,27 +51,15 @@ def layer_kinds(cfg, num_layers: int, model_type: str, mla: bool) -> tuple[Layer
         return _deepseek_v4(cfg, num_layers)
     if cfg.has("hybrid_override_pattern"):
         return _nemotron_h(cfg, num_layers)
-    layer_types = cfg.list("layer_types")
-    if cfg.has("linear_num_value_heads"):  # Qwen3-Next / Qwen3.5: Gated DeltaNet + full attention
-        if not layer_types:
-            every = cfg.int("full_attention_interval", 4)
-            layer_types = ["full_attention" if (i + 1) % every == 0 else "linear_attention" for i in range(num_layers)]
-        gdn = LayerKind("mamba", state=_gdn_state(cfg))
-        return tuple(
-            gdn if t == "linear_attention" else LayerKind("full") for t in _checked(cfg, layer_types, num_layers)
-        )
+    if "layer_types" in cfg.raw and cfg.raw["layer_types"] is not None:
+        return _from_layer_types(cfg, cfg.list("layer_types"), num_layers)
+    if cfg.has("linear_num_value_heads"):  # Qwen3-Next: Gated DeltaNet + every full_attention_interval-th global
+        every = cfg.int("full_attention_interval", 4)
+        types = ["full_attention" if (i + 1) % every == 0 else "linear_attention" for i in range(num_layers)]
+        return _from_layer_types(cfg, types, num_layers)
     if cfg.has("attention_chunk_size"):
         return _llama4(cfg, num_layers)
     window = cfg.int("sliding_window")
-    if layer_types:
-        _checked(cfg, layer_types, num_layers)
-        if any(t == "sliding_attention" for t in layer_types) and not window:
-            raise UsageError(
-                f"{cfg.source}: config.json lacks 'sliding_window' (needed for its sliding_attention layers)"
-            )
-        # Gemma 4: global layers have their own KV-head count and head size
-        glob = LayerKind("full", kv_heads=cfg.int("num_global_key_value_heads"), head_dim=cfg.int("global_head_dim"))
-        return tuple(LayerKind("sliding", window) if t == "sliding_attention" else glob for t in layer_types)
     if not window or cfg.bool("use_sliding_window", True) is False:
         # Qwen2/3 configs carry a window but switch it off with use_sliding_window=false.
         return (LayerKind("full"),) * num_layers
@@ -63,6 +75,47 @@ def layer_kinds(cfg, num_layers: int, model_type: str, mla: bool) -> tuple[Layer
         first = cfg.int("max_window_layers", num_layers, minimum=0)
         return tuple(LayerKind("sliding", window) if i >= first else LayerKind("full") for i in range(num_layers))
     return (LayerKind("sliding", window),) * num_layers
+
+
+def _from_layer_types(cfg, layer_types: list[str], num_layers: int) -> tuple[LayerKind, ...]:
+    """One spec per listed layer, from the closed set LAYER_TYPES; an unknown kind, or a known one whose fields the
+    config lacks, is one error naming them (never counted as full attention)."""
+    choices = ", ".join(f"{k} (needs {', '.join(v)})" if v else k for k, v in LAYER_TYPES.items())
+    if not layer_types:
+        raise UsageError(f"{cfg.source}: config.json field '{cfg.section}layer_types' is empty; kinds: {choices}")
+    _checked(cfg, layer_types, num_layers)
+    unknown = sorted(set(layer_types) - set(LAYER_TYPES))
+    if unknown:
+        where = {t: [i for i, v in enumerate(layer_types) if v == t] for t in unknown}
+        named = "; ".join(f"{t!r} (layers {_span(where[t])})" for t in unknown)
+        raise UsageError(
+            f"{cfg.source}: config.json field '{cfg.section}layer_types' has kinds kvbench does not size: {named}; "
+            f"kinds: {choices}"
+        )
+    for kind in dict.fromkeys(layer_types):
+        lacking = [f for f in LAYER_TYPES[kind] if not cfg.has(f)]
+        if lacking:
+            raise UsageError(
+                f"{cfg.source}: 'layer_types' lists {kind} layers but config.json lacks "
+                + ", ".join(f"'{cfg.section}{f}'" for f in lacking)
+                + f" (needed for {kind})"
+            )
+    built = {
+        "full_attention": lambda: LayerKind(
+            "full", kv_heads=cfg.int("num_global_key_value_heads"), head_dim=cfg.int("global_head_dim")
+        ),
+        "sliding_attention": lambda: LayerKind("sliding", cfg.int("sliding_window")),
+        "chunked_attention": lambda: LayerKind("chunked", cfg.int("attention_chunk_size")),
+        "linear_attention": lambda: LayerKind("mamba", state=_gdn_state(cfg)),
+        "mamba": lambda: LayerKind("mamba", state=_mamba2_state(cfg)),
+    }
+    specs = {kind: built[kind]() for kind in dict.fromkeys(layer_types)}
+    return tuple(specs[t] for t in layer_types)
+
+
+def _span(indices: list[int]) -> str:
+    shown = ", ".join(map(str, indices[:6]))
+    return shown + (f", ... ({len(indices)} in all)" if len(indices) > 6 else "")
 
 
 def _checked(cfg, layer_types: list[str], num_layers: int) -> list[str]:
@@ -102,20 +155,7 @@ def _nemotron_h(cfg, num_layers: int) -> tuple[LayerKind, ...]:
         raise UsageError(
             f"{cfg.source}: 'hybrid_override_pattern' must have {num_layers} characters from M * - E, got {pattern!r}"
         )
-    heads = cfg.need("mamba_num_heads", "the Mamba2 state")
-    head_dim = cfg.need("mamba_head_dim", "the Mamba2 state")
-    state = cfg.need("ssm_state_size", "the Mamba2 state")
-    # mamba2_state_shape: conv_dim = intermediate + 2 n_groups state, intermediate = heads x head_dim
-    mamba = MambaState(
-        "mamba2",
-        heads * head_dim,
-        cfg.int("conv_kernel", 4) - 1,
-        heads,
-        head_dim * state,
-        _ssm_bytes(cfg, "float32"),
-        n_groups=cfg.int("n_groups", 1),
-        group_channels=2 * state,
-    )
+    mamba = _mamba2_state(cfg) if "M" in pattern else None
     kinds = {
         "M": LayerKind("mamba", state=mamba),
         "*": LayerKind("full"),
@@ -123,6 +163,31 @@ def _nemotron_h(cfg, num_layers: int) -> tuple[LayerKind, ...]:
         "E": LayerKind("none"),
     }
     return tuple(kinds[c] for c in pattern)
+
+
+def _mamba2_state(cfg) -> MambaState:
+    """mamba_utils.py mamba2_state_shape: conv (k-1, (heads x head_dim + 2 n_groups state)/TP), ssm (heads/TP,
+    head_dim, state). vLLM's mixer keeps heads % n_groups == 0 (mamba_mixer2.py MambaMixer2): a config that
+    breaks it is refused."""
+    heads = cfg.need("mamba_num_heads", "the Mamba2 state")
+    head_dim = cfg.need("mamba_head_dim", "the Mamba2 state")
+    state = cfg.need("ssm_state_size", "the Mamba2 state")
+    groups = cfg.int("n_groups", 1)
+    if groups > heads or heads % groups:
+        raise UsageError(
+            f"{cfg.source}: config.json field '{cfg.section}n_groups' {groups} must divide "
+            f"'mamba_num_heads' {heads} (Mamba2 shares each B/C group among a whole number of heads)"
+        )
+    return MambaState(
+        "mamba2",
+        heads * head_dim,
+        cfg.int("conv_kernel", 4) - 1,
+        heads,
+        head_dim * state,
+        _ssm_bytes(cfg, "float32"),
+        n_groups=groups,
+        group_channels=2 * state,
+    )
 
 
 def _llama4(cfg, num_layers: int) -> tuple[LayerKind, ...]:

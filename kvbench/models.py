@@ -58,14 +58,25 @@ def load_model(name_or_path: str) -> ModelSpec:
 
 
 def describe_layers(model: ModelSpec) -> str:
+    """The layers by kind, as `capacity` summarises them: '48 layers (36 Gated DeltaNet, 12 full)'. Layers that keep
+    no cache (Nemotron-H's MLP and MoE blocks) are counted too, as such."""
     parts = []
     for kind, count in model.layer_counts().items():
         if kind.kind == "sliding":
             parts.append(f"{count} sliding-window ({kind.window} tok)")
+        elif kind.kind == "chunked":
+            parts.append(f"{count} chunked-local ({kind.window} tok)")
         elif kind.kind == "mla":
             parts.append(f"{count} MLA (latent {model.kv_lora_rank}+{model.qk_rope_head_dim})")
+        elif kind.kind == "mamba":
+            parts.append(f"{count} {'Gated DeltaNet' if kind.state.mixer == 'gdn' else 'Mamba2'}")
+        elif kind.latent:
+            parts.append(f"{count} full (latent)" + (f" 1:{kind.token_stride}" if kind.token_stride > 1 else ""))
         else:
             parts.append(f"{count} full")
+    uncached = sum(1 for layer in model.layers if not layer.cached)
+    if uncached:
+        parts.append(f"{uncached} MLP/MoE only (no cache)")
     return ", ".join(parts)
 
 
