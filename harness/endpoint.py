@@ -37,7 +37,7 @@ class Endpoint:
     headers: dict[str, str] = field(default_factory=dict, hash=False)
 
     def __post_init__(self):
-        scrub.remember(*self.headers.values())  # whatever a server echoes of them is never stored
+        scrub.remember_headers(self.headers)  # whatever a server echoes of them is never stored nor shown
 
     @property
     def redacted(self) -> str:
@@ -49,8 +49,15 @@ def with_credentials(url: str, headers: dict[str, str]) -> Endpoint:
     parts = urlsplit(url)
     out = dict(headers)
     if parts.username is not None:
-        token = base64.b64encode(f"{unquote(parts.username)}:{unquote(parts.password or '')}".encode()).decode()
-        scrub.remember(unquote(parts.password or ""))
+        password = unquote(parts.password or "")
+        why = scrub.unscrubbable(password) if password else None
+        if why:
+            raise UsageError(
+                f"--endpoint {redact_url(url)}: the password of user:password@ is {why}, so it cannot be scrubbed "
+                "safely from what a server sends back; give the real credential"
+            )
+        token = base64.b64encode(f"{unquote(parts.username)}:{password}".encode()).decode()
+        scrub.remember(password, token)
         out.setdefault("Authorization", f"Basic {token}")
         netloc = parts.netloc.rsplit("@", 1)[1]
         url = urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
@@ -182,7 +189,8 @@ def describe(base_url: str, headers: dict[str, str] | None = None, timeout_s: fl
             f"--endpoint {shown}: /v1/models did not answer as an OpenAI-compatible server "
             '(expected {"data": [{"id": ...}]})'
         ) from None
-    if len(served) > MAX_SAID_CHARS or scrub.excerpt(served, MAX_SAID_CHARS) != served:
+    # one plain line (checked without the scrubber: a routing header's value may be the model's name)
+    if len(served) > MAX_SAID_CHARS or " ".join(scrub.strip_control(served).split()) != served:
         raise UsageError(
             f"--endpoint {shown}: the server's model id is not a plain name ({len(served):,} characters"
             f"{', with control characters or spaces' if len(served) <= MAX_SAID_CHARS else ''}); "

@@ -395,6 +395,9 @@ class RunSettings(BaseModel):
             check_task_names(self.eval_tasks)
         if self.request_headers() and self.endpoints is None:
             raise UsageError("--api-key/--header are for --endpoint servers; kvbench's own servers need none")
+        from kvbench.scrub import check_credentials
+
+        check_credentials(self.request_headers())  # a key too short or common to scrub is refused up front
         if self.kv_cache_memory_bytes is not None:
             if self.endpoints is not None:
                 raise UsageError("--kv-cache-memory-bytes sizes a server kvbench starts; drop it with --endpoint")

@@ -14,6 +14,7 @@ from kvbench.commands import (
     dashboard,
     history,
     kernels,
+    models,
     nightly,
     plan,
     regress,
@@ -23,7 +24,7 @@ from kvbench.commands import (
 )
 from kvbench.commands import eval as eval_cmd
 from kvbench.errors import KvbenchError
-from kvbench.scrub import excerpt
+from kvbench.scrub import excerpt, printing_scrubbed
 
 app = typer.Typer(
     name="kvbench",
@@ -54,13 +55,15 @@ for module in (
         cls=getattr(module, "COMMAND_CLASS", None),  # dashboard: its help names the registered pages
     )(module.command)
 app.add_typer(tinymodel.app, name=tinymodel.NAME, help=tinymodel.HELP)  # a group: train, verify, accuracy
+app.add_typer(models.app, name=models.NAME, help=models.HELP)  # a group: list, prepare
 
 
 def main(argv: list[str] | None = None) -> None:
     """Entry point: errors become one line on stderr and a non-zero exit, never a traceback."""
     args = sys.argv[1:] if argv is None else argv
     try:
-        rc = app(args=args, prog_name="kvbench", standalone_mode=False)
+        with printing_scrubbed():  # every byte printed is as clean as every byte stored
+            rc = app(args=args, prog_name="kvbench", standalone_mode=False)
     except KvbenchError as exc:
         # one line, no control characters or escape sequences, no credential (the text may quote a server)
         print(f"kvbench: error: {excerpt(str(exc), 4000)}", file=sys.stderr)

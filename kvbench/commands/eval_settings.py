@@ -138,4 +138,7 @@ class EvalSettings(BaseModel):
             headers.setdefault("Authorization", f"Bearer {check_api_key(self.api_key)}")
         if self.header and self.endpoint is None:
             raise UsageError("--api-key/--header are for --endpoint servers; kvbench's own servers need none")
+        from kvbench.scrub import check_credentials
+
+        check_credentials(headers)  # a key too short or common to scrub is refused up front
         return headers

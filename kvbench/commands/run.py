@@ -78,6 +78,7 @@ def command(ctx: typer.Context, settings: RunSettings) -> int:
     from kvbench.measure import execute
     from kvbench.progress import ProgressReporter, new_progress
     from kvbench.records import DtypeStatus
+    from kvbench.scrub import scrub_doc
 
     for note in plan.notes:  # notes quote servers and files: never rich markup
         err_console.print(f"[dim]{escape(note)}[/]")
@@ -87,12 +88,12 @@ def command(ctx: typer.Context, settings: RunSettings) -> int:
             record, path = execute(plan, ProgressReporter(progress))
     except RunInterrupted as exc:
         if as_json:
-            print_json(json_summary(exc.record, exc.path))
+            print_json(scrub_doc(json_summary(exc.record, exc.path)))
         raise
     if as_json:
-        print_json(json_summary(record, path))
+        print_json(scrub_doc(json_summary(record, path)))
     else:
-        render(record.as_doc(), path)
+        render(scrub_doc(record.as_doc()), path)  # what is shown is what was written: scrubbed (K-B20)
         console.print(f"record: {path}")
     failed = [d.kv_cache_dtype for d in record.dtypes if d.status in (DtypeStatus.FAILED, DtypeStatus.PARTIAL)]
     if failed:

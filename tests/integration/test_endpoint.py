@@ -25,10 +25,13 @@ SMALL = ["--num-requests", "8", "--concurrency", "4", "--search-cap", "4"]
 
 def test_urls_are_redacted_and_credentials_become_headers():
     assert redact_url("http://user:pw@h:8000/v1?api_key=s3cret&x=1") == "http://h:8000/v1?api_key=REDACTED&x=1"
-    ep = with_credentials("http://user:pw@h:8000", {"X-Team": "a"})
+    ep = with_credentials("http://user:pw-0123456789@h:8000", {"X-Team": "a"})
     assert (
         ep.url == "http://h:8000" and ep.headers["Authorization"].startswith("Basic ") and ep.headers["X-Team"] == "a"
     )
+    with pytest.raises(UsageError) as short:  # a password too short to scrub is refused, never echoed
+        with_credentials("http://user:pw@h:8000", {})
+    assert "scrubbed safely" in str(short.value) and ":pw" not in str(short.value)
     assert parse_endpoints("http://h:1") == {None: "http://h:1"}
     assert parse_endpoints("auto=http://h:1,fp8=http://h:2") == {"auto": "http://h:1", "fp8": "http://h:2"}
     for bad in (
