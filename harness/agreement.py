@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass
 
 import aiohttp
 
-from kvbench.harness import http
+from kvbench.harness import http, logprobs
 from kvbench.harness.http import side_session
 
 
@@ -30,7 +30,10 @@ class Sample:
 
 def _token_id(text: str) -> int:
     # With return_tokens_as_token_ids vLLM names tokens "token_id:<n>".
-    return int(text.rsplit(":", 1)[1])
+    head, sep, number = text.rpartition(":")
+    if not sep or not number.isascii() or not number.isdigit():
+        raise logprobs.BadAnswer(f"a greedy token is named {text[:30]!r}, not token_id:<n>")
+    return int(number)
 
 
 async def greedy(
@@ -47,22 +50,33 @@ async def greedy(
     }
     async with session.post(f"{base_url}/v1/completions", json=body, allow_redirects=False) as resp:
         await http.raise_for_status(resp)
-        lp = (await resp.json())["choices"][0]["logprobs"]
-    return Sample(prompt, [_token_id(t) for t in lp["tokens"]], [float(x) for x in lp["token_logprobs"]])
+        choice = logprobs.first_choice(await logprobs.read_json(resp, logprobs.answer_limit(max_tokens, 2)))
+    lp = choice.get("logprobs")
+    if not isinstance(lp, dict) or not all(isinstance(lp.get(k), list) for k in ("tokens", "token_logprobs")):
+        raise logprobs.BadAnswer("the answer has no logprobs {tokens, token_logprobs}")
+    tokens = logprobs.token_ids([_token_id(str(t)) for t in lp["tokens"]], max_tokens, "the greedy answer")
+    if len(lp["token_logprobs"]) != len(tokens):
+        raise logprobs.BadAnswer(f"{len(tokens)} tokens but {len(lp['token_logprobs'])} logprobs")
+    return Sample(prompt, tokens, [logprobs.check_logprob(x, "the greedy answer") for x in lp["token_logprobs"]])
 
 
 async def score(
     session: aiohttp.ClientSession, base_url: str, model: str, prompt: list[int], continuation: list[int]
 ) -> list[float]:
     """Logprobs this server assigns to `continuation` after `prompt` (teacher forcing)."""
-    body = {"model": model, "prompt": prompt + continuation, "max_tokens": 1, "temperature": 0, "prompt_logprobs": 1}
+    ids = prompt + continuation
+    body = {"model": model, "prompt": ids, "max_tokens": 1, "temperature": 0, "prompt_logprobs": 1}
     async with session.post(f"{base_url}/v1/completions", json=body, allow_redirects=False) as resp:
         await http.raise_for_status(resp)
-        per_position = (await resp.json())["choices"][0]["prompt_logprobs"]
+        choice = logprobs.first_choice(await logprobs.read_json(resp, logprobs.answer_limit(len(ids), 2)))
+    # the shape checked (a list of len(ids) positions, each {token id: {logprob}}): a ValueError, never an
+    # IndexError or TypeError that would fail the dtype (K-B19)
+    rows = logprobs.positions(choice.get("prompt_logprobs"), ids, len(prompt), 1, 1)
     out = []
-    for pos, token in enumerate(continuation, start=len(prompt)):
-        entry = per_position[pos] or {}
-        out.append(float(entry[str(token)]["logprob"]))
+    for pos, (dist, token) in enumerate(zip(rows, continuation, strict=True), start=len(prompt)):
+        if token not in dist:
+            raise logprobs.BadAnswer(f"prompt_logprobs position {pos} does not list its own token {token}")
+        out.append(dist[token])
     return out
 
 

@@ -22,6 +22,9 @@ import time
 
 from kvbench import evaltasks, fidelity_stats
 from kvbench.datafiles import load_toml
+from kvbench.errors import one_line
+from kvbench.harness import logprobs
+from kvbench.scrub import excerpt
 
 SETTINGS = load_toml("run_defaults.toml").get("fidelity", {})
 ITEMS_PER_TASK: int = SETTINGS.get("items_per_task", 10)
@@ -29,29 +32,34 @@ TOP_K: int = SETTINGS.get("top_k", 20)  # vLLM's default --max-logprobs is 20: n
 REFERENCE = "auto"
 
 
-async def _post(session, base_url: str, body: dict) -> dict:
+async def _post(session, base_url: str, body: dict, limit: int) -> dict:
+    """The first choice of the server's answer, read through harness/logprobs (bounded, checked); an error
+    body is a scrubbed one-line excerpt (it may echo the request's credentials)."""
     async with session.post(f"{base_url}/v1/completions", json=body, allow_redirects=False) as resp:
         if resp.status != 200:
-            raise RuntimeError(f"fidelity: HTTP {resp.status} from the server: {(await resp.text())[:200]}")
-        return (await resp.json())["choices"][0]
+            raise RuntimeError(f"fidelity: HTTP {resp.status} from the server: {excerpt(await resp.text())}")
+        return logprobs.first_choice(await logprobs.read_json(resp, limit))
 
 
 async def continuation(session, base_url: str, model: str, prompt_ids: list[int], room: int, stop: list[int]):
     """Auto's greedy answer as token ids (the stop token included: it is what the model wrote)."""
     body = {"model": model, "prompt": prompt_ids, "max_tokens": room, "temperature": 0.0}
     body.update(stop_token_ids=stop, return_token_ids=True, include_stop_str_in_output=True)
-    choice = await _post(session, base_url, body)
-    return [int(t) for t in choice.get("token_ids") or []]
+    choice = await _post(session, base_url, body, logprobs.answer_limit(room, 2))
+    return logprobs.token_ids(choice.get("token_ids"), room, "auto's answer")  # never more than max_tokens
 
 
-async def score(session, base_url: str, model: str, ids: list[int], first: int, k: int) -> list[dict[int, float]]:
+async def score(
+    session, base_url: str, model: str, ids: list[int], first: int, k: int, least: int | None = None
+) -> list[dict[int, float]]:
     """{token id: logprob} at positions first..len(ids)-1 of a teacher-forced sequence (each: the server's
-    top k plus the sequence's own token), from vLLM's `prompt_logprobs`."""
+    top k plus the sequence's own token), from vLLM's `prompt_logprobs`, each position checked (harness/logprobs:
+    at least `least` tokens, default k)."""
     body = {"model": model, "prompt": ids, "max_tokens": 1, "temperature": 0.0, "prompt_logprobs": k}
-    rows = (await _post(session, base_url, body)).get("prompt_logprobs") or []
-    if len(rows) != len(ids):
-        raise RuntimeError(f"fidelity: prompt_logprobs has {len(rows)} positions for a {len(ids)}-token prompt")
-    return [{int(t): float(v["logprob"]) for t, v in rows[j].items()} for j in range(first, len(ids))]
+    least = k if least is None else least
+    limit = logprobs.answer_limit(len(ids), k + 1 if k >= 0 else least)
+    rows = (await _post(session, base_url, body, limit)).get("prompt_logprobs")
+    return logprobs.positions(rows, ids, first, k, least)
 
 
 def build_items(tokenizer, tasks: list[str], per_task: int) -> list[dict]:
@@ -83,15 +91,17 @@ async def _gather(coros, concurrency: int):
     return await asyncio.gather(*(one(c) for c in coros))
 
 
-async def score_items(session, base_url, model, items: list[dict], concurrency: int, k: int) -> list[dict]:
+async def score_items(
+    session, base_url, model, items: list[dict], concurrency: int, k: int, least: int | None = None
+) -> list[dict]:
     """Each item's scored continuation (and gold, where it differs): {"cont": [...], "gold": [...] | None}."""
 
     async def one(it):
         n = len(it["prompt_ids"])
-        cont = await score(session, base_url, model, it["prompt_ids"] + it["cont_ids"], n, k)
+        cont = await score(session, base_url, model, it["prompt_ids"] + it["cont_ids"], n, k, least)
         gold = None
         if it["cont_ids"][: len(it["gold_ids"])] != it["gold_ids"]:
-            gold = await score(session, base_url, model, it["prompt_ids"] + it["gold_ids"], n, k)
+            gold = await score(session, base_url, model, it["prompt_ids"] + it["gold_ids"], n, k, least)
         return {"cont": cont, "gold": gold}
 
     return await _gather([one(it) for it in items], concurrency)
@@ -141,6 +151,11 @@ class Fidelity:
         self.items = build_items(tokenizer, own, per_task) if per_task > 0 else []
         self.stop = sorted(evaltasks.stop_token_ids(tokenizer))
         self.k = k
+        vocab = len(tokenizer) if hasattr(tokenizer, "__len__") else None
+        # the fewest tokens an honest top-k position lists: k, or the whole vocabulary where it is smaller
+        self.least = (vocab or 1) if k < 0 else min(k, vocab or k)
+        self.problems: dict[str, list[str]] = {}  # dtype -> a condition that could not be measured, and why
+        self.reference_error: str | None = None  # why auto's reference is missing, where it failed
         # k = -1: the full vocabulary (the server's --max-logprobs must allow it): the exact KL
         self.method = fidelity_stats.METHOD_FULL.format(k="all") if k < 0 else fidelity_stats.METHOD_TOPK.format(k=k)
         self.reference: list[dict] | None = None  # auto at rest, once scored
@@ -156,15 +171,28 @@ class Fidelity:
         out: dict = {}
         async with aiohttp.ClientSession(timeout=timeout, headers=headers or {}) as session:
             if dtype == REFERENCE:
-                for it in self.items:
-                    it["cont_ids"] = await continuation(
-                        session, base_url, model, it["prompt_ids"], it["room"], self.stop
-                    )
+                try:
+                    for it in self.items:
+                        it["cont_ids"] = await continuation(
+                            session, base_url, model, it["prompt_ids"], it["room"], self.stop
+                        )
+                except Exception as exc:
+                    self.reference_error = f"auto's answers: {one_line(exc)}"
+                    raise
             if self.reference is None and dtype != REFERENCE:
+                if self.reference_error:  # auto was measured and failed: say so, never skip in silence
+                    raise RuntimeError(f"no reference: {self.reference_error}")
                 return {}  # no auto in this run: nothing to compare with
             for condition, conc in (("rest", 1), ("load", max(1, at_load))):
                 t0 = time.monotonic()
-                scored = await score_items(session, base_url, model, self.items, conc, self.k)
+                try:  # one condition's bad answer is that condition's problem; the other is still measured
+                    scored = await score_items(session, base_url, model, self.items, conc, self.k, self.least)
+                except Exception as exc:  # a bad answer (logprobs.BadAnswer), an HTTP error, a timeout
+                    self.problems.setdefault(dtype, []).append(f"fidelity {condition} not measured: {one_line(exc)}")
+                    if dtype == REFERENCE and condition == "rest":
+                        self.reference_error = f"auto at rest: {one_line(exc)}"
+                        break  # no reference: nothing else can be compared
+                    continue
                 wall = time.monotonic() - t0
                 if dtype == REFERENCE and condition == "rest":
                     self.reference = scored  # auto against itself at rest is zero by construction: no entry

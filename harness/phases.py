@@ -296,6 +296,7 @@ async def measure_fidelity(ctx: DtypeRun, at_load: int) -> None:
         result.fidelity = await fid.measure(*args) or None
     except Exception as exc:  # a server gone mid-scoring: the record says so, the run goes on
         result.warnings.append(f"fidelity not measured: {_one_line(exc)}")
+    result.warnings.extend(fid.problems.pop(ctx.dtype, []))  # a condition the server's answers broke (K-B18)
 
 
 async def agreement(ctx: DtypeRun) -> list[dict] | None:
@@ -325,8 +326,9 @@ async def agreement(ctx: DtypeRun) -> list[dict] | None:
         data = await collect(
             backend.base_url, backend.model, texts, tokens, reference, plan.stall_timeout_s, ctx.headers
         )
-    except (TimeoutError, aiohttp.ClientError, KeyError, ValueError) as exc:
-        # This part failed; the load phases still run (and find out for themselves if the server is gone).
+    except (TimeoutError, aiohttp.ClientError, KeyError, ValueError, TypeError, IndexError, AttributeError) as exc:
+        # This part failed; the load phases still run (and find out for themselves if the server is gone): an
+        # answer of the wrong shape is this optional part's failure, never the dtype's (K-B19).
         record.error = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
         return None
     run.samples.add_agreement(dtype, data["samples"], data["teacher_forced"])

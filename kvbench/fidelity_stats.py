@@ -21,6 +21,7 @@ import numpy as np
 BOOTSTRAP = 2000  # resamples of the items
 SEED = 20261205
 TAIL_FLOOR = 1e-6  # a tail below this is float32 logprobs' rounding (summing 512 of them), not probability
+KL_SLACK = 1e-6  # a KL this far below 0 is rounding; further below, the inputs were not distributions
 METHOD_TOPK = "top-{k} logprobs + one tail bucket (a lower bound on KL)"
 METHOD_FULL = "full-vocabulary logprobs ({k} tokens: the exact KL)"
 
@@ -44,7 +45,9 @@ def kl_topk(p: Mapping[int, float], q: Mapping[int, float]) -> float:
     rest_p, rest_q = 1.0 - float(pp.sum()), 1.0 - float(pq.sum())
     if rest_p > TAIL_FLOOR or rest_q > TAIL_FLOOR:  # both below: the lists covered the vocabulary
         kl += max(rest_p, 0.0) * (math.log(max(rest_p, 1e-12)) - math.log(max(rest_q, 1e-12)))
-    return max(0.0, kl)
+    if not math.isfinite(kl) or kl < -KL_SLACK:  # impossible for two distributions: the input was not one
+        return float("nan")
+    return max(0.0, kl)  # a rounding-sized negative is zero
 
 
 def top1(dist: Mapping[int, float]) -> int:
@@ -78,11 +81,21 @@ def _ratio_ci(num: np.ndarray, den: np.ndarray, rng: np.random.Generator) -> lis
     return [float(lo), float(hi)]
 
 
+def _finite_positions(it: Mapping) -> dict:
+    """An item's positions whose KL is a number (kl_topk gives NaN for inputs that are not distributions)."""
+    keep = [i for i, k in enumerate(it["kld"]) if math.isfinite(k)]
+    return {**it, **{key: [it[key][i] for i in keep] for key in ("kld", "agree", "dlogp")}}
+
+
 def summarize(items: Sequence[Mapping], method: str, seed: int = SEED) -> dict:
-    """One condition's summary from compare_item's outputs (+ optional "gold_dlogp" per item)."""
-    items = [it for it in items if it["kld"]]
+    """One condition's summary from compare_item's outputs (+ optional "gold_dlogp" per item). Positions whose
+    KL is not a number are left out and counted (`dropped_positions`), never read as zero."""
+    before = sum(len(it["kld"]) for it in items)
+    items = [f for f in (_finite_positions(it) for it in items) if f["kld"]]
     kld = np.concatenate([np.asarray(it["kld"], dtype=np.float64) for it in items]) if items else np.array([])
     out = {"items": len(items), "tokens": int(kld.size), "method": method}
+    if before > kld.size:
+        out["dropped_positions"] = before - int(kld.size)
     if not items:
         return {**out, "mean_kld": None, "mean_kld_ci": None, "p99_kld": None, "top1_agreement": None,
                 "top1_agreement_ci": None}  # fmt: skip

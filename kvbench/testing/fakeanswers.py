@@ -14,6 +14,7 @@ from typing import Any
 
 from aiohttp import web
 
+from kvbench.testing.fakehostile import damaged
 from kvbench.testing.fakestate import Call, FakeConfig
 
 _NEEDLE = re.compile(r"The pass key (?:of (\S+) )?is (\d+)\.")
@@ -118,7 +119,7 @@ async def complete_whole(call: Call) -> web.Response:
     finally:
         st.running -= 1
     if ids_prompt:
-        return web.json_response(_token_completion(body, max_tokens, corrupt, n))
+        return damaged(cfg, request, body, _token_completion(body, max_tokens, corrupt, n))
     if chat:
         prompts = [" ".join(str(m.get("content", "")) for m in body.get("messages", []))]
     else:

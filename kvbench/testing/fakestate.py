@@ -56,6 +56,10 @@ class FakeConfig:
     redirect_to: str | None = None
     model_root: str | None = None  # /v1/models' root (None: the model id, as vLLM serving a hub id says)
     metrics_body: str | None = None  # /metrics answers exactly this text (a server that is not vLLM's)
+    # Lying token-id answers (kvbench.testing.fakehostile.DAMAGE: NaN logprobs, a short prompt_logprobs, a 500
+    # echoing the credentials ...); damage_only: "fidelity" (prompt_logprobs > 1) or "agreement" (= 1).
+    damage: str | None = None
+    damage_only: str | None = None
 
     def update(self, changes: dict[str, Any]) -> None:
         names = {f.name: f.type for f in fields(self)}
@@ -65,6 +69,10 @@ class FakeConfig:
             setattr(self, k, v)
         if int(self.tokens_per_chunk) < 1:
             raise ValueError("tokens_per_chunk must be >= 1")
+        from kvbench.testing.fakehostile import DAMAGE
+
+        if self.damage is not None and self.damage not in DAMAGE:
+            raise ValueError(f"unknown damage {self.damage!r}; choose from: {', '.join(DAMAGE)}")
 
 
 def event(obj: Any) -> bytes:
