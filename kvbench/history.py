@@ -103,13 +103,25 @@ def _machine_results(machine_dir: Path, machine: str, problems: list[str]):
 
 
 def bad_value(res) -> str | None:
-    """Why an asv result cannot be believed: a value that is not a number (or null), or no commit."""
+    """Why an asv result cannot be believed: a value that is not a number (or null: NaN, not measured), an
+    infinite one, a negative one (every benchmark here times, counts or measures something that cannot be: a
+    -1e9 s TTFT is damage, not an improvement), a fraction above 1, or no commit."""
     if not isinstance(res.commit_hash, str) or not res.commit_hash:
         return "no commit hash"
+    units = {name: m.unit for name, m in by_benchmark().items()}
     for key in res.get_all_result_keys():
+        unit = next((u for name, u in units.items() if key.endswith(name)), None)
         for value in res._results.get(key) or []:
-            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
+            if value is None:
+                continue
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
                 return f"{key} holds {value!r}, not a number"
+            if math.isinf(value):
+                return f"{key} holds {value!r}, not a finite number"
+            if value < 0:
+                return f"{key} holds {value!r}, but {unit or 'a benchmark value'} cannot be negative"
+            if unit == "fraction" and value > 1:
+                return f"{key} holds {value!r}, but a fraction is at most 1"
     return None
 
 
