@@ -9,6 +9,8 @@ dtype with new numerics is one registry entry plus one module.
 A Codec holds
 - `quant_dequant(x, scale=...)`: the reference round trip, float32 in and out (x's last dimension is head_dim);
   `scaled` says whether it takes a tensor scale (vLLM's k_scale/v_scale; 1.0 without a checkpoint scale).
+  Formats that store K and V differently (turboquant) give V's as `quant_dequant_v`; `kv_round_trip(k, v)`
+  applies the right one to each.
 - for a vLLM cache dtype whose pages kvbench writes itself (`vllm_dtype`): the page layout as vLLM's backend
   customises the spec (`layout(head_size)`), the store (K/V rows -> page bytes at slot_mapping) and the decode
   (page bytes -> K/V rows). `pages` is one layer's cache as vLLM views it, [num_blocks, head slots, block_size,
@@ -70,6 +72,15 @@ class Codec:
     store: Store | None = None  # (pages, key [T, H, D], value, slot_mapping [T], scales) -> None
     decode: Decode | None = None  # (pages, slot_mapping, num_kv_heads, head_size, scales) -> (k, v) float32
     notes: dict = field(default_factory=dict, compare=False)  # what the store follows, for logs and records
+    quant_dequant_v: Callable[..., torch.Tensor] | None = None  # V's round trip where it differs from K's
+
+    def kv_round_trip(self, k: torch.Tensor, v: torch.Tensor, scale: float = 1.0):
+        """(k_hat, v_hat) float32 as the cache hands K and V back; `scale` is the tensor scale (ignored where
+        the codec takes none). Use this, not quant_dequant, where K and V are both at hand: turboquant stores
+        them differently."""
+        kw = {"scale": scale} if self.scaled else {}
+        v_fn = self.quant_dequant_v or self.quant_dequant
+        return self.quant_dequant(k, **kw), v_fn(v, **kw)
 
     @property
     def pages(self) -> bool:
@@ -95,6 +106,8 @@ def keys() -> tuple[str, ...]:
 
 def get(key: str) -> Codec:
     """The Codec for a kernel key: imports the module its formats.toml entry names."""
+    if key in _REGISTRY:
+        return _REGISTRY[key]
     modules = numerics_modules()
     if key not in modules:
         raise ValueError(f"no numerics for {key!r}; kernel keys with numerics: {', '.join(modules)}")
@@ -133,3 +146,39 @@ def rows(slot_mapping: torch.Tensor, block_size: int) -> tuple[torch.Tensor, tor
 def byte_view(pages: torch.Tensor) -> torch.Tensor:
     """The pages as uint8, whatever element dtype vLLM gave them (int8, fp8, uint8)."""
     return pages if pages.dtype == torch.uint8 else pages.view(torch.uint8)
+
+
+def row_codec_io(encode_rows, decode_rows) -> tuple[Store, Decode]:
+    """store/decode for a layout with one contiguous row of content bytes per (block, head, offset) -- every
+    format but nvfp4: per-token-head [K | K scale | V | V scale], turboquant and ultraquant [K | V] slots.
+
+    encode_rows(key [T, H, D], value, scales) -> uint8 [T, H, C]; decode_rows(rows [T, H, C], head_size,
+    scales) -> (k, v) float32 [T, H, D]."""
+
+    def store(pages, key, value, slot_mapping, scales):
+        blk, off = rows(slot_mapping, pages.shape[2])
+        byte_view(pages)[blk, :, off] = encode_rows(key, value, scales)
+
+    def decode(pages, slot_mapping, num_kv_heads, head_size, scales):
+        blk, off = rows(slot_mapping, pages.shape[2])
+        return decode_rows(byte_view(pages)[blk, :, off], head_size, scales)
+
+    return store, decode
+
+
+def f32_bytes(x: torch.Tensor) -> torch.Tensor:
+    """float32 [...] -> its 4 little-endian bytes, uint8 [..., 4] (how vLLM's kernels store a scale inline)."""
+    return x.float().contiguous().unsqueeze(-1).view(torch.uint8)
+
+
+def f32_from_bytes(b: torch.Tensor) -> torch.Tensor:
+    return b.contiguous().view(torch.float32).squeeze(-1)
+
+
+def f16_bytes(x: torch.Tensor) -> torch.Tensor:
+    """float32 [...] -> fp16 (round to nearest even) as 2 little-endian bytes, uint8 [..., 2]."""
+    return x.to(torch.float16).contiguous().unsqueeze(-1).view(torch.uint8)
+
+
+def f16_from_bytes(b: torch.Tensor) -> torch.Tensor:
+    return b.contiguous().view(torch.float16).squeeze(-1).float()
