@@ -136,8 +136,7 @@ def from_config(raw: dict, name: str, source: str) -> ModelSpec:
         "router": sum(p.router for p in layer_params),
         "norms": sum(p.norms for p in layer_params) + final_norm,
     }
-    if vision:
-        params["vision"] = vision
+    params.update({"vision": vision} if vision else {})
     quant = cfg.dict("quantization_config") or top.dict("quantization_config")
     weight_format, weight_bytes = _weight_bytes(cfg, quant, params, DTYPE_BYTES[activation_dtype], activation_dtype)
     rope_dim = qk_rope if qk_rope else int(head_dim * (cfg.number("partial_rotary_factor") or 1.0))
@@ -170,7 +169,14 @@ def from_config(raw: dict, name: str, source: str) -> ModelSpec:
         moe=moe,
         logits_soft_cap=cfg.number("final_logit_softcapping"),
         quantization=quant,
+        mtp_layers=_mtp_layers(cfg),
     )
+
+
+def _mtp_layers(cfg: _Config) -> int:
+    """MTP modules the checkpoint carries (Qwen3.5/3.6: mtp_num_hidden_layers; DeepSeek, Qwen3-Next:
+    num_nextn_predict_layers); vLLM's MTP drafter loads them (kvbench.speculative)."""
+    return cfg.int("mtp_num_hidden_layers", 0, minimum=0) or cfg.int("num_nextn_predict_layers", 0, minimum=0) or 0
 
 
 def _layer_params(

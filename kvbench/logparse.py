@@ -10,9 +10,10 @@ request: X.XXx`); the device prefix is GPU, CPU, XPU... Both forms are accepted.
 
 from __future__ import annotations
 
-import ast
 import re
 from dataclasses import dataclass, field
+
+from kvbench.logconfig import ConfigLine, read_args_dict, read_engine_config
 
 # Every pattern is bounded (no unbounded run before a literal) and only tried on lines holding its literal, and
 # lines are cut to MAX_LINE_CHARS: a hostile 100 MB line or a 20 kB run of capitals costs linear time.
@@ -88,6 +89,19 @@ def parse_capacity(lines: list[str]) -> EngineCapacity | None:
     return found
 
 
+def malformed_capacity(lines: list[str]) -> str | None:
+    """The first capacity line whose figures do not read ("KV cache size: -1,198,372 tokens", "nanx"), as a short
+    excerpt; None when every such line reads (or there is none)."""
+    for line in bounded(lines):
+        for literal in ("KV cache size:", "Maximum concurrency for"):
+            if literal not in line:
+                continue
+            if ONE_LINE.search(line) or SIZE_LINE.search(line) or CONC_LINE.search(line):
+                break
+            return literal + line.split(literal, 1)[1][:80]
+    return None
+
+
 SEGFAULT = "Segfault encountered"
 FRAME = re.compile(r'File "(?P<file>[^"]{1,1024})", line \d{1,9}, in (?P<func>.+)$')
 
@@ -151,7 +165,15 @@ _VERSION = (
     re.compile(r"version (\d{1,4}\.\d{1,4}\.\d{1,6}\S{0,64})\s*$"),
     re.compile(r"Initializing an? (?:V1 )?LLM engine \(v(\d{1,4}\.\d{1,4}\.\d{1,6}[^)]{0,64})\)"),
 )
-_ARGS = re.compile(r"non-default args: (\{.*\})\s*$")
+_ARGS_AT = "non-default args: "
+_ENGINE_AT = " with config: "
+_WORKER = re.compile(r"\(Worker_(?:PP(\d{1,4})_)?TP(\d{1,4})[ _)]")
+_WORLD = re.compile(r"world_size=(\d{1,6})")
+_BLOCK_SET = re.compile(r"Setting attention block size to (\d{1,9}) tokens")
+_PAD_AT = "Padding mamba page size by "
+_PAD = re.compile(rf"Padding mamba page size by ({_X})% ")
+_MAMBA_MODE = re.compile(r"Mamba cache mode is set to '(\w{1,16})'")
+_BATCHED = re.compile(r"Chunked prefill is enabled with max_num_batched_tokens=(\d{1,9})")
 _SERVE = re.compile(r"\$ vllm serve (\S+)")
 _MAX_LEN = re.compile(r"Using max model len (\d+)")
 _SNAPSHOT = re.compile(rf"total_memory={_F}GiB")
@@ -162,7 +184,7 @@ _PROFILE = re.compile(
     rf"Total non KV cache memory: {_F} ?GiB; torch peak memory increase: {_F} ?GiB; "
     rf"non-torch forward increase memory: {_F} ?GiB; weights memory: {_F} ?GiB"
 )
-_AVAILABLE = re.compile(rf"Available KV cache memory: {_F} GiB")
+_AVAILABLE = re.compile(rf"Available KV cache memory: (-?{_X}) GiB")  # negative: the model left no room
 _FREE_ON_DEVICE = re.compile(
     rf"Free memory on device \({_F}/{_F} GiB\) on startup\. Desired GPU memory utilization is \({_F}, {_F} GiB\)\. "
     rf"Actual usage is (.*)"
@@ -219,6 +241,18 @@ class StartupLog:
     kv_tokens: int | None = None  # whole group
     max_concurrency: float | None = None
     tokens_per_request: int | None = None
+    args_line: ConfigLine | None = None  # the non-default args line as far as it was read (cut or whole)
+    engine_line: ConfigLine | None = None  # the engine's "Initializing ... with config:" line, likewise
+    engine_config: dict = field(default_factory=dict)  # its pairs
+    tp_ranks_seen: int | None = None  # highest Worker_TP<k> prefix + 1
+    pp_ranks_seen: int | None = None  # highest Worker_PP<k>_ prefix + 1
+    world_size: int | None = None  # "world_size=N" (tensor x pipeline ranks)
+    block_size_set: int | None = None  # "Setting attention block size to N tokens" (a hybrid's raised block)
+    mamba_padding_pct: float | None = None  # "Padding mamba page size by X%"
+    mamba_cache_mode: str | None = None  # "Mamba cache mode is set to 'align'"
+    batched_tokens_line: int | None = None  # "Chunked prefill is enabled with max_num_batched_tokens=N"
+    kv_dtype_line: str | None = None  # "Using fp8 data type to store kv cache"
+    malformed: list[str] = field(default_factory=list)  # known lines whose figures did not read (excerpts)
 
     @property
     def has_capacity(self) -> bool:
@@ -274,14 +308,16 @@ def _parse_line(log: StartupLog, line: str) -> None:
             log.engine = "v1" if "V1" in line or "EngineCore" in line else log.engine
     if "EngineCore" in line or "v1/worker" in line or "Worker_TP" in line:
         log.engine = "v1"
-    if m := _ARGS.search(line):
-        try:
-            args = ast.literal_eval(m[1])
-        except (ValueError, SyntaxError, TypeError, RecursionError, MemoryError):  # a hostile line is no args
-            args = {}
-        if isinstance(args, dict):
-            log.args.update(args)
-            log.model = log.model or args.get("model") or args.get("model_tag")
+    if _ARGS_AT in line and "{" in line.split(_ARGS_AT, 1)[1][:1]:
+        read = read_args_dict(line.split(_ARGS_AT, 1)[1])
+        log.args_line = read
+        log.args.update(read.values)
+        model = read.values.get("model") or read.values.get("model_tag")
+        log.model = log.model or (model if isinstance(model, str) else None)
+    if _ENGINE_AT in line and "LLM engine" in line and log.engine_line is None:
+        log.engine_line = read_engine_config(line.split(_ENGINE_AT, 1)[1])
+        log.engine_config = dict(log.engine_line.values)
+    _parse_second_sources(log, line)
     if (m := _SERVE.search(line)) and log.model is None:
         log.model = m[1]
     if m := _MAX_LEN.search(line):
@@ -302,6 +338,30 @@ def _parse_line(log: StartupLog, line: str) -> None:
     if m := _FREE_ON_DEVICE.search(line):
         _parse_free_on_device(log, m)
     _parse_v0(log, line)
+
+
+def _parse_second_sources(log: StartupLog, line: str) -> None:
+    """Lines that say a setting where the args line does not (or no longer) does."""
+    if "Worker_" in line and (m := _WORKER.search(line)):
+        log.tp_ranks_seen = max(log.tp_ranks_seen or 0, int(m[2]) + 1)
+        if m[1] is not None:
+            log.pp_ranks_seen = max(log.pp_ranks_seen or 0, int(m[1]) + 1)
+    if "world_size=" in line and (m := _WORLD.search(line)):
+        log.world_size = max(log.world_size or 0, int(m[1]))
+    if (m := _BLOCK_SET.search(line)) and log.block_size_set is None:
+        log.block_size_set = int(m[1])
+    if _PAD_AT in line and log.mamba_padding_pct is None:
+        m = _PAD.search(line + " ")
+        if m:
+            log.mamba_padding_pct = float(m[1])
+        else:
+            log.malformed.append(line.split(_PAD_AT, 1)[1][:60])
+    if (m := _MAMBA_MODE.search(line)) and log.mamba_cache_mode is None:
+        log.mamba_cache_mode = m[1]
+    if m := _BATCHED.search(line):
+        log.batched_tokens_line = int(m[1])
+    if "data type to store kv cache" in line and (m := DTYPE_LINE.search(line)):
+        log.kv_dtype_line = m[1]
 
 
 def _parse_free_on_device(log: StartupLog, m: re.Match) -> None:

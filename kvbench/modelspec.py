@@ -109,6 +109,9 @@ class ModelSpec:
     moe: Moe | None = None
     logits_soft_cap: float | None = None  # final-logit soft-capping (Gemma 2): more copies of the logits
     quantization: dict = field(default_factory=dict)  # the config's quantization_config
+    mtp_layers: int = 0  # MTP modules the config carries (mtp_num_hidden_layers / num_nextn_predict_layers)
+    speculative_tokens: int = 0  # served with speculative decoding: tokens per step (Mamba state keeps as many pages)
+    retained_tokens: int = 0  # sliding-window tokens kept beyond the window for a multi-module MTP drafter
 
     @property
     def param_count(self) -> int:

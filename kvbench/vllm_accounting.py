@@ -35,6 +35,8 @@ MAMBA_PAGES_PER_REQUEST = {"none": 1, "align": 2}  # MambaSpec.max_memory_usage_
 # -> True), which turns mamba_cache_mode to "align"; earlier releases are taken as "none" (not checked).
 ALIGN_DEFAULT_SINCE = (0, 32)
 NEW_TOKEN_FORM_SINCE = (0, 20)  # vLLM issue #51041: N = int(max_concurrency x max_model_len)
+# MambaMixer2's prefill checkpoint page in align mode (0.32's source; older releases are not read)
+MAMBA2_CHECKPOINT_SINCE = (0, 32)
 
 
 @dataclass(frozen=True)
@@ -84,12 +86,19 @@ def _group_size(counts: dict[LayerKind, int]) -> int:
     return largest if largest < smallest * 1.5 else smallest
 
 
-def _blocks(kind: LayerKind, context: int, block: int, in_flight: int, mamba_mode: str) -> int:
+def _blocks(
+    kind: LayerKind, context: int, block: int, in_flight: int, mamba_mode: str, model: ModelSpec, version
+) -> int:
     """kv_cache_interface.py <Spec>.max_admission_blocks_per_request / max_memory_usage_bytes."""
     if kind.kind == "mamba":
-        return MAMBA_PAGES_PER_REQUEST[mamba_mode]
-    if kind.kind == "sliding":  # SlidingWindowSpec: window - 1 + in-flight tokens, + 1 for the offset
-        return math.ceil(min(kind.window - 1 + in_flight, context) / block) + 1
+        # MambaSpec.max_memory_usage_bytes: align keeps 2 pages (+1 prefill checkpoint for Mamba2 from 0.32:
+        # mamba_mixer2.py MambaMixer2.get_kv_cache_spec), every other mode 1; + num_speculative_tokens
+        pages = MAMBA_PAGES_PER_REQUEST.get(mamba_mode, 1)
+        if mamba_mode == "align" and kind.state.mixer == "mamba2" and _vkey(version) >= MAMBA2_CHECKPOINT_SINCE:
+            pages += 1
+        return pages + model.speculative_tokens
+    if kind.kind == "sliding":  # SlidingWindowSpec: window - 1 + retained + in-flight tokens, + 1 for the offset
+        return math.ceil(min(kind.window - 1 + model.retained_tokens + in_flight, context) / block) + 1
     if kind.kind == "chunked":  # ChunkedLocalAttentionSpec: chunk + in-flight tokens
         return math.ceil(min(kind.window + in_flight, context) / block)
     return math.ceil(context / block)
@@ -137,7 +146,7 @@ def account(
         notes.append(f"{padded} padding layer(s) to fill groups of {group_size}")
     pool_block = group_size * page
     num_blocks = max(0, int(pool_bytes // pool_block)) if pool_block else 0
-    per_group = {k: _blocks(k, context, sizes[k], in_flight_tokens, mamba_cache_mode) for k in counts}
+    per_group = {k: _blocks(k, context, sizes[k], in_flight_tokens, mamba_cache_mode, model, version) for k in counts}
     blocks_per_req = sum(groups[k] * per_group[k] for k in counts)
     fixed = sum(groups[k] * per_group[k] for k in counts if k.kind == "mamba") * pool_block
     conc = num_blocks / blocks_per_req if blocks_per_req else 0.0

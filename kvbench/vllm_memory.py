@@ -40,8 +40,18 @@ VLLM_DTYPE_ARGS = {
     "float32": "float32",
     "float": "float32",
 }
-# vLLM's --quantization values whose weight format kvbench models -> predict_non_kv's `weights`
-VLLM_QUANTIZATION_WEIGHTS = {"fp8": "fp8"}
+# vLLM's --quantization values whose weight format kvbench models -> predict_non_kv's `weights`. Weight-only 4-bit
+# methods are taken at their usual 4 bits (AutoRound / INC, AWQ and GPTQ default to bits=4); a checkpoint's own
+# quantization_config says otherwise where kvbench has its config.json (--model PATH: `auto`).
+VLLM_QUANTIZATION_WEIGHTS = {
+    "fp8": "fp8",
+    "auto_round": "int4",
+    "inc": "int4",
+    "awq": "int4",
+    "awq_marlin": "int4",
+    "gptq": "int4",
+    "gptq_marlin": "int4",
+}
 # vLLM's command-line flags (long and short) by the names its "non-default args" line uses
 VLLM_FLAGS = {
     "tensor_parallel_size": ("--tensor-parallel-size", "-tp"),
@@ -114,6 +124,16 @@ class VllmRelease:
     sampler_bytes_per_logit: float
     source: str
     default_max_num_seqs: int | None = None
+
+
+@dataclass(frozen=True)
+class Runtime:
+    """How the server runs, where it changes the non-KV terms: custom all-reduce (vLLM's default: on; off with
+    --disable-custom-all-reduce or without P2P) and the CUDA-graph mode ('full_and_piecewise' by default,
+    'piecewise' where speculative decoding makes vLLM fall back, 'eager' with --enforce-eager)."""
+
+    custom_all_reduce: bool = True
+    cudagraph: str = "full_and_piecewise"
 
 
 @dataclass(frozen=True)
@@ -299,6 +319,7 @@ def predict_non_kv(
     max_num_seqs: int | None = None,
     max_num_batched_tokens: int | None = None,
     max_model_len: int | None = None,
+    runtime: Runtime | None = None,
 ) -> NonKvEstimate:
     """kvbench's prediction of every non-KV term vLLM accounts for, per rank and pipeline stage.
 
@@ -320,15 +341,9 @@ def predict_non_kv(
         parts = _activation_parts(spec, plan, rel, gpu, knobs, tp, first=s == 0, last=s == pp - 1, layers=layers)
         parts = (*parts, Term("persistent", platform["persistent_gib"] * GiB, platform["persistent_source"]))
         act = sum(t.bytes for t in parts)
-        non_torch = _non_torch(platform, tp, pp)
-        graph_bytes = platform["cudagraph_estimate_gib"] * GiB if rel.subtracts_cudagraph else 0.0
-        graph = Term(
-            "cudagraph",
-            graph_bytes,
-            platform["cudagraph_source"]
-            if rel.subtracts_cudagraph
-            else f"vLLM {rel.version} does not subtract its CUDA-graph estimate",
-        )
+        non_torch = _non_torch(gpu, tp, pp, runtime or Runtime())
+        graph = _cudagraph(rel, runtime or Runtime())
+        graph_bytes = graph.bytes
         kv = requested - stage_weights[s] - act - non_torch.bytes - graph_bytes
         stages.append(
             StageMemory(
@@ -358,14 +373,41 @@ def predict_non_kv(
     return NonKvEstimate(rel, gpu.key, util, tp, pp, weights, plan.dtype, knobs, tuple(stages))
 
 
-def _non_torch(platform: dict, tp: int, pp: int) -> Term:
-    if tp > 1:
-        key, why = "non_torch_gib_tensor_parallel", "TP > 1: NCCL and custom all-reduce buffers"
-    elif pp > 1:
-        key, why = "non_torch_gib_pipeline_parallel", "PP > 1, TP 1"
-    else:
-        key, why = "non_torch_gib_single", "one GPU"
-    return Term("non_torch", platform[key] * GiB, platform["non_torch_source"], why)
+def _nonkv() -> dict:
+    return load_toml("nonkv.toml")
+
+
+def gpu_class(gpu: GpuSpec) -> str:
+    """'nvlink', 'pcie' or 'any' (a GPU kvbench/data/nonkv.toml does not class)."""
+    return next((name for name, keys in _nonkv()["classes"].items() if gpu.key in keys), "any")
+
+
+def _non_torch(gpu: GpuSpec, tp: int, pp: int, runtime: Runtime) -> Term:
+    """The first kvbench/data/nonkv.toml rule for this GPU class, parallelism and custom all-reduce."""
+    parallel = "tensor" if tp > 1 else ("pipeline" if pp > 1 else "single")
+    cls = gpu_class(gpu)
+    for rule in _nonkv()["non_torch"]:
+        if rule["parallel"] != parallel or rule["class"] not in (cls, "any"):
+            continue
+        if "custom_all_reduce" in rule and rule["custom_all_reduce"] != runtime.custom_all_reduce:
+            continue
+        why = f"{parallel} on a {cls} board" + (
+            f", custom all-reduce {'on' if runtime.custom_all_reduce else 'off'}" if tp > 1 else ""
+        )
+        if "estimate" in rule:
+            why += f"; estimate: {rule['estimate']}"
+        return Term("non_torch", rule["gib"] * GiB, rule["source"], why)
+    raise AssertionError("nonkv.toml: a rule for every parallel kind and class 'any' is expected")
+
+
+def _cudagraph(rel: VllmRelease, runtime: Runtime) -> Term:
+    if not rel.subtracts_cudagraph:
+        return Term("cudagraph", 0.0, f"vLLM {rel.version} does not subtract its CUDA-graph estimate")
+    for rule in _nonkv()["cudagraph"]:
+        if rule["mode"] == runtime.cudagraph:
+            return Term("cudagraph", rule["gib"] * GiB, rule["source"], f"cudagraph mode {runtime.cudagraph}")
+    modes = ", ".join(r["mode"] for r in _nonkv()["cudagraph"])
+    raise UsageError(f"unknown CUDA-graph mode {runtime.cudagraph!r}; choose from: {modes}")
 
 
 def _activation_parts(

@@ -21,8 +21,9 @@ from kvbench.formats import get_format, parse_format_list
 from kvbench.gpus import GpuSpec, get_gpu
 from kvbench.models import ModelSpec, load_model
 from kvbench.output import console, err_console, print_json
+from kvbench.speculative import speculative_flag, with_speculative
 from kvbench.units import GB, fmt_gib
-from kvbench.vllm_memory import NonKvEstimate, StageMemory, cpu_scheduler_knobs, predict_non_kv, release
+from kvbench.vllm_memory import NonKvEstimate, Runtime, StageMemory, cpu_scheduler_knobs, predict_non_kv, release
 
 NAME = "capacity"
 HELP = "KV bytes per token, tokens that fit and max concurrent sequences per KV dtype: naive formula vs vLLM's pages."
@@ -37,9 +38,11 @@ def command(ctx: typer.Context, s: CapacitySettings) -> None:
     if s.from_log is not None:
         from kvbench.commands.fromlog import compare_log
 
-        compare_log(s)
+        compare_log(s, typed_flags(ctx))
         return
     spec = load_model(s.model)
+    spec_dec = speculative_flag(s.speculative, spec) if s.speculative else None
+    spec = with_speculative(spec, spec_dec)
     notes = context_notes(spec, s.context)
     if s.platform == "cpu":
         _cpu(s, spec, notes)
@@ -57,6 +60,7 @@ def command(ctx: typer.Context, s: CapacitySettings) -> None:
         max_num_seqs=s.max_num_seqs,
         max_num_batched_tokens=s.max_num_batched_tokens,
         max_model_len=s.context,
+        runtime=Runtime(cudagraph="piecewise" if spec_dec and spec_dec.layers else "full_and_piecewise"),
     )
     pool, overhead = _overrides(est, card, s.kv_budget_gb, s.overhead_gb, s.memory_basis)
     budget = _budget(est, pool, overhead)
@@ -74,6 +78,15 @@ def command(ctx: typer.Context, s: CapacitySettings) -> None:
         from kvbench.commands.capacity_explain import print_explain
 
         print_explain(spec, s.tensor_parallel_size, rows)
+
+
+def typed_flags(ctx: typer.Context) -> set[str] | None:
+    """The settings the user typed on the command line (None where click cannot tell). Typer carries its own copy
+    of click, so the source is compared by name."""
+    try:
+        return {name for name in ctx.params if getattr(ctx.get_parameter_source(name), "name", "") == "COMMANDLINE"}
+    except (AttributeError, KeyError):
+        return None
 
 
 def context_notes(spec: ModelSpec, context: int) -> list[str]:

@@ -150,6 +150,13 @@ class CapacitySettings(BaseModel):
             "scheduling; give the KV space with --kv-budget-gb)."
         ),
     )
+    speculative: Annotated[str | None, Flag("--speculative")] = Field(
+        None,
+        description=(
+            "Speculative decoding, as vLLM sizes it: METHOD[:N] (mtp, eagle, eagle3, draft_model, ngram, ...; N "
+            "tokens per step), @DRAFT for the drafter's own config; its KV layers and weights are counted."
+        ),
+    )
     from_log: Annotated[Path | None, Flag("--from-log")] = Field(
         None, description="A vLLM start-up log: take its settings and compare its figures with kvbench's, term by term."
     )

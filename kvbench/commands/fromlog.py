@@ -1,4 +1,5 @@
-"""`kvbench capacity --from-log FILE`: vLLM's own start-up figures next to kvbench's prediction, term by term."""
+"""`kvbench capacity --from-log FILE`: vLLM's own start-up figures next to kvbench's prediction, term by term, and
+where each of the server's settings came from (kvbench/commands/fromlog_inputs.py)."""
 
 from __future__ import annotations
 
@@ -8,18 +9,43 @@ from pathlib import Path
 from rich.markup import escape
 from rich.table import Table
 
-from kvbench.capacity import capacity_for_ranks
-from kvbench.commands.fromlog_hybrid import cut_settings, kv_terms, print_kv_terms, terms_as_json
+from kvbench.capacity import VLLM_DEFAULT_BLOCK_SIZE, capacity_for_ranks
+from kvbench.commands.fromlog_hybrid import kv_terms, print_kv_terms, terms_as_json
+from kvbench.commands.fromlog_inputs import Inputs, args_summary
+from kvbench.commands.fromlog_predict import (
+    LogOverrides,
+    LogPrediction,
+    gpu_for_total,
+    log_prediction,
+    predict_for_log,
+    resolve_model_for_log,
+)
 from kvbench.errors import UsageError
 from kvbench.formats import get_format, tracked_dtypes
-from kvbench.gpus import GpuSpec, catalog, get_gpu
-from kvbench.logparse import StartupLog, parse_startup_log, split_startups
-from kvbench.models import ModelSpec, by_hf_id, load_model
+from kvbench.logparse import StartupLog, malformed_capacity, parse_startup_log, split_startups
 from kvbench.output import console, err_console, print_json
+from kvbench.scrub import strip_control
 from kvbench.units import GiB
-from kvbench.vllm_memory import NonKvEstimate, predict_non_kv, server_inputs
+from kvbench.vllm_memory import NonKvEstimate, int_arg
+
+__all__ = ["LogOverrides", "compare_log", "gpu_for_total", "predict_for_log", "resolve_model_for_log"]
 
 MAX_LOG_BYTES = 256 << 20  # a start-up log is kilobytes; a request log of days is not what --from-log reads
+# capacity's settings fields -> LogOverrides fields (only those the user typed override the log)
+_FLAG_FIELDS = {
+    "model": "model",
+    "gpu": "gpu",
+    "context": "context",
+    "gpu_memory_utilization": "utilization",
+    "tensor_parallel_size": "tp",
+    "pipeline_parallel_size": "pp",
+    "weights": "weights",
+    "vllm_version": "vllm_version",
+    "max_num_seqs": "max_num_seqs",
+    "max_num_batched_tokens": "max_num_batched_tokens",
+    "block_size": "block_size",
+    "speculative": "speculative",
+}
 
 
 @dataclass(frozen=True)
@@ -36,71 +62,6 @@ class Comparison:
     @property
     def error_pct(self) -> float | None:
         return None if not self.logged else 100 * (self.predicted - self.logged) / self.logged
-
-
-def gpu_for_total(total_gib: float | None) -> GpuSpec | None:
-    """The catalog GPU whose torch-reported total is within 0.1 GiB of what the log says."""
-    if total_gib is None:
-        return None
-    near = [g for g in catalog().values() if g.torch_total_gib and abs(g.torch_total_gib - total_gib) <= 0.1]
-    return min(near, key=lambda g: abs(g.torch_total_gib - total_gib)) if near else None
-
-
-@dataclass(frozen=True)
-class LogOverrides:
-    """What the command line says over (or in place of) the log: `capacity`'s flags, None where not given."""
-
-    model: str | None = None
-    gpu: str | None = None
-    context: int | None = None
-    kv_dtype: str | None = None
-    utilization: float | None = None
-    tp: int | None = None
-    pp: int | None = None
-    weights: str | None = None
-    vllm_version: str | None = None
-    max_num_seqs: int | None = None
-    max_num_batched_tokens: int | None = None
-    block_size: int | None = None
-
-
-def predict_for_log(log: StartupLog, source: Path, flags: LogOverrides = LogOverrides()):
-    """kvbench's prediction with the log's settings, flags filling what it does not say (and overriding it)."""
-    spec = resolve_model_for_log(flags.model, log.model, source)
-    card = get_gpu(flags.gpu) if flags.gpu else gpu_for_total(log.total_gib)
-    if card is None:
-        raise UsageError(f"{source}: no GPU in kvbench's catalog reports {log.total_gib} GiB; pass --gpu")
-    max_len = flags.context or log.max_model_len
-    if max_len is None:
-        raise UsageError(f"{source}: the log does not say max_model_len; pass --context")
-    args = log.args
-    inputs = server_inputs(args)  # what the server was started with, by vLLM's names; the flags override it
-    if flags.weights not in (None, "auto"):
-        inputs.update(weights=flags.weights, dtype=None)
-    if flags.tp and flags.tp > 1:
-        inputs["tensor_parallel_size"] = flags.tp
-    if flags.pp and flags.pp > 1:
-        inputs["pipeline_parallel_size"] = flags.pp
-    inputs["max_num_seqs"] = flags.max_num_seqs or inputs["max_num_seqs"]
-    inputs["max_num_batched_tokens"] = flags.max_num_batched_tokens or inputs["max_num_batched_tokens"]
-    fmt = get_format(flags.kv_dtype or str(args.get("kv_cache_dtype", "auto")))
-    est = predict_non_kv(
-        spec,
-        card,
-        utilization=flags.utilization if flags.utilization is not None else log.utilization,
-        **inputs,
-        vllm_version=flags.vllm_version or log.vllm_version,
-        max_model_len=max_len,
-    )
-    block = flags.block_size or args.get("block_size") or 16
-    version = flags.vllm_version or log.vllm_version
-    row = capacity_for_ranks(spec, [fmt], max_len, est, card, block, vllm_version=version)[0]
-    return spec, card, est, row, max_len
-
-
-def row_format(row):
-    """The CacheFormat a capacity row was computed for."""
-    return get_format(row.dtype)
 
 
 def read_log(path: Path) -> str:
@@ -134,6 +95,12 @@ def choose_startup(path: Path, text: str, start: int | None) -> tuple[StartupLog
             )
         return logs[start - 1], start, len(logs)
     if not complete:
+        bad = malformed_capacity(text.splitlines())
+        if bad is not None:
+            raise UsageError(
+                f"{path}: the capacity line is malformed ({strip_control(bad)!r}); vLLM writes "
+                "'GPU KV cache size: N tokens, Maximum concurrency for L tokens per request: X.XXx'"
+            )
         raise UsageError(
             f"{path}: no KV-cache capacity line ('Available KV cache memory' or 'KV cache size') in this log"
         )
@@ -148,7 +115,7 @@ def comparisons(log: StartupLog, est: NonKvEstimate, kv_tokens: int) -> list[Com
         if est.release.subtracts_cudagraph
         else (0.0 if log.cudagraph_estimate_gib is not None else None)
     )
-    out = [
+    return [
         Comparison("device total", log.total_gib, s.total.bytes / GiB, "GiB"),
         Comparison(
             "requested (x utilization)",
@@ -163,85 +130,135 @@ def comparisons(log: StartupLog, est: NonKvEstimate, kv_tokens: int) -> list[Com
         Comparison("KV pool per GPU", log.available_kv_gib, s.kv_pool.bytes / GiB, "GiB"),
         Comparison("KV tokens (group)", log.kv_tokens, kv_tokens, "tokens"),
     ]
-    return out
 
 
-def compare_log(settings) -> None:
-    """`capacity --from-log`: `settings` are the command's CapacitySettings (kvbench/commands/capacity_settings.py)."""
+def overrides(settings, given: set[str] | None) -> LogOverrides:
+    """The flags the user typed (`given`: settings field names; None: every flag not at its default) as overrides."""
     s = settings
-    path, picked, as_json, vllm_version = s.from_log, s.start, s.as_json, s.vllm_version
-    text = read_log(Path(path))
-    log, start, count = choose_startup(Path(path), text, picked)
+    values = {}
+    for field, key in _FLAG_FIELDS.items():
+        value = getattr(s, field, None)
+        if given is not None and field not in given:
+            continue
+        if given is None and field in ("tensor_parallel_size", "pipeline_parallel_size") and value == 1:
+            continue
+        if field == "weights" and value == "auto":
+            continue
+        values[key] = value
+    kv = None if s.kv_dtype == ",".join(tracked_dtypes()) else s.kv_dtype  # the default: the log's dtype instead
+    return LogOverrides(kv_dtype=kv, **values)
+
+
+def compare_log(settings, given: set[str] | None = None) -> None:
+    """`capacity --from-log`: `settings` are the command's CapacitySettings (kvbench/commands/capacity_settings.py);
+    `given` the settings the user typed on the command line."""
+    s = settings
+    path, picked = Path(s.from_log), s.start
+    text = read_log(path)
+    log, start, count = choose_startup(path, text, picked)
     note = _start_note(path, count, start, picked)
-    kv = None if s.kv_dtype == ",".join(tracked_dtypes()) else s.kv_dtype  # the default: take the log's dtype instead
-    flags = LogOverrides(
-        model=s.model,
-        gpu=s.gpu,
-        context=s.context,
-        kv_dtype=kv,
-        utilization=s.gpu_memory_utilization,
-        tp=s.tensor_parallel_size,
-        pp=s.pipeline_parallel_size,
-        weights=s.weights,
-        vllm_version=vllm_version,
-        max_num_seqs=s.max_num_seqs,
-        max_num_batched_tokens=s.max_num_batched_tokens,
-        block_size=s.block_size,
-    )
-    cut = cut_settings(text)
+    flags = overrides(s, given)
+    cut = args_summary(log)
     try:
-        spec, card, est, row, max_len = predict_for_log(log, Path(path), flags)
+        pred = log_prediction(log, path, flags)
     except UsageError as exc:
         raise UsageError(f"{exc}; {cut}" if cut else str(exc)) from None
+    spec, card, est, row, max_len = pred.astuple()
+    version = flags.vllm_version or log.vllm_version or est.release.version
     # --kv-budget-gb replaces the log's pool in the KV accounting (never ignored); else the log's own pool
     if s.kv_budget_gb is not None:
         pool, pool_how = s.kv_budget_gb * 1e9, f"--kv-budget-gb {s.kv_budget_gb:g} GB replaces the pool"
+        fmt = get_format(row.dtype)
         row = capacity_for_ranks(
-            spec, [row_format(row)], max_len, est, card, flags.block_size or 16, pool, vllm_version=vllm_version
+            spec,
+            [fmt],
+            max_len,
+            est,
+            card,
+            _block(pred),
+            pool,
+            vllm_version=version,
+            mamba_cache_mode=pred.mamba_cache_mode,
         )[0]
     elif log.available_kv_gib:
         pool, pool_how = log.available_kv_gib * GiB, "the log's own pool (isolates the KV accounting)"
     else:
         pool, pool_how = est.stages[0].kv_pool.bytes, "kvbench's predicted pool (the log gives none)"
-    version = vllm_version or log.vllm_version or est.release.version
-    _, kv = kv_terms(text, log, spec, est, row_format(row), max_len, (pool, pool_how), version)
+    _, kv = kv_terms(log, pred, get_format(row.dtype), (pool, pool_how), version)
     rows = comparisons(log, est, row.kv_tokens)
-    if as_json:
-        print_json(
-            {
-                "log": str(path),
-                "model": spec.name,
-                "gpu": card.key,
-                "max_model_len": max_len,
-                "vllm_version": est.release.version,
-                "logged_vllm_version": log.vllm_version,
-                "startups": count,
-                "start": start,
-                "start_note": note,
-                "terms": [
-                    {
-                        "term": c.term,
-                        "unit": c.unit,
-                        "logged": c.logged,
-                        "predicted": c.predicted,
-                        "error": c.error,
-                        "error_pct": c.error_pct,
-                    }
-                    for c in rows
-                ],
-                "non_kv": est.as_dict(),
-                "kv_terms": terms_as_json(kv),
-                "settings_cut": cut,
-            }
-        )
+    no_room = _no_room(log, est)
+    if s.as_json:
+        print_json({**_as_json(path, log, pred, rows, kv, count, start, note, cut), "no_room": no_room})
         return
     if note:
         err_console.print(escape(note))
-    _print_header(path, log, spec.name, card.name, est, max_len, vllm_version)
+    _print_header(path, log, pred)
+    _print_inputs(pred.inputs)
     _print_terms(rows, est, row)
     print_kv_terms(kv)
-    if cut:
-        console.print(escape(cut))
+    for line in (no_room, cut, *(f"malformed line, not read: {strip_control(m)!r}" for m in log.malformed)):
+        if line:
+            console.print(escape(line))
+
+
+def _no_room(log: StartupLog, est: NonKvEstimate) -> str | None:
+    """A word where vLLM found no room for the KV cache (its engine then refuses to start)."""
+    if log.available_kv_gib is None or log.available_kv_gib > 0:
+        return None
+    predicted = est.stages[0].kv_pool.bytes / GiB
+    return (
+        f"vLLM found {log.available_kv_gib:g} GiB for the KV cache: weights and non-KV memory filled the "
+        f"requested memory, so the engine did not start (kvbench predicts {predicted:.2f} GiB"
+        + ("; it does not fit either)" if predicted <= 0 else ")")
+    )
+
+
+def _block(pred: LogPrediction) -> int:
+    return int_arg(pred.inputs.value("block_size")) or VLLM_DEFAULT_BLOCK_SIZE
+
+
+def _as_json(path, log, pred: LogPrediction, rows, kv, count, start, note, cut) -> dict:
+    spec, card, est, _, max_len = pred.astuple()
+    return {
+        "log": str(path),
+        "model": spec.name,
+        "gpu": card.key,
+        "max_model_len": max_len,
+        "vllm_version": est.release.version,
+        "logged_vllm_version": log.vllm_version,
+        "startups": count,
+        "start": start,
+        "start_note": note,
+        "inputs": {
+            i.name: {"value": i.value, "source": i.source, "logged": i.logged, "assumed": i.assumed}
+            for i in pred.inputs.values()
+        },
+        "assumed": [i.name for i in pred.inputs.assumed()],
+        "speculative": pred.speculative.describe() if pred.speculative else None,
+        "args_line": None
+        if log.args_line is None
+        else {
+            "whole": log.args_line.whole,
+            "last_key": log.args_line.last_key,
+            "keys_read": list(log.args_line.values),
+            "unreadable": log.args_line.unreadable,
+        },
+        "terms": [
+            {
+                "term": c.term,
+                "unit": c.unit,
+                "logged": c.logged,
+                "predicted": c.predicted,
+                "error": c.error,
+                "error_pct": c.error_pct,
+            }
+            for c in rows
+        ],
+        "non_kv": est.as_dict(),
+        "kv_terms": terms_as_json(kv),
+        "settings_cut": cut,
+        "malformed": log.malformed,
+    }
 
 
 def _start_note(path: Path, count: int, start: int, picked: int | None) -> str | None:
@@ -254,15 +271,35 @@ def _start_note(path: Path, count: int, start: int, picked: int | None) -> str |
     )
 
 
-def _print_header(path: Path, log, model: str, gpu: str, est, max_len: int, vllm_version: str | None) -> None:
+def _print_header(path: Path, log: StartupLog, pred: LogPrediction) -> None:
+    spec, card, est, _, max_len = pred.astuple()
+    shown = strip_control(log.model or spec.name)  # a log's text reaches the terminal without escape sequences
+    version = strip_control(log.vllm_version or "version not in log")
     console.print(
-        f"[bold]{escape(str(path))}[/]: {escape(log.model or model)} on {gpu}, "
+        f"[bold]{escape(strip_control(str(path)))}[/]: {escape(shown)} on {card.name}, "
         f"TP {est.tensor_parallel_size} PP {est.pipeline_parallel_size}, max_model_len {max_len:,}, "
-        f"utilization {est.utilization:g}; "
-        f"vLLM {escape(log.vllm_version or 'version not in log')} (kvbench models {est.release.version}"
-        + ("" if log.vllm_version or vllm_version else "; pass --vllm-version if the server ran another")
-        + ")"
+        f"utilization {est.utilization:g}; vLLM {escape(version)} (kvbench models {est.release.version})"
     )
+    if pred.speculative:
+        console.print(f"speculative decoding: {escape(pred.speculative.describe())}")
+
+
+def _print_inputs(inputs: Inputs) -> None:
+    """Where each setting came from; what the log did not say, with the value assumed."""
+    table = Table(title="the server's settings, and where each comes from", title_justify="left")
+    for col in ("setting", "value", "from"):
+        table.add_column(col)
+    for item in inputs.values():
+        shown = "—" if item.value is None else strip_control(str(item.value))
+        if item.logged is not None:
+            shown += f" (the log says {strip_control(str(item.logged))})"
+        table.add_row(item.name, escape(shown[:80]), escape(item.source))
+    console.print(table)
+    assumed = inputs.assumed()
+    if assumed:
+        console.print(
+            "not in the log, assumed (pass the flag to set it): " + "; ".join(f"{i.name} = {i.value}" for i in assumed)
+        )
 
 
 def _print_terms(rows: list[Comparison], est: NonKvEstimate, row) -> None:
@@ -281,23 +318,8 @@ def _print_terms(rows: list[Comparison], est: NonKvEstimate, row) -> None:
             fmt(c.predicted),
             "—" if c.error is None else ("{:+,.0f}" if c.unit == "tokens" else "{:+.2f}").format(c.error),
             "—" if c.error_pct is None else f"{c.error_pct:+.1f}%",
-            src,
+            escape(src),
         )
     console.print(table)
     parts = est.stages[0].activation_parts
     console.print("activation peak = " + " + ".join(f"{t.name} {t.bytes / GiB:.2f}" for t in parts) + " GiB")
-
-
-def resolve_model_for_log(model: str | None, hf_id: str | None, source: Path) -> ModelSpec:
-    """--model's spec, else the shipped model the log names (a log-only question: `capacity` imports this
-    module for --from-log, never the other way round)."""
-    if model is not None:
-        return load_model(model)
-    name = by_hf_id(hf_id) if hf_id else None
-    if name is None:
-        if not hf_id:
-            raise UsageError(f"{source}: the log does not name the model; pass --model NAME or PATH/config.json")
-        raise UsageError(
-            f"{source}: model {hf_id!r} is not among kvbench's shipped models; pass --model NAME or PATH/config.json"
-        )
-    return load_model(name)

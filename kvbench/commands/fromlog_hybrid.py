@@ -1,64 +1,39 @@
 """`capacity --from-log` on a hybrid / sliding-window log: vLLM's KV accounting term by term, given the log's own
 pool (or --kv-budget-gb): the attention block size ("Setting attention block size to N tokens"), the Mamba page
 padding ("Padding mamba page size by X%"), the group count the reported tokens imply, the reported form
-(0.19's num_blocks // groups x block, or max_concurrency x max_model_len from 0.20) and the concurrency.
-Also what a cut-off settings line leaves unknown, and how to pass it."""
+(0.19's num_blocks // groups x block, or max_concurrency x max_model_len from 0.20) and the concurrency."""
 
 from __future__ import annotations
 
-import re
-
+from rich.markup import escape
 from rich.table import Table
 
-from kvbench.capacity import budget_from_bytes, capacity_row, rank_model
+from kvbench.capacity import budget_from_bytes, capacity_row, max_concurrent_batches, rank_model
 from kvbench.formats import CacheFormat
 from kvbench.output import console
 from kvbench.units import GB, GiB
 
-_BLOCK = re.compile(r"Setting attention block size to (\d+) tokens")
-_PAD = re.compile(r"Padding mamba page size by ([\d.]+)%")
-_ARGS_START = "non-default args: {"
-# what a cut-off settings line loses, and the flag that supplies it
-_SETTINGS = (
-    ("'model'", "the model", "--model NAME or PATH/config.json"),
-    ("'tensor_parallel_size'", "the tensor-parallel size", "--tensor-parallel-size N"),
-    ("'kv_cache_dtype'", "the KV-cache dtype", "--kv-dtype DTYPE"),
-    ("'max_model_len'", "max_model_len", "--context TOKENS"),
-)
 
-
-def cut_settings(text: str) -> str | None:
-    """A one-line answer when the log's settings line is cut off (a log viewer's width): what it no longer says and
-    the flags that say it; None when the line is whole or absent."""
-    line = next((x for x in text.splitlines() if _ARGS_START in x), None)
-    if line is None or line.rstrip().endswith("}"):
-        return None
-    tail = line.split(_ARGS_START, 1)[1]
-    missing = [f"{what} ({flag})" for key, what, flag in _SETTINGS if key not in tail]
-    if not missing:
-        return None
-    return "the log's settings line ('non-default args') is cut off; it no longer says " + ", ".join(missing)
-
-
-def kv_terms(text: str, log, spec, est, fmt: CacheFormat, max_len: int, pool: tuple[float, str], version: str):
+def kv_terms(log, pred, fmt: CacheFormat, pool: tuple[float, str], version: str):
     """(term, vLLM logged, kvbench, note) rows of the KV accounting with one rank's pool `pool_bytes`."""
     pool_bytes, pool_how = pool
+    spec, est, max_len = pred.spec, pred.estimate, pred.max_len
     part = rank_model(spec, est.tensor_parallel_size, est.stages[0].layers, est.dtype)
-    # prefix caching on a hybrid turns mamba_cache_mode to "align" (2 state pages per request)
-    caching = log.args.get("enable_prefix_caching")
-    mode = {True: "align", False: "none"}.get(caching) if isinstance(caching, bool) else None
+    batches = max_concurrent_batches(
+        version, "cuda", est.pipeline_parallel_size, pred.speculative.async_scheduling if pred.speculative else None
+    )
     row = capacity_row(
         part,
         fmt,
         max_len,
         budget_from_bytes(pool_bytes),
+        block_size=pred.row.accounting.raised_from or pred.row.block_size,
         scheduler=est.scheduler,
         vllm_version=version,
-        mamba_cache_mode=mode,
+        mamba_cache_mode=pred.mamba_cache_mode,
+        concurrent_batches=batches,
     )
     acc = row.accounting
-    block = _BLOCK.search(text)
-    pad = _PAD.search(text)
     padded = (acc.page_bytes / acc.mamba_page_bytes - 1) * 100 if acc.mamba_page_bytes else 0.0
     new_form = (
         log.kv_tokens is not None
@@ -73,13 +48,13 @@ def kv_terms(text: str, log, spec, est, fmt: CacheFormat, max_len: int, pool: tu
         ("KV pool per GPU (GiB)", log.available_kv_gib, round(pool_bytes / GiB, 2), pool_how),
         (
             "attention block size (tokens)",
-            int(block[1]) if block else None,
+            log.block_size_set,
             acc.block_size,
             "raised to hold one layer's recurrent state" if acc.raised_from else "the asked-for block",
         ),
         (
             "Mamba page padding (%)",
-            float(pad[1]) if pad else None,
+            log.mamba_padding_pct,
             round(padded, 2),
             f"state {acc.mamba_page_bytes:,.0f} B -> page {acc.page_bytes:,.0f} B"
             if acc.mamba_page_bytes
@@ -128,7 +103,7 @@ def print_kv_terms(terms) -> None:
             "—" if logged is None else f"{logged:,}" if isinstance(logged, int) else str(logged),
             f"{predicted:,}" if isinstance(predicted, int) else str(predicted),
             pct,
-            how,
+            escape(how),
         )
     console.print(table)
 

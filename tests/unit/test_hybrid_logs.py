@@ -137,9 +137,19 @@ def test_from_log_block_and_padding_lines_and_a_cut_settings_line(tmp_path):
         "INFO [kv_cache_utils.py:1319] GPU KV cache size: 290,864 tokens\n"
         "INFO [kv_cache_utils.py:1324] Maximum concurrency for 32,768 tokens per request: 33.04x\n"
     )
-    out, _ = _from_log(tmp_path, text, "--gpu", "h200")
-    assert out.exit_code != 0
-    assert "cut off" in str(out.exception) and "--tensor-parallel-size" in str(out.exception)
+    # the cut line is read as far as it goes: the model and max_model_len before the cut, the rest assumed and named
+    out, data = _from_log(tmp_path, text, "--gpu", "h200", "--vllm-version", "0.19.0", "--json")
+    assert out.exit_code == 0, out.output
+    assert data["inputs"]["max_model_len"] == {"value": 32768, "source": "args", "logged": None, "assumed": False}
+    tp = data["inputs"]["tensor_parallel_size"]
+    assert tp["assumed"] and tp["value"] == 1 and "cut after 'max_model_len'" in tp["source"]
+    assert {"tensor_parallel_size", "kv_cache_dtype"} <= set(data["assumed"])
+    assert data["args_line"] == {
+        "whole": False,
+        "last_key": "max_model_len",
+        "keys_read": ["model_tag", "max_model_len"],
+        "unreadable": [],
+    }
     out, data = _from_log(
         tmp_path, text, "--gpu", "h200", "--model", "qwen3.5-27b", "--vllm-version", "0.19.0", "--json"
     )
@@ -147,4 +157,4 @@ def test_from_log_block_and_padding_lines_and_a_cut_settings_line(tmp_path):
     terms = {t["term"]: t for t in data["kv_terms"]}
     assert terms["attention block size (tokens)"]["logged"] == terms["attention block size (tokens)"]["predicted"]
     assert terms["Mamba page padding (%)"]["logged"] == pytest.approx(terms["Mamba page padding (%)"]["predicted"])
-    assert data["settings_cut"] and "KV-cache dtype" in data["settings_cut"]
+    assert "cut after 'max_model_len'" in data["settings_cut"]
