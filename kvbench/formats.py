@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -18,7 +19,7 @@ class CacheFormat:
     description: str
     vllm_dtypes: tuple[str, ...]
     aliases: tuple[str, ...]
-    data_bits: int  # 16 for `auto` means "the model's activation dtype"
+    data_bits: float  # 16 for `auto` means "the model's activation dtype"; K/V mean where they differ
     scale_bits: int
     scale_block: int
     head_dim_multiple: int
@@ -29,15 +30,51 @@ class CacheFormat:
     scale_bytes_per_head: int = 0  # per-token-head modes: one fp32 scale per K and per V of each head
     mla_bytes_per_token: int = 0  # a fixed MLA page layout (fp8_ds_mla: 656 B)
     mla_only: bool = False
+    # asymmetric K/V (turboquant): data bits and per-head bytes of each side, the slot's rounding
+    k_data_bits: float | None = None
+    v_data_bits: float | None = None
+    k_head_bytes: int | None = None
+    v_head_bytes: int | None = None
+    slot_multiple: int = 1
+    native_boundary_layers: int = 0  # first and last N layers kept at `auto` (non-hybrid models)
 
     @property
     def vllm_dtype(self) -> str | None:
         """The --kv-cache-dtype value that selects this format in vLLM, if any."""
         return self.vllm_dtypes[0] if self.vllm_dtypes else None
 
+    @property
+    def is_vllm_dtype(self) -> bool:
+        """False for kvbench's comparison formats (mxfp4): vLLM has no cache dtype for them."""
+        return bool(self.vllm_dtypes)
+
     def element_bits(self, model: ModelSpec) -> float:
         data = model.activation_bytes * 8 if self.key == "auto" else self.data_bits
         return data
+
+    def _head_slot_bytes(self, model: ModelSpec, dim: int) -> float:
+        """Bytes one KV head's token takes: K side + V side (data, block scales, per-head bytes), rounded up to
+        the slot multiple (turboquant_attn.py customize_spec / TurboQuantConfig.slot_size_aligned)."""
+        scales = dim / self.scale_block * self.scale_bits / 8 if self.scale_block else 0.0
+        sides = 0.0
+        for bits, extra in (
+            (self.k_data_bits, self.k_head_bytes),
+            (self.v_data_bits, self.v_head_bytes),
+        ):
+            bits = self.element_bits(model) if bits is None else bits
+            data = dim * bits / 8
+            sides += (math.ceil(data) if bits < 8 else data) + scales
+            sides += self.scale_bytes_per_head if extra is None else extra
+        return math.ceil(sides / self.slot_multiple) * self.slot_multiple if self.slot_multiple > 1 else sides
+
+    def _native_share(self, model: ModelSpec) -> float:
+        """The share of layers vLLM keeps at `auto` (TurboQuantConfig.get_boundary_skip_layers: the first and
+        last N of a model without Mamba/linear-attention layers; none on a hybrid)."""
+        if not self.native_boundary_layers or any(layer.kind == "mamba" for layer in model.layers):
+            return 0.0
+        total = model.num_layers
+        n = min(self.native_boundary_layers, total // 2)
+        return len(set(range(n)) | set(range(total - n, total))) / total if total else 0.0
 
     def bytes_per_element(self, model: ModelSpec) -> float:
         """Bytes per cached K or V value, block scales included."""
@@ -61,8 +98,12 @@ class CacheFormat:
         dim = layer.head_dim or model.head_dim
         if layer.latent:
             return dim * self.bytes_per_element(model) / layer.token_stride
-        per_head = dim * self.bytes_per_element(model) + self.scale_bytes_per_head
-        return 2 * heads * per_head / layer.token_stride
+        packed = heads * self._head_slot_bytes(model, dim) / layer.token_stride
+        share = self._native_share(model)
+        if share:  # spread over the layers: one KV-cache group holds them all (UniformTypeKVCacheSpecs)
+            native = 2 * heads * dim * model.activation_bytes / layer.token_stride
+            return share * native + (1 - share) * packed
+        return packed
 
     def unsupported_reason(self, model: ModelSpec, gpu: GpuSpec | None = None) -> str | None:
         """Why vLLM would refuse this format for this model (and GPU), or None."""
@@ -82,6 +123,10 @@ class CacheFormat:
             if rule.get("attention_sinks") and not model.attention_sinks:
                 continue
             return rule["reason"]
+        if gpu is not None and self.vllm_dtype:
+            from kvbench import vllm_support
+
+            return vllm_support.refusal(self.vllm_dtype, model, gpu.sm)
         return None
 
 
@@ -93,7 +138,7 @@ def catalog() -> dict[str, CacheFormat]:
             description=v["description"],
             vllm_dtypes=tuple(v.get("vllm_dtypes", ())),
             aliases=tuple(v.get("aliases", ())),
-            data_bits=int(v["data_bits"]),
+            data_bits=_number(v["data_bits"]),
             scale_bits=int(v["scale_bits"]),
             scale_block=int(v["scale_block"]),
             head_dim_multiple=int(v.get("head_dim_multiple", 0)),
@@ -104,9 +149,20 @@ def catalog() -> dict[str, CacheFormat]:
             scale_bytes_per_head=int(v.get("scale_bytes_per_head", 0)),
             mla_bytes_per_token=int(v.get("mla_bytes_per_token", 0)),
             mla_only=bool(v.get("mla_only", False)),
+            k_data_bits=v.get("k_data_bits"),
+            v_data_bits=v.get("v_data_bits"),
+            k_head_bytes=v.get("k_head_bytes"),
+            v_head_bytes=v.get("v_head_bytes"),
+            slot_multiple=int(v.get("slot_multiple", 1)),
+            native_boundary_layers=int(v.get("native_boundary_layers", 0)),
         )
         for key, v in raw.items()
     }
+
+
+def _number(value) -> float:
+    """An int where the file gives a whole number (8, not 8.0, in every printed label)."""
+    return int(value) if float(value).is_integer() else float(value)
 
 
 def get_format(name: str) -> CacheFormat:
@@ -118,11 +174,29 @@ def get_format(name: str) -> CacheFormat:
     raise unknown_choice("KV-cache dtype", name, names)
 
 
+ALL = "all"  # --kv-dtype all: vLLM's whole --kv-cache-dtype menu
+
+
+def menu() -> list[CacheFormat]:
+    """The formats of vLLM's --kv-cache-dtype menu (vllm/config/cache.py CacheDType, as the support matrix
+    kvbench.vllm_support stores it), in the registry's order; comparison formats (mxfp4) are not on it."""
+    from kvbench import vllm_support
+
+    out: list[CacheFormat] = []
+    for fmt in (get_format(value) for value in vllm_support.cache_dtypes()):
+        if fmt not in out:
+            out.append(fmt)
+    return sorted(out, key=lambda f: order_key(f.key))
+
+
 def parse_format_list(text: str, flag: str = "--kv-dtype") -> list[CacheFormat]:
+    """Formats named in a comma list (aliases count once); `all` is vLLM's whole menu (`menu()`)."""
     from kvbench import cliargs
 
     out: list[CacheFormat] = []
-    for fmt in (get_format(name) for name in cliargs.names(text, flag, ",".join(tracked_dtypes()))):
+    names = cliargs.names(text, flag, ",".join(tracked_dtypes()))
+    names = [n for name in names for n in ([f.key for f in menu()] if name == ALL else [name])]
+    for fmt in (get_format(name) for name in names):
         if fmt not in out:  # aliases of one format count once (CacheFormat is not hashable)
             out.append(fmt)
     return out

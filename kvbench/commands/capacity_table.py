@@ -60,9 +60,12 @@ def print_rows(spec: ModelSpec, rows, block_size: int, max_num_seqs: int | None)
     notes = []
     for row in rows:
         name = f"{row.dtype} ({spec.activation_dtype})" if row.dtype == "auto" else row.dtype
-        if not row.supported:
-            name += " *"
-            notes.append(f"* {row.dtype}: {row.reason} (numbers show the layout only)")
+        if not row.supported:  # vLLM would refuse it here: one line with the reason, no numbers
+            notes.append(f"{row.dtype}: not sized, vLLM would refuse it here: {row.reason}")
+            continue
+        if row.vllm_dtype is None:
+            name += " †"
+            notes.append(f"† {row.dtype}: not a vLLM cache dtype (kvbench's comparison format; vLLM cannot serve it)")
         table.add_row(
             name,
             f"{row.bytes_per_element:g}",
@@ -87,3 +90,17 @@ def print_rows(spec: ModelSpec, rows, block_size: int, max_num_seqs: int | None)
         )
     for note in notes:
         console.print(note)
+    _print_menu_note(rows)
+
+
+def _print_menu_note(rows) -> None:
+    """With vLLM's whole menu (--kv-dtype all), say which --kv-cache-dtype names share one row's pages."""
+    from kvbench.formats import get_format, menu
+
+    if not {f.key for f in menu()} <= {r.dtype for r in rows}:
+        return
+    same = [get_format(r.dtype) for r in rows if len(get_format(r.dtype).vllm_dtypes) > 1]
+    console.print(
+        "vLLM's whole --kv-cache-dtype menu; one row each for names that store the same pages: "
+        + "; ".join(" = ".join(f.vllm_dtypes) for f in same)
+    )
