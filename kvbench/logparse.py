@@ -92,13 +92,11 @@ def parse_capacity(lines: list[str]) -> EngineCapacity | None:
 def malformed_capacity(lines: list[str]) -> str | None:
     """The first capacity line whose figures do not read ("KV cache size: -1,198,372 tokens", "nanx"), as a short
     excerpt; None when every such line reads (or there is none)."""
+    checks = (("KV cache size:", (ONE_LINE, SIZE_LINE)), ("Maximum concurrency for", (CONC_LINE,)))
     for line in bounded(lines):
-        for literal in ("KV cache size:", "Maximum concurrency for"):
-            if literal not in line:
-                continue
-            if ONE_LINE.search(line) or SIZE_LINE.search(line) or CONC_LINE.search(line):
-                break
-            return literal + line.split(literal, 1)[1][:80]
+        for literal, patterns in checks:
+            if literal in line and not any(p.search(line) for p in patterns):
+                return literal + line.split(literal, 1)[1][:80]
     return None
 
 

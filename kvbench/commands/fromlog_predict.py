@@ -44,6 +44,7 @@ class LogOverrides:
     max_num_batched_tokens: int | None = None
     block_size: int | None = None
     speculative: str | None = None
+    prefix_caching: bool | None = None  # no capacity flag: a caller (a test case) that knows the server's setting
 
     def by_vllm_name(self) -> dict:
         """The flags the user gave, by vLLM's argument names (fromlog_inputs.FLAGS)."""
@@ -59,6 +60,7 @@ class LogOverrides:
             "block_size": self.block_size,
             "vllm_version": self.vllm_version,
             "speculative_config": self.speculative,
+            "enable_prefix_caching": self.prefix_caching,
         }
         return {k: v for k, v in given.items() if v is not None}
 
