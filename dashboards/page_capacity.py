@@ -25,6 +25,7 @@ from kvbench.dashboards.components import (
     text,
 )
 from kvbench.dashboards.data import SiteData, model_spec, newest_record_per_machine
+from kvbench.dashboards.menu_view import menu_section
 from kvbench.dashboards.theme import color, dash, esc, log_ticks, ordered, style, symbol
 from kvbench.errors import KvbenchError
 from kvbench.formats import get_format
@@ -257,6 +258,7 @@ def build(data: SiteData) -> Page:
                 "gives the model's prediction alone."
             )
         )
+        parts.append(menu_section())
         return page.done(parts)
     for doc in newest_record_per_machine(data.records):
         machine = doc.get("machine")
@@ -289,4 +291,5 @@ def build(data: SiteData) -> Page:
         inner += emulated_note(rows) + run_table(rows)
         title = f"{machine} — run {doc.get('run_id')}, {workload_label(doc.get('config') or {})}"
         parts.append(section(title, inner, anchor=f"m-{machine}"))
+    parts.append(menu_section())
     return page.done(parts)

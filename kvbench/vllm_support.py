@@ -164,6 +164,18 @@ def _kind(entry: dict) -> str:
     return "dense" if not entry["mla"] else "sparse_mla" if entry["sparse"] else "mla"
 
 
+def served_anywhere(dtype: str, model: ModelSpec) -> bool:
+    """Whether some platform's selector (CUDA, ROCm, XPU, CPU) has a backend for this kind of attention that lists
+    `dtype` at all: False for fp8_inc everywhere, fp8_e5m2 with MLA, turboquant with MLA, ..."""
+    kind = attention_kind(model)
+    if kind is None:
+        return bool(listing(dtype))
+    return any(
+        _kind(b.entry) == kind and b.entry["accepts"].get(dtype) and platforms_of(b.name) != ["model"]
+        for b in _backends().values()
+    )
+
+
 def support_rows() -> list[dict]:
     """One row per vLLM cache dtype: the CUDA compute capabilities where a backend CUDA's selector tries takes it
     (dense and MLA attention apart), and every backend that lists it with its platforms."""

@@ -157,3 +157,14 @@ def test_support_rows_read_the_matrix():
     assert rows["nvfp4"]["backends"] == {"FLASHINFER": ["cuda"]}
     assert 90 in rows["nvfp4"]["dense"] and 90 not in rows["nvfp4_4over6"]["dense"]
     assert rows["ultraquant_4bit"]["dense"] == [] and rows["ultraquant_4bit"]["backends"] == {"ULTRAQUANT": ["rocm"]}
+
+
+def test_the_capacity_page_shows_the_menu_and_the_matrix(tmp_path):
+    from kvbench.dashboards import page_capacity
+    from kvbench.dashboards.data import SiteData
+
+    body = page_capacity.build(SiteData(results_dir=tmp_path)).body  # no run records: the menu still shows
+    assert 'id="kv-dtype-menu"' in body
+    for value in vllm_support.cache_dtypes():
+        assert f"</span>{value}</td>" in body, value
+    assert "ULTRAQUANT (rocm)" in body and "FLASHINFER (cuda)" in body
