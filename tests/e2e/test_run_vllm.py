@@ -25,7 +25,7 @@ TASK = "kvbench_needle_512"  # one of the CPU default's tasks: retrieval at the 
 
 @pytest.mark.vllm
 def test_cli_end_to_end_with_emulated_nvfp4(tmp_path):
-    """The CPU default's path, smaller: auto and nvfp4 (kvbench's CPU NVFP4 backend, in verify mode: every step
+    """The CPU default's path, smaller: auto and nvfp4 (kvbench's CPU emulated KV backend, in verify mode: every step
     checks the stored bytes and what attention reads), servers started and stopped by kvbench."""
     # the eval phase too, in every condition, on the first 40 items of one of the CPU default's three tasks
     out = kvbench(
@@ -39,7 +39,7 @@ def test_cli_end_to_end_with_emulated_nvfp4(tmp_path):
         "40",
         "--results",
         str(tmp_path),
-        env={"KVBENCH_NVFP4_VERIFY": "1"},
+        env={"KVBENCH_EMULATED_VERIFY": "1"},
     )
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     doc = only_record(tmp_path)
@@ -66,7 +66,7 @@ def test_cli_end_to_end_with_emulated_nvfp4(tmp_path):
     # nvfp4 ran, through kvbench's backend, with NVFP4's own capacity: 3.556x auto within 1%, not fp8's 2x
     assert nvfp4["status"] == "ok" and nvfp4["emulated"] is True, nvfp4.get("error")
     impl = nvfp4["implementation"]
-    assert impl["name"] == "kvbench-cpu-nvfp4" and "verify mode on" in impl["log"]
+    assert impl["name"] == "kvbench-cpu-emulated" and "verify mode on" in impl["log"]
     ratio = nvfp4["capacity"]["engine"]["kv_tokens"] / cap["engine"]["kv_tokens"]
     assert abs(ratio / (32 / 9) - 1) < 0.01, ratio
     assert not any(f.get("dtype") == "nvfp4" and "NOT honoured" in f["text"] for f in doc["findings"])
@@ -86,7 +86,7 @@ def test_cli_end_to_end_with_emulated_nvfp4(tmp_path):
     # verify mode ran on every step of the server and found nothing: every step's stored rows equal the reference
     # writer's and attention read a fresh decode of the pages (prefix-cache reuse: tests/e2e/test_cpu_nvfp4_vllm.py)
     log = Path(nvfp4["log_path"]).read_text(errors="replace")
-    verify = [line for line in log.splitlines() if "kvbench CPU NVFP4 backend verify:" in line]
+    verify = [line for line in log.splitlines() if "kvbench CPU emulated KV backend verify:" in line]
     assert verify and all(line.endswith("0 mismatches") for line in verify), log[-3000:]
     assert "(emulated)" in out.stdout
 

