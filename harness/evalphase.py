@@ -43,17 +43,22 @@ class EvalPhase:
     async def run(self, evals: dict, at_load: int, load, prompts: Callable[[int, int], list]) -> None:
         """Fill `evals` (the dtype's `eval`): {condition: summary}, and "error" when one failed."""
         fm = failuremodes.SETTINGS
+        wanted = getattr(self.plan, "eval_conditions", None)  # None: every condition
+        wants = lambda condition: wanted is None or condition in wanted
         try:
             await self._rest(evals)
-            await self._lm_eval(evals, "load", max(1, at_load))
-            batched = failuremodes.batched_concurrency(max(1, at_load))
+            if wants("load"):
+                await self._lm_eval(evals, "load", max(1, at_load))
+            batched = failuremodes.batched_concurrency(max(1, at_load)) if wants("batched") else None
             if batched:
                 await self._lm_eval(evals, "batched", batched, limit=fm["items"])
-            background = failuremodes.background_prompts(self.tokenizer, self.max_len or 512, MIXED_STREAM)
-            mode = Concurrency(fm["background_concurrency"])
-            await self._beside(evals, "mixed", fm["mixed_concurrency"], background, mode, fm["items"])
-            await self._prefix(evals, fm["items"])
-            if load is not None:
+            if wants("mixed"):
+                background = failuremodes.background_prompts(self.tokenizer, self.max_len or 512, MIXED_STREAM)
+                mode = Concurrency(fm["background_concurrency"])
+                await self._beside(evals, "mixed", fm["mixed_concurrency"], background, mode, fm["items"])
+            if wants("prefix"):
+                await self._prefix(evals, fm["items"])
+            if load is not None and wants("during_load"):
                 w = self.plan.workload
                 traffic = failuremodes.Traffic(
                     lambda k, n: prompts(EVAL_LOAD_STREAM + k, n), w.prompt_tokens, w.output_tokens

@@ -159,6 +159,7 @@ class Fidelity:
         # k = -1: the full vocabulary (the server's --max-logprobs must allow it): the exact KL
         self.method = fidelity_stats.METHOD_FULL.format(k="all") if k < 0 else fidelity_stats.METHOD_TOPK.format(k=k)
         self.reference: list[dict] | None = None  # auto at rest, once scored
+        self.positions = "auto's continuation tokens (prompt positions dropped)"  # what the scored positions are
 
     async def measure(self, base_url, model, dtype, at_load, headers=None, timeout_s=300.0, samples=None) -> dict:
         """{condition: summary} for one dtype's server (its cost in each: wall_s, s_per_item); auto's run comes
@@ -173,6 +174,8 @@ class Fidelity:
             if dtype == REFERENCE:
                 try:
                     for it in self.items:
+                        if it.get("teacher_forced"):  # natural text (harness/textfidelity.py): scored as it is
+                            continue
                         it["cont_ids"] = await continuation(
                             session, base_url, model, it["prompt_ids"], it["room"], self.stop
                         )
@@ -200,7 +203,7 @@ class Fidelity:
                 rows = compare(self.items, self.reference, scored)
                 summary = fidelity_stats.summarize(rows, self.method)
                 summary.update(concurrency=conc, wall_s=wall, s_per_item=wall / len(self.items))
-                summary["positions"] = "auto's continuation tokens (prompt positions dropped)"
+                summary["positions"] = self.positions
                 out[condition] = summary
                 if samples is not None:
                     samples.add_fidelity(parquet_rows(dtype, condition, conc, self.items, rows, self.method))

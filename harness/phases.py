@@ -282,6 +282,10 @@ async def evaluate(ctx: DtypeRun, knee: int | None) -> None:
 async def measure_fidelity(ctx: DtypeRun, at_load: int) -> None:
     """Fidelity per token (harness/fidelity.py) into `result.fidelity`; a failure is a warning, never raised."""
     plan, run, result = ctx.plan, ctx.run, ctx.result
+    if run.fidelity is None and plan.text_fidelity:  # a real model: natural text, not the tasks' items
+        from kvbench.harness.textfidelity import TextFidelity
+
+        run.fidelity = TextFidelity(run.tokenizer, **plan.text_fidelity, model=plan.model)
     if run.fidelity is None:
         per_task = min(fidelity.ITEMS_PER_TASK, plan.eval_limit or fidelity.ITEMS_PER_TASK)
         run.fidelity = fidelity.Fidelity(run.tokenizer, list(plan.eval_tasks), per_task)

@@ -81,6 +81,7 @@ class Runner:
             config=plan.as_dict(),
             environment=environment(),
             definitions=dict(DEFINITIONS),
+            model_provenance=plan.model_provenance,  # a real model's package, version, sha256 (kvbench/realmodels)
             **(extra or {}),
         )
         self._client_vllm = self.record.environment.get("vllm")

@@ -73,6 +73,12 @@ class RunPlan:
     accuracy_budget_points: float = 1.0  # the most accuracy a dtype may lose vs auto and still be recommended
     accuracy_confidence: float = RUN["accuracy_confidence"]  # of the one-sided non-inferiority bound (kvbench.verdict)
     accuracy_budgets: dict[str, float] = field(default_factory=dict)  # per task, overriding it (nightly [quality])
+    # real models (kvbench/realmodels): the eval's conditions (None: every one, harness/evalphase.py), fidelity on
+    # natural text {windows, prefix, scored} (harness/textfidelity.py) instead of the tasks' items, and where the
+    # served weights came from (the prepared folder's provenance.json)
+    eval_conditions: list[str] | None = None
+    text_fidelity: dict | None = None
+    model_provenance: dict | None = None
     notes: list[str] = field(default_factory=list)
 
     def as_dict(self) -> dict:
@@ -121,7 +127,9 @@ class RunPlan:
                 "budget_points": self.accuracy_budget_points,
                 "budgets": self.accuracy_budgets,
                 "confidence": self.accuracy_confidence,
+                "conditions": self.eval_conditions,
             },
+            "text_fidelity": self.text_fidelity,
             "notes": self.notes,
         }
 

@@ -36,6 +36,7 @@ from typing import Protocol
 from kvbench import corpus
 from kvbench.datafiles import cache_root, cached_answer, distribution_key, write_text_atomic
 from kvbench.errors import UsageError, unknown_choice
+from kvbench.realmodels import texttasks
 
 SEED = 1234  # evaluation items; training draws from other seeds (kvbench.tinymodel.train.TRAIN_SEED_BASE)
 PREFIX = "kvbench_"
@@ -76,6 +77,8 @@ TRACK_NEEDLE = "The box now holds {key}."
 TRACK_QUESTION = "\nWhat number does the box hold at the end? The box now holds"
 # Tokens an answer may take: a space, the digits and the stop (lm-eval's max_gen_toks).
 MAX_GEN_TOKS = {"passkey": 8, "multikey": 8, "needle": NEEDLE_DIGITS + 3, "manykeys": 7, "track": 8}
+# Real models' tasks over natural text (kvbench/realmodels/texttasks.py): their own kinds and contexts.
+MAX_GEN_TOKS.update({kind: texttasks.max_gen_tokens(kind) for kind in texttasks.KINDS})
 # What comes before the answer's digits in a correct response (the tokenizer writes " 12345" as " " + digits).
 ANSWER_PREFIX = {"manykeys": ""}
 
@@ -129,7 +132,8 @@ def score(response: str, answer: str) -> int:
 
 
 def task_names() -> list[str]:
-    return [f"{PREFIX}{kind}_{ctx}" for kind in KINDS for ctx in CONTEXTS]
+    text = [f"{PREFIX}{kind}_{ctx}" for kind in texttasks.KINDS for ctx in texttasks.CONTEXTS]
+    return [f"{PREFIX}{kind}_{ctx}" for kind in KINDS for ctx in CONTEXTS] + text
 
 
 def parse_task(name: str) -> tuple[str, int]:
@@ -137,6 +141,8 @@ def parse_task(name: str) -> tuple[str, int]:
     if name.startswith(PREFIX):
         kind, _, ctx = name[len(PREFIX) :].rpartition("_")
         if kind in KINDS and ctx.isdigit() and int(ctx) in CONTEXTS:
+            return kind, int(ctx)
+        if kind in texttasks.KINDS and ctx.isdigit() and int(ctx) in texttasks.CONTEXTS:
             return kind, int(ctx)
     raise unknown_choice("kvbench task", name, task_names())
 
@@ -320,6 +326,11 @@ def make_item(
 def generate(task: str, tok: Tokenizer, n: int = DEFAULT_ITEMS, seed: int = SEED) -> list[Item]:
     """The task's items, deterministic from (task, seed, tokenizer); depths cycle through DEPTHS."""
     kind, ctx = parse_task(task)
+    if kind in texttasks.KINDS:  # natural-text haystacks, items grouped by shared haystack
+        return [
+            Item(i, d["prompt"], d["answer"], d["depth"], d["prompt_tokens"], d["context"])
+            for i, d in enumerate(texttasks.generate(kind, ctx, tok, n, seed, ANSWER_ROOM))
+        ]
     rng = random.Random(f"{task}/{seed}")
     return [
         make_item(kind, ctx - ANSWER_ROOM, DEPTHS[i % len(DEPTHS)], rng, tok, doc_id=i, context=ctx) for i in range(n)
@@ -366,7 +377,7 @@ def definition_fingerprint() -> str:
     task files written under another definition are not reused."""
     knobs = [KEY_DIGITS, MULTIKEY_KEYS, NEEDLE_DIGITS, MANYKEYS_KEYS, TRACK_UPDATES, TRACK_CHANGE, ANSWER_ROOM]
     knobs.append(list(DEPTHS))
-    blob = json.dumps([wording(), knobs, MAX_GEN_TOKS, template()])
+    blob = json.dumps([wording(), knobs, MAX_GEN_TOKS, template(), texttasks.definition()])
     return hashlib.sha256(blob.encode()).hexdigest()[:8]
 
 

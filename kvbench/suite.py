@@ -118,7 +118,7 @@ def serving_numbers(root: Path, model: str | None = None) -> dict:
 def _suite_plan(root: Path, model: str | None, **values):
     """The plan of a suite run: this machine's defaults and the tracked dtypes (one not accepted is recorded as
     unsupported), the record under the asv results folder and machine, and `values` on top."""
-    from kvbench.harness.defaults import build_plan
+    from kvbench.harness.realplan import build_plan
     from kvbench.harness.settings import RunSettings
     from kvbench.machine import nvml_gpus
 

@@ -48,39 +48,11 @@ class ListSettings(BaseModel):
 app = typer.Typer(name=NAME, help=HELP, no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False)
 
 
-class _Bar:
-    """kvbench.realmodels.Progress on a rich bar (stderr): one bar per step (MB hashed, tensors dequantized)."""
-
-    def __init__(self, progress):
-        self.progress, self.task = progress, None
-
-    def step(self, text: str) -> None:
-        if self.task is not None:
-            self.progress.update(self.task, visible=False)
-        if not self.progress.console.is_terminal:
-            self.progress.console.print(text, highlight=False)
-        self.task = self.progress.add_task(text, total=None)
-
-    def advance(self, done: int, total: int) -> None:
-        if self.task is not None:
-            self.progress.update(self.task, completed=done, total=total)
-
-
-def prepare_with_progress(name: str, root: Path | None = None, force: bool = False, quiet: bool = False) -> Path:
-    """prepare() with its steps drawn on stderr (also what a run's first use of a model shows)."""
-    from kvbench import realmodels
-    from kvbench.progress import new_progress
-
-    existing = realmodels.prepared_dir(name, root)
-    progress = new_progress(disable=quiet or (existing is not None and not force))
-    with progress:
-        return realmodels.prepare(name, root, _Bar(progress), force=force)
-
-
 @app.command("prepare", help="Check a registry model's GGUF (sha256) and convert it to a bf16 folder vLLM serves.")
 @command_from(PrepareSettings, lambda ctx, values: PrepareSettings(**values))
 def prepare(ctx: typer.Context, settings: PrepareSettings) -> None:
     from kvbench import realmodels
+    from kvbench.harness.realplan import prepare_with_progress
 
     folder = prepare_with_progress(settings.name, settings.models_dir, settings.force, quiet=settings.as_json)
     doc = realmodels.provenance_of(folder) or {}

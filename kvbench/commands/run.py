@@ -68,7 +68,7 @@ def settings_of(ctx: typer.Context, values: dict) -> RunSettings:
 
 @command_from(RunSettings, settings_of)
 def command(ctx: typer.Context, settings: RunSettings) -> int:
-    from kvbench.harness.defaults import build_plan
+    from kvbench.harness.realplan import build_plan
 
     plan = build_plan(settings)
     as_json = settings.as_json

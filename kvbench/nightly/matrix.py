@@ -203,7 +203,7 @@ def run_plan(
     """The harness RunPlan of one entry: RunSettings with the backend's defaults and the entry's values.
     Dtypes the installed vLLM does not accept are recorded as unsupported, not fatal (one bad dtype must not
     cost the night). `prices` (USD per GPU-hour by GPU key) put the bill on the run's fronts."""
-    from kvbench.harness.defaults import build_plan
+    from kvbench.harness.realplan import build_plan
     from kvbench.harness.settings import RunSettings
 
     serve, note = served_model(entry.model, on_gpu)

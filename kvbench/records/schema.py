@@ -352,6 +352,9 @@ class RunRecord(_Model):
     definitions: dict[str, str] = Field(default_factory=dict)  # what each latency metric means
     comparisons: list[dict[str, Any]] = Field(default_factory=list)  # each dtype vs auto: paired CIs, cost
     quality: dict[str, Any] | None = None  # the quality gate per dtype and the recommendation it allows
+    # a real model's origin (kvbench/realmodels, its folder's provenance.json): package, version, the GGUF's
+    # sha256, what the weights are ("Q4_1 weights dequantized to bf16"); None for any other model
+    model_provenance: dict[str, Any] | None = None
 
     @field_validator("created_at", "finished_at")
     @classmethod
