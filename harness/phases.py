@@ -18,7 +18,7 @@ import math
 
 import aiohttp
 
-from kvbench import front, records
+from kvbench import evaltasks, front, records
 from kvbench.errors import one_line as _one_line
 from kvbench.harness import capacitychecks, evalphase, fidelity
 from kvbench.harness.agreement import Canaries, Sample, collect, compare
@@ -286,14 +286,22 @@ async def measure_fidelity(ctx: DtypeRun, at_load: int) -> None:
         from kvbench.harness.textfidelity import TextFidelity
 
         run.fidelity = TextFidelity(run.tokenizer, **plan.text_fidelity, model=plan.model)
-    if run.fidelity is None:
-        per_task = min(fidelity.ITEMS_PER_TASK, plan.eval_limit or fidelity.ITEMS_PER_TASK)
-        run.fidelity = fidelity.Fidelity(run.tokenizer, list(plan.eval_tasks), per_task)
+    if run.fidelity is None:  # every item the eval scores at rest (its first look), so KLD's interval is the items'
+        per_task = plan.eval_limit or evaltasks.DEFAULT_ITEMS
+        load = fidelity.LOAD_ITEMS_PER_TASK
+        run.fidelity = fidelity.Fidelity(run.tokenizer, list(plan.eval_tasks), per_task, load_per_task=load)
     fid = run.fidelity
     if not fid.items:
         return
-    n = len(fid.items)
-    run.reporter.phase(ctx.dtype, f"fidelity ({n} items, top-{fid.k} prompt_logprobs, rest and concurrency {at_load})")
+
+    def progress(condition: str, done: int, total: int) -> None:
+        if done == 0:
+            where = "at rest" if condition == "rest" else f"at concurrency {at_load}"
+            run.reporter.phase(ctx.dtype, f"fidelity {where} ({total} items, top-{fid.k} prompt_logprobs)", total)
+        else:
+            run.reporter.advance(done, total)
+
+    fid.on_progress = progress
     try:
         backend = ctx.backend
         args = (backend.base_url, backend.model, ctx.dtype, at_load, ctx.headers, plan.stall_timeout_s, run.samples)

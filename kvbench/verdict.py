@@ -317,11 +317,20 @@ def _canary_counts(d: DtypeResult) -> tuple[int, int]:
 
 
 def _agreement(d: DtypeResult) -> list[str]:
+    """Per-token agreement with auto, informational: fidelity's top-1 (teacher-forced, the same prefix at every
+    position) where the record has it; the free-running share of positions beside it, said as what it is (after
+    the first differing token the two outputs continue from different text, so it is no per-token rate)."""
     vs = (d.agreement.vs_auto if d.agreement else None) or {}
     share = vs.get("token_agreement")
-    if share is None:
+    top1 = ((d.fidelity or {}).get("rest") or {}).get("top1_agreement")
+    free = None if share is None else f"free-running greedy outputs match auto's at {share:.1%} of positions"
+    if top1 is not None:
+        text = f"top token agrees with auto's {top1:.1%} teacher-forced"
+        text += f" ({free}: they part at the first differing token)" if free else ""
+        return [text + " (informational: task accuracy decides)"]
+    if free is None:
         return []
-    return [f"greedy tokens agree with auto's {share:.1%} (informational: task accuracy decides)"]
+    return [f"{free}, diverging after the first differing token (informational: task accuracy decides)"]
 
 
 def _first_line(text: str | None) -> str:

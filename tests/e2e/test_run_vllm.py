@@ -77,9 +77,10 @@ def test_cli_end_to_end_with_emulated_nvfp4(tmp_path):
     assert nvfp4["agreement"]["vs_auto"]["sequences"] == 8
     # fidelity per token (harness/fidelity.py): nvfp4 at rest and at load against auto's floor (auto at load)
     floor = auto["fidelity"]["load"]
-    for cond in ("rest", "load"):
+    for cond, items in (("rest", 40), ("load", 10)):  # at rest every item the eval answers at rest, at load 10
         f = nvfp4["fidelity"][cond]
-        assert f["items"] == 10 and f["tokens"] == floor["tokens"] > 0 and f["mean_kld"] > floor["mean_kld"], f
+        assert f["items"] == items and f["mean_kld"] > floor["mean_kld"], f
+    assert nvfp4["fidelity"]["load"]["tokens"] == floor["tokens"] > 0  # the same items as auto's floor
     # its speed is kept but not a front, not compared with auto, not ranked
     assert not any(p["on_front"] for p in nvfp4["front"]["points"]) and nvfp4["front"]["at_slo"] is None
     assert all(c["kv_cache_dtype"] != "nvfp4" for c in doc.get("comparisons") or [])

@@ -64,3 +64,24 @@ def test_floor_is_zero_and_a_dtype_that_changes_under_load_is_measured(tok, tmp_
     table = pq.read_table(tmp_path / ref.fidelity).to_pandas()
     assert set(table["condition"]) == {"rest", "load"} and set(table["kv_cache_dtype"]) == {"auto", "fp8"}
     assert (table["tokens"] > 0).all()
+
+
+def test_rest_scores_every_item_and_load_the_first_of_each_task(tok):
+    """At rest every item (the eval's items at rest), at load the first load_per_task of each task: the rows
+    compared at load are rest's own items (their reference is auto at rest on the same item), and the progress
+    callback sees each condition's count from 0 to the end."""
+    tasks = ["kvbench_needle_512", "kvbench_track_512"]
+    fid = fidelity.Fidelity(tok, tasks, per_task=5, k=5, load_per_task=2)
+    assert fid.condition_items("rest") == list(range(10))
+    assert fid.condition_items("load") == [0, 1, 5, 6]  # the first two of each task, in the items' order
+    seen: dict[str, list[int]] = {}
+    fid.on_progress = lambda cond, done, total: seen.setdefault(cond, []).append((done, total))
+    with FakeServer(FakeConfig(ttft_s=0.005)) as srv:
+        asyncio.run(fid.measure(srv.base_url, "kvbench-fake", "auto", 3))
+        fp8 = asyncio.run(fid.measure(srv.base_url, "kvbench-fake", "fp8", 3))
+    assert fp8["rest"]["items"] == 10 and fp8["load"]["items"] == 4
+    # the same answers everywhere: zero only if load's items meet auto's rest scores of the same items (4 items
+    # against the first four references would compare other sequences, or fail on their lengths)
+    assert fp8["load"]["mean_kld"] == 0.0 and fp8["load"]["top1_agreement"] == 1.0
+    assert seen["rest"][0] == (0, 10) and seen["rest"][-1] == (10, 10)
+    assert seen["load"][0] == (0, 4) and seen["load"][-1] == (4, 4)

@@ -71,7 +71,9 @@ def test_a_dtype_wrong_only_under_load_is_excluded_and_its_canaries_report_it(tm
     fid = {d["kv_cache_dtype"]: d["fidelity"] for d in doc["dtypes"]}
     assert fid["auto"]["load"]["mean_kld"] == 0.0 and fid["fp8"]["rest"]["mean_kld"] == 0.0
     assert fid["fp8"]["load"]["mean_kld"] > 0 and fid["fp8"]["load"]["top1_agreement"] < 1
-    assert len(records.samples_frame(records.find_records(tmp_path), "fidelity")) == 3 * 10
+    # at rest every item the eval answers at rest (24), at load the first 10 (auto's load, fp8's rest and load)
+    assert fid["fp8"]["rest"]["items"] == 24 and fid["fp8"]["load"]["items"] == fid["auto"]["load"]["items"] == 10
+    assert len(records.samples_frame(records.find_records(tmp_path), "fidelity")) == 10 + 24 + 10
 
 
 FAILURE_MODES = {

@@ -382,3 +382,17 @@ def test_the_quality_block_records_every_comparison_with_its_looks_and_items():
     first, *rest = gate["comparisons"]
     assert first["endpoint"] == "primary (pooled)" and first["items"] == 300 and first["looks"] == 1
     assert first["tasks"] == ["a", "b"] and [c["task"] for c in rest] == ["a", "b"]
+
+
+def test_free_running_agreement_is_said_as_such_beside_fidelitys_teacher_forced_top1():
+    """The 8-prompt greedy comparison counts every position after the first differing token, so '33.6%' beside a
+    teacher-forced top-1 of 99.3% is no contradiction: the line gives the per-token rate and names the other."""
+    fp8 = dtype("fp8", ev={"rest": cond(400, losses=0, paired=True)})
+    fp8["agreement"] = {"prompts": 8, "vs_auto": {"sequences": 8, "tokens": 256, "token_agreement": 0.336}}
+    rec = record(dtype("auto", ev={"rest": cond(400)}), fp8)
+    line = verdict.decide(rec).dtypes["fp8"].line()
+    assert "free-running greedy outputs match auto's at 33.6% of positions" in line and "teacher-forced" not in line
+    fp8["fidelity"] = {"rest": {"items": 600, "tokens": 5800, "mean_kld": 0.004, "top1_agreement": 0.993}}
+    line = verdict.decide(record(dtype("auto", ev={"rest": cond(400)}), fp8)).dtypes["fp8"].line()
+    assert "top token agrees with auto's 99.3% teacher-forced" in line
+    assert "33.6% of positions: they part at the first differing token" in line
