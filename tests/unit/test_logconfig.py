@@ -128,3 +128,12 @@ def test_a_logs_model_name_reaches_the_terminal_without_escape_sequences(tmp_pat
     out = _from_log(tmp_path, text, "--model", "gemma-2-2b", "--gpu", "h100-sxm", "--vllm-version", "0.19.0")
     assert out.exit_code == 0, out.output
     assert "\x1b" not in out.output and "\x07" not in out.output and "gemma on NVIDIA H100" in out.output
+
+
+def test_a_log_without_a_memory_line_and_without_gpu_names_the_choices(tmp_path):
+    text = "INFO non-default args: {'model': 'Qwen/Qwen3.5-27B', 'max_model_len': 262144}\n" + CAPACITY
+    out = _from_log(tmp_path, text)
+    assert out.exit_code != 0
+    message = str(out.exception)
+    assert "does not say which GPU" in message and "--gpu NAME, one of:" in message and "rtx-4090" in message
+    assert "None GiB" not in message
