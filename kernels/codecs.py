@@ -73,6 +73,9 @@ class Codec:
     decode: Decode | None = None  # (pages, slot_mapping, num_kv_heads, head_size, scales) -> (k, v) float32
     notes: dict = field(default_factory=dict, compare=False)  # what the store follows, for logs and records
     quant_dequant_v: Callable[..., torch.Tensor] | None = None  # V's round trip where it differs from K's
+    # scaled codecs: the tensor scale calibrated from x itself (the accuracy study's "amax" convention; vLLM's
+    # default without a checkpoint scale is 1.0)
+    calibrated_scale: Callable[[torch.Tensor], float] | None = None
 
     def kv_round_trip(self, k: torch.Tensor, v: torch.Tensor, scale: float = 1.0, v_scale: float | None = None):
         """(k_hat, v_hat) float32 as the cache hands K and V back; `scale` is the tensor scale (V's is `v_scale`
@@ -112,10 +115,12 @@ def get(key: str) -> Codec:
     modules = numerics_modules()
     if key not in modules:
         raise ValueError(f"no numerics for {key!r}; kernel keys with numerics: {', '.join(modules)}")
+    # a bare name is a module of kvbench.kernels; a dotted one is imported as written (numerics kept elsewhere)
+    module = modules[key] if "." in modules[key] else f"kvbench.kernels.{modules[key]}"
     if key not in _REGISTRY:
-        importlib.import_module(f"kvbench.kernels.{modules[key]}")
+        importlib.import_module(module)
     if key not in _REGISTRY:
-        raise ValueError(f"kvbench.kernels.{modules[key]} registers no codec {key!r} (formats.toml `numerics`)")
+        raise ValueError(f"{module} registers no codec {key!r} (formats.toml `numerics`)")
     return _REGISTRY[key]
 
 

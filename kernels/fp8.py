@@ -74,7 +74,9 @@ def _codec(key: str, fmt: str) -> codecs.Codec:
     def round_trip(x: torch.Tensor, scale: float = 1.0) -> torch.Tensor:
         return quant_dequant(x, scale, fmt)
 
-    return codecs.register(codecs.Codec(key=key, quant_dequant=round_trip, scaled=True))
+    return codecs.register(
+        codecs.Codec(key=key, quant_dequant=round_trip, scaled=True, calibrated_scale=lambda x: amax_scale(x, fmt))
+    )
 
 
 CODECS = (_codec("fp8", "e4m3"), _codec("fp8_e5m2", "e5m2"))

@@ -265,6 +265,7 @@ def _codec(key: str, four_over_six: bool) -> codecs.Codec:
             key=key,
             quant_dequant=round_trip,
             scaled=True,
+            calibrated_scale=amax_global_scale,
             vllm_dtype=key,
             layout=page_layout,
             store=store,

@@ -13,6 +13,7 @@ from kvbench import cliargs
 from kvbench.clisettings import command_from
 from kvbench.errors import UsageError
 from kvbench.flags import Flag
+from kvbench.formats import kernel_formats
 from kvbench.kernels.names import ACCURACY_FORMATS as FORMATS
 from kvbench.options import AsJson, Results
 from kvbench.output import console, err_console, present
@@ -75,7 +76,7 @@ class AccuracySettings(BaseModel):
     @model_validator(mode="after")
     def _check(self) -> AccuracySettings:
         """The flag checks, in the order the command always made them (the first wrong flag is the one named)."""
-        self._formats = cliargs.choices(self.formats, "--formats", FORMATS, "KV format")
+        self._formats = cliargs.choices(self.formats, "--formats", kernel_formats("accuracy_study"), "KV format")
         self._scales = cliargs.choices(self.scales, "--scales", ("amax", "1"), "scale convention")
         _check(self.context, self.window, self.max_windows, self.text, self.synthetic, self.real)
         return self

@@ -3,10 +3,11 @@ K/V cache's values fake-quantized as vLLM would store them.
 
 What it is for: checking a model against its task bars where no server runs (the test suite, the trainer's
 report), and asking whether a task separates the KV dtypes before anyone serves them. The quantization is the
-reference numerics (kvbench.kernels.fp8 / kvbench.kernels.nvfp4) applied to every K and V row inside attention,
-after RoPE and before the attention product, with vLLM's default scales (k_scale = v_scale = 1.0): what vLLM
-writes into an fp8 or nvfp4 cache and reads back. The query, the attention product and everything else stay in
-the model's dtype (bf16 here, as the CPU default serves it), as on SM8x/SM90.
+reference numerics of the dtype's registry entry (the Codec its `numerics` module registers,
+kvbench.kernels.codecs) applied to every K and V row inside attention, after RoPE and before the attention
+product, with vLLM's default scales (k_scale = v_scale = 1.0): what vLLM writes into such a cache and reads
+back. The query, the attention product and everything else stay in the model's dtype (bf16 here, as the CPU
+default serves it), as on SM8x/SM90.
 
 Scoring is greedy and exact, as lm-eval's generate_until scores a bundled task (kvbench.evaltasks.score). Items
 are checked in batches by teacher forcing (one forward over prompt + answer: each answer token must be the
@@ -19,29 +20,56 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from functools import cache
+from pathlib import Path
 
 from kvbench import evaltasks
-from kvbench.formats import tracked_dtypes
+from kvbench.datafiles import data_path
+from kvbench.errors import UsageError
+from kvbench.formats import catalog, dtype_order, get_format, numerics_modules, tracked_dtypes
 
-KV_DTYPES = tracked_dtypes()  # the tracked dtypes (formats.toml); fake_quant below implements each
+KV_DTYPES = tracked_dtypes()  # the tracked dtypes (formats.toml): what the trainer's report scores by default
 _ATTENTION = "kvbench_fake_quant_kv"
 
 
-def fake_quant(x, kv_dtype: str):
-    """x [..., head_dim] as it reads back from a `kv_dtype` cache, in x's dtype."""
-    if kv_dtype == "auto":
+def scored_dtypes() -> tuple[str, ...]:
+    """Every dtype fake_quant can store: `auto` and each registry format with numerics, in the registry's order."""
+    modules = numerics_modules()
+    return ("auto", *(f for f in dtype_order() if f in catalog() and f in modules))
+
+
+def _codec(kv_dtype: str):
+    """The Codec a `kv_dtype` cache reads back through (None: `auto`, the model's own dtype). Looked up once per
+    registry file and dtype: attention asks on every call."""
+    return _codec_in(data_path("formats.toml"), kv_dtype)
+
+
+@cache
+def _codec_in(registry: Path, kv_dtype: str):
+    from kvbench.kernels import codecs
+
+    try:
+        fmt = get_format(kv_dtype)
+    except UsageError:
+        fmt = None
+    if fmt is not None and fmt.key == "auto":
+        return None
+    if fmt is None or fmt.key not in scored_dtypes():
+        tracked, others = KV_DTYPES, [d for d in scored_dtypes() if d not in KV_DTYPES]
+        raise UsageError(
+            f"unknown KV dtype {kv_dtype!r}; choose from: {', '.join(tracked)} (tracked), or {', '.join(others)}"
+        )
+    return codecs.get(fmt.key)
+
+
+def fake_quant(x, kv_dtype: str, side: str = "k"):
+    """x [..., head_dim] as it reads back from a `kv_dtype` cache, in x's dtype; `side` "v" for values (a codec
+    that stores V otherwise, turboquant's, has its own round trip)."""
+    codec = _codec(kv_dtype)
+    if codec is None:
         return x
-    if kv_dtype == "fp8":
-        from kvbench.kernels import fp8
-
-        return fp8.quant_dequant(x, 1.0, "e4m3").to(x.dtype)
-    if kv_dtype == "nvfp4":
-        from kvbench.kernels import nvfp4
-
-        return nvfp4.quant_dequant(x, 1.0).to(x.dtype)
-    from kvbench.errors import unknown_choice
-
-    raise unknown_choice("KV dtype", kv_dtype, list(KV_DTYPES))
+    round_trip = codec.quant_dequant_v if side == "v" and codec.quant_dequant_v else codec.quant_dequant
+    return (round_trip(x, scale=1.0) if codec.scaled else round_trip(x)).to(x.dtype)
 
 
 def _register(kv_dtype_of: Callable[[], str]) -> None:
@@ -53,7 +81,7 @@ def _register(kv_dtype_of: Callable[[], str]) -> None:
         # each token once when it is written.
         dtype = kv_dtype_of()
         return sdpa_attention_forward(
-            module, query, fake_quant(key, dtype), fake_quant(value, dtype), attention_mask, **kwargs
+            module, query, fake_quant(key, dtype), fake_quant(value, dtype, "v"), attention_mask, **kwargs
         )
 
     AttentionInterface.register(_ATTENTION, attention)

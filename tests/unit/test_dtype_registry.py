@@ -5,6 +5,7 @@ dashboard page with no other change. The views of the shipped registry keep the 
 from __future__ import annotations
 
 import json
+import sys
 
 import pandas as pd
 import pytest
@@ -174,3 +175,94 @@ def test_a_broken_registry_entry_is_one_line_naming_it(tmp_path, monkeypatch, ed
     with pytest.raises(UsageError, match=message) as err:
         formats.dtype_order()
     assert "\n" not in str(err.value)
+
+
+# Fake numerics for fp6_test, in a module of the test's own (not kvbench.kernels): 6-bit symmetric integers per
+# head row, times a tensor scale. The registry entry names it (`numerics = "fakenumerics.fp6"`, a dotted name is
+# imported as written), and importing it registers the codec, as a numerics module in kernels/ does.
+FAKE_NUMERICS = """
+import torch
+
+from kvbench.kernels import codecs
+
+CALLS = {"round_trip": 0}
+
+
+def round_trip(x: torch.Tensor, scale: float = 1.0) -> torch.Tensor:
+    CALLS["round_trip"] += 1
+    y = x.float() / scale
+    step = y.abs().amax(dim=-1, keepdim=True).clamp_min(1e-12) / 31
+    return (torch.round(y / step) * step * scale).to(torch.float32)
+
+
+CODEC = codecs.register(
+    codecs.Codec(
+        key="fp6_test",
+        quant_dequant=round_trip,
+        scaled=True,
+        calibrated_scale=lambda x: float(x.abs().max()) / 31,
+    )
+)
+"""
+
+
+@pytest.fixture
+def fake_numerics(tmp_path, monkeypatch):
+    """fake_registry's fp6_test with numerics of its own, in the accuracy study: a registry copy and a numerics
+    module outside kvbench, nothing else."""
+    package = tmp_path / "fakenumerics"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "fp6.py").write_text(FAKE_NUMERICS)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    shipped = datafiles.data_path("formats.toml").read_text()
+    (tmp_path / "formats.toml").write_text(shipped + FAKE + 'numerics = "fakenumerics.fp6"\naccuracy_study = true\n')
+    monkeypatch.setenv(datafiles.ENV_DATA_DIR, str(tmp_path))
+    yield tmp_path
+    from kvbench.kernels import codecs
+
+    codecs._REGISTRY.pop("fp6_test", None)  # the process's other tests see the shipped registry only
+    for name in [m for m in sys.modules if m.split(".")[0] == "fakenumerics"]:
+        del sys.modules[name]
+    monkeypatch.delenv(datafiles.ENV_DATA_DIR)
+
+
+def test_a_fake_dtype_with_its_own_numerics_reaches_the_accuracy_study(fake_numerics):
+    import torch
+
+    from kvbench.kernels import accuracy as acc
+
+    assert "fp6_test" in acc.formats()
+    assert [v.label for v in acc.variants(["fp6_test"])] == ["fp6_test (scale amax)", "fp6_test (scale 1)"]
+    shape = acc.SyntheticShape(num_kv_heads=2, group=2, head_dim=32, context=64, queries=2)
+    rows = acc.synthetic_study(acc.variants(["fp6_test", "nvfp4"], ["1"]), shape, ["gaussian"])
+    fake = next(r for r in rows if r["format"] == "fp6_test")
+    # the study's K error is the fake codec's own round trip, not another format's
+    from fakenumerics import fp6
+
+    _, k, _ = acc.synthetic_kv("gaussian", shape)
+    expected = float((fp6.round_trip(k).double() - k.double()).norm() / k.double().norm())
+    assert fake["k_rel_l2"] == pytest.approx(expected, rel=1e-12)
+    assert 0 < fake["rel_l2"] < next(r for r in rows if r["format"] == "nvfp4")["rel_l2"]
+    assert torch.equal(acc.quant_dequant(acc.Variant("fp6_test", "1"), k), fp6.round_trip(k))
+
+
+def test_a_fake_dtype_with_its_own_numerics_reaches_the_scorer(fake_numerics):
+    import torch
+
+    from kvbench import evaltasks
+    from kvbench.tinymodel import build, scoring
+
+    assert "fp6_test" in scoring.scored_dtypes()
+    x = torch.randn(1, 2, 5, 32, generator=torch.Generator().manual_seed(1)).to(torch.bfloat16)
+    from fakenumerics import fp6
+
+    assert torch.equal(scoring.fake_quant(x, "fp6t"), fp6.round_trip(x, scale=1.0).to(torch.bfloat16))  # alias
+    model, tok = scoring.load(build.committed_dir())
+    items = evaltasks.generate("kvbench_needle_512", tok, 3)
+    before = fp6.CALLS["round_trip"]
+    score = scoring.score_items(model, tok, "kvbench_needle_512", items, "fp6_test")
+    assert (score.kv_dtype, score.n) == ("fp6_test", 3)
+    assert fp6.CALLS["round_trip"] > before  # every layer's K and V went through the fake numerics
+    with pytest.raises(UsageError, match="choose from: auto, fp8, nvfp4 \\(tracked\\), or .*fp6_test"):
+        scoring.fake_quant(x, "fp7")
