@@ -7,18 +7,20 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from kvbench.dashboards.components import Page, note, section, table
-from kvbench.dashboards.data import SiteData, newest_record_per_machine
+from kvbench.dashboards.data import SiteData
+from kvbench.dashboards.models_view import newest_per_machine_and_model, titled
 from kvbench.dashboards.theme import color, esc, ordered, style, symbol
 from kvbench.fidelity_stats import no_measurable_change
 
-CONDITIONS = {"rest": "at rest", "load": "at load"}
+# "torch": a real model's auto server against transformers at bf16 on the same tokens (harness/textfidelity.py)
+CONDITIONS = {"rest": "at rest", "load": "at load", "torch": "vs transformers"}
 
 
 def fidelity_rows(records: list[dict]) -> pd.DataFrame:
-    """One row per (machine, dtype, condition) of each machine's newest record with fidelity."""
+    """One row per (machine, model, dtype, condition) of each machine's newest record with fidelity per model."""
     rows = []
     with_fid = [r for r in records if any(d.get("fidelity") for d in r.get("dtypes") or [])]
-    for doc in newest_record_per_machine(with_fid):
+    for doc in newest_per_machine_and_model(with_fid):
         dtypes = doc.get("dtypes") or []
         floor = next(((d.get("fidelity") or {}).get("load") for d in dtypes if d["kv_cache_dtype"] == "auto"), None)
         for d in dtypes:
@@ -28,11 +30,11 @@ def fidelity_rows(records: list[dict]) -> pd.DataFrame:
                 name = d["kv_cache_dtype"]
                 lo, hi = s.get("mean_kld_ci") or (None, None)
                 alo, ahi = s.get("top1_agreement_ci") or (None, None)
-                vs = "the floor" if name == "auto" else ("—" if floor is None else (
-                    "no measurable change" if no_measurable_change(s, floor) else "above the floor"))  # fmt: skip
+                vs = _vs_floor(name, cond, s, floor)
                 rows.append(
                     {
                         "machine": doc.get("machine"),
+                        "model": titled(doc),
                         "run_id": doc.get("run_id"),
                         "kv_cache_dtype": name,
                         "condition": cond,
@@ -52,6 +54,16 @@ def fidelity_rows(records: list[dict]) -> pd.DataFrame:
                     }
                 )
     return pd.DataFrame(rows)
+
+
+def _vs_floor(dtype: str, cond: str, summary: dict, floor: dict | None) -> str:
+    if cond == "torch":
+        return "implementation floor"
+    if dtype == "auto":
+        return "the floor"
+    if floor is None:
+        return "—"
+    return "no measurable change" if no_measurable_change(summary, floor) else "above the floor"
 
 
 def figure(rows: pd.DataFrame, title: str) -> go.Figure:
@@ -74,7 +86,7 @@ def figure(rows: pd.DataFrame, title: str) -> go.Figure:
                 },
             )
         )
-    floor = rows["floor"].dropna()
+    floor = rows[rows["condition"] != "torch"]["floor"].dropna()
     if not floor.empty:
         fig.add_hline(y=float(floor.iloc[0]), line_dash="dash", annotation_text="floor: auto at load vs at rest")
     fig.update_yaxes(title_text="mean KL(auto ‖ dtype) per token, nats (95% CI)")
@@ -87,12 +99,13 @@ def fidelity_section(page: Page, data: SiteData) -> str | None:
     if rows.empty:
         return None
     inner = ""
-    for machine, group in rows.groupby("machine", sort=True):
-        inner += page.plot(figure(group, f"Fidelity per token — {machine}"), f"fidelity-{machine}")
+    for i, ((machine, model), group) in enumerate(rows.groupby(["machine", "model"], sort=True)):
+        inner += page.plot(figure(group, f"Fidelity per token — {machine} — {model}"), f"fidelity-{machine}-{i}")
         inner += table(
             group,
             {
                 "machine": "machine",
+                "model": "model",
                 "kv_cache_dtype": "KV dtype",
                 "cond": "condition",
                 "kld_t": "mean KLD, nats [95% CI]",
@@ -104,7 +117,8 @@ def fidelity_section(page: Page, data: SiteData) -> str | None:
             numeric={"kld_t", "p99_t", "agree_t", "n"},
         )
     inner += note(
-        "Each dtype's server scores auto's greedy answers teacher-forced (vLLM's prompt_logprobs); KL from "
+        "Each dtype's server scores a text teacher-forced (vLLM's prompt_logprobs): auto's greedy answers to "
+        "kvbench's tasks for the synthetic model, CPython's documentation for a real one; KL from "
         f"{esc(str(rows['method'].iloc[0]))}; CIs by bootstrap over items. The floor is auto at load scored against "
         "auto at rest (batch variance alone). KLD detects change, not harm: task accuracy decides."
     )

@@ -27,6 +27,7 @@ from kvbench.dashboards.components import (
     text,
 )
 from kvbench.dashboards.data import REGRESSION, SiteData, latest_runs, setups
+from kvbench.dashboards.models_view import label_of_run
 from kvbench.dashboards.page_history import regressions_table
 from kvbench.dashboards.theme import STATUS_BAD, STATUS_OK, color, esc, ordered, style
 from kvbench.records.findings import FindingKind
@@ -309,8 +310,11 @@ def build(data: SiteData) -> Page:
                 if str(first.get("workload") or "fixed").startswith("fixed")
                 else f"workload {esc(first['workload'])}"
             )
+            label = label_of_run(first.get("run_id"), data.records)  # synthetic, or real with its weights
             head = (
-                f"<p>{esc(first['gpu'])}; model <code>{esc(first['model'])}</code>, {shape}, "
+                f"<p>{esc(first['gpu'])}; model <code>{esc(first['model'])}</code>"
+                + (f" (<b>{esc(label)}</b>)" if label else "")
+                + f", {shape}, "
                 f"fixed load {esc(text(first['fixed_load']) or '—')}; "
                 f"{run_line(rows)}. Capacity is in concurrent requests of {esc(ctx)} tokens (the run's max_model_len); "
                 "latency and throughput are from the fixed load.</p>"
