@@ -18,6 +18,7 @@ from kvbench.errors import one_line as _one_line
 from kvbench.formats import format_ratio, get_format
 from kvbench.harness.endpoint import ServerFacts
 from kvbench.harness.server import VllmServer
+from kvbench.kvgroups import layer_groups
 from kvbench.logparse import EngineCapacity
 from kvbench.models import spec_for
 from kvbench.records import (
@@ -110,6 +111,7 @@ def _model_capacity(
         activation_overhead_bytes=overhead(plan, environment, spec, budget_bytes, cache_config)
         if not plan.endpoints
         else None,
+        groups=layer_groups(spec, row.accounting),  # per layer spec: layers, groups, blocks per request
     )
     if gpu is not None and not plan.endpoints:
         log = server.log_path.read_text(errors="replace") if server else None
