@@ -335,7 +335,8 @@ def load_runs(results_dir: Path, data: SiteData) -> None:
             doc = run_records.load_record(path)
             doc_rows = run_rows(doc, path)
         except (KvbenchError, AttributeError, TypeError, ValueError) as exc:
-            data.problems.append(f"{path}: skipped ({exc})")
+            text = str(exc)  # a record's own error names its path already: never "X: skipped (X: ...)"
+            data.problems.append(run_records.note_skipped(text if text.startswith(str(path)) else f"{path}: {text}"))
             continue
         doc["_path"] = str(path)
         data.records.append(doc)

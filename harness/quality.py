@@ -15,13 +15,12 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
-import hashlib
-import json
 import multiprocessing
 from dataclasses import dataclass
 
 from kvbench.harness.evalrecord import _accuracy, _binary, _paired
 from kvbench.records import conditions
+from kvbench.records.blocks import fingerprint
 
 REFERENCE = "auto"
 
@@ -82,12 +81,6 @@ class Evaluator:
         if self._pool is not None:
             self._pool.shutdown(wait=False, cancel_futures=True)
             self._pool = None
-
-
-def fingerprint(items: dict[int, float]) -> str:
-    """sha256 of a task's (doc id, score) pairs: equal exactly when two runs scored every item the same."""
-    text = json.dumps(sorted((int(k), float(v)) for k, v in items.items()), separators=(",", ":"))
-    return hashlib.sha256(text.encode()).hexdigest()
 
 
 def condition_summary(result, concurrency: int) -> dict:

@@ -23,7 +23,7 @@ from kvbench.commands import (
     tinymodel,
 )
 from kvbench.commands import eval as eval_cmd
-from kvbench.errors import KvbenchError
+from kvbench.errors import KvbenchError, UsageError
 from kvbench.scrub import excerpt, printing_scrubbed
 
 app = typer.Typer(
@@ -61,9 +61,19 @@ app.add_typer(models.app, name=models.NAME, help=models.HELP)  # a group: list, 
 def main(argv: list[str] | None = None) -> None:
     """Entry point: errors become one line on stderr and a non-zero exit, never a traceback."""
     args = sys.argv[1:] if argv is None else argv
+    from kvbench.records import skipped_records
+
+    seen = len(skipped_records())
     try:
         with printing_scrubbed():  # every byte printed is as clean as every byte stored
             rc = app(args=args, prog_name="kvbench", standalone_mode=False)
+        left_out = sorted(set(skipped_records()[seen:]))
+        if left_out:  # what could be shown without them was; the damage is never silent (issue 42)
+            raise UsageError(
+                f"{len(left_out)} run record{'s' if len(left_out) != 1 else ''} could not be read and "
+                f"{'were' if len(left_out) != 1 else 'was'} left out (named above); restore or remove "
+                f"{'them' if len(left_out) != 1 else 'it'}"
+            )
     except KvbenchError as exc:
         # one line, no control characters or escape sequences, no credential (the text may quote a server)
         print(f"kvbench: error: {excerpt(str(exc), 4000)}", file=sys.stderr)

@@ -48,7 +48,7 @@ def _records(results_dir: Path, machine: str | None) -> list[tuple[Path, dict]]:
         return []
     good, problems = read_records(paths)
     for problem in problems:  # named on stderr, never believed
-        err_console.print(f"[yellow]warning[/]: {escape(problem)}")
+        err_console.print(f"[yellow]warning[/]: {escape(problem)}", soft_wrap=True)  # one line, unwrapped
     return [(p, r.as_doc()) for p, r in good]
 
 

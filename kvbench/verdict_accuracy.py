@@ -23,7 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from kvbench import noninferiority as ni
-from kvbench.records import CONDITIONS, RunRecord, conditions
+from kvbench.records import CONDITIONS, RunRecord, blocks, conditions
 from kvbench.records.findings import DEGENERATE_KINDS
 
 REFERENCE = "auto"
@@ -135,18 +135,8 @@ class Policy:
 
 def settings(record: RunRecord) -> Policy:
     """The policy the run was planned with (run_defaults.toml for records that did not store it)."""
-    from kvbench.datafiles import load_toml
-
-    ev = (record.config or {}).get("eval") or {}
-    defaults = load_toml("run_defaults.toml")
-    backend = defaults["gpu" if (record.environment or {}).get("gpus") else "cpu"]
-    budget = ev.get("budget_points")
-    confidence = ev.get("confidence")
-    return Policy(
-        float(backend["accuracy_budget_points"] if budget is None else budget),
-        {str(k): float(v) for k, v in (ev.get("budgets") or {}).items()},
-        float(defaults["run"]["accuracy_confidence"] if confidence is None else confidence),
-    )
+    confidence, budget, budgets = blocks.policy(record.config, record.environment)
+    return Policy(budget, budgets, confidence)
 
 
 def _label(cond: str, mine: dict, ref: dict | None, dtype: str, against: str) -> str:
@@ -201,6 +191,7 @@ def _tests(pairs: list[tuple], dtype: str, against: str, policy: Policy, extra: 
     out = []
     for (key, members), result in zip(groups.items(), results, strict=True):
         _, entry, ref_entry, *_ = members[0]
+        mine, theirs = paired_accuracy(entry, ref_entry, entry[key_name])
         out.append(
             Test(
                 task=key[0],
@@ -208,8 +199,8 @@ def _tests(pairs: list[tuple], dtype: str, against: str, policy: Policy, extra: 
                 conditions=tuple(m[0] for m in members),
                 labels=tuple(_label(m[0], m[3], m[4], dtype, against) for m in members),
                 merged=key[1] if len(members) > 1 else None,
-                accuracy=entry.get("accuracy"),
-                reference_accuracy=(ref_entry or {}).get("accuracy"),
+                accuracy=mine,
+                reference_accuracy=theirs,
                 budget=policy.margin(key[0]),
                 result=result,
             )
@@ -263,7 +254,7 @@ def _against_auto(dtype: str, evals: dict, ref_evals: dict, under: tuple, policy
     if primary is not None:  # the pooled endpoint at rest as the run's looks decided it, where it took looks
         tests, primary = tests[:-1], tests[-1]
         rule = (evals.get("rest") or {}).get("sequential") if primary.conditions == ("rest",) else None
-        primary = replace(primary, result=_sequential(rule, primary.result))
+        primary = replace(primary, result=_sequential(rule, primary.result, primary.budget, policy.confidence))
     states = {t.result.verdict for t in tests}
     if primary is not None:
         lead = primary.result.verdict
@@ -287,8 +278,8 @@ def _pooled(pairs: list[tuple], policy: Policy) -> Test | None:
     gains = sum(p[2]["vs_auto"]["gains"] for p in rows)
     tasks = tuple(p[0] for p in rows)
     budget = min(policy.margin(t) for t in tasks)  # the strictest budget of the tasks pooled
-    mine = [p[2].get("accuracy") for p in rows]
-    theirs = [(p[3] or {}).get("accuracy") for p in rows]
+    paired = [paired_accuracy(p[2], p[3], p[2]["vs_auto"]) for p in rows]  # on the items both answered (N-P17)
+    mine, theirs = [a for a, _ in paired], [b for _, b in paired]
     weights = [p[2]["vs_auto"]["n"] for p in rows]
     label = _label(cond, rows[0][4], rows[0][5], "", REFERENCE)
     return Test(
@@ -301,25 +292,45 @@ def _pooled(pairs: list[tuple], policy: Policy) -> Test | None:
         reference_accuracy=_weighted(theirs, weights),
         budget=budget,
         result=_sequential(
-            rows[0][4].get("sequential"), ni.decide([(losses, gains, n, budget / 100)], policy.confidence)[0]
+            rows[0][4].get("sequential"),
+            ni.decide([(losses, gains, n, budget / 100)], policy.confidence)[0],
+            budget,
+            policy.confidence,
         ),
         pooled=tasks,
     )
 
 
-def _sequential(rule: dict | None, fixed: ni.Result) -> ni.Result:
-    """The pooled result as the run's group-sequential rule decided it (kvbench.sequential: its last look's
-    boundary, the bounds at that boundary's level), where the run took looks; else the fixed-size test."""
+def _sequential(rule: dict | None, fixed: ni.Result, budget: float, confidence: float) -> ni.Result:
+    """The pooled result under the run's group-sequential rule (kvbench.sequential), where the run took looks:
+    the decision and boundary of its last look derived from the pooled counts, the stored plan's items and the
+    policy's alpha and margin, never read from the record (K-B17, N-P16); else the fixed-size test."""
+    from kvbench import sequential as seq
+
     looks = (rule or {}).get("looks") or []
     if not looks or looks[-1].get("items") != fixed.n:
         return fixed
-    last = looks[-1]
-    decision = last["decision"] if last["decision"] in (NON_INFERIOR, INFERIOR) else UNDECIDED
     from scipy.stats import norm
 
-    level = float(norm.cdf(last["boundary"]))
+    planned = tuple(rule["planned_items"])
+    k = len(looks) - 1
+    bound = blocks.boundaries(planned, 1 - confidence)[k]
+    decision = seq.look(fixed.losses, fixed.gains, fixed.n, budget / 100, bound, k == len(planned) - 1)
+    level = float(norm.cdf(bound))
     lower, upper = ni.bounds(fixed.losses, fixed.gains, fixed.n, level)
-    return replace(fixed, verdict=decision, lower=lower, upper=upper, alpha_used=1 - level)
+    verdict = decision if decision in (NON_INFERIOR, INFERIOR) else UNDECIDED
+    return replace(fixed, verdict=verdict, lower=lower, upper=upper, alpha_used=1 - level)
+
+
+def paired_accuracy(entry: dict, other: dict | None, vs: dict) -> tuple[float | None, float | None]:
+    """(this side's, the other side's) accuracy on the items both answered: every item this side answered is
+    paired (records/blocks.TaskEval), so the other side's is this side's + (losses - gains) / n, whatever the
+    other side scored on items this side never saw (N-P17: auto's 500 items beside fp8's 200)."""
+    n, correct = vs.get("n"), entry.get("correct")
+    if n and correct is not None and entry.get("n") == n and entry.get("ci95") is not None:
+        mine = correct / n
+        return mine, mine + (vs["losses"] - vs["gains"]) / n
+    return entry.get("accuracy"), (other or {}).get("accuracy") if (other or {}).get("n") == n else None
 
 
 def _weighted(values: list, weights: list[int]) -> float | None:
@@ -341,8 +352,13 @@ def _under_load(dtype: str, evals: dict, policy: Policy) -> tuple[Test, ...]:
 
 
 def _usable(vs: dict | None) -> bool:
-    """A stored paired comparison with its counts (not one that holds only a verdict string)."""
-    return bool(vs) and all(isinstance(vs.get(k), int) for k in ("n", "losses", "gains")) and vs["n"] > 0
+    """A stored paired comparison with counts that can be true (not one that holds only a verdict string); the
+    record's own check (records/blocks.Paired) refuses the rest first: this is the second guard (K-B13)."""
+    if not vs or not all(
+        isinstance(vs.get(k), int) and not isinstance(vs.get(k), bool) for k in ("n", "losses", "gains")
+    ):
+        return False
+    return vs["n"] > 0 and vs["losses"] >= 0 and vs["gains"] >= 0 and vs["losses"] + vs["gains"] <= vs["n"]
 
 
 def _p(p: float) -> str:

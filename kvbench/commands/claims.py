@@ -41,7 +41,7 @@ def _runs(results: Path):
     problems: list[str] = []
     frame = summary_frame(paths, problems) if paths else None
     for problem in problems:  # one damaged record costs its own numbers, not the claims report
-        err_console.print(f"[yellow]warning[/]: {escape(problem)}")
+        err_console.print(f"[yellow]warning[/]: {escape(problem)}", soft_wrap=True)  # one line, unwrapped
     return frame if frame is not None and not frame.empty else None
 
 

@@ -7,6 +7,7 @@ from typing import Annotated
 
 import typer
 from pydantic import BaseModel, ConfigDict, Field
+from rich.markup import escape
 from typer.core import TyperCommand
 
 from kvbench.clisettings import command_from
@@ -87,5 +88,5 @@ def command(ctx: typer.Context, s: DashboardSettings) -> None:
         f"and {len(loaded.kernel_records)} kernel records"
     )
     for problem in loaded.problems:
-        console.print(f"[yellow]skipped: {problem}[/]", markup=True, highlight=False)
+        console.print(f"[yellow]skipped: {escape(problem)}[/]", markup=True, highlight=False, soft_wrap=True)
     console.print(f"wrote {len(pages)} pages: open {pages[0].resolve().as_uri()}")

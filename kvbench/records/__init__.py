@@ -20,6 +20,7 @@ Every record is validated on load: a damaged one is named with its path and the 
 half-believed.
 
 The package, by what each module holds (none imports one listed after it):
+    blocks.py    the eval and fidelity blocks' types and invariants, and the checks across a whole record
     schema.py    the pydantic types, statuses, phase kinds and the vocabularies readers share
     migrate.py   kvbench.run/1 records upgraded to the v2 shape, and their embedded samples
     storage.py   names and paths, atomic writes, the Parquet samples, validated reading
@@ -37,9 +38,11 @@ from kvbench.records.queries import (
     fixed_phase,
     headline,
     linked_records,
+    note_skipped,
     read_records,
     representative,
     samples_frame,
+    skipped_records,
     summary_frame,
     summary_rows,
     workload_label,
@@ -145,6 +148,8 @@ __all__ = [
     "find_records",
     "read_records",
     "linked_records",
+    "note_skipped",
+    "skipped_records",
     "fixed_phase",
     "representative",
     "headline",

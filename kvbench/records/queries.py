@@ -25,6 +25,22 @@ def find_records(where: str | Path) -> list[Path]:
     return sorted(p for p in found if not p.name.startswith("."))
 
 
+# Every run record a reader left out as unreadable in this process, in order: what was shown without it is
+# still shown, and the command then exits 2 naming how many (kvbench.cli.main), so damage is never silent.
+_SKIPPED: list[str] = []
+
+
+def note_skipped(problem: str) -> str:
+    """Count a record left out as unreadable (returns `problem`, for the caller's own list)."""
+    _SKIPPED.append(problem)
+    return problem
+
+
+def skipped_records() -> list[str]:
+    """The records left out as unreadable so far in this process (note_skipped)."""
+    return list(_SKIPPED)
+
+
 def read_records(paths: list[Path]) -> tuple[list[tuple[Path, RunRecord]], list[str]]:
     """Every readable record among `paths`, and one line per one that is not (named, never believed)."""
     good, problems = [], []
@@ -32,7 +48,7 @@ def read_records(paths: list[Path]) -> tuple[list[tuple[Path, RunRecord]], list[
         try:
             good.append((p, read_record(p)))
         except UsageError as exc:
-            problems.append(f"skipped {exc}")
+            problems.append(note_skipped(f"skipped {exc}"))
     return good, problems
 
 
@@ -48,7 +64,7 @@ def linked_records(machine_dir: Path, problems: list[str] | None = None) -> list
             doc = load_record(path)
         except UsageError as exc:
             if problems is not None:
-                problems.append(f"skipped {exc}")
+                problems.append(note_skipped(f"skipped {exc}"))
             continue
         asv = doc.get("asv")
         if isinstance(asv, dict) and isinstance(asv.get("commit"), str):
@@ -217,7 +233,7 @@ def summary_frame(where: str | Path | list[Path], problems: list[str] | None = N
         except UsageError as exc:
             if problems is None:
                 raise
-            problems.append(f"skipped {exc}")
+            problems.append(note_skipped(f"skipped {exc}"))
             continue
         rows += summary_rows(doc, p)
     frame = pd.DataFrame(rows)

@@ -9,10 +9,12 @@ from __future__ import annotations
 
 from datetime import datetime
 from enum import StrEnum
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic_core import PydanticCustomError
 
+from kvbench.records import blocks
 from kvbench.records.findings import FindingKind, parse_kind
 
 SCHEMA = "kvbench.run/2"
@@ -237,11 +239,12 @@ class DtypeResult(_Model):
     telemetry: TelemetrySummary = Field(default_factory=TelemetrySummary)
     agreement: Agreement | None = None
     fixed_stats: dict[str, Stat] | None = None  # headline metrics over the repeats of the first fixed load
-    # task accuracy by condition (rest / load / during_load): harness/quality.py; items in the evals Parquet
-    eval: dict[str, Any] | None = None
+    # task accuracy by condition (rest / load / during_load): harness/quality.py; items in the evals Parquet.
+    # Checked as records/blocks.py's Condition (counts, intervals, the sequential looks) and kept as stored.
+    eval: Annotated[dict[str, Any] | None, AfterValidator(blocks.check_eval)] = None
     # fidelity per token by condition ("rest", "load"; auto's "load" is the floor): harness/fidelity.py,
-    # kvbench/fidelity_stats.py; items in the fidelity Parquet
-    fidelity: dict[str, Any] | None = None
+    # kvbench/fidelity_stats.py; items in the fidelity Parquet. Checked as records/blocks.FidelityCondition.
+    fidelity: Annotated[dict[str, Any] | None, AfterValidator(blocks.check_fidelity)] = None
     front: Front | None = None
     # True where the dtype ran through an emulation that stores the real format but computes differently
     # from a GPU (kvbench's CPU NVFP4 backend): its capacity, admission, prefix caching and accuracy count;
@@ -362,6 +365,14 @@ class RunRecord(_Model):
         if value is not None:
             datetime.fromisoformat(value)  # raises ValueError on garbage
         return value
+
+    @model_validator(mode="after")
+    def _consistent(self):
+        """What only the whole record can check: paired counts against auto's, looks against the run's policy."""
+        why = blocks.check_record(self.dtypes, self.config, self.environment)
+        if why:
+            raise PydanticCustomError("damaged_block", "{detail}", {"detail": why})
+        return self
 
     def dtype(self, name: str) -> DtypeResult | None:
         return next((d for d in self.dtypes if d.kv_cache_dtype == name), None)

@@ -17,6 +17,7 @@ import os
 import secrets
 import tempfile
 from datetime import UTC, datetime
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +26,7 @@ from pydantic import ValidationError
 from kvbench.datafiles import read_json
 from kvbench.errors import UsageError
 from kvbench.output import jsonable
+from kvbench.records.blocks import check_scores, is_damage
 from kvbench.records.layout import RUNS_DIR, machine_dir
 from kvbench.records.migrate import upgrade_v1
 from kvbench.records.schema import SCHEMA, SCHEMA_V1, SCHEMAS, RunRecord, SamplesRef
@@ -407,6 +409,8 @@ def sample_schema(table: str):
 def _first_error(exc: ValidationError) -> str:
     err = exc.errors()[0]
     where = ".".join(str(p) for p in err["loc"]) or "(top level)"
+    if is_damage(err):  # a block's own check (records/blocks.py): the message carries its path and reason
+        return err["msg"] if not err["loc"] else f"{where}.{err['msg']}"
     value = err.get("input")
     shown = repr(value)[:60] if not isinstance(value, (dict, list)) else type(value).__name__
     return f"{where}: {err['msg']} (got {shown})"
@@ -432,10 +436,39 @@ def parse_record(doc: Any, path: Path | str = "<record>") -> RunRecord:
 
 
 def read_record(path: str | Path) -> RunRecord:
-    """The typed record at `path` (v1 or v2), validated."""
+    """The typed record at `path` (v1 or v2), validated; its task summaries checked against the evals Parquet
+    beside it, where that is here (records/blocks.check_scores)."""
     path = Path(path)
     doc = read_json(path, missing=f"run record not found: {path}", bad="not a JSON run record")
-    return parse_record(doc, path)
+    record = parse_record(doc, path)
+    evals = record.samples.evals if record.samples is not None else None
+    if evals and any(d.eval for d in record.dtypes):
+        why = _scores_problem(path.with_name(Path(evals).name), record)
+        if why:
+            raise UsageError(f"{path}: damaged run record: {why}")
+    return record
+
+
+def _scores_problem(evals: Path, record: RunRecord) -> str | None:
+    """Why the summary's eval counts disagree with the items in `evals` (None: they agree, or it is not here:
+    samples are CI artifacts a committed record may lack)."""
+    try:
+        stat = evals.stat()
+    except OSError:
+        return None
+    try:
+        frame = _eval_items(str(evals), stat.st_mtime_ns, stat.st_size)
+    except Exception as exc:  # pyarrow's errors on a truncated or foreign file
+        return f"samples.evals: {evals.name} cannot be read ({' '.join(str(exc).split())[:120]})"
+    return check_scores(record.dtypes, frame)
+
+
+@lru_cache(maxsize=64)
+def _eval_items(path: str, _mtime_ns: int, _size: int):
+    import pyarrow.parquet as pq
+
+    columns = ["kv_cache_dtype", "condition", "task", "doc_id", "score"]
+    return pq.read_table(path, columns=columns).to_pandas()
 
 
 def load_record(path: str | Path) -> dict:

@@ -1,6 +1,7 @@
 """A damaged file is named with its path and skipped or refused, never believed: a truncated or `{}` asv
 result cannot move a regression baseline, a run record with a string, a zero or binary bytes where a
-number belongs is one line and exit 2 (or a warning where other records can go on), never a traceback."""
+number belongs is one line and exit 2 (or a warning where other records can go on, and exit 2 at the end), never a
+traceback."""
 
 from __future__ import annotations
 
@@ -101,10 +102,12 @@ def test_damaged_records_are_one_line_in_report_and_skipped_by_claims_and_compar
         assert str(path) in line, name
     run_id = json.loads(RECORD.read_text())["run_id"]
     shutil.copy(RECORD, tmp_path / "results" / "cpu-x" / "runs" / f"{run_id}.json")
+    # what can be shown without the damaged records is shown; then exit 2 naming how many were left out
     claims = kvbench_here("claims", "--results", str(tmp_path / "results"))
-    assert claims.returncode == 0 and all(str(p) in claims.stderr for p in cases.values())
+    assert claims.returncode == 2 and all(str(p) in claims.stderr for p in cases.values())
+    assert claims.stdout and f"{len(cases)} run records could not be read" in claims.stderr.splitlines()[-1]
     compare = kvbench_here("compare", run_id, run_id, "--results", str(tmp_path / "results"))
-    assert compare.returncode == 0, compare.stderr[-2000:]
+    assert compare.returncode == 2 and compare.stdout, compare.stderr[-2000:]
     assert "skipped" in compare.stderr and "Traceback" not in compare.stderr
 
 

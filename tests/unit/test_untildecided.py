@@ -62,7 +62,11 @@ def test_the_verdict_reads_the_looks_where_the_run_took_them():
     taken, _ = ud.judge([(22, 5, 600)], [200, 300, 400, 500], 3, PLAN)
     rule = ud.record([200, 300, 400, 500], 3, taken, None, PLAN)
     # the run ended at this look (a damaged or older record): undecided at the look's boundary, not inferior
-    out = _sequential({**rule, "looks": [{**rule["looks"][0], "decision": ni.UNDECIDED}]}, fixed)
+    out = _sequential({**rule, "looks": [{**rule["looks"][0], "decision": ni.UNDECIDED}]}, fixed, 1.0, 0.95)
     assert out.verdict == ni.UNDECIDED and out.alpha_used < 0.05
-    assert _sequential(None, fixed) is fixed
-    assert _sequential(rule, ni.decide([(33, 8, 900, 0.01)], 0.95)[0]).verdict == ni.INFERIOR  # n differs: fixed
+    assert _sequential(None, fixed, 1.0, 0.95) is fixed
+    later = ni.decide([(33, 8, 900, 0.01)], 0.95)[0]
+    assert _sequential(rule, later, 1.0, 0.95).verdict == ni.INFERIOR  # n differs: fixed
+    # the stored words are never read (K-B17): a look edited to "non-inferior" decides nothing
+    edited = {**rule, "looks": [{**rule["looks"][0], "decision": ni.NON_INFERIOR, "boundary": 0.0}]}
+    assert _sequential(edited, fixed, 1.0, 0.95) == out
