@@ -18,7 +18,15 @@ from rich.markup import escape
 from kvbench.errors import UsageError
 from kvbench.formats import order_key
 from kvbench.output import err_console
-from kvbench.records import find_records, layout, load_record, read_records, summary_rows
+from kvbench.records import (
+    SPEED_FIELDS,
+    find_records,
+    layout,
+    load_record,
+    read_records,
+    representative,
+    summary_rows,
+)
 from kvbench.tracked import metrics
 
 
@@ -57,13 +65,33 @@ def _version(doc: dict) -> tuple[str | None, str | None]:
     return v.get("package"), v.get("version")
 
 
+ENDPOINT_PACKAGE = "vllm (endpoint)"  # what an endpoint run's record says its server is (harness/endpoint.py)
+
+
+def spec_name(package: str | None) -> str | None:
+    """A package as it is typed in a spec: `vllm (endpoint)` (an --endpoint server) as `vllm-endpoint` (N-P6)."""
+    return "vllm-endpoint" if package == ENDPOINT_PACKAGE else package
+
+
 VERSION = re.compile(r"(?:([A-Za-z][\w.-]*?)(?:==|\s+))?v?(\d+\.\d+[\w.+-]*)")
 
 
 def _of_version(docs: list[dict], version: re.Match) -> list[dict]:
-    """The records that ran the vLLM version a VERSION match names (its package too, where it names one)."""
+    """The records that ran the vLLM version a VERSION match names: of its package where it names one, else of
+    one package only: the one kvbench ran itself rather than an --endpoint server's (K-B5), and refused in one
+    line naming them where that still leaves several."""
     package, number = version.groups()
-    return [d for d in docs if _version(d)[1] == number and (package is None or _version(d)[0] == package)]
+    same = [d for d in docs if _version(d)[1] == number]
+    if package is not None:
+        return [d for d in same if spec_name(_version(d)[0]) == package or _version(d)[0] == package]
+    packages = sorted({str(_version(d)[0]) for d in same})
+    if len(packages) > 1:
+        own = [p for p in packages if p != ENDPOINT_PACKAGE]
+        if len(own) != 1:
+            names = ", ".join(f"{spec_name(p)}=={number}" for p in packages)
+            raise UsageError(f"vLLM {number} was run by several packages; name one: {names}")
+        same = [d for d in same if _version(d)[0] == own[0]]
+    return same
 
 
 def resolve_pair(a: str, b: str, results_dir: Path, machine: str | None = None) -> tuple[Side, Side]:
@@ -72,7 +100,11 @@ def resolve_pair(a: str, b: str, results_dir: Path, machine: str | None = None) 
     va, vb = VERSION.fullmatch(a.strip()), VERSION.fullmatch(b.strip())
     if machine is None and va and vb:
         docs = [d for _, d in _records(results_dir, None)]
-        shared = {d.get("machine") for d in _of_version(docs, va)} & {d.get("machine") for d in _of_version(docs, vb)}
+        try:
+            shared = {d.get("machine") for d in _of_version(docs, va)}
+            shared &= {d.get("machine") for d in _of_version(docs, vb)}
+        except UsageError:  # several packages across machines: resolve() below says so for the side it concerns
+            shared = set()
         if len(shared) == 1:
             machine = shared.pop()
     return resolve(a, results_dir, machine), resolve(b, results_dir, machine)
@@ -99,9 +131,10 @@ def resolve(spec: str, results_dir: Path, machine: str | None = None) -> Side:
                 raise UsageError(
                     f"vLLM {number} ran on several machines; pass --machine; choose from: {', '.join(machines)}"
                 )
-            label = f"{_version(same[0])[0]} {number} ({len(same)} run{'s' if len(same) > 1 else ''} on {machines[0]})"
+            packages = ", ".join(sorted({str(_version(d)[0]) for d in same}))  # every record's, never one's
+            label = f"{packages} {number} ({len(same)} run{'s' if len(same) > 1 else ''} on {machines[0]})"
             return Side(spec, label, same)
-    versions = sorted({f"{p}=={v}" for p, v in (_version(d) for d in found) if v})
+    versions = sorted({f"{spec_name(p)}=={v}" for p, v in (_version(d) for d in found) if v})
     recent = [d["run_id"] for d in found][-5:]
     raise UsageError(
         f"no run or vLLM version matches {spec!r}; choose from: "
@@ -109,12 +142,19 @@ def resolve(spec: str, results_dir: Path, machine: str | None = None) -> Side:
     )
 
 
+def emulated_dtypes(*sides: Side) -> set[str]:
+    """The dtypes any run of these sides ran emulated: their speed is the emulation's, never compared (N-P5)."""
+    return {d["kv_cache_dtype"] for side in sides for doc in side.records for d in doc["dtypes"] if d.get("emulated")}
+
+
 def side_values(side: Side, accuracy: dict | None = None) -> dict[tuple[str, str], float]:
-    """{(metric, dtype): value in the metric's unit}: the median over the side's runs."""
+    """{(metric, dtype): value in the metric's unit}: the median over the side's runs (an emulated dtype's speed
+    numbers left out: records.representative)."""
     collected: dict[tuple[str, str], list[float]] = {}
     run_metrics = [m for m in metrics() if m.source == "run"]
     for doc in side.records:
         for row in summary_rows(doc):
+            row = representative(row, bool(row.get("emulated")))
             for m in run_metrics:
                 v = m.from_field(row.get(m.field))
                 if math.isfinite(v):
@@ -159,15 +199,21 @@ def machine_kind_of(side: Side) -> str:
     return "gpu" if gpus else "cpu"
 
 
-def compare(a: dict, b: dict, threshold_pct: float | None = None, kind: str = "cpu") -> list[Row]:
+def compare(
+    a: dict, b: dict, threshold_pct: float | None = None, kind: str = "cpu", emulated: set[str] = frozenset()
+) -> list[Row]:
     """Rows per (metric, dtype). Within the metric's noise floor for this machine kind (metrics.toml
-    noise_pct), or within threshold_pct when given, a change is called "same"."""
+    noise_pct), or within threshold_pct when given, a change is called "same". An `emulated` dtype's speed
+    rows say "emulated" and compare nothing."""
     rows = []
     for m in metrics():
-        dtypes = sorted({d for (name, d) in [*a, *b] if name == m.name}, key=order_key)
+        speed = m.source == "run" and m.field in SPEED_FIELDS
+        dtypes = sorted({d for (name, d) in [*a, *b] if name == m.name} | (emulated if speed else set()), key=order_key)
         for d in dtypes:
             va, vb = a.get((m.name, d), math.nan), b.get((m.name, d), math.nan)
-            if not (math.isfinite(va) and math.isfinite(vb)):
+            if speed and d in emulated:
+                change, verdict = math.nan, "emulated"
+            elif not (math.isfinite(va) and math.isfinite(vb)):
                 change, verdict = math.nan, "n/a"
             else:
                 change = 0.0 if va == vb else ((vb - va) / abs(va) * 100 if va else math.copysign(math.inf, vb - va))

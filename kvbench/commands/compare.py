@@ -46,13 +46,23 @@ class CompareSettings(BaseModel):
 
 @command_from(CompareSettings, lambda ctx, values: CompareSettings(**values))
 def command(ctx: typer.Context, s: CompareSettings) -> int:
-    from kvbench.compare import accuracy_values, compare, machine_kind_of, recommendations, resolve_pair, side_values
+    from kvbench.compare import (
+        accuracy_values,
+        compare,
+        emulated_dtypes,
+        machine_kind_of,
+        recommendations,
+        resolve_pair,
+        side_values,
+    )
+    from kvbench.records import EMULATED_SPEED_REASON
 
     sa, sb = resolve_pair(s.a, s.b, s.results, s.machine)
     va = side_values(sa, accuracy_values(s.results, s.config, sa.run_ids))
     vb = side_values(sb, accuracy_values(s.results, s.config, sb.run_ids))
     kind = machine_kind_of(sb)
-    rows = compare(va, vb, s.threshold, kind)
+    emulated = emulated_dtypes(sa, sb)
+    rows = compare(va, vb, s.threshold, kind, emulated)
     picks = {"a": recommendations(sa), "b": recommendations(sb)}
     if s.as_json:
         print_json(
@@ -83,6 +93,10 @@ def command(ctx: typer.Context, s: CompareSettings) -> int:
             verdict,
         )
     console.print(table)
+    if emulated:  # the rows say "emulated": why they compare nothing
+        console.print(
+            f"{', '.join(sorted(emulated))}: {EMULATED_SPEED_REASON}", markup=False, highlight=False, soft_wrap=True
+        )
     for name, side in (("A", picks["a"]), ("B", picks["b"])):  # kvbench.verdict, as report and the pages say
         for r in side:
             console.print(f"{name} {r['run_id']}: {r['headline']}", markup=False, highlight=False)

