@@ -139,6 +139,12 @@ def plan_from_front(record, users: int, user_tps: float | None, prices: dict[str
             "why": "",
         }
         rows.append(row)
+        if d.emulated:  # K-B14: its speed is the emulation's, never a deployment's
+            row["why"] = "emulated: speed not representative, not sized"
+            continue
+        if d.status == "failed":  # K-P12: nothing it measured is believed
+            row["why"] = f"failed in this run ({(d.error or 'no error recorded')[:120]}), not sized"
+            continue
         if d.front is None:
             row["why"] = f"no front in the record ({d.status})"
             continue
@@ -177,4 +183,6 @@ def plan_from_front(record, users: int, user_tps: float | None, prices: dict[str
             gpus=replicas * d.front.gpus,
             usd_per_hour=replicas * d.front.gpus * price if price is not None else None,
         )
+        if d.status != "ok":  # a partial dtype's front is what it measured before it stopped: say so
+            row["why"] += f"; the dtype ended {str(d.status)} ({(d.error or 'no error recorded')[:120]})"
     return rows

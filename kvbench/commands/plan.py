@@ -9,6 +9,7 @@ from rich.table import Table
 
 from kvbench.clisettings import command_from
 from kvbench.commands.plan_settings import PlanSettings
+from kvbench.errors import UsageError
 from kvbench.formats import parse_format_list
 from kvbench.gpus import catalog as gpu_catalog
 from kvbench.gpus import parse_gpu_list
@@ -124,7 +125,7 @@ def _from_run(path: Path, users: int, user_tps: float | None, price_text: str | 
     rows = plan_from_front(record, users, user_tps, prices)
     if as_json:
         print_json({"record": str(path), "users": users, "user_tps": user_tps, "rows": rows})
-        return
+        return _sized_any(path, rows)
     console.print(
         f"[bold]{users:,} concurrent users from the measured front of run {record.run_id}[/] ({record.machine}, "
         f"model {record.config.get('model_name')})"
@@ -160,3 +161,12 @@ def _from_run(path: Path, users: int, user_tps: float | None, price_text: str | 
         )
     console.print(table)
     console.print("measured on the run's machine, model and request shape; another workload has another front.")
+    _sized_any(path, rows)
+
+
+def _sized_any(path: Path, rows: list[dict]) -> None:
+    """K-P12: a plan that sized nothing is not a success (each dtype's reason is in the table)."""
+    if not any(r["gpus"] is not None for r in rows):
+        raise UsageError(
+            f"plan --from-run {path}: no KV dtype of this run could be sized (why: the table's last column)"
+        )

@@ -310,3 +310,36 @@ def test_an_emulated_dtypes_speed_is_marked_and_not_compared(versions):
     assert speed and all(r["verdict"] == "emulated" for r in speed), speed
     table = kvbench_here("compare", runs[0], emulated[-1])
     assert f"nvfp4: {records.EMULATED_SPEED_REASON}" in table.stdout
+
+
+# -- plan --from-run -----------------------------------------------------------------------------------------
+
+RUNS = committed_results() / "cpu-amd-epyc" / "runs"
+
+
+def test_plan_never_sizes_an_emulated_dtype_from_its_speed():
+    """K-B14 (b_kb14_plan_fromrun_emulated): nvfp4 on the CPU backend has a front, but it is the emulation's."""
+    path = next(p for p in sorted(RUNS.glob("*.json")) if any(
+        d.get("emulated") and d.get("front") for d in json.loads(p.read_text())["dtypes"]))  # fmt: skip
+    out = kvbench_here("plan", "--from-run", path, "--users", "100", "--json")
+    assert out.returncode == 0, out.stderr[-2000:]
+    rows = {r["kv_cache_dtype"]: r for r in json.loads(out.stdout)["rows"]}
+    assert rows["nvfp4"]["gpus"] is None and rows["nvfp4"]["why"].startswith("emulated")
+    assert rows["auto"]["gpus"] is not None
+
+
+@pytest.mark.parametrize("case", ["old_KP12_nofront", "old_KP12_allfailed"])
+def test_plan_that_sizes_nothing_exits_2_and_failed_dtypes_are_not_sized(tmp_path, case):
+    """K-P12: no front anywhere, or every dtype failed: exit 2 naming why, never a plan from a failed dtype."""
+    doc = json.loads((RUNS / "20261201T113924Z-cpu-amd-epyc-8a542b.json").read_text())
+    for d in doc["dtypes"]:
+        if case == "old_KP12_nofront":
+            d["front"] = None
+        else:
+            d.update(status="failed", error="EngineDeadError: the engine died")
+    path = tmp_path / "run.json"
+    path.write_text(json.dumps(doc))
+    out = kvbench_here("plan", "--from-run", path, "--users", "100")
+    assert out.returncode == 2 and "could be sized" in out.stderr.strip().splitlines()[-1]
+    if case == "old_KP12_allfailed":
+        assert "failed in this run (EngineDeadError" in out.stdout and "best point" not in out.stdout
