@@ -129,6 +129,9 @@ class MachineConfig(Strict):
     # each, through Ray), for models that do not fit one machine; a SkyPilot multi-node task (num_nodes)
     nodes: Positive = 1
     accelerator: str | None = None  # SkyPilot's name for the GPU; default: kvbench/data/fleet.toml
+    # real models from registry packages (kvbench/data/realmodels.toml): one entry each, after the matrix, with
+    # the model's own plan (kvbench/data/realmodel_runs.toml: lengths, SLO, tasks, fidelity), not the workloads
+    real_models: list[str] = []
 
 
 class FleetConfig(Strict):
@@ -182,7 +185,8 @@ def parse(raw: dict, where: str | Path = "nightly config") -> NightlyConfig:
     try:
         cfg = NightlyConfig.model_validate(raw)
     except ValidationError as exc:
-        errors = exc.errors()
+        # an unknown key first: a typo ('max_minuts') is what makes the required key look missing (issue 42, 7)
+        errors = sorted(exc.errors(), key=lambda e: e["type"] != "extra_forbidden")
         more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
         raise UsageError(f"{where}: {describe_error(errors[0])}{more}") from None
     problems = check(cfg)
@@ -370,6 +374,11 @@ def _check_names(cfg: NightlyConfig, m, table: str, dtypes, out: list[str]) -> N
 
 def _check_models(m, key: str, table: str, out: list[str]) -> None:
     from kvbench.models import catalog as model_catalog
+    from kvbench.realmodels import catalog as real_catalog
+
+    for model in m.real_models:
+        if model not in real_catalog():
+            _choose(out, "real model", model, table, list(real_catalog()))
 
     for model in [*m.models, *([m.history_model] if m.history_model else [])]:
         kind = model_kind(model)
@@ -381,7 +390,7 @@ def _check_models(m, key: str, table: str, out: list[str]) -> None:
                 table,
                 [TINY, *model_catalog(), "<a config.json path>", "<a Hugging Face id (GPU machines)>"],
             )
-        elif kind == "hf" and key == CPU:
+        elif kind == "hf" and key == CPU:  # (a registry real model is a short name: it serves from its package)
             out.append(
                 f"model {model!r} in {table}: a Hugging Face id needs a GPU "
                 f"machine (CPU machines run {TINY!r} or a local path)"

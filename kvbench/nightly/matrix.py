@@ -179,7 +179,38 @@ def expand(cfg: NightlyConfig, key: str) -> MachinePlan:
                         workload_spec=w["spec"],
                     )
                 )
+    for name in m.real_models:
+        plan.entries.append(real_model_entry(name, m, cfg))
     return plan
+
+
+REAL_MODEL_PLAN = "real-model-plan"
+
+
+def real_model_entry(name: str, m, cfg: NightlyConfig) -> Entry:
+    """A registry real model's entry: its own plan (kvbench/data/realmodel_runs.toml), whose lengths the estimate
+    reads; the run builds it from the model's name (harness/realplan.py)."""
+    from kvbench.datafiles import load_toml
+
+    own = load_toml("realmodel_runs.toml")[name]
+    return Entry(
+        name=f"{name}/{REAL_MODEL_PLAN}",
+        model=ModelRef(name, name, name),
+        workload=REAL_MODEL_PLAN,
+        prompt_tokens=own["prompt_tokens"],
+        output_tokens=own["output_tokens"],
+        num_requests=own["num_requests"],
+        concurrency=tuple(own["concurrency"]),
+        api="completions",
+        slo_name=None,
+        slo=None,
+        kv_dtypes=tuple(m.kv_dtypes),
+        max_model_len=own["max_model_len"],
+        search_cap=None,
+        extra_args=(),
+        notes=(f"{name}: its own plan (kvbench/data/realmodel_runs.toml)",),
+        budget_points=cfg.quality.budget_points,
+    )
 
 
 def machine_folder(plan: MachinePlan) -> str:
@@ -206,6 +237,20 @@ def run_plan(
     from kvbench.harness.realplan import build_plan
     from kvbench.harness.settings import RunSettings
 
+    if entry.workload == REAL_MODEL_PLAN:  # the model's own plan: lengths, SLO, tasks and fidelity from its name
+        real = RunSettings.for_machine(
+            on_gpu,
+            model=entry.model.name,
+            kv_dtypes=list(entry.kv_dtypes),
+            unknown_dtypes="record",
+            results_dir=results_dir,
+            machine=machine,
+            accuracy_budget_points=entry.budget_points,
+            prices=prices,
+        )
+        plan = build_plan(real)
+        plan.notes.extend(entry.notes)
+        return plan
     serve, note = served_model(entry.model, on_gpu)
     plan = build_plan(
         RunSettings.for_machine(

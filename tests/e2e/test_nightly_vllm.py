@@ -38,6 +38,7 @@ def test_cpu_night_end_to_end(tmp_path):
             "machines.cpu.kv_dtypes": ["auto", "fp8"],
             "machines.cpu.expected_failures": {},
             "machines.cpu.max_minutes": 15,
+            "machines.cpu.real_models": [],  # the real model's half hour is not this test's
         }
     )
     cfg = write_config(tmp_path, raw)

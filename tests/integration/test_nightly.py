@@ -220,7 +220,7 @@ def test_a_bad_workload_spec_is_refused_when_the_config_loads():
 
 
 def test_estimate_is_derived_from_the_stated_inputs():
-    raw = shipped(**{"machines.cpu.server_start_s": 10, "history.enabled": False})
+    raw = shipped(**{"machines.cpu.server_start_s": 10, "history.enabled": False, "machines.cpu.real_models": []})
     cfg = nconfig.parse(raw)
     plan = nmatrix.expand(cfg, "cpu")
     est = nestimate.estimate_machine(cfg, plan)
@@ -419,6 +419,7 @@ def two_entries(**more):
         **{
             "workloads.cpu-other": {"prompt_tokens": 64, "output_tokens": 16, "num_requests": 8, "concurrency": [4]},
             "machines.cpu.workloads": ["cpu-small", "cpu-other"],
+            "machines.cpu.real_models": [],
         },
         **more,
     )
@@ -586,3 +587,28 @@ def test_a_quality_gate_breach_fails_the_night_unless_expected(tmp_path, monkeyp
     night, progress = fake_night(tmp_path / "again", monkeypatch, raw)
     monkeypatch.setattr("kvbench.harness.runner.Runner", GateRunner)
     assert night.run(progress)["status"] == "ok"
+
+
+def test_a_real_model_entry_runs_the_models_own_plan(tmp_path, monkeypatch):
+    """The CPU section's real model is one entry after the matrix, planned from its name (harness/realplan.py):
+    its lengths, tasks and natural-text fidelity, not a workload's."""
+    import shutil
+
+    from kvbench.datafiles import data_path
+    from kvbench.harness import realplan
+
+    cfg = nconfig.parse(shipped(**OFF))
+    entry = nmatrix.expand(cfg, "cpu").entries[-1]
+    assert entry.name == "smollm2-135m-instruct/real-model-plan" and entry.max_model_len == 8192
+    folder = tmp_path / "smollm2"  # a prepared folder's stand-in: the conversion is tests/e2e's
+    folder.mkdir()
+    shutil.copy(data_path("models/smollm2-135m-instruct.json"), folder / "config.json")
+    monkeypatch.setattr(realplan, "prepare_with_progress", lambda name, quiet=False: folder)
+    plan = nmatrix.run_plan(entry, False, tmp_path / "results", machine="cpu-test")
+    assert plan.model == str(folder) and plan.model_name == "smollm2-135m-instruct"
+    assert plan.eval_tasks == ["kvbench_textkey_8192", "kvbench_textkeys_8192"] and plan.text_fidelity["windows"] == 28
+    assert plan.max_model_len == 8192 and plan.slo is not None and plan.workload.prompt_tokens == 512
+    assert any("its own plan" in n for n in plan.notes)
+    bad = nconfig.parse
+    with pytest.raises(Exception, match="smollm2-135m-instruct"):
+        bad(shipped(**{"machines.cpu.real_models": ["smollm9"]}))
