@@ -20,6 +20,7 @@ import torch
 
 from kvbench.formats import speed_kernels
 from kvbench.kernels import paged_cache as pc
+from kvbench.kernels.cache_layouts import LAYOUTS
 
 SCHEMA = "kvbench.kernels/1"
 BENCH_FORMATS = speed_kernels()  # the speed ratio fp16 : fp8 : nvfp4 (the tracked dtypes, formats.toml)
@@ -103,18 +104,24 @@ def random_cache(fmt: str, num_blocks: int, shape: AttnShape, dev: torch.device,
     dominate the run; timing does not depend on the values): fp16/bf16 N(0,1); fp8 random codes of
     magnitude 2^-3..2; nvfp4 random nibbles with block scales 0.125..0.23 so values stay O(1)."""
     c = pc.allocate(fmt, num_blocks, shape.num_kv_heads, shape.head_dim, shape.block_size, device=dev)
-    g = torch.Generator(device=dev).manual_seed(seed)
-    if fmt in ("fp16", "bf16"):
-        c.cache.normal_(generator=g)
-    elif fmt.startswith("fp8"):
-        lo, hi = (0x20, 0x48) if fmt == "fp8" else (0x2C, 0x40)  # no NaN/Inf codes
-        c.cache.random_(lo, hi, generator=g)
-    else:
-        c.cache.random_(0, 256, generator=g)
-        nb, h, t, d = num_blocks, shape.num_kv_heads, shape.block_size, shape.head_dim
-        sides = c.cache.view(nb, 2, h * t * pc.row_width("nvfp4", d))
-        sides[..., h * t * d // 2 :].random_(0x20, 0x28, generator=g)  # E4M3 0.125 .. 0.2344
+    LAYOUTS[fmt].fill_random(c, torch.Generator(device=dev).manual_seed(seed))
     return c
+
+
+def query_dtype(fmt: str) -> torch.dtype:
+    """The query and K/V input dtype a format's kernels take: the cache's own 16-bit float, else fp16."""
+    element = LAYOUTS[fmt].element
+    return element if element.is_floating_point else torch.float16
+
+
+def calibrate(c: pc.PagedKVCache, k: torch.Tensor, v: torch.Tensor) -> None:
+    """Tensor scales from amax, as a calibrated checkpoint has them: the codec's own (kernels/codecs.py); a
+    format without a tensor scale keeps 1.0."""
+    from kvbench.kernels import codecs
+
+    codec = codecs.get(c.fmt)
+    if codec.scaled:
+        c.k_scale, c.v_scale = codec.calibrated_scale(k.float()), codec.calibrated_scale(v.float())
 
 
 def decode_case(fmt: str, batch: int, context: int, shape: AttnShape, dev: torch.device, seed: int = 0):
@@ -124,8 +131,7 @@ def decode_case(fmt: str, batch: int, context: int, shape: AttnShape, dev: torch
     g = torch.Generator(device="cpu").manual_seed(seed)
     block_table = torch.randperm(batch * pages, generator=g).reshape(batch, pages).to(torch.int32).to(dev)
     seq_lens = torch.full((batch,), context, dtype=torch.int32, device=dev)
-    qdt = torch.bfloat16 if fmt == "bf16" else torch.float16
-    q = torch.randn(batch, shape.num_heads, shape.head_dim, device=dev).to(qdt)
+    q = torch.randn(batch, shape.num_heads, shape.head_dim, device=dev).to(query_dtype(fmt))
     return q, c, block_table, seq_lens
 
 
@@ -138,7 +144,7 @@ def write_case(fmt: str, tokens: int, shape: AttnShape, dev: torch.device, seed:
     """(cache, key, value, slot_mapping) for writing `tokens` new tokens into shuffled slots."""
     pages = -(-tokens // shape.block_size)
     c = pc.allocate(fmt, pages, shape.num_kv_heads, shape.head_dim, shape.block_size, device=dev)
-    dt = torch.bfloat16 if fmt == "bf16" else torch.float16
+    dt = query_dtype(fmt)
     k = torch.randn(tokens, shape.num_kv_heads, shape.head_dim, device=dev).to(dt)
     v = torch.randn(tokens, shape.num_kv_heads, shape.head_dim, device=dev).to(dt)
     g = torch.Generator(device="cpu").manual_seed(seed)
@@ -211,17 +217,13 @@ def bench_write(
 def check_on_device(shape: AttnShape, dev: torch.device, formats=BENCH_FORMATS) -> list[dict]:
     """Before timing: on this device, the Triton write gives the reference bytes and decode attention
     matches the reference (small case, Llama shape)."""
-    from kvbench.kernels import nvfp4
     from kvbench.kernels.decode_attention import TOLERANCE, decode_attention, decode_attention_reference
 
     rows = []
     for fmt in formats:
         n = 4 * shape.block_size + 3
         c, k, v, slots = write_case(fmt, n, shape, dev, seed=7)
-        if fmt == "nvfp4":
-            c.k_scale, c.v_scale = nvfp4.amax_global_scale(k.float()), nvfp4.amax_global_scale(v.float())
-        elif fmt.startswith("fp8"):
-            c.k_scale, c.v_scale = float(k.abs().max()) / 448, float(v.abs().max()) / 448
+        calibrate(c, k, v)
         pc.reshape_and_cache(c, k, v, slots)
         ref = pc.allocate(
             fmt,
@@ -240,7 +242,7 @@ def check_on_device(shape: AttnShape, dev: torch.device, formats=BENCH_FORMATS) 
         bt = pages[order].unique_consecutive()[None].to(torch.int32)
         # attend over the pages as written (token order = slot order)
         seq = torch.tensor([min(n, bt.shape[1] * shape.block_size)], dtype=torch.int32)
-        qdt = torch.bfloat16 if fmt == "bf16" else torch.float16
+        qdt = query_dtype(fmt)
         q = torch.randn(1, shape.num_heads, shape.head_dim, generator=torch.Generator().manual_seed(8)).to(qdt)
         out = decode_attention(q.to(dev), c, bt.to(dev), seq.to(dev), out_dtype=torch.float32)
         expect = decode_attention_reference(q, ref, bt, seq)

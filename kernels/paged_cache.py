@@ -15,7 +15,8 @@ side is H·T rows of W elements, head-major.
   4-token interleaved, which this layout does not do.
 
 A token's place is its slot = page · T + offset (vLLM's slot_mapping; negative slots are padding and
-are skipped).
+are skipped). What the kernels and their references know of each format is one entry of
+kernels/cache_layouts.py (LAYOUTS), by kernel key; the formats are formats.toml's `cache_kernel` set.
 """
 
 from __future__ import annotations
@@ -26,35 +27,30 @@ import torch
 import triton
 import triton.language as tl
 
-from kvbench.kernels import fp8 as fp8_ref
-from kvbench.kernels import nvfp4 as nvfp4_ref
-
-# Formats the kernels handle, and what the cache stores for each.
-from kvbench.kernels.names import KERNEL_FORMATS  # noqa: E402
-
-_FP8_NAME = {"fp8": "e4m3", "fp8_e5m2": "e5m2"}
-# constexpr codes the Triton kernels branch on
-_FMT_CODE = {"fp16": 0, "bf16": 0, "fp8": 1, "fp8_e5m2": 2, "nvfp4": 3}
+from kvbench.formats import kernel_formats
+from kvbench.kernels.cache_layouts import LAYOUTS
 
 
 def check_format(fmt: str) -> None:
-    if fmt not in KERNEL_FORMATS:
-        raise ValueError(f"unknown KV-cache format {fmt!r}; choose from: {', '.join(KERNEL_FORMATS)}")
+    """A kernel key the registry marks `cache_kernel` (formats.toml) and these kernels lay out (LAYOUTS)."""
+    known = kernel_formats("cache_kernel")
+    if fmt not in known:
+        raise ValueError(f"unknown KV-cache format {fmt!r}; choose from: {', '.join(known)}")
+    if fmt not in LAYOUTS:
+        raise ValueError(
+            f"formats.toml marks {fmt!r} cache_kernel, but kernels/cache_layouts.py has no layout for it (LAYOUTS)"
+        )
 
 
 def row_width(fmt: str, head_dim: int) -> int:
     """W: elements (fp16/bf16) or bytes (fp8, nvfp4) per (token, head) row."""
     check_format(fmt)
-    if fmt == "nvfp4":
-        if head_dim % nvfp4_ref.BLOCK:
-            raise ValueError(f"nvfp4 needs head_dim divisible by 16, got {head_dim}")
-        return nvfp4_ref.row_bytes(head_dim)
-    return head_dim
+    return LAYOUTS[fmt].row_width(head_dim)
 
 
 def bytes_per_token(fmt: str, num_kv_heads: int, head_dim: int) -> int:
     """Cache bytes one token takes in one layer, K and V."""
-    elem = 2 if fmt in ("fp16", "bf16") else 1
+    elem = torch.empty((), dtype=LAYOUTS[fmt].element).element_size()
     return 2 * num_kv_heads * row_width(fmt, head_dim) * elem
 
 
@@ -89,10 +85,9 @@ def allocate(
     v_scale: float = 1.0,
 ) -> PagedKVCache:
     check_format(fmt)
-    dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}.get(fmt, torch.uint8)
     shape = (num_blocks, 2 * num_kv_heads, block_size, row_width(fmt, head_dim))
     return PagedKVCache(
-        torch.zeros(shape, dtype=dtype, device=device),
+        torch.zeros(shape, dtype=LAYOUTS[fmt].element, device=device),
         fmt,
         num_kv_heads,
         head_dim,
@@ -107,33 +102,13 @@ def allocate(
 # ---------------------------------------------------------------------------------------------
 
 
-def _nvfp4_side_views(c: PagedKVCache) -> tuple[torch.Tensor, torch.Tensor]:
-    """(data [nb, 2, H, T, D/2], scales [nb, 2, H, T, D/16]) views of an NVFP4 cache."""
-    nb, h, t, d = c.num_blocks, c.num_kv_heads, c.block_size, c.head_dim
-    sides = c.cache.view(nb, 2, h * t * row_width("nvfp4", d))
-    n_data = h * t * d // 2
-    return sides[..., :n_data].view(nb, 2, h, t, d // 2), sides[..., n_data:].view(nb, 2, h, t, d // 16)
-
-
 def write_reference(c: PagedKVCache, key: torch.Tensor, value: torch.Tensor, slot_mapping: torch.Tensor) -> None:
     """Quantize key/value [num_tokens, H, D] with the reference numerics and write them at their slots."""
     keep = slot_mapping >= 0
     slots = slot_mapping[keep].long()
     blk, off = slots // c.block_size, slots % c.block_size
     for side, x, scale in ((0, key[keep], c.k_scale), (1, value[keep], c.v_scale)):
-        if c.fmt in ("fp16", "bf16"):
-            rows = x.to(c.cache.dtype)
-        elif c.fmt in _FP8_NAME:
-            rows = fp8_ref.quantize(x, scale, _FP8_NAME[c.fmt])
-        else:
-            q = nvfp4_ref.quantize(x, scale)
-            data, scales = _nvfp4_side_views(c)
-            # [tokens, H, ...] rows go to [blk, side, h, off, ...]
-            data[blk, side, :, off] = q.data
-            scales[blk, side, :, off] = q.scales
-            continue
-        view = c.cache.view(c.num_blocks, 2, c.num_kv_heads, c.block_size, c.head_dim)
-        view[blk, side, :, off] = rows
+        LAYOUTS[c.fmt].write(c, blk, side, off, x, scale)
 
 
 def read_reference(c: PagedKVCache, block_table: torch.Tensor, seq_len: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -141,16 +116,13 @@ def read_reference(c: PagedKVCache, block_table: torch.Tensor, seq_len: int) -> 
     pages = block_table[: -(-seq_len // c.block_size)].long()
     out = []
     for side, scale in ((0, c.k_scale), (1, c.v_scale)):
-        if c.fmt == "nvfp4":
-            data, scales = _nvfp4_side_views(c)
-            q = nvfp4_ref.Nvfp4Tensor(data[pages, side], scales[pages, side], scale)
-            x = nvfp4_ref.dequantize(q)  # [pages, H, T, D]
-        else:
-            view = c.cache.view(c.num_blocks, 2, c.num_kv_heads, c.block_size, c.head_dim)[pages, side]
-            x = view.float() if c.fmt in ("fp16", "bf16") else fp8_ref.dequantize(view, scale, _FP8_NAME[c.fmt])
+        x = LAYOUTS[c.fmt].read(c, pages, side, scale)  # [pages, H, T, D]
         x = x.permute(1, 0, 2, 3).reshape(c.num_kv_heads, -1, c.head_dim)[:, :seq_len]
         out.append(x)
     return out[0], out[1]
+
+
+_FMT_CODE = {key: layout.code for key, layout in LAYOUTS.items()}  # decode_attention's launch reads it
 
 
 # ---------------------------------------------------------------------------------------------

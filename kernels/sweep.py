@@ -23,6 +23,7 @@ import torch
 from kvbench.kernels import bench, records, variants
 from kvbench.kernels import decode_attention as da
 from kvbench.kernels import paged_cache as pc
+from kvbench.kernels.cache_layouts import LAYOUTS
 from kvbench.kernels.gpu_evidence import Trace, device_memory
 from kvbench.records import layout
 
@@ -43,7 +44,7 @@ def decode_candidates(fmt: str, dry: bool) -> list[dict]:
     """The tensor-core ("dot") grid, plus the "fma" matmuls at the one launch that compiles for sm_90 without
     spilling nvfp4's registers (TILE_N 64, 8 warps: 4 local stores vs 141-186 at the others)."""
     tiles, warps, stages = ((16,), (4,), (3,)) if dry else ((64, 128), (4, 8), (2, 3))
-    deqs = ("f32", "f16") if fmt == "nvfp4" else ("f32",)
+    deqs = LAYOUTS[fmt].dequant_paths
     dot = [
         {"tile_n": t, "num_warps": w, "num_stages": s, "dequant": d, "mma": "dot"}
         for t, w, s, d in itertools.product(tiles, warps, stages, deqs)
@@ -59,11 +60,12 @@ def as_is(dry: bool) -> dict:
 def variant_runs(fmt: str, dry: bool) -> list[tuple[str, dict]]:
     base = as_is(dry)
     runs = [("load_only", base), ("dequant_only", base)]
-    return runs + ([("dequant_only", {**base, "dequant": "f16"})] if fmt == "nvfp4" else [])
+    # the other dequantization paths of the format's decode kernel (nvfp4's f16), dequant_only each
+    return runs + [("dequant_only", {**base, "dequant": d}) for d in LAYOUTS[fmt].dequant_paths if d != base["dequant"]]
 
 
 def write_candidates(fmt: str, dry: bool) -> list[dict]:
-    encs = ("compare", "bits") if fmt == "nvfp4" else ("compare",)
+    encs = LAYOUTS[fmt].encoders
     return [{"encode": e, "num_warps": w} for e in encs for w in ((4,) if dry else (1, 2, 4))]
 
 
@@ -84,7 +86,7 @@ def check_decode(fmt: str, shape: bench.AttnShape, dev: torch.device, runs: list
     """Every (variant, config) on a small case with several partitions, against its torch reference."""
     batch, context = (2, 40) if dry else (2, 700)
     q, c, bt, sl = bench.decode_case(fmt, batch, context, shape, dev, seed=11)
-    if fmt != "fp16":
+    if fmt != bench.BENCH_FORMATS[0]:  # all but the 16-bit baseline (fp16)
         c.k_scale, c.v_scale = 0.5, 0.25  # tensor scales other than 1, so the folds are exercised
     host = pc.PagedKVCache(c.cache.cpu(), fmt, c.num_kv_heads, c.head_dim, c.block_size, c.k_scale, c.v_scale)
     refs = {"full": da.decode_attention_reference(q.cpu(), host, bt.cpu(), sl.cpu())}
@@ -108,14 +110,9 @@ def check_decode(fmt: str, shape: bench.AttnShape, dev: torch.device, runs: list
 
 def check_write(fmt: str, shape: bench.AttnShape, dev: torch.device, cands: list[dict]) -> list[dict]:
     """Every write candidate gives the reference bytes (tensor scales from amax, as a calibrated model has)."""
-    from kvbench.kernels import nvfp4
-
     n = 4 * shape.block_size + 3
     c, k, v, slots = bench.write_case(fmt, n, shape, dev, seed=7)
-    if fmt == "nvfp4":
-        c.k_scale, c.v_scale = nvfp4.amax_global_scale(k.float()), nvfp4.amax_global_scale(v.float())
-    elif fmt.startswith("fp8"):
-        c.k_scale, c.v_scale = float(k.abs().max()) / 448, float(v.abs().max()) / 448
+    bench.calibrate(c, k, v)
     ref = pc.allocate(
         fmt, c.num_blocks, shape.num_kv_heads, shape.head_dim, shape.block_size, k_scale=c.k_scale, v_scale=c.v_scale
     )

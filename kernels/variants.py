@@ -4,7 +4,8 @@ each variant is checked on the device like the attention itself before its time 
 Both variants run the attention kernel's loop over the same pages and tiles but write, for every query head
 of a KV head's group, a column sum over the sequence's tokens of K + V, times the V scale:
 - load_only: the stored bits as integers (fp16/bf16: the 16-bit pattern; fp8: the byte; nvfp4: data byte j
-  in output column 2j and the sum of the block's E4M3 scale byte in column 2j + 1), nothing decoded;
+  in output column 2j and the sum of the block's E4M3 scale byte in column 2j + 1), nothing decoded
+  (each format's `stored` in kernels/cache_layouts.py);
 - dequant_only: the dequantized values as the MMA would get them (block scales applied, tensor scale not).
 """
 
@@ -12,9 +13,8 @@ from __future__ import annotations
 
 import torch
 
-from kvbench.kernels import fp8 as fp8_ref
-from kvbench.kernels import nvfp4 as nvfp4_ref
 from kvbench.kernels import paged_cache as pc
+from kvbench.kernels.cache_layouts import LAYOUTS
 
 # Output vs reference relative to max |reference|: load_only's integer sums are exact (the V scale enters as
 # an fp32 argument); dequant_only sums floats in another order than torch does.
@@ -33,23 +33,12 @@ def _tokens(x: torch.Tensor, seq_len: int) -> torch.Tensor:
 def _side_sums(c: pc.PagedKVCache, block_table: torch.Tensor, seq_len: int, dequant: bool) -> torch.Tensor:
     """float64 [H, D]: the column sums over the sequence of K + V, stored bits or dequantized values."""
     pages = _pages(c, block_table, seq_len)
+    layout = LAYOUTS[c.fmt]
     total = torch.zeros(c.num_kv_heads, c.head_dim, dtype=torch.float64)
     for side in (0, 1):
-        if c.fmt == "nvfp4":
-            data, scales = pc._nvfp4_side_views(c)
-            d, s = data[pages, side].cpu(), scales[pages, side].cpu()
-            if dequant:
-                x = nvfp4_ref.dequantize(nvfp4_ref.Nvfp4Tensor(d, s, 1.0))
-            else:
-                blocks = s.long().repeat_interleave(8, dim=-1)  # column pair j lies in block j // 8
-                x = torch.stack((d.long(), blocks), dim=-1).flatten(-2)
-        else:
-            view = c.cache.view(c.num_blocks, 2, c.num_kv_heads, c.block_size, c.head_dim)[pages, side].cpu()
-            if c.fmt in ("fp16", "bf16"):
-                x = view.float() if dequant else view.view(torch.int16).long() & 0xFFFF
-            else:
-                x = fp8_ref.dequantize(view, 1.0, pc._FP8_NAME[c.fmt]) if dequant else view.long()
-        total += _tokens(x, seq_len).double().sum(dim=1)
+        # dequantized: block scales applied, the tensor scale not (the kernel folds it in later)
+        x = layout.read(c, pages, side, 1.0) if dequant else layout.stored(c, pages, side)
+        total += _tokens(x.cpu(), seq_len).double().sum(dim=1)
     return total
 
 

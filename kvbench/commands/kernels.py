@@ -12,13 +12,15 @@ from rich.table import Table
 from kvbench.clisettings import command_from
 from kvbench.commands.kernels_settings import KernelsSettings
 from kvbench.errors import UsageError
+from kvbench.formats import speed_kernels
 from kvbench.output import console, err_console, present, print_json
 from kvbench.records import layout
 
 NAME = "kernels"
+_SPEED = speed_kernels()  # the tracked dtypes' kernel keys (formats.toml `speed_kernel`): fp16, fp8, nvfp4
 HELP = (
-    "Microbenchmark the Triton KV kernels (quantize+write, paged decode attention) for fp16/fp8/nvfp4 over "
-    "context and batch: time, GB/s, % of peak and of measured copy bandwidth, fp16:fp8:nvfp4 speed ratio. "
+    f"Microbenchmark the Triton KV kernels (quantize+write, paged decode attention) for {'/'.join(_SPEED)} over "
+    f"context and batch: time, GB/s, % of peak and of measured copy bandwidth, {':'.join(_SPEED)} speed ratio. "
     "Needs a CUDA GPU (SM80+); --interpret runs tiny shapes in Triton's CPU interpreter."
 )
 
@@ -149,6 +151,20 @@ def _pct(v) -> str:
     return "—" if v is None else f"{v:.1f}%"
 
 
+def _print_ratios(ratios: list[dict]) -> None:
+    """Decode speed of each tracked dtype's kernel key against the first (auto's fp16), as bench.ratios gives it."""
+    base, *others = _SPEED
+    t = Table(title=f"Decode-attention speed vs {base} (measured / ideal from bytes)", title_justify="left")
+    for col in ("batch", "context", *(f"{f} (µs)" for f in _SPEED), *(f"{base}:{f}" for f in others)):
+        t.add_column(col, justify="right")
+    for r in ratios:
+        tm = r["time_us"]
+        times = [f"{tm[f]:,.1f}" if f in tm else "—" for f in _SPEED]
+        speed = [f"{r[f'speedup_{f}']:.2f}x / {r[f'ideal_{f}']:.2f}x" if f"speedup_{f}" in r else "—" for f in others]
+        t.add_row(str(r["batch"]), f"{r['context']:,}", *times, *speed)
+    console.print(t)
+
+
 def _print(doc: dict) -> None:
     s = doc["shape"]
     where = doc["environment"]["device"]["name"]
@@ -184,22 +200,7 @@ def _print(doc: dict) -> None:
         )
     console.print(t)
     if doc["ratios"]:
-        t = Table(title="Decode-attention speed vs fp16 (measured / ideal from bytes)", title_justify="left")
-        for col in ("batch", "context", "fp16 (µs)", "fp8 (µs)", "nvfp4 (µs)", "fp16:fp8", "fp16:nvfp4"):
-            t.add_column(col, justify="right")
-        for r in doc["ratios"]:
-            tm = r["time_us"]
-            cell = lambda f, r=r: f"{r[f'speedup_{f}']:.2f}x / {r[f'ideal_{f}']:.2f}x" if f"speedup_{f}" in r else "—"  # noqa: E731
-            t.add_row(
-                str(r["batch"]),
-                f"{r['context']:,}",
-                f"{tm['fp16']:,.1f}",
-                f"{tm['fp8']:,.1f}" if "fp8" in tm else "—",
-                f"{tm['nvfp4']:,.1f}" if "nvfp4" in tm else "—",
-                cell("fp8"),
-                cell("nvfp4"),
-            )
-        console.print(t)
+        _print_ratios(doc["ratios"])
     t = Table(title="Reshape-and-cache (quantize + write new K/V tokens)", title_justify="left")
     for col in ("format", "tokens", "time (µs)", "GB/s", "% of peak", "% of copy"):
         t.add_column(col, justify="left" if col == "format" else "right")

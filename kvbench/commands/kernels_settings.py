@@ -12,7 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from kvbench import cliargs
 from kvbench.errors import UsageError
 from kvbench.flags import Flag
-from kvbench.formats import speed_kernels
+from kvbench.formats import kernel_formats, speed_kernels
 from kvbench.kernels.names import KERNEL_FORMATS
 from kvbench.options import AsJson, Model, Results
 
@@ -63,7 +63,7 @@ class KernelsSettings(BaseModel):
 
     def grid(self) -> tuple[list[str], list[int], list[int], list[int]]:
         """(formats, contexts, batches, write sizes): the flags, or the grid for the GPU or the interpreter."""
-        fmts = cliargs.choices(self.formats, "--formats", KERNEL_FORMATS, "KV format")
+        fmts = cliargs.choices(self.formats, "--formats", kernel_formats("cache_kernel"), "KV format")
         grid = INTERPRET_GRID if self.interpret else GPU_GRID
         ctxs = cliargs.int_list(self.contexts or grid["contexts"], "--contexts", GPU_GRID["contexts"])
         bats = cliargs.int_list(self.batches or grid["batches"], "--batches", GPU_GRID["batches"])

@@ -266,3 +266,22 @@ def test_a_fake_dtype_with_its_own_numerics_reaches_the_scorer(fake_numerics):
     assert fp6.CALLS["round_trip"] > before  # every layer's K and V went through the fake numerics
     with pytest.raises(UsageError, match="choose from: auto, fp8, nvfp4 \\(tracked\\), or .*fp6_test"):
         scoring.fake_quant(x, "fp7")
+
+
+def test_every_cache_kernel_format_has_a_kernel_layout():
+    # the Triton kernels' formats (formats.toml `cache_kernel`) are one table, kernels/cache_layouts.py
+    from kvbench.kernels.cache_layouts import LAYOUTS
+
+    assert set(formats.kernel_formats("cache_kernel")) == set(LAYOUTS)
+    codes = {key: layout.code for key, layout in LAYOUTS.items()}
+    assert len(set(codes.values())) == len(codes) - 1 and codes["fp16"] == codes["bf16"]  # 16-bit: one branch
+
+
+def test_a_cache_kernel_entry_without_a_kernel_layout_is_named(fake_registry, monkeypatch):
+    pytest.importorskip("triton")
+    from kvbench.kernels import paged_cache
+
+    text = (fake_registry / "formats.toml").read_text() + "cache_kernel = true\n"
+    (fake_registry / "formats.toml").write_text(text)
+    with pytest.raises(ValueError, match="marks 'fp6_test' cache_kernel, but kernels/cache_layouts.py has no layout"):
+        paged_cache.allocate("fp6_test", 1, 1, 16)
