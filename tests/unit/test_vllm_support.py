@@ -168,3 +168,21 @@ def test_the_capacity_page_shows_the_menu_and_the_matrix(tmp_path):
     for value in vllm_support.cache_dtypes():
         assert f"</span>{value}</td>" in body, value
     assert "ULTRAQUANT (rocm)" in body and "FLASHINFER (cuda)" in body
+
+
+def test_every_codec_page_layout_is_the_registrys_page():
+    """The emulated stores (kernels/codecs.py layouts) and the capacity model (formats.toml) size a page alike."""
+    pytest.importorskip("torch")
+    from kvbench.kernels import codecs
+
+    for key in codecs.keys():
+        codec = codecs.get(key)
+        if codec.layout is None:
+            continue
+        fmt = formats.get_format(codec.vllm_dtype)
+        for dim in (64, 128, 256):
+            model = _dense(8, dim)
+            assert 8 * codec.layout(dim).bytes_per_head == fmt.bytes_per_token_per_layer(model, model.layers[0]), (
+                key,
+                dim,
+            )
