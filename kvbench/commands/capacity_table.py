@@ -60,8 +60,8 @@ def print_rows(spec: ModelSpec, rows, block_size: int, max_num_seqs: int | None)
     notes = []
     for row in rows:
         name = f"{row.dtype} ({spec.activation_dtype})" if row.dtype == "auto" else row.dtype
-        if not row.supported:  # vLLM would refuse it here: one line with the reason, no numbers
-            notes.append(f"{row.dtype}: not sized, vLLM would refuse it here: {row.reason}")
+        if not row.supported:  # vLLM would refuse it here, or has no code for it: one line with why, no numbers
+            notes.append(f"{row.dtype}: not sized: {row.reason}")
             continue
         if row.vllm_dtype is None:
             name += " †"
