@@ -9,7 +9,7 @@ the same on every machine."""
 import math
 from pathlib import Path
 
-from kvbench.suite import prefix_numbers, serving_numbers
+from kvbench.suite import REAL_MODEL, prefix_numbers, serving_numbers
 from kvbench.tracked import KV_DTYPES, as_track, metrics
 
 ROOT = Path(__file__).resolve().parents[1]  # the asv project: asv.conf.json, results/
@@ -61,7 +61,20 @@ class PrefixCache(_PerDtype):
         return prefix_numbers(ROOT)
 
 
+class RealModel(_PerDtype):
+    """A real pretrained model's own run (kvbench.suite.REAL_MODEL, from its registry package; its plan in
+    kvbench/data/realmodel_runs.toml): its KLD, task accuracy and capacity per dtype, a series of its own."""
+
+    version = "kvbench.realmodel/1"
+    timeout = 5400  # three dtypes of a 135M model on 2 cores: about 30 minutes
+
+    def setup_cache(self):
+        return serving_numbers(ROOT, model=REAL_MODEL)
+
+
 for _m in metrics():
+    if _m.source == "realmodel":
+        setattr(RealModel, f"track_{_m.name}", _track(_m))
     if _m.source == "run":
         setattr(Serving, f"track_{_m.name}", _track(_m))
     elif _m.source == "prefix":

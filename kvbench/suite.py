@@ -23,6 +23,8 @@ ENV_ENV_NAME = "KVBENCH_ASV_ENV"
 ENV_RESULTS = "KVBENCH_RESULTS"
 ENV_MACHINE = "KVBENCH_MACHINE"  # also read by kvbench.machine.machine_name
 ENV_MODEL = "KVBENCH_MODEL"  # the model on GPU machines (the CPU default needs none)
+# the real pretrained model of the asv RealModel series (kvbench/data/realmodels.toml); KVBENCH_REAL_MODEL changes it
+REAL_MODEL = os.environ.get("KVBENCH_REAL_MODEL", "smollm2-135m-instruct")
 
 # The accuracy track: KV dtype -> (kvbench.kernels.accuracy format, tensor-scale convention). "auto" is
 # bf16, the dtype of the tiny CPU model and of most checkpoints. Scale "1" is what vLLM uses for fp8 and

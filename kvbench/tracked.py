@@ -13,12 +13,13 @@ from kvbench.formats import tracked_dtypes
 KV_DTYPES = tracked_dtypes()  # the asv parameter (formats.toml `tracked`): the same on every machine
 DIRECTIONS = ("higher", "lower")
 MACHINE_KINDS = ("cpu", "gpu")
-SOURCES = ("run", "accuracy", "prefix")
+SOURCES = ("run", "accuracy", "prefix", "realmodel")
 # asv benchmark class per source: `<module>.<class>.track_<metric>`
 ASV_CLASSES = {
     "run": "bench_serving.Serving",
     "accuracy": "bench_accuracy.Accuracy",
     "prefix": "bench_serving.PrefixCache",
+    "realmodel": "bench_serving.RealModel",  # a real pretrained model's own run (docs/guide/real-models.md)
 }
 
 

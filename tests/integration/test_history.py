@@ -51,6 +51,7 @@ def asv(*args, cwd):
         ("bench_serving", "Serving", "run"),
         ("bench_serving", "PrefixCache", "prefix"),
         ("bench_accuracy", "Accuracy", "accuracy"),
+        ("bench_serving", "RealModel", "realmodel"),
     ],
 )
 def test_suite_tracks_are_metrics_toml(module, cls, source):
@@ -63,7 +64,7 @@ def test_suite_tracks_are_metrics_toml(module, cls, source):
         assert f"{ASV_NAME(module, cls)}.track_{name}" == wanted[name].benchmark
     assert klass.params == list(KV_DTYPES) and klass.param_names == ["kv_dtype"]
     assert isinstance(klass.version, str) and klass.version  # pinned: history survives cosmetic edits
-    assert klass.timeout >= (1800 if source == "run" else 60)
+    assert klass.timeout >= (1800 if source in ("run", "realmodel") else 60)
 
 
 def ASV_NAME(module, cls):
@@ -137,6 +138,10 @@ LEVELS = {
     "fidelity_kld_load": 4e-4,
     "fidelity_top1_rest": 0.99,
     "fidelity_top1_load": 0.99,
+    "real_engine_max_concurrency": 5.0,
+    "real_task_accuracy_rest": 0.6,
+    "real_fidelity_kld_rest": 0.01,
+    "real_fidelity_top1_rest": 0.95,
 }
 
 
