@@ -166,3 +166,10 @@ def test_store_then_decode_gives_the_round_trip(dtype):
     untouched = torch.ones(3 * 16, dtype=torch.bool)
     untouched[slots] = False
     assert not pages.transpose(1, 2).reshape(48, -1)[untouched].any()  # nothing written outside the slots
+
+
+def test_every_emulated_store_is_compared_with_vllms_or_says_why_not():
+    from kvbench.kernels import bitexact
+
+    assert set(bitexact.RUNNERS) | set(bitexact.ORACLE_ONLY) == set(codecs.page_dtypes())
+    assert not set(bitexact.RUNNERS) & set(bitexact.ORACLE_ONLY)
