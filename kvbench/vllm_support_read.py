@@ -55,12 +55,19 @@ class _Stub(types.ModuleType):
     def __getattr__(self, name: str):
         if name.startswith("__"):
             raise AttributeError(name)
-        return type(name, (), {"__init__": lambda self, *a, **k: None, "__call__": lambda self, *a, **k: None})
+        return type(
+            name,
+            (),
+            {"__init__": lambda self, *a, **k: None, "__call__": lambda self, *a, **k: None},
+        )
 
 
 class _StubFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    def __init__(self, names: list[str]):
+        self.names = names
+
     def find_spec(self, fullname, path, target=None):
-        if any(fullname == s or fullname.startswith(s + ".") for s in STUBBED):
+        if any(fullname == s or fullname.startswith(s + ".") for s in self.names):
             return importlib.machinery.ModuleSpec(fullname, self, is_package=True)
         return None
 
@@ -71,6 +78,13 @@ class _StubFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 
     def exec_module(self, module):
         pass
+
+
+def _installed(name: str) -> bool:
+    try:
+        return importlib.util.find_spec(name) is not None
+    except ModuleNotFoundError:  # a parent package is missing
+        return False
 
 
 def _cap(cc: int):
@@ -110,7 +124,7 @@ def _imported(cls, dtypes: tuple[str, ...]) -> dict:
     entry = {
         "class": f"{cls.__module__}.{cls.__qualname__}",
         "file": _rel(inspect.getsourcefile(cls) or ""),
-        "read": "imported" + (" (flashinfer stubbed)" if "flashinfer" in cls.__module__ else ""),
+        "read": "imported",
         "mla": bool(cls.is_mla()),
         "sparse": bool(cls.is_sparse()),
         "sliding_window": bool(_call(cls.supports_sliding_window) is True),
@@ -292,7 +306,8 @@ def _real_triton() -> None:
 
 def read() -> dict:
     """The support matrix of the installed vLLM, as kvbench/data/vllm_kv_support.json stores it."""
-    sys.meta_path.insert(0, _StubFinder())
+    stubbed = [name for name in STUBBED if not _installed(name)]  # a machine that has one uses the real one
+    sys.meta_path.insert(0, _StubFinder(stubbed))
     _real_triton()
     import vllm
     import vllm.utils.flashinfer as fi
@@ -320,6 +335,7 @@ def read() -> dict:
         "vllm_version": vllm.__version__.split("+")[0],
         "read_by": "python -m kvbench.vllm_support_read --write (tests/unit/test_vllm_support.py compares)",
         "assumed": ASSUMED,
+        "stubbed": stubbed,  # packages this vLLM build lacks, stood in for so that their backends import
         "cache_dtypes": list(dtypes),
         "capabilities": list(CAPABILITIES),
         "head_sizes": HEAD_SIZES,
