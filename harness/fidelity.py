@@ -1,11 +1,13 @@
 """Fidelity per token inside a run: each dtype's server scores auto's greedy continuations (teacher-forced).
 
 For kvbench's own eval items (every item the run evaluates at rest: --eval-limit per task), auto's server first
-writes its greedy answer (token-id prompt, the task's stop tokens); the sequence prompt + answer is then sent
+writes its greedy answer (token-id prompt, the task's stop tokens; at the load concurrency, as any fixed token
+sequence serves: every dtype scores the same tokens); the sequence prompt + answer is then sent
 back with `prompt_logprobs` = k (one output token) to every dtype's server, at rest (one request at a time, every
 item) and at load (the dtype's load concurrency in flight, the first load_items_per_task items of each task).
 Scored positions: auto's continuation tokens only (the prompt's positions are returned too and dropped); where
-auto's answer is not the gold answer, prompt + gold is scored as well, for the gold answer's Δ log p. Auto at
+auto's answer is not the gold answer, prompt + gold is scored as well, for the gold answer's Δ log p (on the load
+condition's items only: at rest on every item it would add ~15% to the phase). Auto at
 rest is the reference; auto at load against it is the floor (batch variance alone). The math is
 kvbench/fidelity_stats.py's.
 
@@ -106,7 +108,7 @@ async def score_items(
         n = len(it["prompt_ids"])
         cont = await score(session, base_url, model, it["prompt_ids"] + it["cont_ids"], n, k, least)
         gold = None
-        if it["cont_ids"][: len(it["gold_ids"])] != it["gold_ids"]:
+        if it.get("score_gold", True) and it["cont_ids"][: len(it["gold_ids"])] != it["gold_ids"]:
             gold = await score(session, base_url, model, it["prompt_ids"] + it["gold_ids"], n, k, least)
         done += 1
         if tick is not None:
@@ -117,7 +119,14 @@ async def score_items(
 
 
 def _gold_logp(it: dict, scored: dict) -> float:
-    rows = scored["gold"] if scored["gold"] is not None else scored["cont"][: len(it["gold_ids"])]
+    """log p of the gold answer: from its own scoring, or from auto's answer where that begins with it (NaN where
+    neither: an item whose gold was not scored)."""
+    if scored["gold"] is not None:
+        rows = scored["gold"]
+    elif it["cont_ids"][: len(it["gold_ids"])] == it["gold_ids"]:
+        rows = scored["cont"][: len(it["gold_ids"])]
+    else:
+        return float("nan")
     return sum(r.get(t, float("nan")) for r, t in zip(rows, it["gold_ids"], strict=True))
 
 
@@ -171,6 +180,10 @@ class Fidelity:
         self.reference: list[dict] | None = None  # auto at rest, once scored
         self.positions = "auto's continuation tokens (prompt positions dropped)"  # what the scored positions are
         self.on_progress = None  # on_progress(condition, done, total): the run's progress bar, where it has one
+        if load_per_task is not None:  # the gold answer's Δ log p: on the load condition's items (rest's too)
+            gold = set(self.condition_items("load"))
+            for i, it in enumerate(self.items):
+                it["score_gold"] = i in gold
 
     async def measure(self, base_url, model, dtype, at_load, headers=None, timeout_s=300.0, samples=None) -> dict:
         """{condition: summary} for one dtype's server (its cost in each: wall_s, s_per_item); auto's run comes
@@ -183,13 +196,13 @@ class Fidelity:
         out: dict = {}
         async with aiohttp.ClientSession(timeout=timeout, headers=headers or {}) as session:
             if dtype == REFERENCE:
-                try:
-                    for it in self.items:
-                        if it.get("teacher_forced"):  # natural text (harness/textfidelity.py): scored as it is
-                            continue
-                        it["cont_ids"] = await continuation(
-                            session, base_url, model, it["prompt_ids"], it["room"], self.stop
-                        )
+                try:  # at the load concurrency: any fixed sequence serves, every dtype scores the same tokens
+                    todo = [it for it in self.items if not it.get("teacher_forced")]  # natural text: as it is
+                    url, stop = base_url, self.stop
+                    asks = [continuation(session, url, model, it["prompt_ids"], it["room"], stop) for it in todo]
+                    answers = await _gather(asks, max(1, at_load))
+                    for it, ids in zip(todo, answers, strict=True):
+                        it["cont_ids"] = ids
                 except Exception as exc:
                     self.reference_error = f"auto's answers: {one_line(exc)}"
                     raise

@@ -85,3 +85,19 @@ def test_rest_scores_every_item_and_load_the_first_of_each_task(tok):
     assert fp8["load"]["mean_kld"] == 0.0 and fp8["load"]["top1_agreement"] == 1.0
     assert seen["rest"][0] == (0, 10) and seen["rest"][-1] == (10, 10)
     assert seen["load"][0] == (0, 4) and seen["load"][-1] == (4, 4)
+
+
+def test_the_gold_answer_is_scored_on_the_load_items_only(tok):
+    """Where auto's answer is not the gold one, prompt + gold is a second request: made for the load condition's
+    items only (each item at rest would add ~15% to the phase); the others' gold Δ log p is missing, never taken
+    from auto's own answer."""
+    fid = fidelity.Fidelity(tok, ["kvbench_needle_512"], per_task=6, k=5, load_per_task=2)
+    with FakeServer(FakeConfig(ttft_s=0.002)) as srv:
+        asyncio.run(fid.measure(srv.base_url, "kvbench-fake", "auto", 2))
+    wrong = [i for i, it in enumerate(fid.items) if it["cont_ids"][: len(it["gold_ids"])] != it["gold_ids"]]
+    assert wrong, "the fake's answers must miss some gold answers for this test to mean anything"
+    scored = {i for i, r in enumerate(fid.reference) if r["gold"] is not None}
+    assert scored == {i for i in wrong if i < 2}
+    rows = fidelity.compare(fid.items, fid.reference, fid.reference)
+    assert all(rows[i]["gold_dlogp"] is None for i in wrong if i >= 2)
+    assert all(rows[i]["gold_dlogp"] == 0.0 for i in range(6) if i < 2 or i not in wrong)
