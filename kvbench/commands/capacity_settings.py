@@ -24,7 +24,10 @@ from kvbench.weights import WEIGHT_CHOICES
 KvDtypes = Annotated[
     str,
     Flag("--kv-dtype"),
-    Field(description="Comma-separated KV-cache dtypes: auto (model dtype), fp8, fp8_e5m2, nvfp4, mxfp4."),
+    Field(
+        description="Comma-separated KV-cache dtypes (vLLM's --kv-cache-dtype names, auto = the model dtype; "
+        "kvbench/data/formats.toml), or all: vLLM's whole menu."
+    ),
 ]
 KvBudgetGb = Annotated[
     float | None,
