@@ -19,6 +19,7 @@ from kvbench.formats import format_ratio, get_format
 from kvbench.harness.endpoint import ServerFacts
 from kvbench.harness.server import VllmServer
 from kvbench.kvgroups import layer_groups
+from kvbench.kvscales import base_dtype
 from kvbench.logparse import EngineCapacity
 from kvbench.models import spec_for
 from kvbench.records import (
@@ -81,7 +82,7 @@ def _model_capacity(
         out.model_note = "no capacity-model prediction: unknown " + ", ".join(missing)
         return context
     try:
-        fmt = get_format(dtype)
+        fmt = get_format(base_dtype(dtype))  # a --kv-scales variant pages as its dtype
     except UsageError:
         out.model_note = f"no capacity-model prediction: kvbench has no format for {dtype!r}"
         return context
@@ -230,14 +231,14 @@ def _expected_ratio(spec, dtype: str, auto: EngineCapacity | None) -> float:
         platform = "cpu" if auto.device == "CPU" else "cuda"
         return expected_ratio(
             spec,
-            get_format(dtype),
+            get_format(base_dtype(dtype)),
             get_format("auto"),
             auto.tokens_per_request,
             pool,
             platform=platform,
             block_size=auto.block_size,
         )
-    return format_ratio(get_format(dtype), get_format("auto"), spec)
+    return format_ratio(get_format(base_dtype(dtype)), get_format("auto"), spec)
 
 
 def off_format(record: RunRecord, spec) -> list[tuple[str, float, float]]:

@@ -11,14 +11,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from kvbench.errors import KvbenchError, UsageError
+from kvbench.errors import UsageError
 from kvbench.harness.endpoint import Endpoint, ServerFacts, describe, refuse_shared_servers, with_credentials
 from kvbench.harness.kvsupport import cpu_support
 from kvbench.harness.runplan import RunPlan
+from kvbench.harness.scales import calibration_tasks, plan_variants
 from kvbench.harness.scheduler import Concurrency, Rate
 from kvbench.harness.slo import SLO
 from kvbench.harness.spill import check_space
-from kvbench.harness.vllm_info import accepted_kv_dtypes, vllm_facts
+from kvbench.harness.vllm_info import accepted_kv_dtypes, dtype_choices, known_dtype, vllm_facts
 from kvbench.harness.workload import Workload
 from kvbench.records import check_writable
 
@@ -106,6 +107,10 @@ def build_plan(settings: RunSettings) -> RunPlan:
         startup_timeout_s=s.or_default("startup_timeout_s"),
         unsupported=served.unsupported,
         emulated=served.emulated,
+        kv_scales=list(s.kv_scales or ["checkpoint"]),
+        calibration_tasks=calibration_tasks(
+            served.dtypes, tasks, [t for t in s.defaults.get("eval_tasks", []) if _fits(t, max_len)]
+        ),
         client_realtime=bool(s.or_default("realtime")),
         sweep=bool(s.or_default("sweep")),
         sweep_max=s.sweep_max,
@@ -198,6 +203,8 @@ def _own_servers(s: RunSettings, lengths: _Lengths) -> _Served:
     unsupported: dict[str, str] = {}
     emulated: dict[str, dict] = {}
     accepted = accepted_kv_dtypes(s.python)
+    if dtypes == ["all"]:  # --kv-dtypes all, the atlas: vLLM's whole CacheDType menu, in its own order, auto first
+        dtypes = ["auto", *(d for d in accepted if d != "auto")]
     for dtype in dtypes:
         if dtype not in accepted:
             if s.unknown_dtypes == "error":
@@ -210,6 +217,7 @@ def _own_servers(s: RunSettings, lengths: _Lengths) -> _Served:
         support = cpu_support([d for d in dtypes if d not in unsupported], vllm_facts(s.python))
         unsupported.update(support.unsupported)
         emulated = support.emulated
+    dtypes, unsupported, emulated = plan_variants(s.kv_scales, model, dtypes, unsupported, emulated)  # --kv-scales
     max_model_len = s.max_model_len
     if max_model_len is None:
         # Default to exactly one request's footprint, so the engine's "max concurrency" counts requests.
@@ -346,32 +354,6 @@ def _price_for_this_machine(prices: dict[str, float], on_gpu: bool) -> tuple[str
             f"--price-per-hour names {', '.join(sorted(prices))}, but this machine is {key}; give {key}=USD"
         )
     return key, prices[key]
-
-
-def known_dtype(name: str, python: str) -> bool:
-    """A --kv-cache-dtype value vLLM knows: kvbench's format catalog, or the installed vLLM's choices."""
-    from kvbench.formats import get_format
-
-    try:
-        get_format(name)
-        return True
-    except UsageError:
-        pass
-    try:
-        return name in accepted_kv_dtypes(python)
-    except KvbenchError:  # no local vLLM (an --endpoint client box): the catalog decides
-        return False
-
-
-def dtype_choices(python: str) -> str:
-    from kvbench.formats import catalog
-
-    names = set(catalog())
-    try:
-        names |= set(accepted_kv_dtypes(python))
-    except KvbenchError:
-        pass
-    return ", ".join(sorted(names))
 
 
 def resolve_endpoints(

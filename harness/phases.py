@@ -15,12 +15,13 @@ from __future__ import annotations
 
 import asyncio
 import math
+from pathlib import Path
 
 import aiohttp
 
-from kvbench import evaltasks, front, records
+from kvbench import evaltasks, front, kvscales, records
 from kvbench.errors import one_line as _one_line
-from kvbench.harness import capacitychecks, evalphase, fidelity
+from kvbench.harness import capacitychecks, evalphase, fidelity, scales
 from kvbench.harness.agreement import Canaries, Sample, collect, compare
 from kvbench.harness.backend import OpenAIBackend
 from kvbench.harness.endpoint import Endpoint, ServerFacts, describe, redact_url
@@ -109,9 +110,10 @@ async def _measure(ctx: DtypeRun, endpoint: Endpoint) -> None:
     headers = ctx.headers = endpoint.headers
     facts = await asyncio.to_thread(describe, endpoint.url, headers)
     result.server = server_info(facts, server)
-    served = facts.cache_dtype
-    result.kv_dtype_confirmed = None if served is None else served == dtype
-    if served is not None and served != dtype:
+    result.scales = scale_block(ctx)
+    served, asked = facts.cache_dtype, kvscales.base_dtype(dtype)  # a --kv-scales variant runs its base dtype
+    result.kv_dtype_confirmed = None if served is None else served == asked
+    if served is not None and served != asked:
         if server is None:  # it said otherwise at the start: it was replaced since; do not mislabel
             raise RuntimeError(f"the server at {facts.redacted} now runs kv-cache-dtype {served!r}, not {dtype!r}")
         result.warnings.append(f"server reports cache_dtype {served!r}, asked for {dtype!r}")
@@ -142,6 +144,16 @@ async def _measure(ctx: DtypeRun, endpoint: Endpoint) -> None:
     if server is None or server.alive():
         after = await asyncio.to_thread(metrics_or_note, endpoint.url, headers, result.warnings)
         result.metrics.after = after.as_dict()
+
+
+def scale_block(ctx: DtypeRun) -> dict:
+    """Where the dtype's KV scales came from (harness/scales.py): the checkpoint the server loaded (the run's
+    model, a --kv-scales copy, or an --endpoint's local copy) and vLLM's own start-up lines."""
+    server, plan = ctx.server, ctx.plan
+    folder = server.config.model if server is not None else plan.model
+    local = folder is not None and Path(folder).expanduser().is_dir()
+    lines = server.log_lines() if server is not None else None
+    return scales.block(ctx.dtype, folder if local else None, lines, scales.calibration_of(folder if local else None))
 
 
 async def run_phases(ctx: DtypeRun) -> None:

@@ -1,5 +1,5 @@
 """The findings a run derives from its record when it finishes (harness/runner.py): a load generator starved
-of CPU, and dtypes the platform probably did not honour."""
+of CPU, dtypes the platform probably did not honour, and KV scales that are wrong or not the ones asked for."""
 
 from __future__ import annotations
 
@@ -14,7 +14,24 @@ STARVED_CLIENT_FRACTION = 0.05
 def findings(record, spec) -> list:
     """Loud, plain-language findings (records.Finding) from a run's record: a starved client, dtypes the
     platform probably did not honour (spec: the model's, None when its config is not on disk)."""
-    return [*starved_client(record), *not_honoured(record, spec)]
+    return [*starved_client(record), *not_honoured(record, spec), *scale_problems(record)]
+
+
+def scale_problems(record) -> list:
+    """A warning per dtype whose KV scales are wrong (zero, not finite, negative, missing for some layers, or held
+    by the checkpoint without a method that loads them: harness/scales.py), and per variant whose scales did not
+    come from where it asked (a calibrated copy vLLM did not load its scales from)."""
+    out = []
+    for d in record.dtypes:
+        block = d.scales or {}
+        texts = [f"KV scales: {p}" for p in block.get("problems") or []]
+        if block.get("variant") == "calibrated" and block.get("source") not in (None, "checkpoint"):
+            texts.append(f"kvbench's calibrated scales were not what the server used ({block.get('why')})")
+        out += [
+            Finding(level="warning", kind=FindingKind.SCALES, dtype=d.kv_cache_dtype, text=f"{d.kv_cache_dtype}: {t}")
+            for t in texts
+        ]
+    return out
 
 
 def not_honoured(record, spec) -> list:

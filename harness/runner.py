@@ -22,10 +22,10 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
-from kvbench import records
+from kvbench import kvscales, records
 from kvbench.errors import KvbenchError
 from kvbench.errors import one_line as _one_line
-from kvbench.harness import energy, phases, quality, spill
+from kvbench.harness import energy, phases, quality, scales, spill
 from kvbench.harness.comparisons import comparisons
 from kvbench.harness.endpoint import served_vllm
 from kvbench.harness.metrics import DEFINITIONS
@@ -181,12 +181,13 @@ class Runner:
 
     def _server(self, dtype: str) -> VllmServer:
         plan = self.plan
+        model = scales.served_folder(plan, dtype, self.reporter)  # a --kv-scales variant serves its own copy
         cfg = ServerConfig(
-            model=plan.model,
-            kv_cache_dtype=dtype,
+            model=model,
+            kv_cache_dtype=kvscales.base_dtype(dtype),
             max_model_len=plan.max_model_len,
             extra_args=plan.extra_args,
-            env={"HF_HUB_OFFLINE": "1", **plan.server_env} if Path(plan.model).exists() else plan.server_env,
+            env={"HF_HUB_OFFLINE": "1", **plan.server_env} if Path(model).exists() else plan.server_env,
             startup_timeout_s=plan.startup_timeout_s,
         )
         log = layout.logs_dir(plan.results_dir, plan.machine, self.run_id) / f"vllm-{dtype}.log"

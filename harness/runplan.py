@@ -59,6 +59,10 @@ class RunPlan:
     model_name: str | None = None  # how records name the model (the tiny model's short name, an HF id, the served id)
     unsupported: dict[str, str] = field(default_factory=dict)  # dtype -> why it is recorded, not run
     emulated: dict[str, dict] = field(default_factory=dict)  # dtype -> the emulation that serves it (kvsupport)
+    # --kv-scales: the variants each tensor-scaled dtype is served with (a label dtype@variant per extra one,
+    # harness/scales.py); ["checkpoint"]: the model as given
+    kv_scales: list[str] = field(default_factory=lambda: ["checkpoint"])
+    calibration_tasks: list[str] = field(default_factory=list)  # whose held-out items calibrate (kvcalibrate)
     client_realtime: bool = False  # SCHED_FIFO for the client (see harness/clientsched.py), where permitted
     agreement_prompts: int = RUN["agreement_prompts"]  # end-to-end accuracy vs auto (harness/agreement.py); 0: off
     agreement_tokens: int = RUN["agreement_tokens"]
@@ -114,6 +118,7 @@ class RunPlan:
             "stall_timeout_s": self.stall_timeout_s,
             "unsupported": self.unsupported,
             "emulated": self.emulated,
+            "kv_scales": self.kv_scales,
             "client_realtime": self.client_realtime,
             "agreement": {
                 "prompts": self.agreement_prompts,

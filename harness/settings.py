@@ -35,6 +35,7 @@ from kvbench.options import (
 )
 
 UNKNOWN_DTYPES = ("error", "record")
+ALL_DTYPES = "all"  # --kv-dtypes all: every --kv-cache-dtype the installed vLLM accepts (harness/defaults.py)
 APIS = ("completions", "chat")
 SLO_KEYS = ("ttft_p95_ms", "tpot_p95_ms")
 
@@ -78,7 +79,15 @@ class RunSettings(BaseModel):
         None,
         description=(
             f"Comma-separated --kv-cache-dtype values (default {default_kv_dtypes()}; "
-            "with --endpoint: what the server runs)."
+            "all: every value the installed vLLM accepts, the atlas; with --endpoint: what the server runs)."
+        ),
+    )
+    kv_scales: Annotated[list[str] | None, Flag("--kv-scales", cli=str | None)] = Field(
+        None,
+        description=(
+            "Scales each tensor-scaled dtype (fp8*, nvfp4*) is served with, side by side: checkpoint (the model as "
+            "given: its k/v scales, else vLLM's 1.0), unit (1.0), calibrated (kvbench's, from the model's own K/V "
+            "on held-out items), e.g. unit,calibrated. Default: checkpoint."
         ),
     )
     concurrency: Annotated[list[int] | None, Flag("--concurrency", cli=str | None, default_from="concurrency")] = Field(
@@ -253,11 +262,26 @@ class RunSettings(BaseModel):
     @classmethod
     def _kv_dtypes(cls, value):
         if isinstance(value, str):
-            return cliargs.names(value, "--kv-dtypes", "auto,fp8,nvfp4")
+            value = cliargs.names(value, "--kv-dtypes", "auto,fp8,nvfp4")
         if value is not None:
             value = list(dict.fromkeys(value))
             if not value:
                 raise UsageError("--kv-dtypes is empty; give e.g. auto,fp8,nvfp4")
+            if ALL_DTYPES in value and len(value) > 1:
+                raise UsageError(f"--kv-dtypes {ALL_DTYPES} is every dtype the installed vLLM accepts: give it alone")
+        return value
+
+    @field_validator("kv_scales", mode="before")
+    @classmethod
+    def _kv_scales(cls, value):
+        from kvbench.kvscales import VARIANTS
+
+        if isinstance(value, str):
+            return cliargs.choices(value, "--kv-scales", VARIANTS, "--kv-scales variant") if value else None
+        if value is not None:
+            value = list(dict.fromkeys(value))
+            for v in value:
+                cliargs.choice(v, "--kv-scales", VARIANTS)
         return value
 
     @field_validator("concurrency", mode="before")
@@ -403,6 +427,12 @@ class RunSettings(BaseModel):
                 raise UsageError("--kv-cache-memory-bytes sizes a server kvbench starts; drop it with --endpoint")
             if any(a.startswith("--kv-cache-memory") for a in self.extra_args or []):
                 raise UsageError("give --kv-cache-memory-bytes once: as kvbench's flag or after --, not both")
+        if self.endpoints is not None and self.kv_dtypes == [ALL_DTYPES]:
+            raise UsageError("--kv-dtypes all starts a server per dtype; with --endpoint name what each server runs")
+        if self.endpoints is not None and self.kv_scales and self.kv_scales != ["checkpoint"]:
+            raise UsageError(
+                "--kv-scales unit/calibrated serves copies of the model that kvbench starts; drop it with --endpoint"
+            )
         if self.endpoints is not None and self.extra_args:
             raise UsageError(
                 f"vLLM arguments after -- ({' '.join(self.extra_args)}) apply only when kvbench starts the server; "

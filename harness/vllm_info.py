@@ -10,7 +10,7 @@ import sys
 from functools import cache
 
 from kvbench.datafiles import cached_answer, distribution_key
-from kvbench.errors import KvbenchError
+from kvbench.errors import KvbenchError, UsageError
 
 _PROBE = """
 import json, typing
@@ -82,3 +82,29 @@ def _probe(python: str) -> dict:
 def accepted_kv_dtypes(python: str = sys.executable) -> tuple[str, ...]:
     """The --kv-cache-dtype values the installed vLLM accepts (its CacheDType literal)."""
     return tuple(vllm_facts(python)["accepted"])
+
+
+def known_dtype(name: str, python: str) -> bool:
+    """A --kv-cache-dtype value vLLM knows: kvbench's format catalog, or the installed vLLM's choices."""
+    from kvbench.formats import get_format
+
+    try:
+        get_format(name)
+        return True
+    except UsageError:
+        pass
+    try:
+        return name in accepted_kv_dtypes(python)
+    except KvbenchError:  # no local vLLM (an --endpoint client box): the catalog decides
+        return False
+
+
+def dtype_choices(python: str) -> str:
+    from kvbench.formats import catalog
+
+    names = set(catalog())
+    try:
+        names |= set(accepted_kv_dtypes(python))
+    except KvbenchError:
+        pass
+    return ", ".join(sorted(names))

@@ -256,13 +256,13 @@ def dtype_order() -> tuple[str, ...]:
 
 def order_key(dtype: str) -> tuple[float, str]:
     """Sort key in the registry's order; a name it does not hold goes last (by name)."""
-    entry = _entries().get(dtype)
+    entry = _entries().get(dtype) or _entries().get(str(dtype).split("@", 1)[0])  # a --kv-scales variant: its dtype's
     return (entry["order"] if entry else 1_000_000, str(dtype))
 
 
 def look(dtype: str) -> dict:
     """{"color", "marker", "dash", "pattern"} the registry gives the dtype (those it gives; {} for an unknown name)."""
-    entry = _entries().get(dtype, {})
+    entry = _entries().get(dtype) or _entries().get(str(dtype).split("@", 1)[0], {})  # dtype@variant: its dtype's
     return {k: entry[k] for k in ("color", "marker", "dash", "pattern") if k in entry}
 
 

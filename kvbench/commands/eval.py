@@ -79,7 +79,7 @@ def _check_endpoint_len(task_list: list[str], runs: dict) -> None:
 
 def _server_settings(model, kv_dtypes, max_model_len, startup_timeout, task_list, defaults, gpus: bool, extra):
     """(the servers kvbench starts, the model's name, its path): dtypes, model and length checked."""
-    from kvbench.harness.defaults import dtype_choices, known_dtype
+    from kvbench.harness.vllm_info import dtype_choices, known_dtype
 
     dtypes = (
         cliargs.names(kv_dtypes, "--kv-dtypes", "auto,fp8,nvfp4")

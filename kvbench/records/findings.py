@@ -28,6 +28,7 @@ class FindingKind(StrEnum):
     NO_USAGE = "no-usage"  # the server sent no usage: token counts, TPOT and throughput unknown
     FAILED_REQUESTS = "failed-requests"  # more than a small share of the fixed load failed
     ERROR = "error"  # kvbench could not derive its findings (a bug; what was measured is kept)
+    SCALES = "scales"  # a quantized dtype's KV scales are zero, not finite, negative, missing or not loaded
     OTHER = "other"  # an older record's finding whose kind its text does not tell
 
 

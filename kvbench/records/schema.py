@@ -252,6 +252,9 @@ class DtypeResult(_Model):
     emulated: bool = False
     # what served the dtype when it was not the installed vLLM's own code: {"name", "version", "why", ...}
     implementation: dict[str, Any] | None = None
+    # where the cache's scales came from (harness/scales.py): {"variant", "source" (none / unit / checkpoint /
+    # dynamic), "why", "checkpoint" (its k/v scales), "log" (vLLM's own lines), "problems", "calibration"}
+    scales: dict[str, Any] | None = None
 
     def phase(self, kind: PhaseKind) -> Phase | None:
         """The first phase of a kind (for FIXED: the headline load)."""
