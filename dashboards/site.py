@@ -16,6 +16,7 @@ from pathlib import Path
 
 from kvbench import __version__
 from kvbench.dashboards import (
+    page_atlas,
     page_capacity,
     page_claims,
     page_gpus,
@@ -39,6 +40,7 @@ PAGES = (
     page_latency,
     page_tradeoff,
     page_quality,
+    page_atlas,
     page_claims,
     page_kernels,
 )

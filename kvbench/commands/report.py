@@ -9,6 +9,7 @@ import typer
 from pydantic import BaseModel, ConfigDict, Field
 
 from kvbench.clisettings import command_from
+from kvbench.commands.report_atlas import render_atlas, render_scales
 from kvbench.commands.report_fidelity import render_fidelity
 from kvbench.commands.report_sections import (
     render_agreement,
@@ -42,6 +43,7 @@ def render(doc: dict, path: Path | None = None, explain: bool = False) -> None:
     render_header(doc, path)
     decision = decide(record)
     render_verdict_table(record, decision, explain)
+    render_atlas(record, decision)
     cap, lat = capacity_table(doc), latency_table()
     for d in doc.get("dtypes", []):
         add_rows(cap, lat, d)
@@ -63,6 +65,7 @@ def render(doc: dict, path: Path | None = None, explain: bool = False) -> None:
     if explain:  # the long statement: the accuracy table per task and condition, one line per dtype
         render_quality(doc, decision)
     render_fidelity(doc)
+    render_scales(doc)
     render_agreement(doc)
     render_client(doc)
     render_problems(doc, decision)

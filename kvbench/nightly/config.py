@@ -107,6 +107,16 @@ class WorkloadOverride(Strict):
     concurrency: Annotated[list[Positive], Field(min_length=1)] | None = None
 
 
+class AtlasConfig(Strict):
+    """The atlas entry (`kvbench run --kv-dtypes all`): every KV dtype the installed vLLM accepts, on one of the
+    machine's workloads, fixed load only (no SLO search, sweep or repeats: the atlas is capacity, accuracy and
+    fidelity), the first `eval_limit` items of each task (with them, fidelity at rest)."""
+
+    workload: str
+    eval_limit: Positive | None = None  # None: the backend's default (CPU: 200, and its looks)
+    kv_scales: list[Literal["checkpoint", "unit", "calibrated"]] = ["checkpoint"]
+
+
 class MachineConfig(Strict):
     label: str | None = None  # the CI runner label for this GPU (a100, h100, h200)
     models: Annotated[list[str], Field(min_length=1)]
@@ -132,6 +142,7 @@ class MachineConfig(Strict):
     # real models from registry packages (kvbench/data/realmodels.toml): one entry each, after the matrix, with
     # the model's own plan (kvbench/data/realmodel_runs.toml: lengths, SLO, tasks, fidelity), not the workloads
     real_models: list[str] = []
+    atlas: AtlasConfig | None = None  # one entry after the matrix: every KV dtype vLLM offers (--kv-dtypes all)
 
 
 class FleetConfig(Strict):
@@ -361,6 +372,8 @@ def _check_names(cfg: NightlyConfig, m, table: str, dtypes, out: list[str]) -> N
     for s in m.slos:
         if s not in cfg.slos:
             _choose(out, "SLO", s, table, cfg.slos)
+    if m.atlas is not None and m.atlas.workload not in cfg.workloads:
+        _choose(out, "atlas workload", m.atlas.workload, table, cfg.workloads)
     for w in m.overrides:
         if w not in m.workloads:
             _choose(out, "workload override", w, table, m.workloads)

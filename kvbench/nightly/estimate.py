@@ -209,7 +209,12 @@ def estimate_entry(entry: Entry, plan: MachinePlan, consts: dict | None = None) 
             f"{entry.model.name}: no local config.json, so no capacity prediction: "
             "phases run at full concurrency, the search up to its cap"
         )
-    for dtype in entry.kv_dtypes:
+    dtypes = entry.kv_dtypes
+    if "all" in dtypes:  # the atlas: vLLM's whole --kv-cache-dtype menu (the stored support matrix's list)
+        from kvbench.vllm_support import cache_dtypes
+
+        dtypes = cache_dtypes()
+    for dtype in dtypes:
         capacity, why = predicted_capacity(spec, dtype, entry.context, plan)
         search_s, probes, cap = 0.0, [], entry.search_cap
         if entry.slo is not None:
@@ -219,7 +224,7 @@ def estimate_entry(entry: Entry, plan: MachinePlan, consts: dict | None = None) 
                 n = max(c * consts["probe_rounds"], consts["min_probe_requests"])
                 search_s += phase_s(n, c, capacity, req, consts["warmup_requests"])
         sweep_s = 0.0
-        if defaults.get("sweep"):  # the harness's ladder, less the concurrencies the search already measured
+        if defaults.get("sweep") and not entry.atlas:  # the harness's ladder, less what the search measured
             from kvbench.harness.phases import sweep_ladder
 
             for c in sweep_ladder(capacity, cap):
@@ -227,7 +232,7 @@ def estimate_entry(entry: Entry, plan: MachinePlan, consts: dict | None = None) 
                     n = max(c * consts["probe_rounds"], consts["min_probe_requests"])
                     sweep_s += phase_s(n, c, capacity, req, consts["warmup_requests"])
         search_s += sweep_s
-        repeat = defaults.get("repeat", 1)
+        repeat = 1 if entry.atlas else defaults.get("repeat", 1)  # the atlas runs its fixed load once
         fixed_s = repeat * sum(
             phase_s(entry.num_requests, c, capacity, req, consts["warmup_requests"]) for c in entry.concurrency
         )

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from kvbench.errors import UsageError
-from kvbench.nightly.config import CPU, TINY, MachineConfig, NightlyConfig, model_kind
+from kvbench.nightly.config import CPU, TINY, MachineConfig, NightlyConfig, WorkloadOverride, model_kind
 
 
 @dataclass(frozen=True)
@@ -57,6 +57,9 @@ class Entry:
     budget_points: float | None = None  # None: the backend default
     budgets: tuple[tuple[str, float], ...] = ()  # (task, points) for this entry's model
     workload_spec: str | None = None  # a --workload value; None: the fixed prompt/output lengths above
+    atlas: bool = False  # the atlas entry (every KV dtype, fixed load only), with its eval limit and scales variants
+    eval_limit: int | None = None
+    kv_scales: tuple[str, ...] = ()
 
     @property
     def context(self) -> int:
@@ -81,6 +84,7 @@ class Entry:
             "extra_args": list(self.extra_args),
             "notes": list(self.notes),
             "workload_spec": self.workload_spec,
+            "atlas": self.atlas,
         }
 
 
@@ -179,9 +183,46 @@ def expand(cfg: NightlyConfig, key: str) -> MachinePlan:
                         workload_spec=w["spec"],
                     )
                 )
+    if m.atlas is not None:
+        plan.entries.append(atlas_entry(plan.entries, m, cfg, resolve_model(m.models[0])))
     for name in m.real_models:
         plan.entries.append(real_model_entry(name, m, cfg))
     return plan
+
+
+ATLAS = "atlas"
+ALL_DTYPES = "all"
+
+
+def atlas_entry(entries: list, m, cfg: NightlyConfig, model: ModelRef) -> Entry:
+    """The atlas: the machine's first model on the atlas workload with every KV dtype the installed vLLM accepts
+    (`--kv-dtypes all`), fixed load only."""
+    w = cfg.workloads[m.atlas.workload].model_dump()
+    w.update({k: v for k, v in (m.overrides.get(m.atlas.workload) or WorkloadOverride()).model_dump().items() if v})
+    conc = [min(c, m.max_concurrency) if m.max_concurrency else c for c in w["concurrency"]]
+    return Entry(
+        name="/".join(p for p in (model.label, m.atlas.workload, ATLAS) if p),
+        model=model,
+        workload=m.atlas.workload,
+        prompt_tokens=w["prompt_tokens"],
+        output_tokens=w["output_tokens"],
+        num_requests=w["num_requests"],
+        concurrency=tuple(dict.fromkeys(conc)),
+        api=w["api"],
+        slo_name=None,
+        slo=None,
+        kv_dtypes=(ALL_DTYPES,),
+        max_model_len=m.max_model_len,
+        search_cap=None,
+        extra_args=tuple(entries[0].extra_args) if entries else tuple(m.extra_args),
+        notes=("the atlas: every KV dtype the installed vLLM accepts, fixed load only",),
+        eval_tasks=tuple(cfg.quality.eval_tasks) if cfg.quality.eval_tasks is not None else None,
+        budget_points=cfg.quality.budget_points,
+        workload_spec=w["spec"],
+        atlas=True,
+        eval_limit=m.atlas.eval_limit,
+        kv_scales=tuple(m.atlas.kv_scales),
+    )
 
 
 REAL_MODEL_PLAN = "real-model-plan"
@@ -275,6 +316,8 @@ def run_plan(
             eval_tasks=list(entry.eval_tasks) if entry.eval_tasks is not None else None,
             accuracy_budget_points=entry.budget_points,
             prices=prices,
+            # the atlas: capacity, accuracy and fidelity of every dtype; no ladder or repeats of emulated speed
+            **(atlas_settings(entry) if entry.atlas else {}),
         )
     )
     plan.accuracy_budgets = dict(entry.budgets)
@@ -282,6 +325,12 @@ def run_plan(
         plan.model_name = entry.model.name
     plan.notes.extend([*entry.notes, *([note] if note else [])])
     return plan
+
+
+def atlas_settings(entry: Entry) -> dict:
+    """What the atlas entry's run changes: no sweep or repeats (emulated dtypes' speed is not ranked), its eval
+    limit, its scales variants."""
+    return {"sweep": False, "repeat": 1, "eval_limit": entry.eval_limit, "kv_scales": list(entry.kv_scales) or None}
 
 
 def served_model(model: ModelRef, on_gpu: bool) -> tuple[str | None, str | None]:

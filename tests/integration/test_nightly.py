@@ -220,7 +220,14 @@ def test_a_bad_workload_spec_is_refused_when_the_config_loads():
 
 
 def test_estimate_is_derived_from_the_stated_inputs():
-    raw = shipped(**{"machines.cpu.server_start_s": 10, "history.enabled": False, "machines.cpu.real_models": []})
+    raw = shipped(
+        **{
+            "machines.cpu.server_start_s": 10,
+            "history.enabled": False,
+            "machines.cpu.real_models": [],
+            "machines.cpu.atlas": None,  # the atlas entry's estimate: test_the_atlas_entry_runs_every_dtype_once
+        }
+    )
     cfg = nconfig.parse(raw)
     plan = nmatrix.expand(cfg, "cpu")
     est = nestimate.estimate_machine(cfg, plan)
@@ -410,7 +417,7 @@ def fake_night(tmp_path, monkeypatch, raw: dict, outcomes=None, sleep_s=0.0):
     return night, (lambda: Progress(disable=True))
 
 
-OFF = {"history.enabled": False, "gate.enabled": False, "dashboard.enabled": False}
+OFF = {"history.enabled": False, "gate.enabled": False, "dashboard.enabled": False, "machines.cpu.atlas": None}
 
 
 def two_entries(**more):
@@ -612,3 +619,36 @@ def test_a_real_model_entry_runs_the_models_own_plan(tmp_path, monkeypatch):
     bad = nconfig.parse
     with pytest.raises(Exception, match="smollm2-135m-instruct"):
         bad(shipped(**{"machines.cpu.real_models": ["smollm9"]}))
+
+
+def test_the_atlas_entry_runs_every_dtype_once(tmp_path):
+    """[machines.cpu] atlas: one entry after the matrix with every KV dtype the installed vLLM accepts
+    (`--kv-dtypes all`), fixed load only, no sweep or repeats, its eval limit; estimated over vLLM's whole menu."""
+    cfg = nconfig.parse(shipped(**{"machines.cpu.real_models": []}))
+    plan = nmatrix.expand(cfg, "cpu")
+    entry = plan.entries[-1]
+    assert entry.name == "tiny/cpu-atlas/atlas" and entry.kv_dtypes == ("all",) and entry.atlas
+    assert entry.slo is None and entry.eval_limit == SHIPPED_NIGHTLY["machines"]["cpu"]["atlas"]["eval_limit"]
+    rp = nmatrix.run_plan(entry, False, tmp_path / "results", machine="cpu-test")
+    from kvbench.harness.vllm_info import accepted_kv_dtypes
+
+    assert sorted(rp.kv_dtypes) == sorted(accepted_kv_dtypes()) and rp.kv_dtypes[0] == "auto"
+    assert not rp.sweep and rp.repeat == 1 and rp.slo is None and rp.eval_limit == entry.eval_limit
+    assert set(rp.unsupported) | set(rp.emulated) <= set(rp.kv_dtypes)  # refused ones are recorded, not fatal
+    est = nestimate.estimate_entry(entry, plan)
+    from kvbench.vllm_support import cache_dtypes
+
+    assert [d.dtype for d in est.dtypes] == list(cache_dtypes())  # vLLM's menu, each with its start and fixed load
+    with pytest.raises(UsageError, match="atlas workload"):
+        nconfig.parse(shipped(**{"machines.cpu.atlas": {"workload": "nope"}}))
+
+
+@pytest.mark.parametrize("broken,ok", [("unsupported", True), ("failed", False)])
+def test_an_atlas_entry_fails_on_a_broken_dtype_not_on_one_vllm_refuses(tmp_path, monkeypatch, broken, ok):
+    raw = shipped(**{**OFF, "machines.cpu.atlas": {"workload": "cpu-atlas", "eval_limit": 5}})
+    raw["machines"]["cpu"]["real_models"] = []
+    night, progress = fake_night(tmp_path, monkeypatch, raw, outcomes={"nvfp4": broken})
+    doc = night.run(progress)
+    atlas = next(e for e in doc["entries"] if e["name"].endswith("/atlas"))
+    assert atlas["dtypes"] == {"auto": "ok", "fp8": "ok", "nvfp4": broken}  # `all`: what this vLLM accepts
+    assert (atlas["status"] == "ok") is ok, atlas
