@@ -126,5 +126,8 @@ def build(data: SiteData) -> Page:
         )
         inner += table_html(rows)
         inner += page.plot(tradeoff_figure(rows, "Capacity gain against KLD"), f"atlas-{slug(name)}")
+        zero = [r.dtype for r in rows if r.kld == 0 and r.dtype != "auto"]
+        if zero:  # a log axis has no 0: said, not dropped in silence
+            inner += note(f"Mean KLD exactly 0 (not on the log axis): {esc(', '.join(zero))}.")
         parts.append(section(name, inner, anchor=slug(name)))
     return page.done(parts)

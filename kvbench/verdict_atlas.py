@@ -68,6 +68,8 @@ def rows(record: RunRecord, decision) -> list[AtlasRow]:
         else:
             served = EMULATED if d.emulated else NATIVE
             reason = short_reason(v, decision) if v is not None else ""
+            if engine and engine == base and d.kv_cache_dtype != acc.REFERENCE and _boundary(d.kv_cache_dtype):
+                reason = "vLLM keeps its first and last layers at auto: all of this model's; " + reason
         out.append(
             AtlasRow(
                 dtype=d.kv_cache_dtype,
@@ -94,3 +96,14 @@ def rows(record: RunRecord, decision) -> list[AtlasRow]:
     )
     others = sorted((r for r in out if r.served not in (NATIVE, EMULATED)), key=lambda r: order_key(r.dtype))
     return measured + others
+
+
+def _boundary(dtype: str) -> int:
+    """Layers at each end vLLM keeps at the model dtype for this dtype (turboquant, ultraquant), 0 for others."""
+    from kvbench.errors import UsageError
+    from kvbench.formats import get_format
+
+    try:
+        return get_format(dtype.split("@", 1)[0]).native_boundary_layers
+    except UsageError:
+        return 0

