@@ -10,7 +10,7 @@ from kvbench.dashboards.components import Page, note, section, table
 from kvbench.dashboards.data import SiteData
 from kvbench.dashboards.models_view import newest_per_machine_and_model, titled
 from kvbench.dashboards.theme import color, esc, ordered, style, symbol
-from kvbench.fidelity_stats import no_measurable_change
+from kvbench.fidelity_stats import versus_floor
 
 # "torch": a real model's auto server against transformers at bf16 on the same tokens (harness/textfidelity.py)
 CONDITIONS = {"rest": "at rest", "load": "at load", "torch": "vs transformers"}
@@ -63,7 +63,7 @@ def _vs_floor(dtype: str, cond: str, summary: dict, floor: dict | None) -> str:
         return "the floor"
     if floor is None:
         return "—"
-    return "no measurable change" if no_measurable_change(summary, floor) else "above the floor"
+    return versus_floor(summary, floor)
 
 
 def figure(rows: pd.DataFrame, title: str) -> go.Figure:

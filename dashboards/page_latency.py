@@ -23,6 +23,7 @@ from kvbench.dashboards.components import (
 )
 from kvbench.dashboards.data import SiteData, newest_record_per_machine
 from kvbench.dashboards.theme import SLO_COLOR, color, dash, esc, log_ticks, ordered, style, symbol
+from kvbench.errors import KvbenchError
 
 SLUG, TITLE = "latency", "Latency under load"
 PANELS = (("ttft_p95_ms", "TTFT P95", "ttft_p95_ms"), ("tpot_p95_ms", "TPOT P95", "tpot_p95_ms"))
@@ -157,10 +158,7 @@ def length_scatter(doc: dict) -> go.Figure | None:
     from kvbench.records import samples_frame
 
     path = doc.get("_path")
-    try:
-        req = samples_frame([Path(path)]) if path else None
-    except Exception:
-        return None
+    req = samples_frame([Path(path)]) if path else None  # a damaged file raises its one line (K-P13)
     if req is None or req.empty:
         return None
     req = req[(req["phase_kind"] == "fixed") & ~req["warmup"] & req["ok"] & req["ttft_s"].notna()]
@@ -222,15 +220,20 @@ def build(data: SiteData) -> Page:
         if not opened.empty:
             inner += page.plot(latency_figure(doc, opened, x="rate_rps"), f"latency-rate-{slug(machine)}")
         if (doc.get("config") or {}).get("workload_spec"):  # variable lengths: each request's TTFT by its prompt
-            scatter = length_scatter(doc)
-            inner += (
-                page.plot(scatter, f"latency-lengths-{slug(machine)}")
-                if scatter is not None
-                else note(
-                    "Per-request samples of this run are not on this disk (they are kept beside the record as "
-                    "Parquet, not committed): no TTFT-by-prompt-length view."
+            try:
+                scatter = length_scatter(doc)
+            except KvbenchError as exc:  # a damaged samples file: said as such, on the page and in skipped:
+                data.problems.append(str(exc))
+                inner += note(f"Per-request samples of this run cannot be read: {esc(str(exc))}", "warn")
+            else:
+                inner += (
+                    page.plot(scatter, f"latency-lengths-{slug(machine)}")
+                    if scatter is not None
+                    else note(
+                        "Per-request samples of this run are not on this disk (they are kept beside the record as "
+                        "Parquet, not committed): no TTFT-by-prompt-length view."
+                    )
                 )
-            )
         from kvbench.records import workload_label
 
         title = f"{machine} — {workload_label(doc.get('config') or {})} — run {doc.get('run_id')}"

@@ -32,7 +32,7 @@ def on_page_markdown(markdown: str, page, config, files) -> str:
 
 def _cell(text: str) -> str:
     """Plain text as one markdown table cell: one line; pipes and angle brackets (results/<machine>) escaped."""
-    text = " ".join(str(text).split()).replace("|", "\\|")
+    text = " ".join(str(text).split()).replace("\\[", "[").replace("|", "\\|")  # help escapes rich markup
     return text.replace("<", "&lt;").replace(">", "&gt;")
 
 

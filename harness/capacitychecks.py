@@ -277,7 +277,10 @@ def emulation_active(server: VllmServer, result: DtypeResult) -> bool:
     code would have served it, wrongly)."""
     from kvbench.kernels.vllm_plugin import ACTIVE_MARK
 
-    line = next((x for x in server.log_lines() if ACTIVE_MARK in x and " active: " in x), None)
+    active = [x for x in server.log_lines() if ACTIVE_MARK in x and " active: " in x]
+    # a layer stored emulated says so first; a server whose layers vLLM all keeps at the model dtype (turboquant or
+    # ultraquant boundary layers on a small model) has only those lines
+    line = next((x for x in active if " KV stored " in x), active[0] if active else None)
     if line is None:
         result.status, result.log_tail = DtypeStatus.FAILED, server.log_tail()
         name = result.implementation["name"]

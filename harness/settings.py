@@ -373,6 +373,17 @@ class RunSettings(BaseModel):
     def _whole(cls, value, info):
         return cliargs.at_least_one(value, flag_of(cls, info.field_name).names[0])
 
+    @field_validator("max_eval_items")
+    @classmethod
+    def _max_items(cls, value):
+        from kvbench.evaltasks import DEFAULT_ITEMS
+
+        if value is not None and value > DEFAULT_ITEMS:  # N-P14: a look past the task's items breaks lm-eval
+            raise UsageError(
+                f"--max-eval-items must be at most {DEFAULT_ITEMS}, the items each kvbench task has; got {value:,}"
+            )
+        return value
+
     @field_validator("stall_timeout_s")
     @classmethod
     def _stall(cls, value):

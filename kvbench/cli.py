@@ -5,24 +5,8 @@ from __future__ import annotations
 import sys
 
 import typer
+from rich.markup import escape
 
-from kvbench.commands import (
-    accuracy,
-    capacity,
-    claims,
-    compare,
-    dashboard,
-    history,
-    kernels,
-    models,
-    nightly,
-    plan,
-    regress,
-    report,
-    run,
-    tinymodel,
-)
-from kvbench.commands import eval as eval_cmd
 from kvbench.errors import KvbenchError, UsageError
 from kvbench.scrub import excerpt, printing_scrubbed
 
@@ -33,34 +17,66 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
+# Importing the commands reads the data catalogs (formats.toml ...): a broken $KVBENCH_DATA_DIR overlay raises
+# its one-line UsageError here, which main() prints instead of a traceback, even for --help (N-P12).
+try:
+    from kvbench.commands import (
+        accuracy,
+        capacity,
+        claims,
+        compare,
+        dashboard,
+        history,
+        kernels,
+        models,
+        nightly,
+        plan,
+        regress,
+        report,
+        run,
+        tinymodel,
+    )
+    from kvbench.commands import eval as eval_cmd
+except KvbenchError as exc:
+    IMPORT_ERROR: KvbenchError | None = exc
+else:
+    IMPORT_ERROR = None
 for module in (
-    capacity,
-    claims,
-    plan,
-    run,
-    eval_cmd,
-    report,
-    accuracy,
-    kernels,
-    dashboard,
-    history,
-    regress,
-    compare,
-    nightly,
+    ()
+    if IMPORT_ERROR
+    else (
+        capacity,
+        claims,
+        plan,
+        run,
+        eval_cmd,
+        report,
+        accuracy,
+        kernels,
+        dashboard,
+        history,
+        regress,
+        compare,
+        nightly,
+    )
 ):
     app.command(
         module.NAME,
-        help=module.HELP,
+        help=escape(module.HELP),  # help is plain text: "[fleet]" stays as written (N-P7)
         context_settings=getattr(module, "CONTEXT_SETTINGS", None),
         cls=getattr(module, "COMMAND_CLASS", None),  # dashboard: its help names the registered pages
     )(module.command)
-app.add_typer(tinymodel.app, name=tinymodel.NAME, help=tinymodel.HELP)  # a group: train, verify, accuracy
-app.add_typer(models.app, name=models.NAME, help=models.HELP)  # a group: list, prepare
+if IMPORT_ERROR is None:
+    app.add_typer(tinymodel.app, name=tinymodel.NAME, help=tinymodel.HELP)  # a group: train, verify, accuracy
+    app.add_typer(models.app, name=models.NAME, help=models.HELP)  # a group: list, prepare
 
 
 def main(argv: list[str] | None = None) -> None:
     """Entry point: errors become one line on stderr and a non-zero exit, never a traceback."""
     args = sys.argv[1:] if argv is None else argv
+    if IMPORT_ERROR is not None:
+        print(f"kvbench: error: {excerpt(str(IMPORT_ERROR), 4000)}", file=sys.stderr)
+        sys.exit(IMPORT_ERROR.exit_code)
     from kvbench.records import skipped_records
 
     seen = len(skipped_records())

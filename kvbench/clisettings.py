@@ -20,6 +20,7 @@ from typing import Annotated, Any
 
 import typer
 from pydantic import BaseModel
+from rich.markup import escape
 
 
 def options(model: type[BaseModel]) -> list[inspect.Parameter]:
@@ -32,12 +33,12 @@ def options(model: type[BaseModel]) -> list[inspect.Parameter]:
         flag = flag_of(model, name)
         if flag is None:
             continue
+        # help is plain text, never rich markup: "(default: [fleet] shards)" must not lose "[fleet]" (N-P7)
+        text = escape(field.description) if field.description else field.description
         option = (
-            typer.Argument(help=field.description)
+            typer.Argument(help=text)
             if isinstance(flag, Arg)
-            else typer.Option(
-                *flag.names, help=field.description, envvar=flag.envvar, show_envvar=flag.envvar is not None
-            )
+            else typer.Option(*flag.names, help=text, envvar=flag.envvar, show_envvar=flag.envvar is not None)
         )
         kind = flag.cli if flag.cli is not None else field.annotation
         default = inspect.Parameter.empty if field.is_required() else field.default  # required: typer asks for it

@@ -83,6 +83,18 @@ def data_path(relative: str) -> Path:
     return Path(str(DATA / relative))
 
 
+def entry_error(relative: str, table: str, key: str, exc: Exception | str) -> UsageError:
+    """A catalog entry (`[table.key]` of the data file `relative`, an overlay's or the shipped one) that does not
+    hold what kvbench reads from it: one line naming the file, the entry and the field (N-P12)."""
+    if isinstance(exc, KeyError):
+        what = f"lacks the field {exc.args[0]!r}"
+    elif isinstance(exc, str):
+        what = exc
+    else:
+        what = f"holds a value kvbench cannot use ({' '.join(str(exc).split())[:100]})"
+    return UsageError(f"{data_path(relative)}: [{f'{table}.' if table else ''}{key}] {what}")
+
+
 def load_toml(relative: str) -> dict:
     """The parsed data file (read once per resolved path, so an overlay set later is still honoured)."""
     return _load_toml(data_path(relative))
@@ -90,8 +102,14 @@ def load_toml(relative: str) -> dict:
 
 @cache
 def _load_toml(path: Path) -> dict:
-    with path.open("rb") as fh:
-        return tomllib.load(fh)
+    try:
+        with path.open("rb") as fh:
+            return tomllib.load(fh)
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError, OSError) as exc:  # N-P12: an overlay that is no TOML
+        where = (
+            f" (from ${ENV_DATA_DIR})" if os.environ.get(ENV_DATA_DIR) and not str(path).startswith(str(DATA)) else ""
+        )
+        raise UsageError(f"{path}{where}: not a readable TOML data file ({' '.join(str(exc).split())[:120]})") from None
 
 
 def read_json(path: Path, *, missing: str | None = None, bad: str = "not valid JSON") -> Any:

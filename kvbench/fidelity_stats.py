@@ -134,3 +134,12 @@ def no_measurable_change(candidate: dict, floor: dict) -> bool:
     return _overlaps(candidate.get("mean_kld_ci"), floor.get("mean_kld_ci")) and _overlaps(
         candidate.get("top1_agreement_ci"), floor.get("top1_agreement_ci")
     )
+
+
+def versus_floor(candidate: dict, floor: dict) -> str:
+    """What a dtype's fidelity says against the floor: "not measured" (no item scored: never "above the floor",
+    N-P13), "no measurable change", or "above the floor"."""
+    if not candidate or not candidate.get("items") or candidate.get("mean_kld") is None:
+        return "not measured (0 items)"
+    return "no measurable change" if no_measurable_change(candidate, floor) else "above the floor"
+

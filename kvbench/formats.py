@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
-from kvbench.datafiles import data_path, load_toml
+from kvbench.datafiles import data_path, entry_error, load_toml
 from kvbench.errors import UsageError, unknown_choice
 from kvbench.gpus import GpuSpec
 from kvbench.modelspec import LayerKind, ModelSpec
@@ -131,33 +131,48 @@ class CacheFormat:
 
 
 def catalog() -> dict[str, CacheFormat]:
-    raw = load_toml("formats.toml")["formats"]
-    return {
-        key: CacheFormat(
-            key=key,
-            description=v["description"],
-            vllm_dtypes=tuple(v.get("vllm_dtypes", ())),
-            aliases=tuple(v.get("aliases", ())),
-            data_bits=_number(v["data_bits"]),
-            scale_bits=int(v["scale_bits"]),
-            scale_block=int(v["scale_block"]),
-            head_dim_multiple=int(v.get("head_dim_multiple", 0)),
-            supports_mla=bool(v.get("supports_mla", True)),
-            article_bytes_per_element=float(v["article_bytes_per_element"]),
-            unsupported=tuple(v.get("unsupported", ())),
-            source=v["source"],
-            scale_bytes_per_head=int(v.get("scale_bytes_per_head", 0)),
-            mla_bytes_per_token=int(v.get("mla_bytes_per_token", 0)),
-            mla_only=bool(v.get("mla_only", False)),
-            k_data_bits=v.get("k_data_bits"),
-            v_data_bits=v.get("v_data_bits"),
-            k_head_bytes=v.get("k_head_bytes"),
-            v_head_bytes=v.get("v_head_bytes"),
-            slot_multiple=int(v.get("slot_multiple", 1)),
-            native_boundary_layers=int(v.get("native_boundary_layers", 0)),
-        )
-        for key, v in raw.items()
-    }
+    raw = _table(load_toml("formats.toml"), "formats")
+    out = {}
+    for key, v in raw.items():  # an overlay's entry that lacks a field or holds a bad one: one line (N-P12)
+        try:
+            out[key] = _format(key, v)
+        except (KeyError, TypeError, ValueError, OverflowError) as exc:
+            raise entry_error("formats.toml", "formats", key, exc) from None
+        if not out[key].data_bits > 0:
+            raise entry_error("formats.toml", "formats", key, f"needs data_bits above 0, got {out[key].data_bits}")
+    return out
+
+
+def _table(raw: dict, name: str) -> dict:
+    if not isinstance(raw.get(name), dict):
+        raise UsageError(f"{data_path('formats.toml')}: no [{name}] tables; it holds the KV-dtype registry")
+    return raw[name]
+
+
+def _format(key: str, v: dict) -> CacheFormat:
+    return CacheFormat(
+        key=key,
+        description=v["description"],
+        vllm_dtypes=tuple(v.get("vllm_dtypes", ())),
+        aliases=tuple(v.get("aliases", ())),
+        data_bits=_number(v["data_bits"]),
+        scale_bits=int(v["scale_bits"]),
+        scale_block=int(v["scale_block"]),
+        head_dim_multiple=int(v.get("head_dim_multiple", 0)),
+        supports_mla=bool(v.get("supports_mla", True)),
+        article_bytes_per_element=float(v["article_bytes_per_element"]),
+        unsupported=tuple(v.get("unsupported", ())),
+        source=v["source"],
+        scale_bytes_per_head=int(v.get("scale_bytes_per_head", 0)),
+        mla_bytes_per_token=int(v.get("mla_bytes_per_token", 0)),
+        mla_only=bool(v.get("mla_only", False)),
+        k_data_bits=v.get("k_data_bits"),
+        v_data_bits=v.get("v_data_bits"),
+        k_head_bytes=v.get("k_head_bytes"),
+        v_head_bytes=v.get("v_head_bytes"),
+        slot_multiple=int(v.get("slot_multiple", 1)),
+        native_boundary_layers=int(v.get("native_boundary_layers", 0)),
+    )
 
 
 def _number(value) -> float:
@@ -222,14 +237,14 @@ def _entries() -> dict[str, dict]:
 def _checked(path: Path) -> dict[str, dict]:
     """The entries of the registry at `path`, or a one-line error naming the entry and field that is wrong."""
     raw = load_toml("formats.toml")
-    entries = {**raw["formats"], **raw.get("kernel_formats", {})}
+    entries = {**_table(raw, "formats"), **raw.get("kernel_formats", {})}
     clash = set(raw["formats"]) & set(raw.get("kernel_formats", {}))
     places: dict[float, str] = {}
     for name, e in entries.items():
         where = f"{path}: [{'kernel_formats' if name in raw.get('kernel_formats', {}) else 'formats'}.{name}]"
         if name in clash:
             raise UsageError(f"{where} is both a format and a kernel-only format; keep one")
-        if not isinstance(e.get("order"), int | float):
+        if not isinstance(e.get("order"), int | float) or not math.isfinite(e["order"]):  # nan: N-P12
             raise UsageError(f"{where} needs a number `order`, its place in the precision order")
         if e["order"] in places:
             raise UsageError(f"{where} has order {e['order']}, already {places[e['order']]}'s; each needs its own")

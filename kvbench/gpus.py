@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
-from kvbench.datafiles import load_toml
+from kvbench.datafiles import entry_error, load_toml
 from kvbench.errors import unknown_choice
 from kvbench.units import GiB, MiB
 
@@ -47,25 +48,32 @@ class GpuSpec:
 
 def catalog() -> dict[str, GpuSpec]:
     raw = load_toml("gpus.toml")
-    return {
-        key: GpuSpec(
-            key=key,
-            name=v["name"],
-            nvml_names=tuple(v.get("nvml_names", ())),
-            memory_gb=float(v["memory_gb"]),
-            device_memory_mib=int(v["device_memory_mib"]),
-            hbm_bandwidth_gbs=float(v["hbm_bandwidth_gbs"]),
-            sm=int(v["sm"]),
-            sm_count=int(v["sm_count"]),
-            native_fp8=bool(v["native_fp8"]),
-            native_fp4=bool(v["native_fp4"]),
-            source=v["source"],
-            torch_total_gib=float(v["torch_total_gib"]) if "torch_total_gib" in v else None,
-            torch_total_source=v.get("torch_total_source"),
-        )
-        for key, v in raw.items()
-        if isinstance(v, dict)
-    }
+    out = {}
+    for key, v in raw.items():
+        if not isinstance(v, dict):
+            continue
+        try:
+            gpu = GpuSpec(
+                key=key,
+                name=v["name"],
+                nvml_names=tuple(v.get("nvml_names", ())),
+                memory_gb=float(v["memory_gb"]),
+                device_memory_mib=int(v["device_memory_mib"]),
+                hbm_bandwidth_gbs=float(v["hbm_bandwidth_gbs"]),
+                sm=int(v["sm"]),
+                sm_count=int(v["sm_count"]),
+                native_fp8=bool(v["native_fp8"]),
+                native_fp4=bool(v["native_fp4"]),
+                source=v["source"],
+                torch_total_gib=float(v["torch_total_gib"]) if "torch_total_gib" in v else None,
+                torch_total_source=v.get("torch_total_source"),
+            )
+        except (KeyError, TypeError, ValueError, OverflowError) as exc:  # an overlay's entry: one line (N-P12)
+            raise entry_error("gpus.toml", "", key, exc) from None
+        if not (math.isfinite(gpu.memory_gb) and gpu.memory_gb > 0 and gpu.device_memory_mib > 0):
+            raise entry_error("gpus.toml", "", key, "needs memory_gb and device_memory_mib above 0")
+        out[key] = gpu
+    return out
 
 
 def get_gpu(key: str) -> GpuSpec:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from kvbench.datafiles import data_path, load_toml, read_json
+from kvbench.datafiles import data_path, entry_error, load_toml, read_json
 from kvbench.errors import UsageError, unknown_choice
 from kvbench.hfconfig import from_config
 from kvbench.modelspec import DTYPE_BYTES, LayerKind, LayerParams, ModelSpec, Moe
@@ -48,7 +48,11 @@ def load_model(name_or_path: str) -> ModelSpec:
     entries = catalog()
     if name_or_path in entries:
         entry = entries[name_or_path]
-        return from_config(read_json(data_path(entry["config"])), name=name_or_path, source=entry["source"])
+        if not isinstance(entry, dict) or not isinstance(entry.get("config"), str):
+            raise entry_error("models.toml", "", name_or_path, "needs a `config` file name")
+        missing = f"{data_path('models.toml')}: [{name_or_path}] names config {entry['config']!r}, which is not there"
+        config = read_json(data_path(entry["config"]), missing=missing)  # N-P12: one line, not a traceback
+        return from_config(config, name=name_or_path, source=entry.get("source", str(entry["config"])))
     path = Path(name_or_path).expanduser()
     if path.is_dir():
         path = path / "config.json"

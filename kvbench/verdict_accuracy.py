@@ -50,7 +50,7 @@ class Test:
     @property
     def drop(self) -> float:
         """Points lost against the reference (negative: gained)."""
-        return -self.result.difference * 100
+        return 0.0 - self.result.difference * 100  # never "-0.0"
 
     def where(self) -> str:
         """'at rest (...)', or 'identical at rest (...), at load (...) and during load (...)'."""

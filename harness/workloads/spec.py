@@ -217,8 +217,9 @@ def parse_spec(table: dict[str, Any], where: str, base_dir: Path | None = None):
         if not path.is_absolute() and base_dir is not None:
             path = base_dir / path
         if not path.is_file():
+            what = "is not a regular file (a device, a pipe or a folder)" if path.exists() else "not found"
             raise UsageError(
-                f"{where}: {kind} file {str(path)!r} not found (path = a file kvbench can read; "
+                f"{where}: {kind} file {str(path)!r} {what} (path = a file kvbench can read; "
                 "nothing is downloaded at run time)"
             )
         spec = spec.model_copy(update={"path": str(path)})

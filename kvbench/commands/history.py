@@ -82,7 +82,7 @@ def command(ctx: typer.Context, s: HistorySettings) -> int:
     if s.action == "show":
         return show(project, s.machine, s.as_json)
     if s.action == "upgrade":
-        return upgrade(project, s.as_json)
+        return upgrade(project, s.as_json, s.dry_run)
     cliargs.positive(s.wait_load, "--wait-load")
     return run(project, s.venv, s.machine, s.model, s.bench, s.commit, s.dry_run, s.wait_load)
 
@@ -205,14 +205,16 @@ def _table(rows, title: str) -> Table:
     return table
 
 
-def upgrade(project, as_json: bool) -> int:
-    """Exit 1 when a record could not be rewritten faithfully (it is left as it was, and named)."""
+def upgrade(project, as_json: bool, dry_run: bool = False) -> int:
+    """Exit 1 when a record could not be rewritten faithfully (it is left as it was, and named); --dry-run
+    checks each and writes nothing."""
     from kvbench import asvrun
     from kvbench.records.upgrade import upgrade_records
 
     with console.status(f"rewriting kvbench.run/1 records under {project.results_dir}"):
-        outcomes = upgrade_records(project.results_dir)
-        if project.results_dir.is_dir():  # asv results named after a checkout's path: one environment
+        outcomes = upgrade_records(project.results_dir, dry_run)
+        # asv results named after a checkout's path: one environment
+        if project.results_dir.is_dir() and not dry_run:
             renamed = asvrun.stabilize_all(project.results_dir)
             outcomes += [(str(old), f"asv environment: renamed to {new.name}") for old, new in renamed]
     failed = [p for p, outcome in outcomes if outcome.startswith("left")]
@@ -221,7 +223,8 @@ def upgrade(project, as_json: bool) -> int:
     else:
         for p, outcome in outcomes:
             console.print(f"{escape(p)}: {escape(outcome)}")
-        console.print(f"{len(outcomes) - len(failed)} of {len(outcomes)} records rewritten")
+        done = "could be rewritten (--dry-run)" if dry_run else "rewritten"
+        console.print(f"{len(outcomes) - len(failed)} of {len(outcomes)} records {done}")
     return 1 if failed else 0
 
 

@@ -214,8 +214,13 @@ def _print(what: str, cfg, gpu: str | None) -> int:
 
 
 def _detected_key(cfg) -> str | None:
+    import os
+
+    from kvbench.machine import check_machine_name
     from kvbench.nightly.target import detect
 
+    if os.environ.get("KVBENCH_MACHINE"):  # N-P19: the dry run refuses what the night would
+        check_machine_name(os.environ["KVBENCH_MACHINE"], "KVBENCH_MACHINE")
     try:
         return detect(cfg).key
     except UsageError:

@@ -331,6 +331,10 @@ def merge(paths: list[str], asv_config: Path, out: Path | None) -> int:
             arrivals += more
     groups, stray = mg.groups(arrivals, fleets)
     if not groups:
+        damaged = [a for a in arrivals if a.problem]  # N-P2: a shard folder was there; say what is wrong with it
+        if damaged:
+            more = f" (and {len(damaged) - 1} more)" if len(damaged) > 1 else ""
+            raise UsageError(f"--merge: shard folder {damaged[0].folder} cannot be merged: {damaged[0].problem}{more}")
         raise UsageError(f"--merge found no shard folder or fleet plan in {', '.join(paths)}")
     nights = mg.merge(groups, asv_config, out, console)
     for night in nights:

@@ -15,6 +15,7 @@ from kvbench.flags import Flag
 from kvbench.options import AsJson
 
 LAUNCHERS = ("sky",)
+MAX_SHARDS = 1000  # machines rented for one night; a night has far fewer units than this
 
 
 class NightlySettings(BaseModel):
@@ -111,8 +112,8 @@ class NightlySettings(BaseModel):
     def _check(self) -> NightlySettings:
         """Flags that do not go together, or out of range: one line each, in the order they were always checked."""
         shard, launch = self.shard, self.launch
-        if self.shards is not None and self.shards < 1:
-            raise UsageError(f"--shards {self.shards}: give 1 or more")
+        if self.shards is not None and not 1 <= self.shards <= MAX_SHARDS:  # N-P3: 10^6 shards never finished
+            raise UsageError(f"--shards {self.shards}: give 1 to {MAX_SHARDS} (one machine each)")
         if launch is not None and launch not in LAUNCHERS:
             raise UsageError(f"unknown --launch {launch!r}; choose from: {', '.join(LAUNCHERS)}")
         if self.merge and (self.dry_run or launch or shard is not None or self.print_what):

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from rich.table import Table
 
-from kvbench.fidelity_stats import no_measurable_change
+from kvbench.fidelity_stats import versus_floor
 from kvbench.output import console
 
 CONDITIONS = ("rest", "load")
@@ -34,7 +34,7 @@ def _row(name: str, cond: str, s: dict, floor: dict | None) -> list[str]:
     elif floor is None:
         vs = "no floor"
     else:
-        vs = "no measurable change" if no_measurable_change(s, floor) else "above the floor"
+        vs = versus_floor(s, floor)
     return [
         name,
         f"{cond} (c{s.get('concurrency', '?')})",
@@ -71,6 +71,6 @@ def render_fidelity(doc: dict) -> None:
     method = rows[0][2].get("method", "")
     console.print(
         f"KLD from {method}; CIs: bootstrap over items (tokens clustered by item). The floor is auto at load vs "
-        "auto at rest. KLD detects change, not harm: task accuracy decides, unless a dtype cannot be told from "
-        'the floor ("no measurable change": both its intervals reach the floor\'s).'
+        "auto at rest. KLD detects change, not harm: task accuracy alone decides; fidelity says whether a dtype "
+        'can be told from the floor at all ("no measurable change": both its intervals reach the floor\'s).'
     )

@@ -40,17 +40,20 @@ def render_header(doc: dict, path: Path | None) -> None:
     engine = (
         f"vLLM {', '.join(served) or 'version unknown'} (endpoint)"
         if cfg.get("endpoint")
-        else f"{vllm.get('package')} {vllm.get('version')}"
+        else f"{vllm.get('package') or 'vLLM'} {vllm.get('version') or 'version unknown'}"
     )
-    console.print(
-        f"model {cfg.get('model_name')}, {engine}; "
-        + (
-            f"workload {workload_label(cfg)}; "
-            if cfg.get("workload_spec")
-            else f"{w.get('prompt_tokens')} prompt + {w.get('output_tokens')} output tokens per request; "
+    if not cfg:  # 3a: never "model None ... None prompt + None output tokens"
+        console.print(f"{engine}; model, workload and max_model_len unknown: this record keeps no config")
+    else:
+        console.print(
+            f"model {cfg.get('model_name') or 'unknown'}, {engine}; "
+            + (
+                f"workload {workload_label(cfg)}; "
+                if cfg.get("workload_spec")
+                else f"{w.get('prompt_tokens', '?')} prompt + {w.get('output_tokens', '?')} output tokens per request; "
+            )
+            + f"max_model_len {cfg.get('max_model_len') or 'unknown'}"
         )
-        + f"max_model_len {cfg.get('max_model_len')}"
-    )
     for d in doc.get("dtypes", []):
         server = d.get("server") or {}
         if server and not server.get("managed", True):

@@ -22,7 +22,7 @@ def find_records(where: str | Path) -> list[Path]:
         raise UsageError(f"no run records at {where}")
     pattern = "*.json" if where.name == RUNS_DIR else f"{RUNS_DIR}/*.json"
     found = where.glob(pattern) if where.name == RUNS_DIR else where.rglob(pattern)
-    return sorted(p for p in found if not p.name.startswith("."))
+    return sorted(p for p in found if not p.name.startswith(".") and not p.is_dir())  # a folder is no record
 
 
 # Every run record a reader left out as unreadable in this process, in order: what was shown without it is
@@ -264,7 +264,11 @@ def samples_frame(where: str | Path | list[Path], table: str = "requests"):
         name = getattr(record.samples, table, None) if record.samples else None
         file = Path(p).with_name(name) if name else None
         if file is not None and file.is_file():
-            frames.append(pq.read_table(file).to_pandas())
+            try:
+                frames.append(pq.read_table(file).to_pandas())
+            except Exception as exc:  # pyarrow's ArrowInvalid, OSError on a truncated or foreign file (K-P13)
+                reason = " ".join(str(exc).split())[:160]
+                raise UsageError(f"{file}: damaged {table} samples ({reason}); restore the file or remove it") from None
     frames = [f for f in frames if not f.empty]
     if not frames:
         return sample_schema(table).empty_table().to_pandas()

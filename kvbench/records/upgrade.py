@@ -8,7 +8,7 @@ import math
 from dataclasses import dataclass
 
 from kvbench.datafiles import read_json
-from kvbench.errors import KvbenchError
+from kvbench.errors import KvbenchError, one_line
 from kvbench.records import migrate, queries, storage
 from kvbench.records.schema import SCHEMA, SCHEMA_V1
 from kvbench.records.storage import SampleStore, _request_schema, parse_record, write_record
@@ -36,23 +36,30 @@ def rewrite_v1(path, doc: dict):
     return record
 
 
-def upgrade_records(where) -> list[tuple[str, str]]:
+def upgrade_records(where, dry_run: bool = False) -> list[tuple[str, str]]:
     """Every kvbench.run/1 record under `where` rewritten as kvbench.run/2 (rewrite_v1), then read back: the
     summary must equal the v1 reading (floats at v2's 6 decimals) and every embedded sample must be in the Parquet
     files, unchanged; otherwise the v1 file is put back and the record named ("left as ..."), and the next one
-    goes on. Returns (path, outcome) per v1 record, and per file that could not be read as a record."""
+    goes on. Returns (path, outcome) per v1 record, and per file that could not be read as a record. With
+    `dry_run`, each v1 record is read and checked the same way and nothing is written."""
     outcomes = []
     for path in queries.find_records(where):
-        original = path.read_bytes()
         try:
+            original = path.read_bytes()
             doc = read_json(path, missing=f"run record not found: {path}", bad="not a JSON run record")
             if not isinstance(doc, dict) or doc.get("schema") != SCHEMA_V1:
                 continue
             before = storage._micro(storage.parse_record(doc, path).as_doc())
+            expected = _v1_samples(doc, path)
         except KvbenchError as exc:
             outcomes.append((str(path), f"left as it was: {exc}"))
             continue
-        expected = _v1_samples(doc, path)
+        except (OSError, TypeError, ValueError, KeyError, AttributeError) as exc:  # N-P1: odd v1 records
+            outcomes.append((str(path), f"left as it was: its embedded samples cannot be read ({one_line(exc)})"))
+            continue
+        if dry_run:
+            outcomes.append((str(path), "would be rewritten as kvbench.run/2 (--dry-run: nothing written)"))
+            continue
         try:
             rewrite_v1(path, doc)
             problem = _differs(before, storage.load_record(path), expected, path)
@@ -61,7 +68,8 @@ def upgrade_records(where) -> list[tuple[str, str]]:
         if problem:
             storage.replace_atomic(path, lambda fh, original=original: fh.write(original))
             for name in storage.samples_paths(path):
-                name.unlink(missing_ok=True)
+                if not name.is_dir():  # a folder where a Parquet file goes is not kvbench's to remove (N-P1)
+                    name.unlink(missing_ok=True)
             outcomes.append((str(path), f"left as kvbench.run/1: {problem}"))
         else:
             outcomes.append((str(path), f"kvbench.run/2 ({len(original) / 1e6:.1f} MB of JSON before)"))

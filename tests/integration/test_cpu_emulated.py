@@ -277,3 +277,29 @@ def replace_head_size(spec, head_size):
     from dataclasses import replace
 
     return replace(spec, head_size=head_size, head_size_v=head_size)
+
+
+def test_the_record_names_the_emulated_layer_and_a_server_without_one_fails():
+    from kvbench.harness.capacitychecks import emulation_active
+    from kvbench.records import DtypeResult, DtypeStatus
+
+    class Log:
+        def __init__(self, lines):
+            self.lines = lines
+
+        def log_lines(self):
+            return self.lines
+
+        def log_tail(self):
+            return self.lines[-2:]
+
+    kept = (
+        f"INFO [cpu_emulated.py:150] {plugin.ACTIVE_MARK} v2 active: turboquant_k8v4 server; this layer is kept at auto"
+    )
+    stored = f"INFO [cpu_emulated.py:186] {plugin.ACTIVE_MARK} v2 active: turboquant_k8v4 KV stored in vLLM's pages"
+    for lines, want in (([kept, kept, stored, kept], stored), ([kept, kept], kept)):
+        result = DtypeResult(kv_cache_dtype="turboquant_k8v4", implementation={"name": plugin.NAME})
+        assert emulation_active(Log(lines), result) and result.implementation["log"] == want.split("] ", 1)[1]
+    result = DtypeResult(kv_cache_dtype="int8_per_token_head", implementation={"name": plugin.NAME})
+    assert not emulation_active(Log(["INFO ready"]), result)
+    assert result.status == DtypeStatus.FAILED and "did not load in the server" in result.error
