@@ -84,7 +84,9 @@ class TextFidelity(Fidelity):
         """KL(auto's server || transformers bf16) over the first torch_windows windows: the implementation floor."""
         import torch
         from transformers import AutoModelForCausalLM
+        from transformers.utils import logging as hf_logging
 
+        hf_logging.disable_progress_bar()  # its "Loading weights" bar would cut into the run's progress lines
         t0 = time.monotonic()
         n = min(self.torch_windows, len(self.items))
         items, ref = self.items[:n], self.reference[:n]
