@@ -34,9 +34,12 @@ $(STAMP): pyproject.toml setup.py kvbench/data/realmodels.toml
 	$(PY) -m pip uninstall -y torchvision torchaudio torchcodec
 	touch $(STAMP)
 
+# The tiny model keeps make run within its minutes; a real pretrained model's run takes about half an hour on 2 cores
+# (docs/guide/real-models.md), so make run ends by saying how to start it.
 run: setup
 	$(VENV)/bin/kvbench run
 	$(VENV)/bin/kvbench claims
+	@echo "A real pretrained model (SmolLM2-135M-Instruct, about 28 minutes on 2 cores): $(VENV)/bin/kvbench run --model smollm2-135m-instruct"
 
 # The docs site (mkdocs.yml) into build/docs; --strict fails on a broken link or anchor, or a page left out of
 # the nav.
