@@ -54,10 +54,13 @@ test-fast: setup
 
 # CI: everything, tests/e2e too (real vLLM, headless Chromium, a built wheel)
 test: setup
+	@# the browser tests need headless Chromium: installed here when absent, or a stop saying how (never a skip)
+	scripts/ensure-chromium
 	@# the tree stays formatted and lint-clean (pyproject.toml [tool.ruff]), the docs build; the tests follow
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(MKDOCS) build --strict
 	$(PARALLEL_TIERS) --durations=20
-	$(TIMING_TESTS)
-	$(PYTEST) tests/e2e --durations=20
+	@# the timing tier before e2e starts its vLLM servers (they spin on the cores): e2e's timing test too
+	$(TIMING_TESTS) tests/e2e
+	$(PYTEST) -m "not timing" -rs tests/e2e --durations=20
