@@ -44,6 +44,19 @@ def convention(dtype: str) -> str | None:
     return get_format(kvscales.base_dtype(dtype)).key
 
 
+def calibratable(dtype: str) -> bool:
+    """kvbench can calibrate the dtype's tensor scale: its registry codec has a calibration convention."""
+    conv = convention(dtype)
+    if conv is None:
+        return False
+    from kvbench.kernels import codecs
+
+    try:
+        return codecs.get(conv).calibrated_scale is not None
+    except ValueError:
+        return False
+
+
 @dataclass(frozen=True)
 class Served:
     """One dtype label of a run: the vLLM cache dtype, its scales variant, the folder its server loads."""
@@ -61,6 +74,8 @@ def expand(dtypes: list[str], variants: list[str] | None) -> list[tuple[str, str
     out = []
     for dtype in dtypes:
         mine = variants if takes_tensor_scale(dtype) else ["checkpoint"]
+        if not calibratable(dtype):  # no codec of kvbench's to calibrate it with (fp8_inc): as given only
+            mine = [v for v in mine if v != "calibrated"] or ["checkpoint"]
         for v in mine:
             out.append((kvscales.label(dtype, v), dtype, v))
     return out

@@ -123,7 +123,7 @@ def test_kvbench_calibrates_into_a_copy_vllm_loads_and_unit_strips_it(tmp_path):
 
 
 def test_kv_scales_expand_only_the_tensor_scaled_dtypes():
-    got = scales.expand(["auto", "fp8", "int8_per_token_head", "nvfp4"], ["checkpoint", "calibrated"])
+    got = scales.expand(["auto", "fp8", "int8_per_token_head", "nvfp4", "fp8_inc"], ["checkpoint", "calibrated"])
     assert [label for label, _, _ in got] == [
         "auto",
         "fp8",
@@ -131,6 +131,7 @@ def test_kv_scales_expand_only_the_tensor_scaled_dtypes():
         "int8_per_token_head",
         "nvfp4",
         "nvfp4@calibrated",
+        "fp8_inc",  # tensor-scaled, but kvbench has no codec to calibrate it with
     ]
     assert kvscales.base_dtype("nvfp4@calibrated") == "nvfp4" and kvscales.variant_of("nvfp4") is None
     assert scales.convention("fp8_e4m3") == "fp8" and scales.convention("nvfp4_4over6") == "nvfp4_4over6"
