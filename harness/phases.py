@@ -66,7 +66,7 @@ async def measure_dtype(ctx: DtypeRun) -> None:
         if result.status == DtypeStatus.RUNNING:
             result.status = DtypeStatus.OK
     except Exception as exc:  # one dtype's failure never ends the run
-        result.status = DtypeStatus.PARTIAL if result.phases else DtypeStatus.FAILED
+        result.status = DtypeStatus.PARTIAL if records.measured_anything(result) else DtypeStatus.FAILED
         result.error = _one_line(exc)
         if ctx.server is not None:
             result.log_tail = ctx.server.log_tail()

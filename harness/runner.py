@@ -143,7 +143,7 @@ class Runner:
         rec = self.record
         for d in rec.dtypes:
             if d.status == DtypeStatus.RUNNING:  # the one that was being measured when the run stopped
-                d.status = DtypeStatus.PARTIAL if d.phases else DtypeStatus.FAILED
+                d.status = DtypeStatus.PARTIAL if records.measured_anything(d) else DtypeStatus.FAILED
                 d.error = stop.detail if stop else "stopped"
         rec.stopped = stop
         rec.status = records.derive_status([d.status for d in rec.dtypes], stop is not None)

@@ -78,6 +78,7 @@ from kvbench.records.schema import (
     StopReason,
     TelemetrySummary,
     derive_status,
+    measured_anything,
 )
 from kvbench.records.storage import (
     EVALS_SUFFIX,
@@ -106,6 +107,7 @@ __all__ = [
     "PhaseKind",
     "StopReason",
     "derive_status",
+    "measured_anything",
     "Distribution",
     "PhaseSummary",
     "Phase",

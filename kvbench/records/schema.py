@@ -52,6 +52,13 @@ class StopReason(StrEnum):
     DEADLINE = "deadline"  # the caller's time budget (the nightly's max_minutes)
 
 
+def measured_anything(result: DtypeResult) -> bool:
+    """Whether a dtype that stopped kept a measurement (a load phase, or an eval condition: the eval runs before
+    the fixed loads), so it ends PARTIAL, not FAILED (issue 42: an interrupted fidelity read "failed" beside six
+    eval conditions)."""
+    return bool(result.phases) or any(k != "error" for k in (result.eval or {}))
+
+
 def derive_status(statuses: list[DtypeStatus], stopped: bool) -> RunStatus:
     """The run's status from its dtypes' (the one place it is decided)."""
     if stopped:
