@@ -106,7 +106,7 @@ def test_dealing_covers_every_unit_once_within_the_lpt_bound(minutes, n):
 
 def test_bad_shard_flags_are_one_line_and_exit_2():
     for args, expect in (
-        (("--shards", "0", "--dry-run"), "--shards 0: give 1 or more"),
+        (("--shards", "0", "--dry-run"), "--shards 0: give 1 to 1000"),
         (("--shard", "1"), "--shard needs --shards N"),
         (("--shards", "3", "--shard", "4", "--gpu", "cpu"), "--shard 4 is not a shard of 3; choose from: 1-3"),
         (("--launch", "slurm"), "unknown --launch 'slurm'; choose from: sky"),
