@@ -53,6 +53,7 @@ def render(doc: dict, path: Path | None = None, explain: bool = False) -> None:
         "engine: vLLM's startup report (log or /metrics); measured: highest concurrency meeting the SLO "
         "('+': the search cap was reached); model: kvbench's page-accurate prediction for the engine's KV budget."
     )
+    render_groups(doc)
     console.print(lat)
     render_emulated(doc)
     if any(d.get("fixed_stats") for d in doc.get("dtypes", [])):
@@ -98,3 +99,20 @@ def command(ctx: typer.Context, s: ReportSettings) -> None:
         )
         return
     render(doc, s.record, s.explain)
+
+
+def render_groups(doc: dict) -> None:
+    """The capacity model's KV-cache groups (kvbench/kvgroups.py), where a model has more than one kind of layer
+    (a sliding window beside full attention): what each group holds per request, the same for every dtype."""
+    for d in doc.get("dtypes", []):
+        groups = ((d.get("capacity") or {}).get("model") or {}).get("groups") or []
+        if len(groups) > 1:
+            parts = [
+                f"{g['layers']} {g['kind']}"
+                + (f" ({g['window']}-token window)" if g.get("window") else "")
+                + f" layers in {g['groups']} group(s), {g['blocks_per_request']} blocks of {g['tokens_per_block']} "
+                "tokens per request each"
+                for g in groups
+            ]
+            console.print("KV-cache groups of the capacity model (one pool of blocks): " + "; ".join(parts))
+            return
