@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
+from kvbench import dsv4_kv
 from kvbench.datafiles import data_path, entry_error, load_toml
 from kvbench.errors import UsageError, unknown_choice
 from kvbench.gpus import GpuSpec
@@ -84,6 +85,8 @@ class CacheFormat:
     def bytes_per_token_per_layer(self, model: ModelSpec, layer: LayerKind) -> float:
         """Bytes one token takes in one layer's page (kv_cache_interface.py AttentionSpec.page_size_bytes /
         block_size). Mamba state is per request, not per token (kvbench.vllm_accounting)."""
+        if layer.kind == "dsv4":  # the compressed latent and indexer key, fp8_ds_mla whatever the dtype
+            return dsv4_kv.bytes_per_token(layer)
         if not layer.cached or layer.kind == "mamba":
             return 0.0
         if layer.kind == "mla":
@@ -107,6 +110,8 @@ class CacheFormat:
 
     def unsupported_reason(self, model: ModelSpec, gpu: GpuSpec | None = None) -> str | None:
         """Why vLLM would refuse this format for this model (and GPU), or None."""
+        if any(layer.kind == "dsv4" for layer in model.layers):
+            return dsv4_kv.refusal(self.vllm_dtype)
         if model.is_mla and not self.supports_mla:
             return f"{self.key} with MLA is not supported by vLLM"
         if self.mla_only and not model.is_mla:

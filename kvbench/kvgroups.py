@@ -11,6 +11,18 @@ def layer_groups(spec, accounting) -> list[dict] | None:
     groups, and every group draws from the one pool of num_blocks."""
     if accounting is None:
         return None
+    if accounting.cache_groups:  # DeepSeek V4: one entry per packed group of its caches (kvbench.dsv4_kv)
+        return [
+            {
+                "kind": g.caches[0][0].spec,
+                "window": g.caches[0][0].window or None,
+                "layers": g.layers,
+                "groups": 1,
+                "tokens_per_block": g.caches[0][0].block_size,
+                "blocks_per_request": g.blocks_per_request,
+            }
+            for g in accounting.cache_groups
+        ]
     counts = spec.layer_counts()
     groups, sizes, blocks = accounting.groups, accounting.block_sizes, dict(accounting.spec_blocks)
     return [

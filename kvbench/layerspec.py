@@ -204,21 +204,33 @@ def _llama4(cfg, num_layers: int) -> tuple[LayerKind, ...]:
 
 
 def _deepseek_v4(cfg, num_layers: int) -> tuple[LayerKind, ...]:
-    """An approximation of vLLM's DeepSeek V4 groups (stated by --explain): ratio-0 layers keep a sliding
-    window of one head_dim latent; ratio-r layers one compressed latent per r tokens (their sliding part
-    and the indexer of ratio-4 layers are left out)."""
+    """vllm/models/deepseek_v4/attention.py DeepseekV4Attention: every layer keeps a sliding-window latent; a layer
+    of compress ratio r > 1 also a compressed latent and a compressor state, r = 4 an indexer besides (ratio 0
+    counts as 1). kvbench.dsv4_kv sizes the caches each layer registers."""
     ratios = cfg.raw.get("compress_ratios")
-    if not isinstance(ratios, list) or len(ratios) < num_layers:
+    if not isinstance(ratios, list) or len(ratios) < num_layers or not all(isinstance(r, int) for r in ratios):
         raise UsageError(f"{cfg.source}: 'compress_ratios' must list at least {num_layers} integers")
+    odd = sorted({r for r in ratios[:num_layers] if r not in (0, 1, 4, 128)})
+    if odd:
+        raise UsageError(
+            f"{cfg.source}: 'compress_ratios' has {odd}; vLLM's DeepSeek V4 takes 0, 1, 4 and 128 "
+            "(v1/attention/backends/mla/sparse_swa.py _layer_type_for)"
+        )
     head = cfg.need("head_dim", "the DeepSeek V4 latent width")
-    window = cfg.need("sliding_window", "DeepSeek V4's sliding layers")
-    out = []
-    for r in ratios[:num_layers]:
-        if r:
-            out.append(LayerKind("full", head_dim=head, kv_heads=1, latent=True, token_stride=int(r)))
-        else:
-            out.append(LayerKind("sliding", window, head_dim=head, kv_heads=1, latent=True))
-    return tuple(out)
+    window = cfg.need("sliding_window", "DeepSeek V4's sliding-window latent")
+    index = cfg.need("index_head_dim", "DeepSeek V4's indexer") if 4 in ratios[:num_layers] else 0
+    return tuple(
+        LayerKind(
+            "dsv4",
+            window,
+            kv_heads=1,
+            head_dim=head,
+            latent=True,
+            token_stride=max(1, r),
+            index_head_dim=index if r == 4 else 0,
+        )
+        for r in ratios[:num_layers]
+    )
 
 
 def describe_layer(kind: LayerKind, act_bytes: float) -> str:
@@ -230,6 +242,13 @@ def describe_layer(kind: LayerKind, act_bytes: float) -> str:
             f"({'model dtype' if s.ssm_bytes is None else f'{s.ssm_bytes:g} B'}), split over TP {s.tp}: "
             f"{s.bytes(act_bytes):,.0f} B per layer per rank"
         )
+    if kind.kind == "dsv4":
+        parts = [f"DeepSeek V4: sliding-window latent {kind.window} tok"]
+        if kind.token_stride > 1:
+            parts.append(f"compressed latent 1:{kind.token_stride} + compressor state")
+        if kind.index_head_dim:
+            parts.append(f"indexer key ({kind.index_head_dim}-wide) + its compressor state")
+        return " + ".join(parts) + f", {kind.head_dim} latent (kvbench/dsv4_kv.py)"
     what = {
         "full": "full attention",
         "sliding": f"sliding window {kind.window} tok",

@@ -74,6 +74,9 @@ def describe_layers(model: ModelSpec) -> str:
             parts.append(f"{count} MLA (latent {model.kv_lora_rank}+{model.qk_rope_head_dim})")
         elif kind.kind == "mamba":
             parts.append(f"{count} {'Gated DeltaNet' if kind.state.mixer == 'gdn' else 'Mamba2'}")
+        elif kind.kind == "dsv4":
+            what = "sliding-window latent" + (f" + 1:{kind.token_stride} compressed" if kind.token_stride > 1 else "")
+            parts.append(f"{count} DeepSeek V4 ({what}{' + indexer' if kind.index_head_dim else ''})")
         elif kind.latent:
             parts.append(f"{count} full (latent)" + (f" 1:{kind.token_stride}" if kind.token_stride > 1 else ""))
         else:

@@ -37,7 +37,7 @@ class MambaState:
 class LayerKind:
     """One layer as the KV cache sees it (one vLLM KVCacheSpec)."""
 
-    kind: str  # "full", "sliding", "chunked", "mla" or "mamba"
+    kind: str  # "full", "sliding", "chunked", "mla", "mamba" or "dsv4" (DeepSeek V4: several caches, kvbench.dsv4_kv)
     window: int | None = None  # tokens: the sliding window, or the chunk of chunked-local attention
     kv_heads: int | None = None  # this layer's KV heads where they differ from the model's (Gemma 4 global)
     head_dim: int | None = None  # likewise
@@ -45,6 +45,7 @@ class LayerKind:
     state: MambaState | None = None  # for "mamba"
     token_stride: int = 1  # DeepSeek V4 compressed layers: one cached entry per `token_stride` tokens
     latent: bool = False  # one vector of head_dim per token, no separate V (MLA-style), whole on every rank
+    index_head_dim: int = 0  # DeepSeek V4 ratio-4 layers: the sparse indexer's key width (index_head_dim)
 
     @property
     def cached(self) -> bool:

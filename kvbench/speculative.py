@@ -113,13 +113,17 @@ def _mtp(method: str, tokens: int, target: ModelSpec) -> SpeculativeSpec:
             f"{target.name}'s config names no MTP layers ('mtp_num_hidden_layers' / 'num_nextn_predict_layers'); "
             "MTP needs them, or choose another --speculative method"
         )
-    i = _attention_layer(target)
+    dsv4 = next((k for k in target.layers if k.kind == "dsv4"), None)
+    # DeepSeek V4's MTP block is a decoder layer past num_hidden_layers: compress ratio 1, so only its
+    # sliding-window latent (models/deepseek_v4/attention.py: "MTP layer is not included in the compress ratio list")
+    i = len(target.layers) - 1 if dsv4 else _attention_layer(target)
+    kind = replace(dsv4, token_stride=1, index_head_dim=0) if dsv4 else target.layers[i]
     h = target.hidden_size
     p = target.layer_params[i]
     # eh_proj / fc: 2h -> h; enorm, hnorm and the final norm
     layer = LayerParams(p.attention, p.kv_proj, p.dense_mlp + 2 * h * h, p.experts, p.router, p.norms + 3 * h)
     source = f"{n} MTP layer(s) shaped like layer {i} + 2h x h projection, from the config"
-    return SpeculativeSpec(method, tokens, (target.layers[i],) * n, (layer,) * n, 0, source, False)
+    return SpeculativeSpec(method, tokens, (kind,) * n, (layer,) * n, 0, source, False)
 
 
 def _eagle_estimate(method: str, tokens: int, target: ModelSpec) -> SpeculativeSpec:

@@ -25,6 +25,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from kvbench import dsv4_kv
 from kvbench.formats import CacheFormat
 from kvbench.modelspec import LayerKind, ModelSpec
 
@@ -59,6 +60,7 @@ class Accounting:
     notes: tuple[str, ...] = field(default_factory=tuple)
     in_flight_tokens: int = 0  # what a sliding-window / chunked group reserves beyond its window (step 5)
     spec_blocks: tuple[tuple[LayerKind, int], ...] = ()  # blocks per request per group of each spec (step 5)
+    cache_groups: tuple[dsv4_kv.Group, ...] = ()  # DeepSeek V4: vLLM's packed groups of its caches (kvbench.dsv4_kv)
 
     @property
     def groups(self) -> dict[LayerKind, int]:
@@ -70,7 +72,7 @@ class Accounting:
 
     @property
     def num_groups(self) -> int:
-        return sum(self.groups.values())
+        return len(self.cache_groups) or sum(self.groups.values())
 
 
 def _vkey(version: str | None) -> tuple[int, int]:
@@ -117,6 +119,8 @@ def account(
 ) -> Accounting:
     """vLLM's accounting of one rank's pool for `model` (already one rank's share: kvbench.capacity.rank_model).
     `mamba_cache_mode` None: the release's default with prefix caching on."""
+    if dsv4_kv.is_dsv4(model):
+        return _dsv4_account(model, context, pool_bytes, block_size, in_flight_tokens)
     if mamba_cache_mode is None:
         mamba_cache_mode = "align" if _vkey(version) >= ALIGN_DEFAULT_SINCE else "none"
     counts = model.layer_counts()
@@ -176,4 +180,42 @@ def account(
         notes=tuple(notes),
         in_flight_tokens=in_flight_tokens,
         spec_blocks=tuple(per_group.items()),
+    )
+
+
+def _dsv4_account(model: ModelSpec, context: int, pool_bytes: float, block_size: int, in_flight: int) -> Accounting:
+    """DeepSeek V4 (kvbench.dsv4_kv): its packed groups share one pool of blocks; a request takes, per group, the
+    blocks its spec needs (get_max_concurrency_for_kv_cache_config); tokens in the >= 0.20 form (V4 came later)."""
+    notes = []
+    block = block_size if block_size % dsv4_kv.BLOCK == 0 else dsv4_kv.BLOCK
+    if block != block_size:
+        notes.append(
+            f"block {block_size} -> {block} tokens: DeepSeek V4's sparse-MLA and indexer kernels take 256-token "
+            "blocks only (models/deepseek_v4/sparse_mla.py, v1/attention/backends/mla/indexer.py)"
+        )
+    groups, pool_block = dsv4_kv.groups(model, block, context, in_flight)
+    num_blocks = max(0, int(pool_bytes // pool_block))
+    per_request = sum(g.blocks_per_request for g in groups)
+    growing = sum(g.blocks_per_request for g in groups if g.caches[0][0].spec == "MLAAttentionSpec")
+    conc = num_blocks / per_request
+    notes += [g.describe() for g in groups]
+    return Accounting(
+        block_size=block,
+        raised_from=None,
+        page_bytes=pool_block,
+        mamba_page_bytes=0.0,
+        group_size=max(g.layers for g in groups),
+        group_counts=(),
+        spec_block_sizes=(),
+        pool_block_bytes=pool_block,
+        num_blocks=num_blocks,
+        blocks_per_request=per_request,
+        context_bytes=growing * pool_block,
+        fixed_bytes=(per_request - growing) * pool_block,
+        max_concurrency=conc,
+        kv_tokens=int(conc * context),
+        token_form="int(max_concurrency x max_model_len) (vLLM >= 0.20)",
+        notes=tuple(notes),
+        in_flight_tokens=in_flight,
+        cache_groups=tuple(groups),
     )

@@ -34,6 +34,17 @@ def print_explain(model: ModelSpec, tensor_parallel_size: int, rows) -> None:
         acc = row.accounting
         if acc is None:
             continue
+        if acc.cache_groups:  # DeepSeek V4: packed groups of several caches per layer (kvbench/dsv4_kv.py)
+            console.print(
+                f"{row.dtype}: block {acc.block_size} tok; {acc.num_groups} packed groups, pool block "
+                f"{acc.pool_block_bytes:,.0f} B (the widest group's pages); num_blocks {acc.num_blocks:,}; "
+                f"{acc.blocks_per_request:,} blocks per request = {acc.context_bytes / GB:.3f} GB context-dependent + "
+                f"{acc.fixed_bytes / GB:.3f} GB sliding windows and compressor states; "
+                f"tokens reported as {acc.token_form}"
+            )
+            for note in acc.notes:
+                console.print(f"    {note}")
+            continue
         groups = ", ".join(f"{n} x {k.kind}" for k, n in acc.groups.items())
         raised = f" (raised from {acc.raised_from})" if acc.raised_from else ""
         console.print(

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from rich.table import Table
 
+from kvbench import dsv4_kv
 from kvbench.capacity import Budget
 from kvbench.gpus import GpuSpec
 from kvbench.models import ModelSpec, describe_layers
@@ -59,7 +60,9 @@ def print_rows(spec: ModelSpec, rows, block_size: int, max_num_seqs: int | None)
         table.add_column(col, justify="left" if col == "dtype" else "right")
     notes = []
     for row in rows:
-        name = f"{row.dtype} ({spec.activation_dtype})" if row.dtype == "auto" else row.dtype
+        # DeepSeek V4 stores auto as fp8_ds_mla (models/deepseek_v4/attention.py _resolve_dsv4_kv_cache_dtype)
+        stored = "fp8_ds_mla" if dsv4_kv.is_dsv4(spec) else spec.activation_dtype
+        name = f"{row.dtype} ({stored})" if row.dtype == "auto" else row.dtype
         if not row.supported:  # vLLM would refuse it here, or has no code for it: one line with why, no numbers
             notes.append(f"{row.dtype}: not sized: {row.reason}")
             continue

@@ -30,7 +30,7 @@ GiB = 2**30
         ("llama-4-scout", {"chunked": 36, "full": 12}),
         ("deepseek-v3", {"mla": 61}),
         ("deepseek-v3.2", {"mla": 61}),
-        ("deepseek-v4-flash", {"sliding": 2, "full": 41}),
+        ("deepseek-v4-flash", {"dsv4": 43}),
     ],
 )
 def test_layer_kinds_per_family(name, expected):
