@@ -57,6 +57,8 @@ OWNED_FIELDS = frozenset(
         "created_at",
         "finished_at",
         "served_model",
+        "model",
+        "model_name",
         "prompt_sha256",
         "scores_sha256",
     }

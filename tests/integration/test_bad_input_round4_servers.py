@@ -204,11 +204,13 @@ def test_no_credential_in_anything_a_run_prints_or_writes(tmp_path, trained_mode
     echo = dict(damage="echo500", damage_only="fidelity", api_key=KEY)
     b64 = dict(damage="b64echo500", damage_only="agreement", api_key=KEY)
     headers = ["--header", f"X-Org: {ORG}", "--header", "X-Client: kvbench", "--header", "X-Tier: rest"]
+    headers += ["--header", "X-Model: kvbench-fake"]  # a gateway's routing header naming the served model
     out = run_pair(tmp_path, trained_model, b64, echo, *headers, "--api-key", KEY)
     assert out.returncode == 0, out.stderr[-3000:]
     path = records.find_records(tmp_path)[0]
     raw = json.loads(Path(path).read_text())
     assert raw["schema"] == "kvbench.run/2" and [d["kv_cache_dtype"] for d in raw["dtypes"]] == ["auto", "fp8"]
+    assert raw["config"]["model_name"] == "kvbench-fake" == raw["dtypes"][0]["server"]["served_model"]
     assert "rest" in raw["dtypes"][1]["eval"] and "HTTP 500" in " ".join(raw["dtypes"][1]["warnings"])
     fid = records.samples_frame([path], "fidelity")
     assert set(fid.condition) == {"load"}  # auto's floor, under its own name
