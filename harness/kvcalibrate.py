@@ -43,8 +43,11 @@ def measure_amax(model_dir: str | Path, tasks: list[str], per_task: int = ITEMS_
     import torch
     from transformers import AttentionInterface, AutoModelForCausalLM
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
+    from transformers.utils import logging as hf_logging
 
     from kvbench.tokenizer import load_tokenizer
+
+    hf_logging.disable_progress_bar()  # its "Loading weights" bar would cut into the run's progress lines
 
     own = [t for t in tasks if t.startswith(evaltasks.PREFIX)]
     if not own:
