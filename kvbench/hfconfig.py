@@ -137,7 +137,7 @@ def from_config(raw: dict, name: str, source: str) -> ModelSpec:
         "norms": sum(p.norms for p in layer_params) + final_norm,
     }
     params.update({"vision": vision} if vision else {})
-    quant = cfg.dict("quantization_config") or top.dict("quantization_config")
+    quant = _quantization(cfg, top, model_type)
     weight_format, weight_bytes = _weight_bytes(cfg, quant, params, DTYPE_BYTES[activation_dtype], activation_dtype)
     rope_dim = qk_rope if qk_rope else int(head_dim * (cfg.number("partial_rotary_factor") or 1.0))
     return ModelSpec(
@@ -171,6 +171,15 @@ def from_config(raw: dict, name: str, source: str) -> ModelSpec:
         quantization=quant,
         mtp_layers=_mtp_layers(cfg),
     )
+
+
+def _quantization(cfg: _Config, top: _Config, model_type: str) -> dict:
+    """The quantization_config; DeepSeek V4's expert_dtype (default "fp4") joins it: it picks the routed experts'
+    format (vllm/models/deepseek_v4/quant_config.py)."""
+    quant = cfg.dict("quantization_config") or top.dict("quantization_config")
+    if model_type == "deepseek_v4" and quant:
+        quant = {**quant, "expert_dtype": cfg.str("expert_dtype", "fp4")}
+    return quant
 
 
 def _mtp_layers(cfg: _Config) -> int:
@@ -372,4 +381,8 @@ def _weight_bytes(
     if fmt.key == act_dtype:
         return act_dtype, total * act_bytes
     quantized = params["experts"] if fmt.experts_only else linear
+    if fmt.expert_bytes_per_param:
+        experts = params["experts"]
+        rest = (quantized - experts) * fmt.bytes_per_param + (total - quantized) * act_bytes
+        return fmt.label, experts * fmt.expert_bytes_per_param + rest
     return fmt.label, quantized * fmt.bytes_per_param + (total - quantized) * act_bytes

@@ -16,6 +16,7 @@ class WeightFormat:
     label: str
     bytes_per_param: float
     experts_only: bool = False  # gpt-oss: only the MoE experts are quantized
+    expert_bytes_per_param: float | None = None  # routed experts stored otherwise than the other linear layers
 
 
 def checkpoint_weight_format(source: str, quant: dict, act_dtype: str) -> WeightFormat:
@@ -26,6 +27,15 @@ def checkpoint_weight_format(source: str, quant: dict, act_dtype: str) -> Weight
     if method == "fp8":
         # FP8 with one FP32 scale per 128x128 block; embeddings, norms, router stay 16-bit.
         block = quant.get("weight_block_size") or [128, 128]
+        if quant.get("expert_dtype") == "fp4":
+            # DeepSeek V4 (config expert_dtype, copied here by kvbench.hfconfig): MXFP4 routed experts
+            # (vllm/models/deepseek_v4/quant_config.py: Mxfp4MoEMethod, 4 bits + a UE8M0 scale per 32 values)
+            return WeightFormat(
+                "fp8",
+                f"fp8 (block-scaled) + MXFP4 experts + {act_dtype}",
+                1.0 + 4.0 / (block[0] * block[1]),
+                expert_bytes_per_param=4.25 / 8,
+            )
         return WeightFormat("fp8", f"fp8 (block-scaled) + {act_dtype}", 1.0 + 4.0 / (block[0] * block[1]))
     if method == "mxfp4":
         # gpt-oss: MoE experts in MXFP4 (4 bits + one E8M0 scale per 32 values); the rest 16-bit.

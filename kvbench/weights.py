@@ -82,6 +82,8 @@ def weight_bytes_per_rank(spec: ModelSpec, plan: WeightPlan, tp: int = 1, pp: in
 
     def linear(n: int, experts: bool) -> float:
         # gpt-oss quantizes only its experts; other formats every linear layer
+        if quantized and experts and fmt.expert_bytes_per_param:
+            return n * fmt.expert_bytes_per_param
         if quantized and (experts or not fmt.experts_only):
             return n * fmt.bytes_per_param
         return n * act

@@ -133,3 +133,15 @@ def test_dtypes_deepseek_v4_refuses_and_accepts():
         assert get_format(ok).unsupported_reason(model) is None
     for refused in ("nvfp4", "nvfp4_ds_mla", "int8_per_token_head"):
         assert "fp8_ds_mla layout" in get_format(refused).unsupported_reason(model)
+
+
+def test_deepseek_v4_flash_weights_per_rank_with_mxfp4_experts():
+    """expert_dtype "fp4" (the default): MXFP4 routed experts, the rest block-scaled fp8. uv-xiao/pto-cu's 2x H200
+    starts (tests/data/vllm-user-logs) logged 'Model loading took 74.08 GiB' per rank at TP 2; counting the experts
+    as fp8 gave 137 GiB."""
+    from kvbench.weights import weight_bytes_per_rank, weight_plan
+
+    model = load_model("deepseek-v4-flash")
+    (per_rank,) = weight_bytes_per_rank(model, weight_plan(model), tp=2)
+    assert "MXFP4 experts" in model.weight_format
+    assert per_rank / GiB == pytest.approx(74.08, rel=0.05)
