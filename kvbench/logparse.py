@@ -132,12 +132,20 @@ def startup_error(lines: list[str]) -> str | None:
     for line in reversed(lines):
         if ": error: " in line and (m := ARGPARSE_LINE.search(line)):
             return m["msg"].strip()
+    wrapper = None
     for line in reversed(lines):
         if " WARNING " in line:  # e.g. vLLM's ulimit warning quotes an OSError it did not hit
             continue
         if ("Error: " in line or "Exception: " in line) and (m := ERROR_LINE.search(line)):
-            return f"{m['kind'].rsplit('.', 1)[-1]}: {m['msg'].strip()}"
-    return None
+            text = f"{m['kind'].rsplit('.', 1)[-1]}: {m['msg'].strip()}"
+            if not any(w in text for w in ROOT_CAUSE_ABOVE):
+                return text
+            wrapper = wrapper or text  # "Engine core initialization failed. See root cause above": look above
+    return wrapper
+
+
+# The engine's wrappers that point at an earlier exception (the worker's): startup_error reports that one.
+ROOT_CAUSE_ABOVE = ("See root cause above", "check the stack trace above")
 
 
 # -- a start-up's inputs and memory figures ---------------------------------------------------------------------

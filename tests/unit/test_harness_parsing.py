@@ -53,6 +53,17 @@ def test_startup_errors():
         "ulimit ... like `OSError: [Errno 24] Too many open files`."
     )
     assert startup_error([ulimit]) is None
+    # vLLM 0.32's engine wraps the worker's exception: the worker's own line is the reason (a fp8_e5m2 server of a
+    # checkpoint with a compressed-tensors kv_cache_scheme, as --kv-scales calibrated makes one)
+    wrapped = [
+        "(Worker pid=1680) ERROR 12-06 13:55:57 [multiproc_executor.py:953]     raise ValueError(",
+        "(Worker pid=1680) ERROR 12-06 13:55:57 [multiproc_executor.py:953] ValueError: fp8_e5m2 kv-cache is not "
+        "supported with fp8 checkpoints.",
+        "    raise RuntimeError(",
+        "RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {}",
+    ]
+    assert startup_error(wrapped) == "ValueError: fp8_e5m2 kv-cache is not supported with fp8 checkpoints."
+    assert startup_error(wrapped[2:]).startswith("RuntimeError: Engine core initialization failed")  # none above
 
 
 METRICS = """# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig
