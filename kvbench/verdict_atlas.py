@@ -63,6 +63,8 @@ def rows(record: RunRecord, decision) -> list[AtlasRow]:
         variant = scales.get("variant")
         if d.status == DtypeStatus.UNSUPPORTED:
             served, reason = REFUSED, d.error or "refused"
+        elif d.status == DtypeStatus.FAILED and d.server is None and d.error and "failed to start" in d.error:
+            served, reason = REFUSED, f"vLLM did not start it: {d.error}"  # its own reason, from its log
         elif d.status == DtypeStatus.FAILED:
             served, reason = FAILED, d.error or "failed"
         else:

