@@ -23,7 +23,7 @@ _spec = importlib.util.spec_from_file_location("dashboard_sample", Path(__file__
 sample = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(sample)
 
-PAGE_SLUGS = ["index", "history", "gpus", "capacity", "latency", "tradeoff", "quality", "claims", "kernels"]
+PAGE_SLUGS = ["index", "history", "gpus", "capacity", "latency", "tradeoff", "quality", "atlas", "claims", "kernels"]
 CATEGORICAL_AXES = {"KV-cache dtype", "machine", "claim"}
 
 
@@ -138,7 +138,7 @@ def test_cli_writes_site(tmp_path):
     (tmp_path / "results").mkdir()
     out = kvbench("dashboard", "--results", str(tmp_path / "results"), "--out", str(tmp_path / "site"), timeout=120)
     assert out.returncode == 0, out.stderr
-    assert "wrote 9 pages" in out.stdout and (tmp_path / "site" / "index.html").is_file()
+    assert f"wrote {len(PAGE_SLUGS)} pages" in out.stdout and (tmp_path / "site" / "index.html").is_file()
 
 
 # --- made for people -----------------------------------------------------------------------------------------
