@@ -326,7 +326,8 @@ def _agreement(d: DtypeResult) -> list[str]:
     free = None if share is None else f"free-running greedy outputs match auto's at {share:.1%} of positions"
     if top1 is not None:
         text = f"top token agrees with auto's {top1:.1%} teacher-forced"
-        text += f" ({free}: they part at the first differing token)" if free else ""
+        if free:  # identical outputs never part
+            text += f" ({free}: they part at the first differing token)" if share < 1 else f" ({free})"
         return [text + " (informational: task accuracy decides)"]
     if free is None:
         return []
