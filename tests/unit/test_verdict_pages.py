@@ -57,12 +57,22 @@ def test_page_and_report_recommend_the_same_dtype_for_the_same_reasons(record, t
     page_pick, page = _page_text(record, tmp_path)
     report = _report_text(record)
     assert page_pick == decision.recommended
-    assert report.count(decision.headline()) == 1
+    assert _count(report, decision.headline()) == 1
     for line in decision.lines():
-        assert page.count(line) == 1, line
-        assert report.count(line) == 1, line
-    for reason in (r.text for v in decision.dtypes.values() for r in v.reasons):
-        assert page.count(reason) == 1 and report.count(reason) == 1, reason  # each reason once, in its line
+        assert _count(page, line) == 1, line
+        assert _count(report, line) == 1, line
+    lines = decision.lines()
+    for reason in {r.text for v in decision.dtypes.values() for r in v.reasons}:
+        # each reason only in the lines that hold it (fp8 and its alias fp8_e4m3 share theirs; the emulated
+        # note is one dtype's reason and another's note)
+        held = sum(_count(line, reason) for line in lines)
+        assert _count(page, reason) == held == _count(report, reason), reason
+
+
+def _count(text: str, part: str) -> int:
+    """Occurrences of `part` not inside a longer name: "float16: ..." is no second copy of "bfloat16: ..." (the
+    atlas record holds both, with the same words after the name)."""
+    return len(re.findall(r"(?<![\w@])" + re.escape(part), text))
 
 
 def test_the_cpu_default_record_reads_undecided_with_its_condition_labels():
