@@ -72,6 +72,9 @@ class TextFidelity(Fidelity):
         self.method = fidelity_stats.METHOD_FULL.format(k="all") if k < 0 else fidelity_stats.METHOD_TOPK.format(k=k)
 
     async def measure(self, base_url, model, dtype, at_load, headers=None, timeout_s=300.0, samples=None) -> dict:
+        # a window's request waits behind up to at_load others' prefills (Gemma's 262K-token vocabulary at the knee
+        # of 16 ran past the 60 s stall timeout): the timeout is per request, so it grows with the load
+        timeout_s = timeout_s * max(1, at_load)
         out = await super().measure(base_url, model, dtype, at_load, headers, timeout_s, samples)
         if dtype == REFERENCE and self.reference is not None and self.torch_windows:
             try:
