@@ -20,8 +20,8 @@ import tempfile
 from pathlib import Path
 
 from kvbench import records
+from kvbench.datafiles import jsonable
 from kvbench.errors import KvbenchError, UsageError
-from kvbench.output import jsonable
 from kvbench.scrub import scrub_doc
 
 # What a results folder must hold free before a run starts: a summary (< 200 KB) and the first flush's samples.

@@ -6,31 +6,10 @@ results/<machine>/accuracy/<UTC time>.json    schema kvbench.accuracy/1
 
 from __future__ import annotations
 
-import json
 import os
-import tempfile
-from datetime import UTC, datetime
-from pathlib import Path
+from datetime import datetime
 
 from kvbench import machine
-from kvbench.machine import machine_name  # noqa: F401  (one machine identity for every record)
-
-try:
-    from kvbench.records import utc_now, write_atomic  # noqa: F401  (one clock, one atomic writer)
-except ImportError:  # a bare GPU box running kernels/run_on_gpu.sh MODE=sweep has no rich or pyarrow
-
-    def utc_now() -> datetime:
-        return datetime.now(UTC)
-
-    def write_atomic(path: Path, doc: dict) -> Path:
-        """The JSON document written to a temporary file beside path, then renamed over it."""
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-        with os.fdopen(fd, "w") as fh:
-            json.dump(doc, fh, separators=(",", ":"), default=str)
-        os.replace(tmp, path)
-        return path
 
 
 def environment() -> dict:
@@ -61,7 +40,7 @@ def header(started: datetime, mode: str, shape, card) -> dict:
     return {
         "schema": bench.SCHEMA,
         "created_at": started.isoformat(timespec="seconds"),
-        "machine": machine_name(),
+        "machine": machine.machine_name(),
         "environment": environment(),
         "mode": mode,
         "status": "complete",

@@ -25,7 +25,7 @@ from kvbench.kernels import decode_attention as da
 from kvbench.kernels import paged_cache as pc
 from kvbench.kernels.cache_layouts import LAYOUTS
 from kvbench.kernels.gpu_evidence import Trace, device_memory
-from kvbench.records import layout
+from kvbench.records import layout, utc_now, write_atomic
 
 # 32K first: the targets are there, and a sweep cut short by its clock should still have them
 GPU_GRID = {
@@ -314,7 +314,7 @@ def run(results_dir, *, max_seconds: float = 380.0) -> dict:
     dry = dev.type != "cuda"
     shape = DRY_SHAPE if dry else bench.AttnShape.from_model("llama-3.1-8b")
     card = bench.catalog_gpu(dev)
-    started = records.utc_now()
+    started = utc_now()
     doc = _header(shape, dev, card, dry, started)
     doc["device_memory"] = device_memory(dev, card)
     doc["checks"], doc["copy_baseline"] = [], None
@@ -334,7 +334,7 @@ def run(results_dir, *, max_seconds: float = 380.0) -> dict:
     doc["sweep"]["bounds"] = bounds(doc["sweep"]["decode_variants"])
     doc["sweep"]["all_checks_ok"] = all(r["ok"] for r in doc["sweep"]["checks"] + doc["checks"])
     doc["elapsed_s"] = time.monotonic() - t0
-    path = records.write_atomic(layout.dated_path(results_dir, doc["machine"], "kernels", started), doc)
+    path = write_atomic(layout.dated_path(results_dir, doc["machine"], "kernels", started), doc)
     summary(doc, path)
     return doc
 

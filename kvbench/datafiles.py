@@ -1,14 +1,18 @@
-"""Reading data files: the ones shipped inside the package (kvbench/data/), and JSON files a user names."""
+"""Reading data files: the ones shipped inside the package (kvbench/data/), and JSON files a user names; and
+the plain JSON types every document kvbench writes is made of (`jsonable`). No rich or pyarrow here: the
+records layer writes through this module, and the kernels sweep runs on a bare GPU box without either."""
 
 from __future__ import annotations
 
 import contextlib
 import hashlib
 import json
+import math
 import os
 import tempfile
 import tomllib
 from collections.abc import Callable
+from dataclasses import asdict, is_dataclass
 from functools import cache
 from importlib import resources
 from pathlib import Path
@@ -129,3 +133,18 @@ def read_json(path: Path, *, missing: str | None = None, bad: str = "not valid J
         raise UsageError(f"{path}: {bad} ({exc.msg} at line {exc.lineno})") from None
     except UnicodeDecodeError:
         raise UsageError(f"{path}: {bad} (not UTF-8 text)") from None
+
+
+def jsonable(obj):
+    """Plain JSON types; non-finite floats become null (JSON has no NaN)."""
+    if is_dataclass(obj) and not isinstance(obj, type):
+        return jsonable(asdict(obj))
+    if isinstance(obj, dict):
+        return {str(k): jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [jsonable(v) for v in obj]
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    if isinstance(obj, Path):
+        return str(obj)
+    return obj

@@ -6,30 +6,16 @@ import json
 import math
 import os
 import sys
-from dataclasses import asdict, is_dataclass
 from pathlib import Path
 
 from rich.console import Console
+
+from kvbench.datafiles import jsonable
 
 # Piped output (CI logs, files) gets room for wide tables instead of rich's 80-column default.
 _WIDTH = None if sys.stdout.isatty() or os.environ.get("COLUMNS") else 160
 console = Console(width=_WIDTH)
 err_console = Console(stderr=True, width=None if sys.stderr.isatty() or os.environ.get("COLUMNS") else 160)
-
-
-def jsonable(obj):
-    """Plain JSON types; non-finite floats become null (JSON has no NaN)."""
-    if is_dataclass(obj) and not isinstance(obj, type):
-        return jsonable(asdict(obj))
-    if isinstance(obj, dict):
-        return {str(k): jsonable(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [jsonable(v) for v in obj]
-    if isinstance(obj, float) and not math.isfinite(obj):
-        return None
-    if isinstance(obj, Path):
-        return str(obj)
-    return obj
 
 
 def terminal_safe(obj, plain_keys: tuple[str, ...] = ("log_tail",), markup: bool = True):

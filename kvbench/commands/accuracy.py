@@ -15,9 +15,10 @@ from kvbench.errors import UsageError
 from kvbench.flags import Flag
 from kvbench.formats import kernel_formats
 from kvbench.kernels.names import ACCURACY_FORMATS as FORMATS
+from kvbench.machine import machine_name
 from kvbench.options import AsJson, Results
 from kvbench.output import console, err_console, present
-from kvbench.records import layout
+from kvbench.records import layout, utc_now, write_atomic
 
 NAME = "accuracy"
 HELP = (
@@ -94,7 +95,7 @@ def command(ctx: typer.Context, s: AccuracySettings) -> None:
     vs = acc.variants(fmts, scs)
     shape = acc.SyntheticShape(context=s.context)
     doc: dict = {"schema": acc.SCHEMA, "formats": fmts, "scales": scs}
-    started = records.utc_now()
+    started = utc_now()
     with Progress(console=err_console, transient=True, disable=s.as_json) as progress:
         if s.synthetic:
             task = progress.add_task("synthetic K/V", total=len(vs) * len(acc.DISTRIBUTIONS))
@@ -104,7 +105,7 @@ def command(ctx: typer.Context, s: AccuracySettings) -> None:
             }
         if s.real:
             doc["real"] = _real_study(vs, s.text, s.window, s.max_windows, progress)
-    machine = records.machine_name()
+    machine = machine_name()
     doc = {
         "schema": acc.SCHEMA,
         "created_at": started.isoformat(timespec="seconds"),
@@ -112,9 +113,7 @@ def command(ctx: typer.Context, s: AccuracySettings) -> None:
         "environment": records.environment(),
         **{k: v for k, v in doc.items() if k != "schema"},
     }
-    path = (
-        records.write_atomic(layout.dated_path(s.results_dir, machine, "accuracy", started), doc) if s.record else None
-    )
+    path = write_atomic(layout.dated_path(s.results_dir, machine, "accuracy", started), doc) if s.record else None
     present(doc, path, s.as_json, _print)
 
 

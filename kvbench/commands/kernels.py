@@ -14,7 +14,7 @@ from kvbench.commands.kernels_settings import KernelsSettings
 from kvbench.errors import UsageError
 from kvbench.formats import speed_kernels
 from kvbench.output import console, err_console, present, print_json
-from kvbench.records import layout
+from kvbench.records import layout, utc_now, write_atomic
 
 NAME = "kernels"
 _SPEED = speed_kernels()  # the tracked dtypes' kernel keys (formats.toml `speed_kernel`): fp16, fp8, nvfp4
@@ -47,7 +47,7 @@ def measure(s: KernelsSettings) -> None:
     dev = bench.device()
     card = bench.catalog_gpu(dev, s.gpu)
     peak = card.hbm_bandwidth_gbs if card else None
-    started = records.utc_now()
+    started = utc_now()
     t0 = time.monotonic()
     max_cache_gb = s.max_cache_gb
     if max_cache_gb is None and dev.type == "cuda":
@@ -64,11 +64,7 @@ def measure(s: KernelsSettings) -> None:
     doc["ratios"] = bench.ratios(doc["decode"], shape)
     doc["targets"] = bench.targets(doc["write"], doc["ratios"]) if dev.type == "cuda" else None
     doc["elapsed_s"] = time.monotonic() - t0
-    path = (
-        records.write_atomic(layout.dated_path(s.results_dir, doc["machine"], "kernels", started), doc)
-        if s.record
-        else None
-    )
+    path = write_atomic(layout.dated_path(s.results_dir, doc["machine"], "kernels", started), doc) if s.record else None
     present(doc, path, s.as_json, _print)
 
 

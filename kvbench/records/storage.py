@@ -23,9 +23,8 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from kvbench.datafiles import read_json
+from kvbench.datafiles import jsonable, read_json
 from kvbench.errors import UsageError
-from kvbench.output import jsonable
 from kvbench.records.blocks import check_scores, is_damage
 from kvbench.records.layout import RUNS_DIR, machine_dir
 from kvbench.records.migrate import upgrade_v1
