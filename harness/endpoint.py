@@ -120,6 +120,22 @@ def parse_headers(values: list[str] | None) -> dict[str, str]:
     return out
 
 
+def request_headers(headers: dict[str, str] | None, api_key: str | None, endpoint_given: bool) -> dict[str, str]:
+    """What every request to the --endpoint servers carries: the --header values, and the bearer key as
+    Authorization unless a header already sets it. `kvbench run` and `kvbench eval` check them here: refused
+    without --endpoint (kvbench's own servers need none), and a credential too short or common to scrub is
+    refused up front, never echoed."""
+    from kvbench.scrub import check_credentials
+
+    out = dict(headers or {})
+    if api_key is not None:
+        out.setdefault("Authorization", f"Bearer {api_key}")
+    if out and not endpoint_given:
+        raise UsageError("--api-key/--header are for --endpoint servers; kvbench's own servers need none")
+    check_credentials(out)
+    return out
+
+
 def has_control(text: str) -> bool:
     """Control characters (CR, LF, escapes): never part of a header value or a key."""
     return any(ord(c) < 32 or 127 <= ord(c) < 160 for c in text)

@@ -251,11 +251,11 @@ class RunSettings(BaseModel):
         return table.get(key)
 
     def request_headers(self) -> dict[str, str]:
-        """--header values, and the bearer key as Authorization unless a header already sets it."""
-        headers = dict(self.headers or {})
-        if self.api_key is not None:
-            headers.setdefault("Authorization", f"Bearer {self.api_key}")
-        return headers
+        """--header values, and the bearer key as Authorization unless a header already sets it, checked
+        (harness/endpoint.py request_headers)."""
+        from kvbench.harness.endpoint import request_headers
+
+        return request_headers(self.headers, self.api_key, self.endpoints is not None)
 
     # -- checks, one per field: the command line's text is parsed here too -----------------------------------
     @field_validator("kv_dtypes", mode="before")
@@ -428,11 +428,7 @@ class RunSettings(BaseModel):
             from kvbench.evaltasks import check_task_names
 
             check_task_names(self.eval_tasks)
-        if self.request_headers() and self.endpoints is None:
-            raise UsageError("--api-key/--header are for --endpoint servers; kvbench's own servers need none")
-        from kvbench.scrub import check_credentials
-
-        check_credentials(self.request_headers())  # a key too short or common to scrub is refused up front
+        self.request_headers()  # only with --endpoint, and only credentials that can be scrubbed
         if self.kv_cache_memory_bytes is not None:
             if self.endpoints is not None:
                 raise UsageError("--kv-cache-memory-bytes sizes a server kvbench starts; drop it with --endpoint")

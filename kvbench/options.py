@@ -12,12 +12,15 @@ RunSettings use it.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 from pydantic import AfterValidator, Field
 
 from kvbench import cliargs
 from kvbench.flags import Flag
+
+if TYPE_CHECKING:
+    import typer
 
 
 def _machine(name: str | None) -> str | None:
@@ -77,6 +80,20 @@ Header = Annotated[
     Flag("--header", cli=list[str] | None),
     Field(None, description="Extra header for --endpoint servers, 'NAME: VALUE' (repeatable; never recorded)."),
 ]
+
+
+def endpoint_key(ctx: typer.Context, api_key: str | None, endpoint) -> str | None:
+    """--api-key for a command given its --endpoint: OPENAI_API_KEY in the shell is
+    for --endpoint servers and ignored (with a note) by a run or eval that starts its own servers; the key
+    itself is checked with the other settings (harness/endpoint.py request_headers)."""
+    from kvbench.output import err_console
+
+    source = ctx.get_parameter_source("api_key")  # click's ParameterSource (typer may vendor its own click)
+    if api_key is not None and endpoint is None and getattr(source, "name", None) == "ENVIRONMENT":
+        err_console.print("[dim]OPENAI_API_KEY is set and not used: kvbench's own servers need no key[/]")
+        return None
+    return api_key
+
 
 AsvConfig = Annotated[Path, Flag("--config"), Field(Path("asv.conf.json"), description="asv config.")]
 Threshold = Annotated[

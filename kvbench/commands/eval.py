@@ -19,6 +19,7 @@ from kvbench.clisettings import command_from
 from kvbench.commands.eval_settings import EvalSettings
 from kvbench.datafiles import load_toml
 from kvbench.errors import UsageError
+from kvbench.options import endpoint_key
 from kvbench.output import console, err_console, print_json
 from kvbench.records import layout
 
@@ -38,6 +39,7 @@ def _needed_len(tasks: list[str]) -> int | None:
 
 
 def settings_of(ctx: typer.Context, values: dict) -> EvalSettings:
+    values["api_key"] = endpoint_key(ctx, values["api_key"], values["endpoint"])
     return EvalSettings(extra_args=list(ctx.args), **values)
 
 

@@ -129,16 +129,7 @@ class EvalSettings(BaseModel):
         return self
 
     def _request_headers(self) -> dict[str, str]:
-        from kvbench.harness.endpoint import parse_headers
+        from kvbench.harness.endpoint import check_api_key, parse_headers, request_headers
 
-        headers = parse_headers(self.header)
-        if self.api_key is not None and self.endpoint is not None:
-            from kvbench.harness.endpoint import check_api_key
-
-            headers.setdefault("Authorization", f"Bearer {check_api_key(self.api_key)}")
-        if self.header and self.endpoint is None:
-            raise UsageError("--api-key/--header are for --endpoint servers; kvbench's own servers need none")
-        from kvbench.scrub import check_credentials
-
-        check_credentials(headers)  # a key too short or common to scrub is refused up front
-        return headers
+        key = None if self.api_key is None else check_api_key(self.api_key)
+        return request_headers(parse_headers(self.header), key, self.endpoint is not None)

@@ -12,6 +12,7 @@ from rich.markup import escape
 
 from kvbench.clisettings import command_from
 from kvbench.harness.settings import RunSettings
+from kvbench.options import endpoint_key
 from kvbench.output import console, err_console, print_json
 
 NAME = "run"
@@ -20,16 +21,6 @@ HELP = (
     "NVML. Extra vLLM args after --."
 )
 CONTEXT_SETTINGS = {"allow_extra_args": True, "ignore_unknown_options": True}
-
-
-def endpoint_key(ctx: typer.Context, api_key: str | None, endpoint) -> str | None:
-    """OPENAI_API_KEY in the shell is for --endpoint servers and ignored (with a note) by a run that starts its
-    own; the key itself is checked with the other settings (harness/settings.py)."""
-    source = ctx.get_parameter_source("api_key")  # click's ParameterSource (typer may vendor its own click)
-    if api_key is not None and endpoint is None and getattr(source, "name", None) == "ENVIRONMENT":
-        err_console.print("[dim]OPENAI_API_KEY is set and not used: kvbench's own servers need no key[/]")
-        return None
-    return api_key
 
 
 def json_summary(record, path) -> dict:
