@@ -14,7 +14,7 @@ Page-accurate (vLLM v1, `vllm/v1/core/kv_cache_utils.py` and `kv_cache_interface
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 
 from kvbench.formats import CacheFormat, get_format
 from kvbench.gpus import GpuSpec
@@ -23,6 +23,7 @@ from kvbench.units import fmt_both, fmt_gib
 from kvbench.vllm_accounting import Accounting, account
 from kvbench.vllm_memory import (
     NonKvEstimate,
+    Runtime,
     SchedulerKnobs,
     _vkey,
     cpu_scheduler_knobs,
@@ -135,6 +136,42 @@ def budget_from_gpu(
         overhead_bytes=overhead * num_gpus,
         estimate=est,
     )
+
+
+@dataclass(frozen=True)
+class Sizing:
+    """The vLLM settings besides the model, GPU, TP size and context that size a server's non-KV memory, as
+    `kvbench capacity` and `kvbench plan` take them (flags of the same names)."""
+
+    gpu_memory_utilization: float | None = None  # None: the release's default
+    pipeline_parallel_size: int = 1
+    weights: str = "auto"
+    vllm_version: str | None = None  # None: the release kvbench models by default
+    max_num_seqs: int | None = None
+    max_num_batched_tokens: int | None = None
+
+    @classmethod
+    def of(cls, settings) -> Sizing:
+        """From a command's settings, which declare these flags under the same names."""
+        return cls(**{f.name: getattr(settings, f.name) for f in fields(cls)})
+
+    def non_kv(
+        self, spec: ModelSpec, gpu: GpuSpec, tensor_parallel_size: int, context: int, runtime: Runtime | None = None
+    ) -> NonKvEstimate:
+        """kvbench.vllm_memory's prediction of every non-KV term for a server with these settings."""
+        return predict_non_kv(
+            spec,
+            gpu,
+            utilization=self.gpu_memory_utilization,
+            tensor_parallel_size=tensor_parallel_size,
+            pipeline_parallel_size=self.pipeline_parallel_size,
+            weights=self.weights,
+            vllm_version=self.vllm_version,
+            max_num_seqs=self.max_num_seqs,
+            max_num_batched_tokens=self.max_num_batched_tokens,
+            max_model_len=context,
+            runtime=runtime,
+        )
 
 
 def rank_model(

@@ -8,27 +8,24 @@ at vLLM's max_num_seqs, and keeps the smallest GPU count.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
-from kvbench.capacity import capacity_for_ranks
+from kvbench.capacity import Sizing, capacity_for_ranks
 from kvbench.formats import CacheFormat
 from kvbench.gpus import GpuSpec
 from kvbench.modelspec import ModelSpec
-from kvbench.vllm_memory import predict_non_kv
 
 TP_SIZES = (1, 2, 4, 8)
 
 
 @dataclass(frozen=True)
 class Layout:
-    """The vLLM settings a plan holds fixed for every GPU and dtype: the TP sizes it tries, the pipeline stages,
-    the weight format, the release whose accounting it models, the tokens per step."""
+    """The vLLM settings a plan holds fixed for every GPU and dtype: the TP sizes it tries, and the sizing
+    settings (the pipeline stages, the weight format, the release whose accounting it models, the tokens per
+    step; plan_row's own utilization and max_num_seqs take the place of the sizing's)."""
 
     tensor_parallel_sizes: tuple[int, ...] = TP_SIZES
-    pipeline_parallel_size: int = 1
-    weights: str = "auto"
-    vllm_version: str | None = None
-    max_num_batched_tokens: int | None = None
+    sizing: Sizing = Sizing()
 
 
 @dataclass(frozen=True)
@@ -64,19 +61,9 @@ def plan_row(
     `kvbench capacity` (kvbench.vllm_memory), users capped at max_num_seqs, replicas to reach `users`."""
     best: PlanRow | None = None
     reason = None
+    sizing = replace(layout.sizing, gpu_memory_utilization=utilization, max_num_seqs=max_num_seqs)
     for tp in layout.tensor_parallel_sizes:
-        est = predict_non_kv(
-            model,
-            gpu,
-            utilization=utilization,
-            tensor_parallel_size=tp,
-            pipeline_parallel_size=layout.pipeline_parallel_size,
-            weights=layout.weights,
-            vllm_version=layout.vllm_version,
-            max_num_seqs=max_num_seqs,
-            max_num_batched_tokens=layout.max_num_batched_tokens,
-            max_model_len=context,
-        )
+        est = sizing.non_kv(model, gpu, tp, context)
         pool = kv_budget_gb * 1e9 if kv_budget_gb is not None else None
         overhead = overhead_gb * 1e9 if overhead_gb is not None else None
         row = capacity_for_ranks(model, [fmt], context, est, gpu, pool_bytes=pool, overhead_bytes=overhead)[0]
@@ -91,7 +78,7 @@ def plan_row(
             if pool is None and overhead is None
             else (pool if pool is not None else min(s.requested.bytes - s.weights.bytes - overhead for s in est.stages))
         )
-        group = tp * layout.pipeline_parallel_size
+        group = tp * sizing.pipeline_parallel_size
         candidate = PlanRow(
             gpu=gpu.key,
             dtype=fmt.key,

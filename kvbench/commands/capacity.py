@@ -8,6 +8,7 @@ from kvbench.capacity import (
     VLLM_CPU_BLOCK_SIZE,
     VLLM_DEFAULT_BLOCK_SIZE,
     Budget,
+    Sizing,
     budget_from_bytes,
     capacity_for_ranks,
     capacity_row,
@@ -23,7 +24,7 @@ from kvbench.models import ModelSpec, load_model
 from kvbench.output import console, err_console, print_json
 from kvbench.speculative import speculative_flag, with_speculative
 from kvbench.units import GB, fmt_gib
-from kvbench.vllm_memory import NonKvEstimate, Runtime, StageMemory, cpu_scheduler_knobs, predict_non_kv, release
+from kvbench.vllm_memory import NonKvEstimate, Runtime, StageMemory, cpu_scheduler_knobs, release
 
 NAME = "capacity"
 HELP = "KV bytes per token, tokens that fit and max concurrent sequences per KV dtype: naive formula vs vLLM's pages."
@@ -49,19 +50,8 @@ def command(ctx: typer.Context, s: CapacitySettings) -> None:
         return
     card = get_gpu(s.gpu)
     formats = parse_format_list(s.kv_dtype)
-    est = predict_non_kv(
-        spec,
-        card,
-        utilization=s.gpu_memory_utilization,
-        tensor_parallel_size=s.tensor_parallel_size,
-        pipeline_parallel_size=s.pipeline_parallel_size,
-        weights=s.weights,
-        vllm_version=s.vllm_version,
-        max_num_seqs=s.max_num_seqs,
-        max_num_batched_tokens=s.max_num_batched_tokens,
-        max_model_len=s.context,
-        runtime=Runtime(cudagraph="piecewise" if spec_dec and spec_dec.layers else "full_and_piecewise"),
-    )
+    runtime = Runtime(cudagraph="piecewise" if spec_dec and spec_dec.layers else "full_and_piecewise")
+    est = Sizing.of(s).non_kv(spec, card, s.tensor_parallel_size, s.context, runtime)
     pool, overhead = _overrides(est, card, s.kv_budget_gb, s.overhead_gb, s.memory_basis)
     budget = _budget(est, pool, overhead)
     if budget.kv_bytes <= 0:

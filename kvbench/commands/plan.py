@@ -7,6 +7,7 @@ from pathlib import Path
 import typer
 from rich.table import Table
 
+from kvbench.capacity import Sizing
 from kvbench.clisettings import command_from
 from kvbench.commands.plan_settings import PlanSettings
 from kvbench.errors import UsageError
@@ -44,13 +45,7 @@ def command(ctx: typer.Context, s: PlanSettings) -> None:
         if s.gpu_memory_utilization is None
         else s.gpu_memory_utilization
     )
-    layout = Layout(
-        tensor_parallel_sizes=TP_SIZES if s.tensor_parallel_size is None else (s.tensor_parallel_size,),
-        pipeline_parallel_size=s.pipeline_parallel_size,
-        weights=s.weights,
-        vllm_version=s.vllm_version,
-        max_num_batched_tokens=s.max_num_batched_tokens,
-    )
+    layout = Layout(TP_SIZES if s.tensor_parallel_size is None else (s.tensor_parallel_size,), Sizing.of(s))
     spec = load_model(s.model)
     cards = parse_gpu_list(s.gpus)
     formats = parse_format_list(s.kv_dtype)
