@@ -62,7 +62,7 @@ async def score(
     at least `least` tokens, default k)."""
     body = {"model": model, "prompt": ids, "max_tokens": 1, "temperature": 0.0, "prompt_logprobs": k}
     least = k if least is None else least
-    limit = logprobs.answer_limit(len(ids), k + 1 if k >= 0 else least)
+    limit = logprobs.answer_limit(len(ids), k + 1 if k >= 0 else logprobs.FULL_VOCAB_ENTRIES)
     rows = (await _post(session, base_url, body, limit)).get("prompt_logprobs")
     return logprobs.positions(rows, ids, first, k, least)
 
@@ -171,8 +171,9 @@ class Fidelity:
         self.stop = sorted(evaltasks.stop_token_ids(tokenizer))
         self.k = k
         vocab = len(tokenizer) if hasattr(tokenizer, "__len__") else None
-        # the fewest tokens an honest top-k position lists: k, or the whole vocabulary where it is smaller
-        self.least = (vocab or 1) if k < 0 else min(k, vocab or k)
+        # the fewest tokens an honest top-k position lists: k, or the whole vocabulary where it is smaller; with the
+        # full vocabulary (k < 0) the model's count, which its tokenizer's length need not equal: not counted
+        self.least = 1 if k < 0 else min(k, vocab or k)
         self.problems: dict[str, list[str]] = {}  # dtype -> a condition that could not be measured, and why
         self.reference_error: str | None = None  # why auto's reference is missing, where it failed
         # k = -1: the full vocabulary (the server's --max-logprobs must allow it): the exact KL

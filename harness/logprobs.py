@@ -19,6 +19,7 @@ LOGPROB_SLACK = 1e-4  # a logprob above 0 by float32 rounding (log_softmax of a 
 MASS_SLACK = 1e-3  # summed probabilities above 1 by the same rounding over k + 1 entries
 BASE_BYTES = 1 << 20  # an answer's envelope; positions add ENTRY_BYTES per token listed
 ENTRY_BYTES = 512  # one {"id": {"logprob", "rank", "decoded_token"}} entry, with a long decoded token
+FULL_VOCAB_ENTRIES = 1 << 20  # entries per position a full-vocabulary answer may list (Gemma-3 has 262,144)
 
 
 class BadAnswer(ValueError):
