@@ -142,4 +142,3 @@ def versus_floor(candidate: dict, floor: dict) -> str:
     if not candidate or not candidate.get("items") or candidate.get("mean_kld") is None:
         return "not measured (0 items)"
     return "no measurable change" if no_measurable_change(candidate, floor) else "above the floor"
-
