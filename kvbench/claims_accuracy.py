@@ -15,10 +15,6 @@ TINY_PREFIX = "kvbench-tiny"  # kvbench.tinymodel's models: kvbench-tiny-llama, 
 NOT_DECIDED, NOT_HERE = "not decided", "not checkable here"
 
 
-def is_tiny(model) -> bool:
-    return isinstance(model, str) and model.startswith(TINY_PREFIX)
-
-
 def judge(runs, claim: dict, models: dict) -> dict | None:
     """The newest run (of a model the claim speaks of) that evaluated the claim's dtype and auto, as
     {state, drop, items_needed, budget, where, context_only}; else the tiny model's, marked context_only."""

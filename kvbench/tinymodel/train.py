@@ -33,6 +33,7 @@ from pathlib import Path
 
 from kvbench import evaltasks
 from kvbench.datafiles import load_toml
+from kvbench.tinyconfig import CONFIG, NAME
 from kvbench.tinymodel import build as tinymodel
 
 # Everything that shapes the trained weights; part of the fingerprint.
@@ -209,7 +210,7 @@ def previous_token_prior(model, recipe: dict = RECIPE) -> None:
     lags = recipe["prior_lags"]
     if len(lags) > group:
         raise ValueError(f"{len(lags)} prior lags, but a KV head has {group} query heads")
-    theta = tinymodel.CONFIG["rope_theta"] ** (-torch.arange(d // 2, dtype=torch.float64) * 2 / d)
+    theta = CONFIG["rope_theta"] ** (-torch.arange(d // 2, dtype=torch.float64) * 2 / d)
     amp = recipe["prior_amplitude"] ** 0.5
     emb = model.model.embed_tokens.weight
     attn = model.model.layers[0].self_attn
@@ -334,9 +335,9 @@ def build(path: Path, log=None, recipe: dict = RECIPE, report_items: int = REPOR
     finally:
         torch.set_num_threads(threads)
     report = {
-        "model": tinymodel.NAME,
+        "model": NAME,
         "fingerprint": fingerprint(recipe),
-        "config": tinymodel.CONFIG,
+        "config": CONFIG,
         "recipe": recipe,
         "steps": recipe["steps"],
         "loss_curve": curve,
