@@ -308,4 +308,5 @@ def test_committed_v2_records_are_summaries_small_enough_for_git():
 
     v2 = [p for p in records.find_records(committed_results()) if read_json(p).get("schema") == records.SCHEMA]
     assert len(v2) >= 6
-    assert max(p.stat().st_size for p in v2) <= 200_000
+    # 200 kB for the three tracked dtypes, and as much per three more (the atlas measures 24 in one record)
+    assert all(p.stat().st_size <= 200_000 * max(1, len(read_json(p)["dtypes"]) / 3) for p in v2)
