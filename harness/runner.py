@@ -19,7 +19,6 @@ from __future__ import annotations
 import asyncio
 import signal
 import threading
-from collections.abc import Callable
 from pathlib import Path
 
 from kvbench import kvscales, records
@@ -32,7 +31,7 @@ from kvbench.harness.metrics import DEFINITIONS
 from kvbench.harness.notices import notices
 from kvbench.harness.runcontext import DtypeRun, RunState
 from kvbench.harness.runfindings import findings
-from kvbench.harness.runplan import Decide, Reporter, RunPlan
+from kvbench.harness.runplan import Decide, Reporter, RunOptions, RunPlan
 from kvbench.harness.server import ServerConfig, VllmServer, stop_all
 from kvbench.machine import environment
 from kvbench.models import spec_for
@@ -202,32 +201,23 @@ def _sigterm(*_):  # SIGTERM takes the same clean path as Ctrl-C
 
 
 def execute(
-    plan: RunPlan,
-    reporter: Reporter | None = None,
-    *,
-    decide: Decide | None = None,
-    extra: dict | None = None,
-    deadline_s: float | None = None,
-    deadline_note: str | None = None,
-    on_finish: Callable[[RunRecord], None] | None = None,
+    plan: RunPlan, reporter: Reporter | None = None, options: RunOptions = RunOptions(), *, decide: Decide | None = None
 ) -> tuple[RunRecord, Path]:
     """Run a plan to its record: (record, path). Every server is stopped however it ends.
 
     decide(record): the recommendation the record carries (kvbench.verdict.decide; kvbench.measure.execute
-    hands it in); without it the record has no verdict. extra: top-level record fields the caller adds (asv
-    link, nightly entry). deadline_s: stop after this many seconds (the record is kept, status interrupted,
-    reason deadline). on_finish(record): called before the final write (e.g. to note the host load after the
-    run). Raises RunInterrupted after writing the
-    partial record when a signal or the deadline stopped the run."""
+    hands it in); without it the record has no verdict. options: what the caller adds (RunOptions: record
+    fields, a deadline, a finishing hook). Raises RunInterrupted after writing the partial record when a signal
+    or the deadline stopped the run."""
     records.check_writable(plan.results_dir, plan.machine)
     spill.check_space(plan.results_dir)
-    runner = Runner(plan, reporter, extra, decide)
+    runner = Runner(plan, reporter, options.extra, decide)
     main = threading.current_thread() is threading.main_thread()
     # SIGTERM and SIGHUP (a closed terminal or ssh session) take Ctrl-C's path: the partial record is kept
     previous = {s: signal.signal(s, _sigterm) for s in (signal.SIGTERM, signal.SIGHUP)} if main else {}
     try:
         try:
-            asyncio.run(runner.run(deadline_s, deadline_note))
+            asyncio.run(runner.run(options.deadline_s, options.deadline_note))
         except KeyboardInterrupt:
             if runner.record.stopped is None:  # before the runner could mark it (e.g. while the loop started)
                 runner._finish(Stop(reason=StopReason.SIGNAL, detail="interrupted (Ctrl-C, SIGTERM or SIGHUP)"))
@@ -235,8 +225,8 @@ def execute(
         for sig, handler in previous.items():
             signal.signal(sig, handler)
         stop_all()
-    if on_finish is not None:
-        on_finish(runner.record)
+    if options.on_finish is not None:
+        options.on_finish(runner.record)
         runner.flush()
     if runner.record.stopped is not None:
         raise RunInterrupted(runner.record, runner.path)

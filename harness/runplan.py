@@ -1,7 +1,7 @@
-"""What one run is asked to do (`RunPlan`, built from checked settings by harness/defaults.py build_plan), whom
-it tells how it goes (`Reporter`, drawn by kvbench/progress.py) and the shape of the verdict it is handed
-(`Decide`): the runner's inputs, in a module of their own so that the runner's parts (runcontext, phases,
-loadphase) can name them without importing the runner.
+"""What one run is asked to do (`RunPlan`, built from checked settings by harness/defaults.py build_plan), what
+its caller adds (`RunOptions`), whom it tells how it goes (`Reporter`, drawn by kvbench/progress.py) and the
+shape of the verdict it is handed (`Decide`): the runner's inputs, in a module of their own so that the
+runner's parts (runcontext, phases, loadphase) can name them without importing the runner.
 """
 
 from __future__ import annotations
@@ -137,6 +137,20 @@ class RunPlan:
             "text_fidelity": self.text_fidelity,
             "notes": self.notes,
         }
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """What a caller adds to a run besides its plan, the same for the harness's execute and kvbench.measure's.
+
+    extra: top-level record fields (the asv link, the nightly entry). deadline_s: stop after this many seconds
+    (the record is kept, status interrupted, reason deadline, with deadline_note). on_finish(record): called
+    before the final write (e.g. to note the host load after the run)."""
+
+    extra: dict | None = None
+    deadline_s: float | None = None
+    deadline_note: str | None = None
+    on_finish: Callable[[RunRecord], None] | None = None
 
 
 class Reporter:

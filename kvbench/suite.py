@@ -96,6 +96,7 @@ def serving_numbers(root: Path, model: str | None = None) -> dict:
 
     root: the asv project folder (above benchmarks/). The record goes to <results>/<machine>/runs/ like any
     `kvbench run`, with an "asv" block linking it to the history point."""
+    from kvbench.harness.runplan import RunOptions
     from kvbench.harness.vllm_info import accepted_kv_dtypes
     from kvbench.measure import execute
 
@@ -112,7 +113,7 @@ def serving_numbers(root: Path, model: str | None = None) -> dict:
         record.host_load["after"] = list(os.getloadavg())
 
     # asv's timeout terminates us: execute() turns SIGTERM into a clean stop and keeps the partial record
-    record, path = execute(plan, extra=extra, on_finish=after)
+    record, path = execute(plan, options=RunOptions(extra=extra, on_finish=after))
     doc = record.as_doc()
     return {"run_id": doc["run_id"], "record": str(path), "status": doc["status"], "dtypes": _tracked(doc)}
 
@@ -157,12 +158,13 @@ def _tracked(doc: dict) -> dict:
 def prefix_numbers(root: Path, model: str | None = None) -> dict:
     """Run the prefix-cache scenario once (kvbench/data/workloads.toml "prefix-cache", its fixed load only) and
     return {"dtypes": {dtype: {"status", **headline}}}: hit rate and TTFT per dtype."""
+    from kvbench.harness.runplan import RunOptions
     from kvbench.measure import execute
 
     plan = _suite_plan(
         root, model, no_search=True, workload="prefix-cache", concurrency=[8], sweep=False, eval_tasks=[]
     )
-    record, path = execute(plan, extra={"asv": asv_link(root)})
+    record, path = execute(plan, options=RunOptions(extra={"asv": asv_link(root)}))
     return {"record": str(path), "dtypes": _tracked(record.as_doc())}
 
 

@@ -238,6 +238,7 @@ class Nightly:
 
     def matrix(self, progress_factory) -> None:
         from kvbench.harness.runner import RunInterrupted
+        from kvbench.harness.runplan import RunOptions
         from kvbench.measure import execute
         from kvbench.nightly.matrix import run_plan
         from kvbench.progress import ProgressReporter
@@ -283,9 +284,7 @@ class Nightly:
                     record, path = execute(
                         rp,
                         ProgressReporter(progress),
-                        extra=extra,
-                        deadline_s=max(0.0, self.remaining_s()),
-                        deadline_note=budget,
+                        RunOptions(extra=extra, deadline_s=max(0.0, self.remaining_s()), deadline_note=budget),
                     )
                 result.record = str(path)
             except RunInterrupted as exc:
