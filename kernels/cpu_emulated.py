@@ -158,6 +158,18 @@ def _log_stock_layer(kv_cache_dtype: str) -> None:
     )
 
 
+# Decoded copies by (pages pointer, shape, dtype, heads, head size): [copy, number of layers bound to it]
+_DECODED: dict[tuple, list] = {}
+
+
+def _release(key: tuple | None) -> None:
+    """A layer stops using a copy (vLLM bound it new pages); the last one out frees it."""
+    if key is not None and key in _DECODED:
+        _DECODED[key][1] -= 1
+        if _DECODED[key][1] <= 0:
+            del _DECODED[key]
+
+
 class EmulatedCpuAttentionImpl(CPUAttentionBackendImpl):
     def __new__(cls, *args, **kwargs):
         bound = _IMPL_SIGNATURE.bind(None, *args, **kwargs)
@@ -196,11 +208,20 @@ class EmulatedCpuAttentionImpl(CPUAttentionBackendImpl):
     # -- the decoded copy -------------------------------------------------------------------------
 
     def _decoded(self, pages: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-        """The layer's decoded copy, [B, H, N, 2D] in the stock CPU layout; made when vLLM binds the pages."""
-        key = (pages.data_ptr(), tuple(pages.shape), dtype)
+        """The decoded copy of these pages, [B, H, N, 2D] in the stock CPU layout; made when vLLM binds them.
+
+        One copy per pages tensor, shared by every layer bound to it: a hybrid model's groups (Gemma 3's sliding
+        and full layers) share each KV tensor between one layer per group, on disjoint block ids, so one copy
+        holds all of them. A copy per layer held the pool's decoded size once per layer and ran Gemma-3-270M's
+        nvfp4 worker out of memory (20 GiB for a 1 GiB pool) on its first request."""
+        key = (pages.data_ptr(), tuple(pages.shape), dtype, self.num_kv_heads, self.head_size)
         if self._pages_key != key:
-            b, _, n, _ = pages.shape
-            self._copy = torch.zeros((b, self.num_kv_heads, n, 2 * self.head_size), dtype=dtype)
+            _release(self._pages_key)
+            if key not in _DECODED:
+                b, _, n, _ = pages.shape
+                _DECODED[key] = [torch.zeros((b, self.num_kv_heads, n, 2 * self.head_size), dtype=dtype), 0]
+            _DECODED[key][1] += 1
+            self._copy = _DECODED[key][0]
             self._pages_key = key
         return self._copy
 

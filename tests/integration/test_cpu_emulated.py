@@ -329,3 +329,25 @@ def test_verify_mode_passes_a_true_write_and_stops_a_flipped_byte(dtype):
     pages[1, 0, 1, 0] ^= 0x10  # slot 17's first byte: a K data byte in every layout
     with pytest.raises(RuntimeError, match="verify"):
         impl._verify_write(layer, pages, key, value, slots)
+
+
+def test_layers_bound_to_one_pages_tensor_share_one_decoded_copy():
+    """A hybrid model's groups share each KV tensor between one layer per group (on disjoint blocks): one decoded
+    copy per tensor, freed when the last layer lets go. A copy per layer ran Gemma-3-270M's nvfp4 worker out of
+    memory (20 GiB for a 1 GiB pool)."""
+    cpu_emulated = pytest.importorskip("kvbench.kernels.cpu_emulated")
+    impls = []
+    for _ in range(3):
+        impl = object.__new__(cpu_emulated.EmulatedCpuAttentionImpl)
+        impl.num_kv_heads, impl.head_size, impl._copy, impl._pages_key = 1, 32, None, None
+        impls.append(impl)
+    shared, other = _pages(4, 1, 16, 32), _pages(4, 1, 16, 32)
+    a, b = (impl._decoded(shared, torch.bfloat16) for impl in impls[:2])
+    assert a is b and tuple(a.shape) == (4, 1, 16, 64)
+    c = impls[2]._decoded(other, torch.bfloat16)
+    assert c is not a
+    before = len(cpu_emulated._DECODED)
+    impls[0]._decoded(other, torch.bfloat16)  # rebound: the shared copy keeps its other user
+    assert len(cpu_emulated._DECODED) == before and impls[0]._copy is c
+    impls[1]._decoded(other, torch.bfloat16)  # its last user gone, the first copy is freed
+    assert len(cpu_emulated._DECODED) == before - 1
