@@ -23,16 +23,9 @@ import torch
 import triton
 import triton.language as tl
 
-from kvbench.kernels.paged_cache import (
-    _FMT_CODE,
-    PagedKVCache,
-    e2m1_decode_f16,
-    e2m1_decode_tl,
-    e4m3_decode,
-    e4m3_decode_f16,
-    e5m2_decode,
-    read_reference,
-)
+from kvbench.kernels.decode_tiles import load_nvfp4, load_rows, tile_mma
+from kvbench.kernels.paged_cache import _FMT_CODE, PagedKVCache, read_reference
+from kvbench.kernels.variants import isolate_partition
 
 LOG2E = 1.4426950408889634
 
@@ -79,116 +72,6 @@ def decode_attention_reference(
 # ---------------------------------------------------------------------------------------------
 # Triton
 # ---------------------------------------------------------------------------------------------
-
-
-@triton.jit
-def _load_rows(
-    cache_ptr,
-    page,
-    tok,
-    n_mask,
-    side,
-    cols,
-    FMT: tl.constexpr,
-    FP8_DECODE: tl.constexpr,
-    HKV: tl.constexpr,
-    h,
-    T: tl.constexpr,
-    D: tl.constexpr,
-):
-    """[TILE_N, len(cols)] float32 rows of side (0 = K, 1 = V) for kv head h (fp16/bf16/fp8 caches)."""
-    row = ((page * 2 + side) * HKV + h) * T + tok
-    x = tl.load(cache_ptr + row[:, None] * D + cols[None, :], mask=n_mask[:, None], other=0)
-    if FMT == 1:
-        return e4m3_decode(x, FP8_DECODE)
-    elif FMT == 2:
-        return e5m2_decode(x)
-    else:
-        return x.to(tl.float32)
-
-
-@triton.jit
-def _load_nvfp4(
-    cache_ptr,
-    page,
-    tok,
-    n_mask,
-    side,
-    FP8_DECODE: tl.constexpr,
-    HKV: tl.constexpr,
-    h,
-    T: tl.constexpr,
-    D: tl.constexpr,
-    DEQ: tl.constexpr = 0,
-):
-    """(even, odd) columns of NVFP4 rows [TILE_N, D/2], block scales applied (global not): float32 (DEQ 0),
-    or fp16 times 2^-14 (DEQ 1)."""
-    NB: tl.constexpr = D // 16
-    W: tl.constexpr = D // 2 + D // 16
-    side_base = (page * 2 + side) * (HKV * T * W)
-    row = h * T + tok
-    data = tl.load(
-        cache_ptr + (side_base + row * (D // 2))[:, None] + tl.arange(0, D // 2)[None, :], mask=n_mask[:, None], other=0
-    )
-    sf_bytes = tl.load(
-        cache_ptr + (side_base + HKV * T * (D // 2) + row * NB)[:, None] + tl.arange(0, NB)[None, :],
-        mask=n_mask[:, None],
-        other=0,
-    )
-    tile_n: tl.constexpr = data.shape[0]
-    if DEQ == 1:
-        sf = e4m3_decode_f16(sf_bytes, FP8_DECODE)  # [TILE_N, NB] fp16, exact
-        lo = tl.reshape(e2m1_decode_f16(data & 0xF), [tile_n, NB, 8]) * sf[:, :, None]
-        hi = tl.reshape(e2m1_decode_f16(data >> 4), [tile_n, NB, 8]) * sf[:, :, None]
-    else:
-        sf = e4m3_decode(sf_bytes, FP8_DECODE)  # [TILE_N, NB]
-        lo = tl.reshape(e2m1_decode_tl(data & 0xF), [tile_n, NB, 8]) * sf[:, :, None]
-        hi = tl.reshape(e2m1_decode_tl(data >> 4), [tile_n, NB, 8]) * sf[:, :, None]
-    return tl.reshape(lo, [tile_n, D // 2]), tl.reshape(hi, [tile_n, D // 2])
-
-
-@triton.jit
-def _load_raw(
-    cache_ptr, page, tok, n_mask, side, FMT: tl.constexpr, HKV: tl.constexpr, h, T: tl.constexpr, D: tl.constexpr
-):
-    """The load-only variant's tile: the stored bits of side's rows as int32, not decoded. fp16/bf16/fp8:
-    [TILE_N, D] element bits; nvfp4: ([TILE_N, D/2] data bytes, [TILE_N, D/16] scale bytes)."""
-    if FMT == 3:
-        NB: tl.constexpr = D // 16
-        W: tl.constexpr = D // 2 + D // 16
-        side_base = (page * 2 + side) * (HKV * T * W)
-        row = h * T + tok
-        data = tl.load(
-            cache_ptr + (side_base + row * (D // 2))[:, None] + tl.arange(0, D // 2)[None, :],
-            mask=n_mask[:, None],
-            other=0,
-        )
-        sf = tl.load(
-            cache_ptr + (side_base + HKV * T * (D // 2) + row * NB)[:, None] + tl.arange(0, NB)[None, :],
-            mask=n_mask[:, None],
-            other=0,
-        )
-        return data.to(tl.int32), sf.to(tl.int32)
-    else:
-        row = ((page * 2 + side) * HKV + h) * T + tok
-        x = tl.load(cache_ptr + row[:, None] * D + tl.arange(0, D)[None, :], mask=n_mask[:, None], other=0)
-        if FMT == 0:
-            return x.to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF, 0
-        else:
-            return x.to(tl.int32), 0
-
-
-@triton.jit
-def _mma(a, b, dt: tl.constexpr, UPCAST: tl.constexpr):
-    """a @ b with operands rounded to the model dtype dt, fp32 accumulation. UPCAST 1: multiply the
-    rounded operands in fp32 instead (Triton's interpreter cannot multiply bf16 matrices); 2: the "fma"
-    candidate, broadcast multiply and sum on the CUDA cores, so GROUP_PAD need not be 16."""
-    if UPCAST == 2:
-        return tl.sum(a.to(dt).to(tl.float32)[:, :, None] * b.to(dt).to(tl.float32)[None, :, :], axis=1)
-    elif UPCAST == 1:
-        return tl.dot(a.to(dt).to(tl.float32), b.to(dt).to(tl.float32), input_precision="ieee")
-    else:
-        return tl.dot(a.to(dt), b.to(dt))
 
 
 @triton.jit
@@ -260,7 +143,7 @@ def _decode_partition_kernel(
                 DEQ,
             )
         else:
-            _isolate(
+            isolate_partition(
                 q_ptr,
                 cache_ptr,
                 block_table_ptr,
@@ -338,23 +221,23 @@ def _attend(
         page = tl.load(block_table_ptr + b * stride_bt + offs // T, mask=n_mask, other=0).to(tl.int64)
         tok = offs % T
         if FMT == 3:
-            k_lo, k_hi = _load_nvfp4(cache_ptr, page, tok, n_mask, 0, FP8_DECODE, HKV, h, T, D, DEQ)
-            s = _mma(q_even, tl.trans(k_lo), dt, UPCAST) + _mma(q_odd, tl.trans(k_hi), dt, UPCAST)
+            k_lo, k_hi = load_nvfp4(cache_ptr, page, tok, n_mask, 0, FP8_DECODE, HKV, h, T, D, DEQ)
+            s = tile_mma(q_even, tl.trans(k_lo), dt, UPCAST) + tile_mma(q_odd, tl.trans(k_hi), dt, UPCAST)
         else:
-            k = _load_rows(cache_ptr, page, tok, n_mask, 0, cols, FMT, FP8_DECODE, HKV, h, T, D)
-            s = _mma(qv, tl.trans(k), dt, UPCAST)
+            k = load_rows(cache_ptr, page, tok, n_mask, 0, cols, FMT, FP8_DECODE, HKV, h, T, D)
+            s = tile_mma(qv, tl.trans(k), dt, UPCAST)
         s = tl.where(n_mask[None, :], s * qk_scale, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
         alpha = tl.exp2(m_i - m_new)
         pr = tl.exp2(s - m_new[:, None])
         l_i = l_i * alpha + tl.sum(pr, axis=1)
         if FMT == 3:
-            v_lo, v_hi = _load_nvfp4(cache_ptr, page, tok, n_mask, 1, FP8_DECODE, HKV, h, T, D, DEQ)
-            acc_e = acc_e * alpha[:, None] + _mma(pr, v_lo, dt, UPCAST)
-            acc_o = acc_o * alpha[:, None] + _mma(pr, v_hi, dt, UPCAST)
+            v_lo, v_hi = load_nvfp4(cache_ptr, page, tok, n_mask, 1, FP8_DECODE, HKV, h, T, D, DEQ)
+            acc_e = acc_e * alpha[:, None] + tile_mma(pr, v_lo, dt, UPCAST)
+            acc_o = acc_o * alpha[:, None] + tile_mma(pr, v_hi, dt, UPCAST)
         else:
-            v = _load_rows(cache_ptr, page, tok, n_mask, 1, cols, FMT, FP8_DECODE, HKV, h, T, D)
-            acc = acc * alpha[:, None] + _mma(pr, v, dt, UPCAST)
+            v = load_rows(cache_ptr, page, tok, n_mask, 1, cols, FMT, FP8_DECODE, HKV, h, T, D)
+            acc = acc * alpha[:, None] + tile_mma(pr, v, dt, UPCAST)
         m_i = m_new
     tl.store(m_ptr + stat, m_i, mask=row_mask)
     tl.store(l_ptr + stat, l_i, mask=row_mask)
@@ -363,106 +246,6 @@ def _attend(
         tl.store(acc_ptr + stat[:, None] * D + 2 * half[None, :] + 1, acc_o, mask=row_mask[:, None])
     else:
         tl.store(acc_ptr + stat[:, None] * D + cols[None, :], acc, mask=row_mask[:, None])
-
-
-@triton.jit
-def _isolate(
-    q_ptr,
-    cache_ptr,
-    block_table_ptr,
-    m_ptr,
-    l_ptr,
-    acc_ptr,
-    stride_bt,
-    b,
-    h,
-    p,
-    start,
-    end,
-    row_mask,
-    stat,
-    FMT: tl.constexpr,
-    FP8_DECODE: tl.constexpr,
-    HKV: tl.constexpr,
-    GROUP_PAD: tl.constexpr,
-    T: tl.constexpr,
-    D: tl.constexpr,
-    TILE_N: tl.constexpr,
-    VARIANT: tl.constexpr,
-    DEQ: tl.constexpr,
-):
-    """The cost-isolating variants over the same tiles, accumulated element-wise (the cheapest use that keeps
-    the work alive) and summed over tokens at the end. VARIANT 1 (load only): the stored bits as integers;
-    VARIANT 2 (dequantize, no dot): the K + V values as the attention loop would feed them to the MMA. Every
-    query row of the group gets the same column sums; m = 0 and l = 1 on partition 0 only, so the merge adds
-    the partitions up (times the V scale)."""
-    dt = q_ptr.dtype.element_ty
-    half = tl.arange(0, D // 2)
-    cols = tl.arange(0, D)
-    if VARIANT == 1:
-        if FMT == 3:
-            sum_e = tl.zeros([TILE_N, D // 2], tl.int32)
-            sum_s = tl.zeros([TILE_N, D // 16], tl.int32)
-        else:
-            sum_x = tl.zeros([TILE_N, D], tl.int32)
-    else:
-        if FMT == 3:
-            sum_e = tl.zeros([TILE_N, D // 2], tl.float32)
-            sum_o = tl.zeros([TILE_N, D // 2], tl.float32)
-        else:
-            sum_x = tl.zeros([TILE_N, D], tl.float32)
-    for n0 in range(start, end, TILE_N):
-        offs = n0 + tl.arange(0, TILE_N)
-        n_mask = offs < end
-        page = tl.load(block_table_ptr + b * stride_bt + offs // T, mask=n_mask, other=0).to(tl.int64)
-        tok = offs % T
-        if VARIANT == 1:
-            if FMT == 3:
-                kd, ks = _load_raw(cache_ptr, page, tok, n_mask, 0, FMT, HKV, h, T, D)
-                vd, vs = _load_raw(cache_ptr, page, tok, n_mask, 1, FMT, HKV, h, T, D)
-                sum_e += kd + vd
-                sum_s += ks + vs
-            else:
-                kx, _k = _load_raw(cache_ptr, page, tok, n_mask, 0, FMT, HKV, h, T, D)
-                vx, _v = _load_raw(cache_ptr, page, tok, n_mask, 1, FMT, HKV, h, T, D)
-                sum_x += kx + vx
-        else:
-            if FMT == 3:
-                k_lo, k_hi = _load_nvfp4(cache_ptr, page, tok, n_mask, 0, FP8_DECODE, HKV, h, T, D, DEQ)
-                v_lo, v_hi = _load_nvfp4(cache_ptr, page, tok, n_mask, 1, FP8_DECODE, HKV, h, T, D, DEQ)
-                sum_e += k_lo.to(dt).to(tl.float32) + v_lo.to(dt).to(tl.float32)
-                sum_o += k_hi.to(dt).to(tl.float32) + v_hi.to(dt).to(tl.float32)
-            else:
-                k = _load_rows(cache_ptr, page, tok, n_mask, 0, cols, FMT, FP8_DECODE, HKV, h, T, D)
-                v = _load_rows(cache_ptr, page, tok, n_mask, 1, cols, FMT, FP8_DECODE, HKV, h, T, D)
-                sum_x += k.to(dt).to(tl.float32) + v.to(dt).to(tl.float32)
-    rows = tl.arange(0, GROUP_PAD)
-    tl.store(m_ptr + stat, tl.zeros([GROUP_PAD], tl.float32), mask=row_mask)
-    tl.store(l_ptr + stat, tl.where(rows >= 0, (p == 0).to(tl.float32), 0.0), mask=row_mask)
-    if FMT == 3:
-        even = tl.sum(sum_e, axis=0).to(tl.float32)
-        if VARIANT == 1:  # odd columns: the scale bytes of the block each column pair is in
-            blocks = tl.sum(sum_s, axis=0).to(tl.float32)
-            odd = tl.reshape(tl.broadcast_to(blocks[:, None], [D // 16, 8]), [D // 2])
-        else:
-            odd = tl.sum(sum_o, axis=0)
-        tl.store(
-            acc_ptr + stat[:, None] * D + 2 * half[None, :],
-            tl.broadcast_to(even[None, :], [GROUP_PAD, D // 2]),
-            mask=row_mask[:, None],
-        )
-        tl.store(
-            acc_ptr + stat[:, None] * D + 2 * half[None, :] + 1,
-            tl.broadcast_to(odd[None, :], [GROUP_PAD, D // 2]),
-            mask=row_mask[:, None],
-        )
-    else:
-        total = tl.sum(sum_x, axis=0).to(tl.float32)
-        tl.store(
-            acc_ptr + stat[:, None] * D + cols[None, :],
-            tl.broadcast_to(total[None, :], [GROUP_PAD, D]),
-            mask=row_mask[:, None],
-        )
 
 
 @triton.jit
