@@ -24,8 +24,9 @@ from kvbench.dashboards.components import (
     table,
     text,
 )
-from kvbench.dashboards.data import SiteData, model_spec, newest_record_per_machine
+from kvbench.dashboards.data import SiteData, newest_record_per_machine
 from kvbench.dashboards.menu_view import menu_section
+from kvbench.dashboards.record_rows import model_spec
 from kvbench.dashboards.theme import color, dash, esc, log_ticks, ordered, style, symbol
 from kvbench.errors import KvbenchError
 from kvbench.formats import get_format
