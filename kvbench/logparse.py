@@ -212,7 +212,6 @@ _V0_LINE = re.compile(
     rf"the rest of the memory reserved for KV Cache is {_F}GiB"
 )
 _V0_BLOCKS = re.compile(r"# (?:CUDA|GPU) blocks: (\d+)")
-_V0_CONC = re.compile(r"Maximum concurrency for ([\d,]+) tokens per request: ([\d.]+)x")
 
 
 @dataclass
@@ -408,6 +407,6 @@ def _parse_v0(log: StartupLog, line: str) -> None:
         # V0 logs blocks of 16 tokens (the CUDA default); the token count is theirs times the block size
         log.kv_tokens = int(m[1]) * 16
         log.args.setdefault("_v0_blocks", int(m[1]))
-    if (m := _V0_CONC.search(line)) and "," not in m[1]:
-        log.tokens_per_request = int(m[1])
-        log.max_concurrency = float(m[2])
+    if (m := CONC_LINE.search(line)) and "," not in m["per_req"]:  # V0 prints the line V1 splits off
+        log.tokens_per_request = int(m["per_req"])
+        log.max_concurrency = float(m["conc"])
