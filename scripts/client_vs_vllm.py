@@ -40,19 +40,19 @@ import platform
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from datetime import UTC, datetime
 from importlib import metadata
 from pathlib import Path
 
-from peer_vllm_bench_serve import aiohttp_trust_env  # the same switch (scripts/ is on sys.path)
+from peer_vllm_clients import TRUST_ENV, aiohttp_trust_env  # the same switch (scripts/ is on sys.path)
+
+from kvbench.records.storage import replace_atomic
 
 REPO = Path(__file__).resolve().parents[1]
 CLIENTS = ("kvbench", "vllm", "vllm_as_shipped")
 LAGS = ("poisson", "constant", "poisson_realtime")
 QUIET_CPU_S = 0.1  # a round is quiet when every other process together used less CPU than this
-TRUST_ENV = {"vllm": False, "vllm_as_shipped": True}
 
 
 # --- vLLM's client -----------------------------------------------------------------------------------
@@ -189,24 +189,6 @@ def compact_json(record: dict) -> str:
         else:
             lines.append(f"{json.dumps(k)}: {dense(v)}")
     return "{\n " + ",\n ".join(lines) + "\n}\n"
-
-
-def write_atomic(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        umask = os.umask(0)
-        os.umask(umask)
-        os.fchmod(fd, 0o666 & ~umask)  # mkstemp makes it 0600; a record is for everyone to read
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
 
 
 def summary(rounds: list[dict]) -> dict:
@@ -371,7 +353,8 @@ def main(argv: list[str] | None = None) -> int:
         "steal_s: CPU time the hypervisor gave to other guests during the round",
         "elapsed_s": time.monotonic() - started,
     }
-    write_atomic(out, compact_json(rounded(record)))
+    text = compact_json(rounded(record))
+    replace_atomic(out, lambda fh: fh.write(text.encode()))  # kvbench's one atomic writer
     if not a.quiet:
         print(
             f"\n{a.rounds} paired rounds, {a.requests} requests per client per round; load before "

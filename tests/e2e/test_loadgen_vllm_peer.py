@@ -15,11 +15,12 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "scripts" / "peer_vllm_bench_serve.py"
+CLIENTS = REPO / "scripts" / "peer_vllm_clients.py"  # the script's two clients, vLLM's session switch among them
 needs_vllm = pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vLLM is not installed")
 
 
 def _peer():
-    spec = importlib.util.spec_from_file_location("peer_vllm_bench_serve", SCRIPT)
+    spec = importlib.util.spec_from_file_location("peer_vllm_clients", CLIENTS)
     peer = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(peer)
     return peer
