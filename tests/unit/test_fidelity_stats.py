@@ -144,7 +144,7 @@ def test_quality_page_section_plots_each_dtype_against_the_floor(tmp_path):
     html = fidelity_section(page, SiteData(results_dir=tmp_path, records=[doc]))
     assert 'id="fidelity"' in html and "above the floor" in html and "4.00e-04 [2.0e-04, 8.0e-04]" in html
     (div, fig), *_ = page.figures
-    assert div == "fidelity-box" and [t.name for t in fig.data] == ["auto", "nvfp4"]
+    assert div == "fidelity-box-0" and [t.name for t in fig.data] == ["auto", "nvfp4"]
 
 
 def test_regress_treats_fidelity_like_the_other_tracked_metrics():
