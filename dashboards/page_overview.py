@@ -287,6 +287,19 @@ def regressions_html(data: SiteData) -> str:
     ) + regressions_table(flagged, link="history.html")
 
 
+def real_first(latest: pd.DataFrame, records: list[dict]) -> list[tuple[str, str, str]]:
+    """The newest-run groups with real pretrained models first: their verdict and fidelity are what a reader
+    choosing a KV dtype needs; the synthetic tiny model (make test's fast model) and unlabelled ones follow, each
+    kind in setups()' order."""
+
+    def is_real(group: tuple[str, str, str]) -> bool:
+        machine, setup, _ = group
+        rows = latest[(latest["machine"] == machine) & (latest["setup"] == setup)]
+        return label_of_run(rows.iloc[0].get("run_id"), records).startswith("real")
+
+    return sorted(setups(latest), key=lambda group: not is_real(group))  # stable: setups' order within each kind
+
+
 def build(data: SiteData) -> Page:
     page = Page(SLUG, TITLE)
     parts = page.heading(
@@ -300,7 +313,7 @@ def build(data: SiteData) -> Page:
         parts.append(empty(NO_RUNS.format(dir=esc(data.results_dir))))
     else:
         latest = latest_runs(data.runs)
-        for machine, setup, title in setups(latest):
+        for machine, setup, title in real_first(latest, data.records):
             rows = latest[(latest["machine"] == machine) & (latest["setup"] == setup)]
             rows = rows.set_index("kv_cache_dtype").loc[ordered(rows["kv_cache_dtype"])].reset_index()
             first = rows.iloc[0]

@@ -86,6 +86,17 @@ def test_builds_from_committed_results(tmp_path, committed):
             assert pages[slug].figures, slug
 
 
+def test_the_overview_leads_with_a_real_model(committed):
+    # issue 46: a reader choosing a KV dtype sees a real pretrained model's verdict first, the tiny model after it
+    # labelled synthetic; the committed results hold both (SmolLM2-135M and Gemma-3-270M beside the tiny model)
+    loaded, pages = committed
+    labels = re.findall(r"; model <code>[^<]*</code> \(<b>([^<]*)</b>\)", pages["index"].body)
+    assert labels and labels[0].startswith("real: "), labels[:3]
+    assert "synthetic" in labels and labels.index("synthetic") > max(
+        i for i, label in enumerate(labels) if label.startswith("real: ")
+    )
+
+
 def test_workload_runs_are_named_by_their_workload_not_placeholder_lengths(committed):
     # The committed Intel records hold one run of each workload kind; a spec's lengths vary per request, so
     # the overview names the workload where a fixed run gives its lengths, and the capacity page titles say it.
