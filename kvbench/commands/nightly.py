@@ -41,6 +41,7 @@ def command(ctx: typer.Context, s: NightlySettings) -> int:
     from kvbench.nightly import config as nconfig
     from kvbench.nightly.estimate import estimate_machine, fits, model_spec
     from kvbench.nightly.matrix import expand
+    from kvbench.nightly.shards import shard_plans
 
     if s.merge:
         return fleet.merge(s.merge, s.asv_config, s.out)
@@ -66,7 +67,7 @@ def command(ctx: typer.Context, s: NightlySettings) -> int:
         return fleet.launch(ctx, keys, s.shards, s.yes, s.wait, s.fleet_dir, s.dry_run)
     if s.dry_run:
         n_shards = s.shards or (cfg.fleet.shards if cfg.fleet.shards > 1 else None)
-        sharded = fleet.shard_plans(plans, estimates, n_shards) if n_shards else {}
+        sharded = shard_plans(plans, estimates, n_shards) if n_shards else {}
         return _dry_run(cfg, cfg_path, keys, plans, estimates, sharded, s.as_json)
     if s.as_json:
         raise UsageError("--json goes with --dry-run (a run writes its summary to results/<machine>/nightly/)")
