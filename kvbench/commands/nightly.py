@@ -14,7 +14,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from kvbench.clisettings import command_from
-from kvbench.commands.nightly_plan import _plan_json, assumptions, render_plan
+from kvbench.commands.nightly_plan import _plan_json, render_plan
 from kvbench.commands.nightly_settings import NightlySettings
 from kvbench.commands.nightly_summary import render_summary
 from kvbench.errors import UsageError
@@ -77,6 +77,7 @@ def command(ctx: typer.Context, s: NightlySettings) -> int:
 def _dry_run(cfg, cfg_path: Path, keys: list, plans: dict, estimates: dict, sharded: dict, as_json: bool) -> int:
     """Every machine's plan, estimate and shards, printed or as JSON; refused (exit 2) over a section's budget."""
     from kvbench.commands import nightly_fleet as fleet
+    from kvbench.nightly.estimate import assumptions
 
     detected = _detected_key(cfg)
     if as_json:
