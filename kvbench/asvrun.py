@@ -59,7 +59,7 @@ class AsvProject:
 
     @classmethod
     def load(cls, path: str | Path = "asv.conf.json") -> AsvProject:
-        return cls.load_as(path, "--config")
+        return cls.load_as(path, "--asv-config")
 
     @classmethod
     def load_as(cls, path: str | Path, flag: str) -> AsvProject:
