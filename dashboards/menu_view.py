@@ -68,7 +68,7 @@ def menu_section() -> str:
         "that kind of model. "
         "CUDA SMs: compute capabilities on which a backend CUDA's selector tries accepts it (read from vLLM's "
         "backends: supported_kv_cache_dtypes and their capability checks). A dtype no CUDA backend takes is served "
-        "on the platform named, or nowhere in vLLM itself. <code>kvbench capacity --kv-dtype all</code> sizes each "
+        "on the platform named, or nowhere in vLLM itself. <code>kvbench capacity --kv-dtypes all</code> sizes each "
         "for a model and GPU."
     )
     body = table(frame, columns, raw={"dtype_html"}, numeric=numeric)

@@ -59,7 +59,7 @@ class AsvProject:
 
     @classmethod
     def load(cls, path: str | Path = "asv.conf.json") -> AsvProject:
-        return cls.load_as(path, "--config")
+        return cls.load_as(path, "--asv-config")
 
     @classmethod
     def load_as(cls, path: str | Path, flag: str) -> AsvProject:
@@ -330,3 +330,50 @@ def find_record(results_dir: Path, machine: str, commit: str, env: str) -> Path 
         if doc["asv"]["commit"] == commit and doc["asv"].get("env_name") in (env, None)
     ]
     return found[-1] if found else None
+
+
+def run_point(project: AsvProject, venv: Path, machine: str, vllm: str, bench: list[str] | None, model, out) -> tuple:
+    """One history point (`kvbench history run`, after its checks): the venv linked as the asv environment, the
+    commit keyed (an empty one when HEAD already has a point here), the machine file, then `asv run`; `out`
+    (a rich console) says what is done. (commit, asv's exit code, the point's file, the run record or None);
+    a run that wrote no point is an error."""
+    env = STABLE_ENV
+    link_venv(project, venv)
+    sha, made = point_commit(project, machine, env, f"history point: {machine}, {vllm}")
+    if made:
+        out.print(f"HEAD already had a point for {machine}; made empty history-point commit {sha[:8]}")
+    write_machine_file(machine_info(machine))
+    cmd = asv_command(project, sha, machine, bench)
+    out.print(
+        f"keyed to commit {sha[:8]}; running asv (~5 min on the CPU default: "
+        "one kvbench run, then every benchmark in its own process)"
+    )
+    out.print(" ".join(cmd), style="dim")
+    rc = subprocess.run(cmd, cwd=project.root, env=asv_env(project, sha, machine, model)).returncode
+    written = result_file(project.results_dir, machine, sha, env_name(project.env_python))
+    point = stabilize(written) if written.exists() else written
+    if not point.exists():
+        raise KvbenchError(f"asv wrote no result for {sha[:8]} (exit {rc}); see its output above")
+    return sha, rc, point, find_record(project.results_dir, machine, sha, env)
+
+
+def commit_point(project: AsvProject, machine: str, vllm: str, point: Path, record: Path | None) -> str:
+    """The new point's files (asv result, machine.json, benchmarks.json, the run record) committed; the commit."""
+    files = [point, layout.asv_machine_file(project.results_dir, machine), project.results_dir / "benchmarks.json"]
+    run_id = "no run record"
+    if record is not None:
+        files.append(record)
+        run_id = f"run {record.stem}"
+    return commit_results(project.repo, files, f"history: {machine}, {vllm} ({run_id})")
+
+
+def upgrade_history(project: AsvProject, dry_run: bool) -> list[tuple[str, str]]:
+    """`kvbench history upgrade`: kvbench.run/1 records rewritten as v2 and asv results named after a checkout's
+    path renamed to the one environment; (path, outcome) each, an outcome starting "left" where it failed."""
+    from kvbench.records.upgrade import upgrade_records
+
+    outcomes = upgrade_records(project.results_dir, dry_run)
+    if project.results_dir.is_dir() and not dry_run:
+        renamed = stabilize_all(project.results_dir)
+        outcomes += [(str(old), f"asv environment: renamed to {new.name}") for old, new in renamed]
+    return outcomes

@@ -45,7 +45,35 @@ def options(model: type[BaseModel]) -> list[inspect.Parameter]:
         params.append(
             inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=Annotated[kind, option])
         )
+        for old in getattr(flag, "hidden", ()):  # a renamed flag's old name: its own hidden option, same field
+            hidden = Annotated[kind | None, typer.Option(old, hidden=True)]
+            params.append(
+                inspect.Parameter(_alias(name, old), inspect.Parameter.KEYWORD_ONLY, default=None, annotation=hidden)
+            )
     return params
+
+
+def _alias(field: str, old: str) -> str:
+    """The parameter name of a field's hidden old flag (`kv_dtype` + `--formats` -> `kv_dtype__formats`)."""
+    return f"{field}__{old.lstrip('-').replace('-', '_')}"
+
+
+def merge_aliases(model: type[BaseModel], ctx: typer.Context, values: dict[str, Any]) -> dict[str, Any]:
+    """`values` with each hidden old flag's value moved onto its field; the old and the new name both given is
+    one-line usage error."""
+    from kvbench.errors import UsageError
+    from kvbench.flags import flag_of
+
+    for name in model.model_fields:
+        flag = flag_of(model, name)
+        for old in getattr(flag, "hidden", ()):
+            value = values.pop(_alias(name, old), None)
+            if value is None:
+                continue
+            if getattr(ctx.get_parameter_source(name), "name", None) == "COMMANDLINE":
+                raise UsageError(f"{old} is the old name of {flag.names[0]}: give one of them")
+            values[name] = value
+    return values
 
 
 def command_from(
@@ -56,7 +84,7 @@ def command_from(
     def decorate(body: Callable[[typer.Context, Any], Any]) -> Callable[..., Any]:
         @functools.wraps(body)
         def command(ctx: typer.Context, **values: Any) -> Any:
-            return body(ctx, make(ctx, values))
+            return body(ctx, make(ctx, merge_aliases(model, ctx, values)))
 
         params = options(model)
         ctx_param = inspect.Parameter("ctx", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=typer.Context)

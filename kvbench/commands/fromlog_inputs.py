@@ -22,7 +22,7 @@ ENGINE_NAMES = {"max_model_len": "max_seq_len"}
 FLAGS = {
     "model": "--model",
     "max_model_len": "--context",
-    "kv_cache_dtype": "--kv-dtype",
+    "kv_cache_dtype": "--kv-dtypes",
     "tensor_parallel_size": "--tensor-parallel-size",
     "pipeline_parallel_size": "--pipeline-parallel-size",
     "dtype": "--weights",

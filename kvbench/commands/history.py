@@ -1,11 +1,11 @@
 """`kvbench history run`: add one asv history point (one `kvbench run` + the asv suite) for this machine
 and the vLLM in a venv. `kvbench history show`: the history table. `kvbench history upgrade`: the history's
-kvbench.run/1 records rewritten as kvbench.run/2. The keying scheme is in kvbench.asvrun."""
+kvbench.run/1 records rewritten as kvbench.run/2. The keying scheme, the point's steps (run_point,
+commit_point) and the upgrade are kvbench.asvrun's; this module checks, waits and prints."""
 
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -18,11 +18,10 @@ from rich.table import Table
 
 from kvbench import cliargs
 from kvbench.clisettings import command_from
-from kvbench.errors import KvbenchError, UsageError
+from kvbench.errors import UsageError
 from kvbench.flags import Arg, Flag
 from kvbench.options import AsJson, AsvConfig, Machine, Model
 from kvbench.output import console, err_console, fmt_value, print_json, vllm_label
-from kvbench.records import layout
 
 NAME = "history"
 HELP = (
@@ -143,33 +142,12 @@ def run(
         if load > wait_load:
             console.print(f"[yellow]warning[/]: host load still {load:.1f} after 30 min; running anyway")
     console.print(f"host load {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs (recorded in the run record)")
-    asvrun.link_venv(project, venv)
-    sha, made = asvrun.point_commit(project, machine, env, f"history point: {machine}, {vllm}")
-    if made:
-        console.print(f"HEAD already had a point for {machine}; made empty history-point commit {sha[:8]}")
-    asvrun.write_machine_file(asvrun.machine_info(machine))
-    cmd = asvrun.asv_command(project, sha, machine, bench)
-    console.print(
-        f"keyed to commit {sha[:8]}; running asv (~5 min on the CPU default: "
-        "one kvbench run, then every benchmark in its own process)"
-    )
-    console.print(" ".join(cmd), style="dim")
-    rc = subprocess.run(cmd, cwd=project.root, env=asvrun.asv_env(project, sha, machine, model)).returncode
-    written = asvrun.result_file(project.results_dir, machine, sha, asvrun.env_name(project.env_python))
-    point = asvrun.stabilize(written) if written.exists() else written
-    if not point.exists():
-        raise KvbenchError(f"asv wrote no result for {sha[:8]} (exit {rc}); see its output above")
-    record = asvrun.find_record(project.results_dir, machine, sha, env)
+    sha, rc, point, record = asvrun.run_point(project, venv, machine, vllm, bench, model, console)
     _print_point(project, machine, sha, env)
     if rc != 0:
         console.print(f"[red]asv exited {rc}[/]: some benchmark failed (shown as failed in the point)")
     if commit:
-        files = [point, layout.asv_machine_file(project.results_dir, machine), project.results_dir / "benchmarks.json"]
-        run_id = "no run record"
-        if record is not None:
-            files.append(record)
-            run_id = f"run {record.stem}"
-        new = asvrun.commit_results(project.repo, files, f"history: {machine}, {vllm} ({run_id})")
+        new = asvrun.commit_point(project, machine, vllm, point, record)
         console.print(f"committed the point as {new[:8]}")
     return rc
 
@@ -209,14 +187,9 @@ def upgrade(project, as_json: bool, dry_run: bool = False) -> int:
     """Exit 1 when a record could not be rewritten faithfully (it is left as it was, and named); --dry-run
     checks each and writes nothing."""
     from kvbench import asvrun
-    from kvbench.records.upgrade import upgrade_records
 
     with console.status(f"rewriting kvbench.run/1 records under {project.results_dir}"):
-        outcomes = upgrade_records(project.results_dir, dry_run)
-        # asv results named after a checkout's path: one environment
-        if project.results_dir.is_dir() and not dry_run:
-            renamed = asvrun.stabilize_all(project.results_dir)
-            outcomes += [(str(old), f"asv environment: renamed to {new.name}") for old, new in renamed]
+        outcomes = asvrun.upgrade_history(project, dry_run)
     failed = [p for p, outcome in outcomes if outcome.startswith("left")]
     if as_json:
         print_json([{"record": p, "outcome": o} for p, o in outcomes])

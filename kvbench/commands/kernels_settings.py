@@ -14,7 +14,7 @@ from kvbench.errors import UsageError
 from kvbench.flags import Flag
 from kvbench.formats import kernel_formats, speed_kernels
 from kvbench.kernels.names import KERNEL_FORMATS
-from kvbench.options import AsJson, Model, Results
+from kvbench.options import AsJson, KvDtypes, Model, Results
 
 GPU_GRID = {"contexts": "1024,4096,16384,32768,131072", "batches": "1,8,32"}
 INTERPRET_GRID = {"contexts": "32,64", "batches": "1,2"}
@@ -26,7 +26,7 @@ class KernelsSettings(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     model: Model = Field("llama-3.1-8b", description="Attention shape from this model (heads, KV heads, head_dim).")
-    formats: Annotated[str, Flag("--formats")] = Field(
+    formats: Annotated[KvDtypes, Flag("--kv-dtypes", cli=str, hidden=("--formats",))] = Field(
         ",".join(speed_kernels()), description=f"Comma-separated: {', '.join(KERNEL_FORMATS)}."
     )
     contexts: Annotated[str | None, Flag("--contexts")] = Field(
@@ -63,7 +63,7 @@ class KernelsSettings(BaseModel):
 
     def grid(self) -> tuple[list[str], list[int], list[int], list[int]]:
         """(formats, contexts, batches, write sizes): the flags, or the grid for the GPU or the interpreter."""
-        fmts = cliargs.choices(self.formats, "--formats", kernel_formats("cache_kernel"), "KV format")
+        fmts = cliargs.choices(self.formats, "--kv-dtypes", kernel_formats("cache_kernel"), "KV format")
         grid = INTERPRET_GRID if self.interpret else GPU_GRID
         ctxs = cliargs.int_list(self.contexts or grid["contexts"], "--contexts", GPU_GRID["contexts"])
         bats = cliargs.int_list(self.batches or grid["batches"], "--batches", GPU_GRID["batches"])

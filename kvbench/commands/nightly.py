@@ -14,7 +14,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from kvbench.clisettings import command_from
-from kvbench.commands.nightly_plan import _plan_json, assumptions, render_plan
+from kvbench.commands.nightly_plan import _plan_json, render_plan
 from kvbench.commands.nightly_settings import NightlySettings
 from kvbench.commands.nightly_summary import render_summary
 from kvbench.errors import UsageError
@@ -41,6 +41,7 @@ def command(ctx: typer.Context, s: NightlySettings) -> int:
     from kvbench.nightly import config as nconfig
     from kvbench.nightly.estimate import estimate_machine, fits, model_spec
     from kvbench.nightly.matrix import expand
+    from kvbench.nightly.shards import shard_plans
 
     if s.merge:
         return fleet.merge(s.merge, s.asv_config, s.out)
@@ -66,7 +67,7 @@ def command(ctx: typer.Context, s: NightlySettings) -> int:
         return fleet.launch(ctx, keys, s.shards, s.yes, s.wait, s.fleet_dir, s.dry_run)
     if s.dry_run:
         n_shards = s.shards or (cfg.fleet.shards if cfg.fleet.shards > 1 else None)
-        sharded = fleet.shard_plans(plans, estimates, n_shards) if n_shards else {}
+        sharded = shard_plans(plans, estimates, n_shards) if n_shards else {}
         return _dry_run(cfg, cfg_path, keys, plans, estimates, sharded, s.as_json)
     if s.as_json:
         raise UsageError("--json goes with --dry-run (a run writes its summary to results/<machine>/nightly/)")
@@ -76,6 +77,7 @@ def command(ctx: typer.Context, s: NightlySettings) -> int:
 def _dry_run(cfg, cfg_path: Path, keys: list, plans: dict, estimates: dict, sharded: dict, as_json: bool) -> int:
     """Every machine's plan, estimate and shards, printed or as JSON; refused (exit 2) over a section's budget."""
     from kvbench.commands import nightly_fleet as fleet
+    from kvbench.nightly.estimate import assumptions
 
     detected = _detected_key(cfg)
     if as_json:

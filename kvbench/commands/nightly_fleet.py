@@ -17,12 +17,6 @@ from kvbench.output import console
 # -- shards in the dry run ----------------------------------------------------------------------------------
 
 
-def shard_plans(plans: dict, estimates: dict, n: int) -> dict:
-    from kvbench.nightly.shards import shard_plan
-
-    return {k: shard_plan(plans[k], estimates[k], n) for k in plans}
-
-
 def render_shards(sp, plan) -> None:
     n = len(sp.shards)
     table = Table(show_edge=False, title=f"{plan.key}: {n} shard{'s' if n != 1 else ''}, each on its own machine")
@@ -55,90 +49,12 @@ def shards_json(sp) -> dict:
 # -- one shard --------------------------------------------------------------------------------------------
 
 
-def the_shard_plan(plan, est, shards: int | None, shard_plan: Path | None):
-    from kvbench.nightly import shards as sh
-
-    if shard_plan is not None:
-        sp = sh.read_plan(shard_plan, plan)
-        if shards is not None and shards != len(sp.shards):
-            raise UsageError(f"--shards {shards} but --shard-plan {shard_plan} has {len(sp.shards)} shards")
-        return sp
-    return sh.shard_plan(plan, est, shards)
-
-
-def run_shard(ctx: dict, sp, index: int, night: str | None, out: Path | None, execute) -> int:
-    """One shard's night here: its units through the night's steps (history only where it owns the point;
-    gate and dashboard wait for the merge), then its folder and manifest. A failure before the night is
-    written as a failed shard, so the merge can name it."""
-    from kvbench.nightly import manifest as mf
-    from kvbench.nightly.shards import restrict
-    from kvbench.records import utc_iso
-
-    plan, est, target = ctx["plan"], ctx["est"], ctx["target"]
-    shard = sp.shard(index)
-    night = night or time.strftime("%Y%m%d", time.gmtime())
-    out = out or Path("shards") / night / plan.key / f"shard-{index}-of-{shard.of}"
-    out = mf.prepare(out, night, plan.key, index)
-    started = utc_iso()
-    base = {
-        "night": night,
-        "section": plan.key,
-        "machine": target.machine,
-        "shard": index,
-        "shards": shard.of,
-        "units": shard.names,
-        "plan": sp.as_json(),
-        "config": mf.config_block(ctx["cfg_path"]),
-        "host": mf.host(),
-        "started_at": started,
-    }
-    try:
-        ctx["check"]()
-        sub_plan, sub_est = restrict(plan, est, shard)
-        if sub_est.minutes > plan.cfg.max_minutes:
-            raise UsageError(
-                f"refused: {shard.tag} of [machines.{plan.key}] estimate {sub_est.minutes:.1f} min exceeds "
-                f"max_minutes {plan.cfg.max_minutes:g}"
-            )
-        night_obj = shard_night(ctx, sub_plan, sub_est, shard, f"{night}-{target.machine}", out)
-        if plan.cfg.nodes > 1:
-            from kvbench.nightly.nodes import cluster
-
-            night_obj.nodes = cluster(plan.cfg.nodes)
-        repo = Path(ctx["asv_config"]).absolute().parent
-        before, head = mf.snapshot(night_obj.results_dir, target.machine), mf.git_head(repo)
-        console.print(
-            f"[bold]{shard.tag}[/] of night {night}: " + escape(f"[machines.{plan.key}] {', '.join(shard.names)}")
-        )
-        doc = execute(night_obj)
-    except Exception as exc:
-        failed = mf.ShardManifest(
-            **base, status="failed", exit_code=getattr(exc, "exit_code", 1), error=str(exc), finished_at=utc_iso()
-        )
-        mf.write_manifest(out, failed)
-        raise
-    files = mf.changed(night_obj.results_dir, target.machine, before)
-    hashes = mf.pack(out, night_obj.results_dir, files, doc, repo, head)
-    rc = 130 if night_obj.interrupted else (0 if doc["status"] == "ok" else 1)
-    manifest = mf.ShardManifest(
-        **base,
-        status="interrupted" if night_obj.interrupted else doc["status"],
-        exit_code=rc,
-        nodes=night_obj.nodes,
-        finished_at=utc_iso(),
-        files=hashes,
-        summary=mf.SUMMARY,
-        commits=mf.BUNDLE if mf.BUNDLE in hashes else None,
-    )
-    path = mf.write_manifest(out, manifest)
-    console.print(f"shard folder: {out} ({len(files)} files; manifest {path})")
-    return rc
-
-
 def run_shard_here(cfg, cfg_path, plan, est, target, asv_config: Path, out: Path | None, one: dict, run_night) -> int:
-    """`kvbench nightly --shard I`: the installed vLLM checked as for a night, then run_shard."""
+    """`kvbench nightly --shard I`: the installed vLLM checked as for a night, then kvbench.nightly.shardrun."""
     from kvbench.commands.nightly_summary import render_summary
     from kvbench.nightly import vllm
+    from kvbench.nightly.shardrun import run_shard
+    from kvbench.nightly.shards import the_shard_plan
     from kvbench.nightly.target import results_dir_of
 
     sp = the_shard_plan(plan, est, one["shards"], one["shard_plan"])
@@ -160,6 +76,7 @@ def run_shard_here(cfg, cfg_path, plan, est, target, asv_config: Path, out: Path
         "asv_config": asv_config,
         "site_out": out or Path(cfg.dashboard.out),
         "installed": installed,
+        "console": console,
     }
 
     def execute(night):
@@ -170,35 +87,6 @@ def run_shard_here(cfg, cfg_path, plan, est, target, asv_config: Path, out: Path
     return run_shard(ctx, sp, one["shard"], one["night"], one["shard_out"], execute)
 
 
-def shard_night(ctx: dict, sub_plan, sub_est, shard, night_id: str, out: Path):
-    """The Nightly of one shard: the history point only where the shard owns it; no gate or dashboard (the
-    merge runs them over every shard); its summary in the shard folder, not in results/."""
-    from kvbench.nightly.orchestrate import Nightly
-
-    cfg = ctx["cfg"]
-    scfg = cfg.model_copy(
-        update={
-            "history": cfg.history.model_copy(update={"enabled": cfg.history.enabled and shard.owns_history}),
-            "gate": cfg.gate.model_copy(update={"enabled": False}),
-            "dashboard": cfg.dashboard.model_copy(update={"enabled": False}),
-        }
-    )
-    night = Nightly(
-        scfg,
-        ctx["cfg_path"],
-        sub_plan,
-        ctx["target"],
-        sub_est,
-        ctx["asv_config"],
-        ctx["site_out"],
-        console,
-        ctx["installed"],
-        night_id=night_id,
-    )
-    night.summary_path = out / "summary.json"
-    return night
-
-
 # -- --launch sky -------------------------------------------------------------------------------------------
 
 
@@ -207,6 +95,7 @@ def launch(ctx: dict, keys: list[str], n: int | None, yes: bool, wait_min: float
     task files, then (not on a dry run) the submission, the job ids and how to follow them."""
     from kvbench.nightly import fleet as fl
     from kvbench.nightly import manifest as mf
+    from kvbench.nightly.shards import shard_plans
 
     cfg, plans, estimates = ctx["cfg"], ctx["plans"], ctx["estimates"]
     root = Path.cwd()
@@ -320,22 +209,9 @@ def merge(paths: list[str], asv_config: Path, out: Path | None) -> int:
     """Shard folders, bucket paths or the launcher's plan.json into results/: validate, copy, then the gate,
     the dashboard and one summary per machine; exit 1 if any night is not OK or a shard is not merged."""
     from kvbench.commands.nightly_summary import render_summary
-    from kvbench.nightly import fleet as fl
     from kvbench.nightly import merge as mg
 
-    local = [_fetched(p) for p in paths]
-    arrivals, fleets = mg.find(local)
-    for plan in fleets:  # the launcher's plan: its bucket holds the shards unless they were given too
-        if plan.get("outputs") and not any(a.key and a.key[0] == plan["night"] for a in arrivals):
-            more, _ = mg.find([fl.download(plan["outputs"], Path("shards") / plan["night"])])
-            arrivals += more
-    groups, stray = mg.groups(arrivals, fleets)
-    if not groups:
-        damaged = [a for a in arrivals if a.problem]  # N-P2: a shard folder was there; say what is wrong with it
-        if damaged:
-            more = f" (and {len(damaged) - 1} more)" if len(damaged) > 1 else ""
-            raise UsageError(f"--merge: shard folder {damaged[0].folder} cannot be merged: {damaged[0].problem}{more}")
-        raise UsageError(f"--merge found no shard folder or fleet plan in {', '.join(paths)}")
+    groups, stray = mg.gather(paths)
     nights = mg.merge(groups, asv_config, out, console)
     for night in nights:
         render_shard_table(night)
@@ -348,14 +224,6 @@ def merge(paths: list[str], asv_config: Path, out: Path | None) -> int:
         console.print(escape(f"not merged: {line}"), style="red")
     bad = [n for n in nights if n.doc["status"] != "ok"]
     return 1 if bad or stray else 0
-
-
-def _fetched(p: str) -> Path:
-    from kvbench.nightly import fleet as fl
-
-    if p.startswith(("s3://", "gs://")):
-        return fl.download(p, Path("shards") / Path(p.rstrip("/")).name)
-    return Path(p)
 
 
 def render_shard_table(night) -> None:

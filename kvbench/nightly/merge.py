@@ -437,3 +437,33 @@ def merge(groups_: list[Group], asv_conf: Path, site_out: Path | None, console) 
             night.steps["dashboard"] = board
             night.doc = night.write_summary()
     return nights
+
+
+def gather(paths: list[str]) -> tuple[list, list[str]]:
+    """`--merge`'s arguments (shard folders, bucket paths or the launcher's plan.json) as the nights' groups of
+    shards and the lines of what belongs to none; a bucket path is fetched first, and a plan's bucket holds
+    its shards unless they were given too. No group at all is a usage error that names what was wrong."""
+    from kvbench.nightly import fleet as fl
+
+    local = [_fetched(p) for p in paths]
+    arrivals, fleets = find(local)
+    for plan in fleets:
+        if plan.get("outputs") and not any(a.key and a.key[0] == plan["night"] for a in arrivals):
+            more, _ = find([fl.download(plan["outputs"], Path("shards") / plan["night"])])
+            arrivals += more
+    found, stray = groups(arrivals, fleets)
+    if not found:
+        damaged = [a for a in arrivals if a.problem]  # N-P2: a shard folder was there; say what is wrong with it
+        if damaged:
+            more = f" (and {len(damaged) - 1} more)" if len(damaged) > 1 else ""
+            raise UsageError(f"--merge: shard folder {damaged[0].folder} cannot be merged: {damaged[0].problem}{more}")
+        raise UsageError(f"--merge found no shard folder or fleet plan in {', '.join(paths)}")
+    return found, stray
+
+
+def _fetched(p: str) -> Path:
+    from kvbench.nightly import fleet as fl
+
+    if p.startswith(("s3://", "gs://")):
+        return fl.download(p, Path("shards") / Path(p.rstrip("/")).name)
+    return Path(p)

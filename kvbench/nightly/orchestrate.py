@@ -179,7 +179,7 @@ class Nightly:
             sys.prefix,
             "--machine",
             self.target.machine,
-            "--config",
+            "--asv-config",
             str(self.asv_conf),
         ]
         model, _ = served_model(self.plan.history_model, self.plan.on_gpu)
@@ -340,7 +340,7 @@ class Nightly:
             self.target.machine,
             "--results",
             str(self.results_dir),
-            "--config",
+            "--asv-config",
             str(self.asv_conf),
             "--json",
         ]

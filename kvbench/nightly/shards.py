@@ -213,3 +213,19 @@ def restrict(plan: MachinePlan, est: MachineEstimate, shard: Shard) -> tuple[Mac
         history_other_s=est.history_other_s if shard.owns_history else 0.0,
     )
     return sub_plan, sub_est
+
+
+def shard_plans(plans: dict, estimates: dict, n: int) -> dict:
+    """Every machine section's plan cut into n shards (section key -> ShardPlan)."""
+    return {k: shard_plan(plans[k], estimates[k], n) for k in plans}
+
+
+def the_shard_plan(plan: MachinePlan, est: MachineEstimate, shards: int | None, plan_file: Path | None) -> ShardPlan:
+    """One shard's partition: the launcher's --shard-plan file when given (checked against --shards), else cut
+    here."""
+    if plan_file is not None:
+        sp = read_plan(plan_file, plan)
+        if shards is not None and shards != len(sp.shards):
+            raise UsageError(f"--shards {shards} but --shard-plan {plan_file} has {len(sp.shards)} shards")
+        return sp
+    return shard_plan(plan, est, shards)

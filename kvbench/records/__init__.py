@@ -28,6 +28,7 @@ The package, by what each module holds (none imports one listed after it):
     migrate.py   kvbench.run/1 records upgraded to the v2 shape, and their embedded samples
     storage.py   names and paths, atomic writes, the Parquet samples, validated reading
     queries.py   finding records, headline numbers, the pandas tables readers use
+    reportrows.py  the rows `kvbench report` prints around its tables, out of one record's document
     upgrade.py   v1 records rewritten as v2 for good (`kvbench history upgrade`), each read back first
 What most readers use is re-exported here: `from kvbench import records; records.X` is its public path; the rest
 is imported from its module (`from kvbench.records import layout`, `kvbench.records.findings`, ...). To patch

