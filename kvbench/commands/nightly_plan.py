@@ -173,6 +173,10 @@ def assumptions(cfg) -> list[str]:
     return [
         "per entry and KV dtype: one vLLM start (the section's server_start_s) + SLO search + fixed-load phases",
         (
+            "an entry's estimate is max(that model, the wall time of the newest committed run of the same plan on "
+            "this kind of machine); its note says which, and names the run"
+        ),
+        (
             "every request takes the SLO's TTFT bound + output "
             "tokens x its TPOT bound (the backend default SLO without one): "
             "an upper estimate, the slowest a phase may be and still pass"
