@@ -12,6 +12,11 @@ Per entry and KV dtype:  start + SLO search + fixed-load phases, where
   * the SLO search is the harness's own algorithm (kvbench.harness.slo.search) replayed with the SLO
     holding up to that capacity and missing above it, with the harness's probe sizes and probe limit.
 
+The load-phase model does not see the rest of a run that evaluates (eval, fidelity, agreement, reference passes,
+server starts per scales variant): on a CPU most of it. So each entry's estimate is max(modelled, measured), the
+measured minutes being the wall time of the newest committed run record of the same plan (kvbench.nightly.measured);
+without one, the modelled figure stands and the entry's note says so.
+
 The machine adds the asv history point (one default `kvbench run` of its history model, estimated the same
 way, plus [history] other_benchmarks_min). GPU-hours = minutes / 60 x GPUs rented; USD = GPU-hours x the
 price per GPU-hour given (kvbench ships no prices).
@@ -22,10 +27,12 @@ from __future__ import annotations
 import asyncio
 import math
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from kvbench.errors import UsageError
 from kvbench.nightly.config import NightlyConfig
 from kvbench.nightly.matrix import Entry, MachinePlan, ModelRef
+from kvbench.nightly.measured import Measured
 
 
 @dataclass
@@ -49,10 +56,32 @@ class EntryEstimate:
     request_s: float  # assumed seconds per request
     dtypes: list[DtypeEstimate]
     notes: list[str] = field(default_factory=list)
+    measured: Measured | None = None  # the newest committed run of the same plan, if any
+
+    @property
+    def modelled_s(self) -> float:
+        return sum(d.total_s for d in self.dtypes)
 
     @property
     def total_s(self) -> float:
-        return sum(d.total_s for d in self.dtypes)
+        """The estimate: the model's figure, raised to what the same plan measured when it took longer."""
+        return max(self.modelled_s, self.measured.seconds if self.measured else 0.0)
+
+    @property
+    def uses_measured(self) -> bool:
+        return self.measured is not None and self.measured.seconds > self.modelled_s
+
+    def basis(self) -> str:
+        """Which figure the estimate is and where it comes from, in one line."""
+        modelled = f"modelled {self.modelled_s / 60:.1f} min"
+        m = self.measured
+        if m is None:
+            return f"{self.name}: {modelled}, modelled only: no committed run of this plan"
+        if self.uses_measured:
+            return f"{self.name}: measured {m.minutes:.1f} min in run {m.run_id}, used over the {modelled}"
+        return (
+            f"{self.name}: {modelled} used; the newest committed run of this plan, {m.run_id}, took {m.minutes:.1f} min"
+        )
 
 
 @dataclass
@@ -276,17 +305,44 @@ def history_runs_serving(bench: list[str]) -> bool:
     return any(re.search(regex, name) for regex in bench for name in names)
 
 
-def estimate_machine(cfg: NightlyConfig, plan: MachinePlan, prices: dict[str, float] | None = None) -> MachineEstimate:
+def with_measured(x: EntryEstimate, entry: Entry, plan: MachinePlan, records: list) -> EntryEstimate:
+    """`x` with the newest committed run of the same plan on this kind of machine, and a note of which figure
+    the estimate is (kvbench.nightly.measured)."""
+    from kvbench.nightly import measured
+
+    key = measured.entry_key(entry, plan.on_gpu, [d.dtype for d in x.dtypes])
+    x.measured = measured.newest(key, records)
+    x.notes.append(x.basis())
+    return x
+
+
+def machine_records(plan: MachinePlan, results: Path | None = None) -> list:
+    """The usable run records of the section's kind of machine under `results` (default: the committed ones)."""
+    from kvbench.nightly import measured
+    from kvbench.nightly.matrix import machine_folder
+
+    return measured.index(results or measured.committed_results(), machine_folder(plan) if plan.on_gpu else None)
+
+
+def estimate_machine(
+    cfg: NightlyConfig, plan: MachinePlan, prices: dict[str, float] | None = None, results: Path | None = None
+) -> MachineEstimate:
+    """The machine's estimate; `results`: where to look for measured runs of each entry's plan (default: the
+    checkout's committed results/)."""
     consts = harness_constants()
-    entries = [estimate_entry(e, plan, consts) for e in plan.entries]
+    records = machine_records(plan, results)
+    entries = [with_measured(estimate_entry(e, plan, consts), e, plan, records) for e in plan.entries]
     history = None
     if cfg.history.enabled:
-        history = estimate_entry(history_entry(plan), plan, consts)
+        point = history_entry(plan)
+        history = estimate_entry(point, plan, consts)
         if not history_runs_serving(cfg.history.bench):
             history.dtypes = []
             history.notes.append(
                 f"[history] bench {cfg.history.bench} selects no serving benchmark: the point runs no vLLM"
             )
+        else:
+            with_measured(history, point, plan, records)
     price, source = None, None
     if prices and plan.key in prices:
         price, source = prices[plan.key], "--price-per-hour"
@@ -344,6 +400,10 @@ def assumptions(cfg) -> list[str]:
     )
     return [
         "per entry and KV dtype: one vLLM start (the section's server_start_s) + SLO search + fixed-load phases",
+        (
+            "an entry's estimate is max(that model, the wall time of the newest committed run of the same plan on "
+            "this kind of machine); its note says which, and names the run"
+        ),
         (
             "every request takes the SLO's TTFT bound + output "
             "tokens x its TPOT bound (the backend default SLO without one): "
