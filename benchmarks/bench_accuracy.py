@@ -1,8 +1,8 @@
 """asv: attention-output error per KV dtype (metrics.toml, source "accuracy"), from
-kvbench.suite.accuracy_numbers: seeded synthetic K/V, deterministic, ~10 s on 2 cores."""
+kvbench.orchestration.suite.accuracy_numbers: seeded synthetic K/V, deterministic, ~10 s on 2 cores."""
 
-from kvbench.suite import accuracy_numbers
-from kvbench.tracked import KV_DTYPES, as_track, metrics
+from kvbench.orchestration.suite import accuracy_numbers
+from kvbench.specs.tracked import KV_DTYPES, as_track, metrics
 
 
 class Accuracy:

@@ -1,4 +1,4 @@
-"""asv: the load generator's client roofline, from kvbench.harness.overhead (a zero-compute fake server in
+"""asv: the load generator's client roofline, from kvbench.harness.client.overhead (a zero-compute fake server in
 its own process; see that module for what "sustained" means).
 
 asv treats lower as better, so the sustained rate is also tracked as its inverse, seconds per request, and
@@ -7,7 +7,7 @@ the higher-is-better tracks are named in asv.conf.json's regressions_first_commi
 
 import math
 
-from kvbench.harness.overhead import measure_client_overhead, measure_client_speed
+from kvbench.harness.client.overhead import measure_client_overhead, measure_client_speed
 
 
 def _nan_if_none(x):

@@ -1,7 +1,7 @@
 """asv: the Triton KV kernels per format (thin wrappers over kvbench.kernels.bench, which `kvbench
 kernels` also uses). Without a CUDA GPU, setup raises NotImplementedError and asv records NaN."""
 
-from kvbench.formats import speed_kernels
+from kvbench.specs.formats import speed_kernels
 
 
 def _gpu():

@@ -1,6 +1,6 @@
 """asv: the serving metrics of kvbench/data/metrics.toml (source "run"; "prefix": the prefix-cache scenario),
 one `track_<name>` each, parameterized by KV dtype. `setup_cache` runs ONE `kvbench run`
-(kvbench.suite.serving_numbers); every track only reads its number. A dtype the installed vLLM does not
+(kvbench.orchestration.suite.serving_numbers); every track only reads its number. A dtype the installed vLLM does not
 accept, or that produced no number, raises NotImplementedError in `setup`, which asv records as NaN ("n/a").
 
 The track methods are generated from metrics.toml so the suite cannot drift from it; the benchmark set is
@@ -9,8 +9,8 @@ the same on every machine."""
 import math
 from pathlib import Path
 
-from kvbench.suite import REAL_MODEL, prefix_numbers, serving_numbers
-from kvbench.tracked import KV_DTYPES, as_track, metrics
+from kvbench.orchestration.suite import REAL_MODEL, prefix_numbers, serving_numbers
+from kvbench.specs.tracked import KV_DTYPES, as_track, metrics
 
 ROOT = Path(__file__).resolve().parents[1]  # the asv project: asv.conf.json, results/
 
@@ -62,7 +62,7 @@ class PrefixCache(_PerDtype):
 
 
 class RealModel(_PerDtype):
-    """A real pretrained model's own run (kvbench.suite.REAL_MODEL, from its registry package; its plan in
+    """A real pretrained model's own run (kvbench.orchestration.suite.REAL_MODEL, from its registry package; its plan in
     kvbench/data/realmodel_runs.toml): its KLD, task accuracy and capacity per dtype, a series of its own."""
 
     version = "kvbench.realmodel/1"

@@ -13,9 +13,9 @@ from pathlib import Path
 import pandas as pd
 
 from kvbench import records as run_records
+from kvbench.analysis.history import SHAPE as HISTORY_COLUMNS
+from kvbench.core.errors import KvbenchError
 from kvbench.dashboards.record_rows import canary_rows, front_rows, probe_rows, quality_rows, run_rows
-from kvbench.errors import KvbenchError
-from kvbench.history import SHAPE as HISTORY_COLUMNS
 
 REGRESSION_COLUMNS = [
     "machine",
@@ -30,7 +30,7 @@ REGRESSION_COLUMNS = [
     "run_id",
     "verdict",
 ]
-REGRESSION = "regression"  # kvbench.regress's verdict for a change past the allowed band in the bad direction
+REGRESSION = "regression"  # kvbench.analysis.regress's verdict for a change past the allowed band in the bad direction
 
 
 @dataclass
@@ -50,7 +50,7 @@ class SiteData:
     kernel_records: list[dict] = field(default_factory=list)
     kernels: pd.DataFrame = field(default_factory=pd.DataFrame)  # decode and write rows of kernel records
     claims: dict | None = None  # the claims document
-    verdicts: list = field(default_factory=list)  # kvbench.claims.Verdict
+    verdicts: list = field(default_factory=list)  # kvbench.analysis.claims.Verdict
     problems: list[str] = field(default_factory=list)
 
 
@@ -170,11 +170,11 @@ def differing_items(path: str | None, dtype: str, task: str, condition: str, lim
     return both[(both["score_auto"] >= 1) & (both["score_dtype"] < 1)].head(limit).reset_index()
 
 
-# --- history and regressions (kvbench.history / kvbench.regress) -----------------------------------------
+# --- history and regressions (kvbench.analysis.history / kvbench.analysis.regress) ------------------------------------
 
 
 def load_history(results_dir: Path, asv_conf: Path | None, data: SiteData) -> None:
-    from kvbench import history
+    from kvbench.analysis import history
 
     if not (Path(results_dir) / "benchmarks.json").is_file():
         data.history_note = "no asv results: benchmarks.json is missing"
@@ -199,7 +199,7 @@ def load_history(results_dir: Path, asv_conf: Path | None, data: SiteData) -> No
         frame["run_started"].fillna(frame["commit_date"]) if "run_started" in frame else frame["commit_date"]
     )
     data.history = frame.sort_values(["machine", "metric", "kv_dtype", "when"], kind="stable").reset_index(drop=True)
-    from kvbench import regress
+    from kvbench.analysis import regress
 
     try:
         found = regress.find_regressions(data.history)  # `kvbench regress`'s own defaults
@@ -322,7 +322,7 @@ def load_kernels(results_dir: Path, data: SiteData) -> None:
 
 
 def load_claims_data(data: SiteData, claims_file: Path | None = None) -> None:
-    from kvbench.claims import evaluate, load_claims, measured_values
+    from kvbench.analysis.claims import evaluate, load_claims, measured_values
 
     try:
         doc = load_claims(claims_file)

@@ -19,17 +19,17 @@ class Recommendation:
     dtype: str | None
     concurrency: int | None
     why: str
-    lines: list[str] = field(default_factory=list)  # one per dtype, each reason once (kvbench.verdict)
+    lines: list[str] = field(default_factory=list)  # one per dtype, each reason once (kvbench.analysis.verdict)
     run_id: str | None = None
-    decision: object | None = None  # the kvbench.verdict.Decision it came from
+    decision: object | None = None  # the kvbench.analysis.verdict.Decision it came from
     record: object | None = None  # the typed RunRecord it was decided on (for the verdict table)
 
 
 def recommend(rows: pd.DataFrame, machine: str, records: list[dict]) -> Recommendation:
-    """What kvbench.verdict.decide recommends for the newest run among `rows` (the function `kvbench report`
+    """What kvbench.analysis.verdict.decide recommends for the newest run among `rows` (the function `kvbench report`
     calls, on the same typed record), with its line per dtype."""
+    from kvbench.analysis.verdict import decide
     from kvbench.records import RunRecord
-    from kvbench.verdict import decide
 
     newest = rows.sort_values("created_at").iloc[-1]["run_id"] if len(rows) else None
     doc = next((d for d in records if d.get("run_id") == newest), None)

@@ -1,18 +1,18 @@
 """The quality page's fidelity section: mean KLD per KV dtype and condition with its 95% CI, against the floor
-(auto at load vs auto at rest), from each machine's newest run that measured it (harness/fidelity.py)."""
+(auto at load vs auto at rest), from each machine's newest run that measured it (harness/quality/fidelity.py)."""
 
 from __future__ import annotations
 
 import pandas as pd
 import plotly.graph_objects as go
 
+from kvbench.core.fidelity_stats import versus_floor
 from kvbench.dashboards.components import Page, note, section, table
 from kvbench.dashboards.data import SiteData
 from kvbench.dashboards.models_view import newest_per_machine_and_model, titled
 from kvbench.dashboards.theme import color, esc, ordered, style, symbol
-from kvbench.fidelity_stats import versus_floor
 
-# "torch": a real model's auto server against transformers at bf16 on the same tokens (harness/textfidelity.py)
+# "torch": a real model's auto server against transformers at bf16 on the same tokens (harness/quality/textfidelity.py)
 CONDITIONS = {"rest": "at rest", "load": "at load", "torch": "vs transformers"}
 
 

@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import pandas as pd
 
-from kvbench import vllm_support
+from kvbench.core.units import KiB
 from kvbench.dashboards.components import dtype_chip, fmt, note, section, table
 from kvbench.dashboards.theme import esc
-from kvbench.formats import format_ratio, get_format
-from kvbench.models import load_model
-from kvbench.units import KiB
+from kvbench.specs import vllm_support
+from kvbench.specs.formats import format_ratio, get_format
+from kvbench.specs.models import load_model
 
 # two reference models: dense GQA attention and DeepSeek's sparse MLA (its own page formats)
 REFERENCES = (("llama-3.1-8b", "Llama-3.1-8B"), ("deepseek-v3.2", "DeepSeek-V3.2"))

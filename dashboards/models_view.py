@@ -5,7 +5,7 @@ machine are shown side by side, each under its own label, never merged."""
 
 from __future__ import annotations
 
-from kvbench import tinyconfig
+from kvbench.core import tinyconfig
 
 
 def model_name(doc: dict) -> str | None:

@@ -1,5 +1,5 @@
 """Atlas: every KV dtype vLLM offers, measured in one run (`kvbench run --kv-dtypes all`): one table sorted by
-capacity (kvbench/verdict_atlas.py, the rows `kvbench report` prints) and the trade-off a user picks from,
+capacity (kvbench/analysis/verdict_atlas.py, the rows `kvbench report` prints) and the trade-off a user picks from,
 capacity gain over auto against mean KLD at rest. Newest atlas run per machine and model."""
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ COLUMNS = ("dtype", "served", "KV tokens", "vs auto", "model = engine", "verdict
 
 def atlas_records(data: SiteData) -> list[tuple[dict, object, object]]:
     """(doc, record, decision) of the newest atlas run per machine and model."""
+    from kvbench.analysis.verdict import decide
+    from kvbench.analysis.verdict_atlas import is_atlas
     from kvbench.records import parse_record
-    from kvbench.verdict import decide
-    from kvbench.verdict_atlas import is_atlas
 
     newest: dict[tuple, tuple] = {}
     for doc in data.records:  # sorted by created_at
@@ -115,7 +115,7 @@ def build(data: SiteData) -> Page:
             )
         )
         return page.done(parts)
-    from kvbench.verdict_atlas import rows as atlas_rows
+    from kvbench.analysis.verdict_atlas import rows as atlas_rows
 
     for doc, record, decision in found:
         rows = atlas_rows(record, decision)

@@ -1,4 +1,4 @@
-"""Capacity: max concurrency vs context per dtype. The capacity model (kvbench.capacity) for the run's model,
+"""Capacity: max concurrency vs context per dtype. The capacity model (kvbench.specs.capacity) for the run's model,
 KV budget and block size gives the lines; the engine's report and the SLO search give the points. A dtype
 the engine did not honour shows up as an engine point far off its own line."""
 
@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
-from kvbench.capacity import budget_from_bytes, capacity_row
+from kvbench.core.errors import KvbenchError
 from kvbench.dashboards.components import (
     Page,
     date_text,
@@ -28,10 +28,10 @@ from kvbench.dashboards.data import SiteData, newest_record_per_machine
 from kvbench.dashboards.menu_view import menu_section
 from kvbench.dashboards.record_rows import model_spec
 from kvbench.dashboards.theme import color, dash, esc, log_ticks, ordered, style, symbol
-from kvbench.errors import KvbenchError
-from kvbench.formats import get_format
 from kvbench.records import workload_label
 from kvbench.records.findings import FindingKind
+from kvbench.specs.capacity import budget_from_bytes, capacity_row
+from kvbench.specs.formats import get_format
 
 SLUG, TITLE = "capacity", "Capacity"
 POINTS_PER_LINE = 48

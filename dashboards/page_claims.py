@@ -16,7 +16,7 @@ SOURCES_DIR = "sources"
 
 
 def source_files(data: SiteData) -> dict[str, bytes]:
-    """The claims' source file (inside the claims folder: kvbench.claims refuses any other) copied into the
+    """The claims' source file (inside the claims folder: kvbench.analysis.claims refuses any other) copied into the
     site, so the page links to it from file:// with no network."""
     source = (data.claims or {}).get("source")
     path = getattr(source, "file", None)

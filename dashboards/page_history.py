@@ -318,7 +318,7 @@ def glance_figure(frame: pd.DataFrame, regressions: pd.DataFrame, metrics: list[
 def metric_order(history: pd.DataFrame, regressions: pd.DataFrame) -> list[str]:
     """Metrics with a regression first, then metrics.toml's order (capacity, latency, throughput, accuracy)."""
     present = list(pd.unique(history["metric"]))
-    from kvbench.tracked import metrics
+    from kvbench.specs.tracked import metrics
 
     known = [m.name for m in metrics()]
     order = [m for m in known if m in present] + [m for m in present if m not in known]

@@ -10,6 +10,7 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from kvbench.core.errors import KvbenchError
 from kvbench.dashboards.components import (
     Page,
     date_text,
@@ -23,7 +24,6 @@ from kvbench.dashboards.components import (
 )
 from kvbench.dashboards.data import SiteData, newest_record_per_machine
 from kvbench.dashboards.theme import SLO_COLOR, color, dash, esc, log_ticks, ordered, style, symbol
-from kvbench.errors import KvbenchError
 
 SLUG, TITLE = "latency", "Latency under load"
 PANELS = (("ttft_p95_ms", "TTFT P95", "ttft_p95_ms"), ("tpot_p95_ms", "TPOT P95", "tpot_p95_ms"))

@@ -129,7 +129,7 @@ def machine_table(rows: pd.DataFrame, accuracy: pd.DataFrame, decided_run: str |
 
 
 HOW = (
-    "Chosen in code by <code>kvbench.verdict</code>, the function <code>kvbench report</code> calls on the same "
+    "Chosen in code by <code>kvbench.analysis.verdict</code>, the function <code>kvbench report</code> calls on the same "
     "record: a dtype is eligible when it ran ok, the engine honoured it and the server confirmed it, its task "
     "accuracy is <i>non-inferior</i> to auto within the budget (a one-sided bound: Tango's score test on all tasks' "
     "items pooled, each test at the full level (intersection-union); a task × condition <i>inferior</i> after Holm "
@@ -169,7 +169,7 @@ def recommendation_html(rec: derive.Recommendation, rows: pd.DataFrame, accuracy
 
 def findings_html(rec: derive.Recommendation, rows: pd.DataFrame, records: list[dict]) -> str:
     """Findings the dtype lines do not already say (switching on each finding's kind, never its text)."""
-    from kvbench.verdict import shown_in_lines
+    from kvbench.analysis.verdict import shown_in_lines
 
     out = ""
     for doc in records:

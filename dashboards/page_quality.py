@@ -1,6 +1,6 @@
 """Quality under load: task accuracy per KV dtype with 95% intervals, at rest vs at load vs during the fixed
 load, the paired verdict against auto, the canaries, and a few items a dtype got wrong that auto got right.
-From the eval phase of `kvbench run` (harness/quality.py); newest run per machine and model."""
+From the eval phase of `kvbench run` (harness/quality/underload.py); newest run per machine and model."""
 
 from __future__ import annotations
 
@@ -168,9 +168,9 @@ def build(data: SiteData) -> Page:
 def _forest_section(page: Page, data: SiteData) -> str | None:
     """Per machine and model's newest run: every paired comparison's drop and one-sided bounds against the budget
     (dashboards/verdict_view.py), coloured by verdict."""
+    from kvbench.analysis.verdict import decide
     from kvbench.dashboards.verdict_view import forest_figure
     from kvbench.records import read_record
-    from kvbench.verdict import decide
 
     newest = data.quality.sort_values("created_at").groupby(["machine", "model"]).tail(1)
     inner = ""

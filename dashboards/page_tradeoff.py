@@ -1,6 +1,6 @@
 """Trade-off: output tokens/s per GPU against tokens/s per user over a concurrency sweep, the Pareto front
 per KV dtype and machine, the cost per million tokens where a price was given, and energy where measured.
-Newest run per (machine, model, request shape); the curves come from kvbench.front in the records."""
+Newest run per (machine, model, request shape); the curves come from kvbench.core.front in the records."""
 
 from __future__ import annotations
 

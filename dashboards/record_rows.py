@@ -18,9 +18,9 @@ ACCURACY_FORMAT = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}
 
 @lru_cache(maxsize=64)
 def model_spec(name: str | None, path: str | None):
-    """The ModelSpec a run served (kvbench.models.spec_for: the run's own config first, then its name)."""
-    from kvbench.models import spec_for
-    from kvbench.tinyconfig import NAME
+    """The ModelSpec a run served (kvbench.specs.models.spec_for: the run's own config first, then its name)."""
+    from kvbench.core.tinyconfig import NAME
+    from kvbench.specs.models import spec_for
 
     return spec_for(name) if name == NAME else spec_for(path, name)  # the tiny model's shape is kvbench's own
 
@@ -36,10 +36,10 @@ def gpu_of(env: dict) -> str:
 
 
 def _slo_met(slo: dict | None, summary: dict) -> tuple[bool | None, str]:
-    """The SLO verdict for a phase summary, by the harness's own rule (kvbench.harness.slo.SLO)."""
+    """The SLO verdict for a phase summary, by the harness's own rule (kvbench.harness.run.slo.SLO)."""
     if not slo:
         return None, "no SLO in the run's config"
-    from kvbench.harness.slo import SLO
+    from kvbench.harness.run.slo import SLO
 
     return SLO.from_dict(slo).check(summary)
 
@@ -93,7 +93,7 @@ def run_rows(doc: dict, path: Path | None) -> list[dict]:
 
 
 def _quality_columns(doc: dict, d: dict) -> dict:
-    """The run's quality gate for this dtype (harness/quality.py): eligible or not, and why."""
+    """The run's quality gate for this dtype (harness/quality/underload.py): eligible or not, and why."""
     g = ((doc.get("quality") or {}).get("gate") or {}).get(d.get("kv_cache_dtype")) or {}
     return {"quality_eligible": g.get("eligible"), "quality_reason": g.get("reason")}
 

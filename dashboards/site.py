@@ -15,6 +15,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from kvbench import __version__
+from kvbench.core.errors import UsageError
 from kvbench.dashboards import (
     page_atlas,
     page_capacity,
@@ -30,7 +31,6 @@ from kvbench.dashboards import (
 from kvbench.dashboards.components import Page
 from kvbench.dashboards.data import SiteData
 from kvbench.dashboards.theme import esc
-from kvbench.errors import UsageError
 
 PAGES = (
     page_overview,

@@ -12,7 +12,7 @@ import html
 import plotly.graph_objects as go
 import plotly.io as pio
 
-from kvbench import formats
+from kvbench.specs import formats
 
 # Each dtype's colour, marker and line dash, and the order legends and tables read in (most precise first;
 # the recommendation breaks ties with it too), come from the KV-dtype registry, kvbench/data/formats.toml.

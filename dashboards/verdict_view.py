@@ -1,4 +1,4 @@
-"""The verdict on the pages: the Overview's one table per run (kvbench.verdict_table, the rows `kvbench report`
+"""The verdict on the pages: the Overview's one table per run (kvbench.analysis.verdict_table, the rows `kvbench report`
 prints) with the long statement in a collapsed section, and the Quality page's forest plot (each paired
 comparison's drop and one-sided bound, per task x condition and pooled, against the budget)."""
 
@@ -14,7 +14,7 @@ STATE_COLORS = {"non-inferior": "#009E73", "inferior": "#D55E00", "undecided": "
 def table_html(record, decision) -> str:
     """One row per dtype: verdict, capacity and speed vs auto, accuracy drop and bound vs budget, fidelity,
     one short reason."""
-    from kvbench.verdict_table import COLUMNS, rows
+    from kvbench.analysis.verdict_table import COLUMNS, rows
 
     head = "".join(f"<th>{esc(c)}</th>" for c in COLUMNS)
     body = ""

@@ -1,7 +1,7 @@
 """mkdocs hook: the pages that must never drift from the code are generated from it at build time.
 
 A page holds a marker line; the build replaces it with markdown:
-    <!-- generated: cli-reference -->    every `kvbench` command, from the typer app in kvbench/cli.py
+    <!-- generated: cli-reference -->    every `kvbench` command, from the typer app in kvbench/cli/app.py
     <!-- generated: record-schema -->    the run record's types, from the pydantic models in kvbench/records/schema.py
 An unknown marker fails the build (a typo would otherwise publish an empty section).
 """
@@ -42,7 +42,7 @@ def _cell(text: str) -> str:
 def cli_reference() -> str:
     import typer.main
 
-    from kvbench.cli import app
+    from kvbench.cli.app import app
 
     group = typer.main.get_command(app)
     root = group.make_context("kvbench", [], resilient_parsing=True)

@@ -20,8 +20,8 @@ from pathlib import Path
 
 import torch
 
-from kvbench.formats import kernel_formats
 from kvbench.kernels import codecs
+from kvbench.specs.formats import kernel_formats
 
 SCHEMA = "kvbench.accuracy/1"
 SCALES = ("amax", "1")

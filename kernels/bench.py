@@ -18,9 +18,9 @@ from dataclasses import dataclass
 
 import torch
 
-from kvbench.formats import speed_kernels
 from kvbench.kernels import paged_cache as pc
 from kvbench.kernels.cache_layouts import LAYOUTS
+from kvbench.specs.formats import speed_kernels
 
 SCHEMA = "kvbench.kernels/1"
 BENCH_FORMATS = speed_kernels()  # the speed ratio fp16 : fp8 : nvfp4 (the tracked dtypes, formats.toml)
@@ -43,7 +43,7 @@ class AttnShape:
 
     @classmethod
     def from_model(cls, key: str, block_size: int = 16) -> AttnShape:
-        from kvbench.models import load_model
+        from kvbench.specs.models import load_model
 
         m = load_model(key)
         return cls(m.name, m.num_attention_heads, m.num_kv_heads, m.head_dim, block_size)
@@ -85,7 +85,7 @@ def copy_baseline(dev: torch.device, nbytes: int | None = None) -> dict:
 
 def catalog_gpu(dev: torch.device, key: str | None = None):
     """The kvbench/data/gpus.toml entry for this device (or the one named), None on the interpreter."""
-    from kvbench.gpus import get_gpu, match_nvml_name
+    from kvbench.specs.gpus import get_gpu, match_nvml_name
 
     if key:
         return get_gpu(key)

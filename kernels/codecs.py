@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from kvbench.formats import numerics_modules
+from kvbench.specs.formats import numerics_modules
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,7 @@
 the phases (and each timed case's achieved GB/s) marked on the trace's clock, and device memory as torch, NVML
 and the catalog (kvbench/data/gpus.toml) each state it.
 
-The sampler is the harness's (kvbench/telemetry.py): one NVML reader for every record kvbench writes. Without
+The sampler is the harness's (kvbench/core/telemetry.py): one NVML reader for every record kvbench writes. Without
 a GPU nothing is sampled and the record says "no GPU: not collected".
 """
 
@@ -12,7 +12,7 @@ import time
 
 import torch
 
-from kvbench.telemetry import NvmlSampler
+from kvbench.core.telemetry import NvmlSampler
 
 NO_GPU = "no GPU: not collected (Triton interpreter on the CPU)"
 MIB, GIB = 1 << 20, 1 << 30

@@ -27,8 +27,8 @@ import torch
 import triton
 import triton.language as tl
 
-from kvbench.formats import kernel_formats
 from kvbench.kernels.cache_layouts import LAYOUTS
+from kvbench.specs.formats import kernel_formats
 
 
 def check_format(fmt: str) -> None:

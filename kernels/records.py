@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 from datetime import datetime
 
-from kvbench import machine
+from kvbench.specs import machine
 
 
 def environment() -> dict:

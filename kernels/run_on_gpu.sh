@@ -85,13 +85,13 @@ run(Path("$OUT") / "results", max_seconds=$CASES_S)
 EOF
     finish "${PIPESTATUS[0]}"
 fi
-# Call the command's body directly with its settings: only kvbench.commands.kernels (and its settings) and
+# Call the command's body directly with its settings: only kvbench.cli.commands.kernels (and its settings) and
 # kvbench.kernels get imported.
 COLUMNS=160 timeout --signal=INT --kill-after=20 "$WALL_S" "$PYTHON" - "${EXTRA[@]}" <<EOF 2>&1 | tee -a "$OUT/kernels.log"
 import sys
 from pathlib import Path
-from kvbench.commands.kernels import measure
-from kvbench.commands.kernels_settings import KernelsSettings
+from kvbench.cli.commands.kernels import measure
+from kvbench.cli.commands.kernels_settings import KernelsSettings
 measure(KernelsSettings(formats="$FORMATS", contexts="$CONTEXTS", batches="$BATCHES", write_tokens="$WRITE_TOKENS",
         max_seconds=$CASES_S, results_dir=Path("$OUT") / "results", interpret="--interpret" in sys.argv[1:]))
 EOF

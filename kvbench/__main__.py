@@ -1,4 +1,4 @@
-from kvbench.cli import main
+from kvbench.cli.app import main
 
 if __name__ == "__main__":
     main()

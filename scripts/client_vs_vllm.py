@@ -102,7 +102,7 @@ def vllm_random_text(tokenizer, a, seed: int, n: int) -> list[str]:
 
 
 def run_kvbench(url: str, model: str, prompts: list[str], a) -> dict:
-    from kvbench.harness.overhead import closed_loop_rate
+    from kvbench.harness.client.overhead import closed_loop_rate
 
     return asyncio.run(
         closed_loop_rate(url, prompts, model=model, concurrency=a.concurrency, output_tokens=a.output_tokens)
@@ -110,7 +110,7 @@ def run_kvbench(url: str, model: str, prompts: list[str], a) -> dict:
 
 
 def run_kvbench_lag(url: str, model: str, prompts: list[str], a, burstiness: float, seed: int, rt: bool) -> dict:
-    from kvbench.harness.overhead import open_loop_lag
+    from kvbench.harness.client.overhead import open_loop_lag
 
     kw = dict(model=model, rate_rps=a.rate, burstiness=burstiness, output_tokens=a.output_tokens, seed=seed)
     return asyncio.run(open_loop_lag(url, prompts, realtime=rt, **kw))

@@ -27,8 +27,8 @@ from pathlib import Path
 
 import torch
 
-from kvbench import evaltasks
 from kvbench.kernels import hf_nvfp4, nvfp4
+from kvbench.specs import evaltasks
 from kvbench.tinymodel.build import ensure_trained_model
 
 OUT = Path(__file__).resolve().parents[1] / "tests" / "data" / "nvfp4_reference_spread.json"

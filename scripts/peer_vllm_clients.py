@@ -12,7 +12,7 @@ import gc
 import io
 import time
 
-from kvbench.harness.clientsched import thread_cpu_and_wait_s
+from kvbench.harness.client.clientsched import thread_cpu_and_wait_s
 
 
 class GcPauses:
@@ -50,10 +50,10 @@ def run_kvbench(url: str, model: str, tokenizer, a, seed: int, schedule_seed: in
     """One kvbench run. seed: its prompts; schedule_seed: with --request-rate, the `--seed` of the vLLM run
     it is paired with, so both clients send on exactly the same Poisson schedule (their prompts differ, so
     the prefix cache cannot favour the second)."""
-    from kvbench.harness.backend import OpenAIBackend
-    from kvbench.harness.metrics import summarize
-    from kvbench.harness.scheduler import Concurrency, Rate, run_load
-    from kvbench.harness.workload import Workload, make_prompts
+    from kvbench.harness.client.backend import OpenAIBackend
+    from kvbench.harness.client.metrics import summarize
+    from kvbench.harness.client.scheduler import Concurrency, Rate, run_load
+    from kvbench.harness.client.workload import Workload, make_prompts
 
     before = thread_cpu_and_wait_s()  # like vLLM's figure below: prompt generation included
     if a.prompts == "token-ids":

@@ -45,7 +45,7 @@ class ServerPool:
 
     def get(self, dtype: str, model: Path | None = None):
         """The pool's server for `dtype`; `model` (default: the random tiny model) gets servers of its own."""
-        from kvbench.harness.server import ServerConfig, VllmServer
+        from kvbench.harness.server.lifecycle import ServerConfig, VllmServer
 
         model = Path(model or self.model)
         key = dtype if model == self.model else (dtype, str(model))
@@ -81,10 +81,10 @@ def vllm_servers(tiny_model, tmp_path_factory):
 
 @pytest.fixture(autouse=True)
 def _wide_console(monkeypatch):
-    # kvbench's consoles take their width when kvbench.output is first imported, from whatever stdout and
+    # kvbench's consoles take their width when kvbench.core.output is first imported, from whatever stdout and
     # COLUMNS the importing process had (pytest's capture, an xdist worker): in-process CLI calls print tables
     # at a fixed wide width, as `kvbench` in a child process does with COLUMNS=220 (support.kvbench).
-    from kvbench import output
+    from kvbench.core import output
 
     monkeypatch.setattr(output.console, "width", 220)
     monkeypatch.setattr(output.err_console, "width", 220)

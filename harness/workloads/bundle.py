@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from kvbench.datafiles import data_path, load_toml
+from kvbench.core.datafiles import data_path, load_toml
 
 RECIPE = "workloads/bundle.toml"
 
@@ -46,7 +46,7 @@ class _Texts:
     """Pseudo-English text of exactly n tokens (the tokenizer's own count, as vLLM counts a ShareGPT turn)."""
 
     def __init__(self, tok, rng: np.random.Generator):
-        from kvbench.harness.workload import _single_token_words
+        from kvbench.harness.client.workload import _single_token_words
         from kvbench.tinymodel.build import corpus
 
         self.tok, self.rng = tok, rng
@@ -229,8 +229,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--check", action="store_true", help="compare with the shipped files instead of writing them")
     ap.add_argument("--out", type=Path, default=None, help="folder to write (default: kvbench/data/workloads)")
     args = ap.parse_args(argv)
+    from kvbench.core.tokenizer import load_tokenizer
     from kvbench.tinymodel.build import ensure_tiny_model
-    from kvbench.tokenizer import load_tokenizer
 
     tok = load_tokenizer(ensure_tiny_model())
     folder = args.out or data_path("workloads")

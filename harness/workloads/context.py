@@ -7,8 +7,9 @@ from pathlib import Path
 
 import numpy as np
 
-from kvbench.errors import UsageError
-from kvbench.harness.workload import (
+from kvbench.core.errors import UsageError
+from kvbench.core.tokenizer import load_tokenizer
+from kvbench.harness.client.workload import (
     Prompt,
     _encode,
     _fit,
@@ -17,7 +18,6 @@ from kvbench.harness.workload import (
     allowed_token_ids,
 )
 from kvbench.harness.workloads.plan import PlannedRequest, RequestPlan
-from kvbench.tokenizer import load_tokenizer
 
 # Seed-sequence salts: one per use, large so they never equal a request index (numpy ignores trailing zero
 # words of a seed sequence, so each salt is used with one arity only).

@@ -11,7 +11,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from kvbench.errors import UsageError
+from kvbench.core.errors import UsageError
 from kvbench.harness.workloads.context import _Context, _rng
 from kvbench.harness.workloads.plan import PlannedRequest
 from kvbench.harness.workloads.spec import explain
@@ -184,7 +184,7 @@ def _jsonl(ctx: _Context, num_requests):
 
 
 def _read_json(path: str) -> Any:
-    from kvbench.datafiles import read_json
+    from kvbench.core.datafiles import read_json
 
     return read_json(Path(path), missing=f"{path}: no such file", bad="not valid JSON")
 

@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from kvbench.harness.workload import Prompt, Prompts
+from kvbench.harness.client.workload import Prompt, Prompts
 
 # vLLM's default KV block size on GPUs: prefix reuse is counted in whole blocks, as vLLM's cache hits are.
 DEFAULT_CACHE_BLOCK_TOKENS = 16

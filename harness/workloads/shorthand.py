@@ -20,8 +20,8 @@ import re
 from pathlib import Path
 from typing import Any
 
-from kvbench.datafiles import data_path
-from kvbench.errors import UsageError
+from kvbench.core.datafiles import data_path
+from kvbench.core.errors import UsageError
 from kvbench.harness.workloads.spec import KINDS, parse_spec
 
 SHIPPED = "workloads.toml"

@@ -2,7 +2,7 @@
 
 Kinds (the `kind` key; a table without one is `fixed`, today's shape):
 
-- `fixed`: prompt_tokens, output_tokens (exact, every request) — maps to kvbench.harness.workload.Workload.
+- `fixed`: prompt_tokens, output_tokens (exact, every request) — maps to kvbench.harness.client.workload.Workload.
 - `random`: `prompt` and `output` lengths drawn per request (see lengths.py: uniform as vLLM's
   --random-range-ratio, normal, lognormal, histogram), clipped to [min, max] and to max_model_len.
 - `sharegpt`: a ShareGPT JSON file read exactly as `vllm bench serve --dataset-name sharegpt` reads it.
@@ -29,8 +29,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BeforeValidator, Field, TypeAdapter, ValidationError, model_validator
 
-from kvbench.errors import UsageError
-from kvbench.harness.workload import Workload
+from kvbench.core.errors import UsageError
+from kvbench.harness.client.workload import Workload
 from kvbench.harness.workloads.lengths import LENGTH_FORM, THINK_FORM, Length, Strict, ThinkTime
 
 KINDS = ("fixed", "random", "sharegpt", "jsonl", "shared-prefix", "multi-turn", "trace")

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from kvbench.errors import UsageError
-from kvbench.harness.workload import Prompt, make_prompts
+from kvbench.core.errors import UsageError
+from kvbench.harness.client.workload import Prompt, make_prompts
 from kvbench.harness.workloads.context import _Context, _rng, _too_long
 from kvbench.harness.workloads.lengths import Uniform
 from kvbench.harness.workloads.plan import PlannedRequest, Session
@@ -18,7 +18,7 @@ def _fixed(ctx: _Context, num_requests):
     n = ctx.n(num_requests)
     if ctx.mml is not None and s.prompt_tokens + s.output_tokens > ctx.mml:
         raise _too_long(ctx, "prompt_tokens + output_tokens", s.prompt_tokens + s.output_tokens)
-    # Exactly today's prompts (kvbench.harness.workload.make_prompts), so a fixed spec changes nothing.
+    # Exactly today's prompts (kvbench.harness.client.workload.make_prompts), so a fixed spec changes nothing.
     prompts = make_prompts(s.to_workload(num_requests=n, api=ctx.api, seed=ctx.seed), ctx.source, stream=ctx.stream)
     reqs = []
     for i, p in enumerate(prompts):

@@ -6,8 +6,8 @@ import math
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from kvbench.errors import UsageError
-from kvbench.harness.workload import Prompt
+from kvbench.core.errors import UsageError
+from kvbench.harness.client.workload import Prompt
 from kvbench.harness.workloads.context import _Context, _rng
 from kvbench.harness.workloads.datasets import validated_lines
 from kvbench.harness.workloads.plan import PlannedRequest

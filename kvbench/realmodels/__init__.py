@@ -21,8 +21,8 @@ from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 
-from kvbench.datafiles import cache_root, load_toml
-from kvbench.errors import unknown_choice
+from kvbench.core.datafiles import cache_root, load_toml
+from kvbench.core.errors import unknown_choice
 from kvbench.realmodels.source import ModelPackageMissing, checked_file, install_command, locate
 
 __all__ = [

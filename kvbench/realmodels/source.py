@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from kvbench.errors import KvbenchError, UsageError
+from kvbench.core.errors import KvbenchError, UsageError
 
 BLOCK = 1 << 20
 

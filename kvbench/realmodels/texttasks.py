@@ -18,7 +18,7 @@ import json
 import random
 from collections.abc import Callable
 
-from kvbench.datafiles import load_toml
+from kvbench.core.datafiles import load_toml
 from kvbench.realmodels import text
 
 SPEC = load_toml("texttasks.toml")

@@ -125,7 +125,7 @@ class Degenerate(_Block):
 
 
 class Look(_Block):
-    """One look of the sequential rule (kvbench.sequential.Look)."""
+    """One look of the sequential rule (kvbench.core.sequential.Look)."""
 
     items: Positive
     losses: Count
@@ -163,7 +163,7 @@ class Sequential(_Block):
 
     @model_validator(mode="after")
     def _check(self):
-        from kvbench import sequential as seq
+        from kvbench.core import sequential as seq
 
         planned = self.planned_items
         if not 1 <= len(planned) <= seq.MAX_LOOKS or any(b <= a for a, b in zip(planned, planned[1:], strict=False)):
@@ -194,7 +194,7 @@ class Condition(_Block):
 
 
 class FidelityCondition(_Block):
-    """One condition of fidelity per token (kvbench.fidelity_stats.summarize)."""
+    """One condition of fidelity per token (kvbench.core.fidelity_stats.summarize)."""
 
     items: Count | None = None
     tokens: Count | None = None
@@ -278,7 +278,7 @@ def _prefixed(cond: str, exc: ValidationError) -> PydanticCustomError:
 def policy(config: dict | None, environment: dict | None) -> tuple[float, float, dict[str, float]]:
     """(confidence, budget in points, per-task budgets) a run was planned with; run_defaults.toml's for records
     that did not store them. The one reading of it: the verdict's Policy and the looks' check use this."""
-    from kvbench.datafiles import load_toml
+    from kvbench.core.datafiles import load_toml
 
     ev = (config or {}).get("eval") or {}
     defaults = load_toml("run_defaults.toml")
@@ -293,7 +293,7 @@ def policy(config: dict | None, environment: dict | None) -> tuple[float, float,
 
 @cache
 def boundaries(planned: tuple[int, ...], alpha: float) -> tuple[float, ...]:
-    from kvbench import sequential as seq
+    from kvbench.core import sequential as seq
 
     return tuple(seq.boundaries([n / planned[-1] for n in planned], alpha))
 
@@ -301,8 +301,8 @@ def boundaries(planned: tuple[int, ...], alpha: float) -> tuple[float, ...]:
 def recompute_looks(rule: dict, margin: float, alpha: float) -> list[tuple[float, float, str]]:
     """(statistic, boundary, decision) of each stored look, from its counts, the planned items and the policy's
     alpha and margin (fractions): what the rule decides, whatever the record says it decided."""
-    from kvbench import noninferiority as ni
-    from kvbench import sequential as seq
+    from kvbench.core import noninferiority as ni
+    from kvbench.core import sequential as seq
 
     planned = tuple(rule["planned_items"])
     bounds = boundaries(planned, alpha)

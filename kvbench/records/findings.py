@@ -4,8 +4,8 @@ Records written before findings had kinds (kvbench.run/1 and early kvbench.run/2
 the finding holds: the "not honoured" finding carried its engine and format ratios, the others their fixed
 wording. What cannot be told is `other`.
 
-The findings a run derives from its record when it finishes are built in harness/runfindings.py; the verdict
-(kvbench/verdict.py) and harness/notices.py add theirs. This module is the record's vocabulary only, so the
+The findings a run derives from its record when it finishes are built in harness/run/runfindings.py; the verdict
+(kvbench/analysis/verdict.py) and harness/run/notices.py add theirs. This module is the record's vocabulary only, so the
 record (kvbench/records/) can import it without importing what derives findings.
 """
 
@@ -17,7 +17,7 @@ from enum import StrEnum
 class FindingKind(StrEnum):
     NOT_HONOURED = "not-honoured"  # the engine's KV capacity contradicts the dtype's format: another dtype ran
     UNCONFIRMED = "unconfirmed"  # the server did not say (or contradicted) which KV dtype it runs
-    ACCURACY = "accuracy"  # task accuracy inferior or undecided against the budget (kvbench.verdict_accuracy)
+    ACCURACY = "accuracy"  # task accuracy inferior or undecided against the budget (kvbench.analysis.verdict_accuracy)
     CANARY = "canary"  # greedy canaries came back different under load more often than auto's
     UNSUPPORTED = "unsupported"  # the installed vLLM does not accept the dtype: recorded, not run
     EMULATED = "emulated"  # the cache format is emulated: accuracy and capacity count, its speed does not
@@ -57,6 +57,6 @@ def parse_kind(finding: dict) -> FindingKind:
         return FindingKind.OTHER
 
 
-# The kinds of degenerate answer a record counts per condition (harness/failuremodes.py counts them, the verdict
+# The kinds of degenerate answer a record counts per condition (harness/quality/failuremodes.py counts them, the verdict
 # compares them with auto's).
 DEGENERATE_KINDS = ("empty", "repeated", "id-0")

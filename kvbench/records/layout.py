@@ -6,7 +6,7 @@
     results/<machine>/logs/<name>/                vLLM and nightly logs (never committed)
     results/<machine>/machine.json                asv's machine file; results/benchmarks.json asv's suite
 
-The machine is one safe path component (kvbench.machine.check_machine_name); `inside` is the last check, on
+The machine is one safe path component (kvbench.specs.machine.check_machine_name); `inside` is the last check, on
 the names (`..` included), for anything else that becomes part of a path.
 """
 
@@ -16,7 +16,7 @@ import os
 from datetime import datetime
 from pathlib import Path
 
-from kvbench.errors import UsageError
+from kvbench.core.errors import UsageError
 
 RUNS_DIR = "runs"
 EVALS_DIR = "evals"

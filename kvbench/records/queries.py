@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from kvbench.datafiles import read_json
-from kvbench.errors import UsageError
+from kvbench.core.datafiles import read_json
+from kvbench.core.errors import UsageError
 from kvbench.records.layout import RUNS_DIR
 from kvbench.records.migrate import v1_samples
 from kvbench.records.schema import CONDITIONS, SCHEMA_V1, SPEED_FIELDS, PhaseKind, RunRecord
@@ -26,7 +26,7 @@ def find_records(where: str | Path) -> list[Path]:
 
 
 # Every run record a reader left out as unreadable in this process, in order: what was shown without it is
-# still shown, and the command then exits 2 naming how many (kvbench.cli.main), so damage is never silent.
+# still shown, and the command then exits 2 naming how many (kvbench.cli.app.main), so damage is never silent.
 _SKIPPED: list[str] = []
 
 
@@ -130,7 +130,8 @@ def headline(dtype_result: dict) -> dict:
 
 
 def _fidelity_numbers(dtype_result: dict) -> dict:
-    """Mean KLD and top-1 agreement vs auto at rest (harness/fidelity.py), at rest and at load (auto: its floor)."""
+    """Mean KLD and top-1 agreement vs auto at rest (harness/quality/fidelity.py), at rest and at load (auto: its
+    floor)."""
     fid = dtype_result.get("fidelity") or {}
     out = {}
     for cond in ("rest", "load"):

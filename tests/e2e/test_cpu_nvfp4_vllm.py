@@ -19,8 +19,8 @@ import pytest
 from support import CPU, CPU_ARGS, KVBENCH
 
 from kvbench import records
-from kvbench.harness.server import ServerConfig, VllmServer
-from kvbench.harness.workload import Workload, make_prompts
+from kvbench.harness.client.workload import Workload, make_prompts
+from kvbench.harness.server.lifecycle import ServerConfig, VllmServer
 from kvbench.kernels.vllm_plugin import ACTIVE_MARK, ENV_SWITCH, ENV_VERIFY
 
 

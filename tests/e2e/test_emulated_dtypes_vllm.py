@@ -20,11 +20,11 @@ import aiohttp
 import pytest
 from support import CPU, CPU_ARGS
 
-from kvbench.capacity import budget_from_bytes, capacity_row
-from kvbench.formats import get_format
-from kvbench.harness.server import ServerConfig, VllmServer
+from kvbench.harness.server.lifecycle import ServerConfig, VllmServer
 from kvbench.kernels.vllm_plugin import ACTIVE_MARK, ENV_VERIFY
-from kvbench.models import load_model
+from kvbench.specs.capacity import budget_from_bytes, capacity_row
+from kvbench.specs.formats import get_format
+from kvbench.specs.models import load_model
 
 pytestmark = pytest.mark.vllm
 
@@ -41,7 +41,7 @@ def deep_model(tmp_path_factory) -> Path:
     from safetensors.torch import save_file
     from transformers import LlamaForCausalLM
 
-    from kvbench.tinyconfig import CONFIG
+    from kvbench.core.tinyconfig import CONFIG
     from kvbench.tinymodel.build import SEED, build_tokenizer, llama_config
 
     path = tmp_path_factory.mktemp("models") / f"kvbench-tiny-llama-{DEEP_LAYERS}l"

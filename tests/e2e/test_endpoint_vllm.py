@@ -20,7 +20,7 @@ SMALL = ["--num-requests", "8", "--concurrency", "4", "--search-cap", "4"]
 @pytest.fixture(scope="module")
 def fp8_server(tiny_model, tmp_path_factory):
     pytest.importorskip("vllm")
-    from kvbench.harness.server import ServerConfig, VllmServer
+    from kvbench.harness.server.lifecycle import ServerConfig, VllmServer
 
     cfg = ServerConfig(
         model=str(tiny_model),

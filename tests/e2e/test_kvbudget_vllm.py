@@ -1,4 +1,4 @@
-"""A CPU run of the user's own model sizes its KV cache from the model and the run (harness/kvbudget.py), bounded
+"""A CPU run of the user's own model sizes its KV cache from the model and the run (harness/server/kvbudget.py), bounded
 by free memory and said in the plan's notes; --kv-cache-memory-bytes wins; the built-in model keeps its 4 MiB.
 No vLLM here: the plan is built with the installed vLLM's dtype list stubbed, the sizing checked by arithmetic."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from kvbench.datafiles import load_toml
+from kvbench.core.datafiles import load_toml
 
 CPU = load_toml("run_defaults.toml")["cpu"]
 MiB = 2**20

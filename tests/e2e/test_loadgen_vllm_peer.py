@@ -124,7 +124,7 @@ def test_kvbench_agrees_with_vllm_bench_serve(tmp_path, tiny_model):
     # (other tenants, and each client's CPU, slow it), by 20-50 % in either direction. The precise
     # agreement is checked against the fake server below, where the truth is known. What must hold on the
     # real server: with the client on real-time priority, tokens stream (they are not all delivered at
-    # once, see kvbench.harness.clientsched) and the client was not kept off the CPU.
+    # once, see kvbench.harness.client.clientsched) and the client was not kept off the CPU.
     for r in seq["rounds"]:
         kv = r["kvbench"]
         if rec["clients_realtime"]:

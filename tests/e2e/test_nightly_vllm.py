@@ -42,7 +42,7 @@ def test_cpu_night_end_to_end(tmp_path):
         }
     )
     cfg = write_config(tmp_path, raw)
-    from kvbench.datafiles import cache_root
+    from kvbench.core.datafiles import cache_root
 
     # asv writes its machine file to $HOME: a throwaway one; the tiny model stays where it is cached
     env = {"KVBENCH_MACHINE": "cpu-nightly-test", "HOME": str(tmp_path), "KVBENCH_CACHE_DIR": str(cache_root())}

@@ -15,7 +15,7 @@ import pytest
 from support import ROOT, kvbench
 
 from kvbench import records
-from kvbench.machine import machine_name
+from kvbench.specs.machine import machine_name
 from kvbench.testing.fakeserver import FakeConfig, FakeServer
 
 # The fast-tier tests that read results/: the two that failed after `make run` (issue 36), and the files whose

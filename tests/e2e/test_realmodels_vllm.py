@@ -60,9 +60,9 @@ def test_smollm2_serves_and_vllm_bf16_sits_near_transformers(smollm2, tmp_path):
     implementation floor a real-model run records as auto's `torch` fidelity) is small and nearly always agrees."""
     import aiohttp
 
-    from kvbench.harness.server import ServerConfig, VllmServer
-    from kvbench.harness.textfidelity import TextFidelity
-    from kvbench.tokenizer import load_tokenizer
+    from kvbench.core.tokenizer import load_tokenizer
+    from kvbench.harness.quality.textfidelity import TextFidelity
+    from kvbench.harness.server.lifecycle import ServerConfig, VllmServer
 
     folder, _ = smollm2
     cfg = ServerConfig(

@@ -16,8 +16,8 @@ import pytest
 from support import DATA, KVBENCH, LEAN, kvbench, kvbench_at, only_record, plan_for
 
 from kvbench import records
-from kvbench.harness.runner import Runner
-from kvbench.harness.runplan import Reporter
+from kvbench.harness.run.runner import Runner
+from kvbench.harness.run.runplan import Reporter
 
 SMALL = ["--num-requests", "16", "--concurrency", "4", "--search-cap", "8"]
 TASK = "kvbench_needle_512"  # one of the CPU default's tasks: retrieval at the run's context
@@ -75,7 +75,7 @@ def test_cli_end_to_end_with_emulated_nvfp4(tmp_path):
         e = ev[cond]["tasks"][TASK]
         assert e["n"] == 40 and len(e["ci95"]) == 2, (cond, ev)
     assert nvfp4["agreement"]["vs_auto"]["sequences"] == 8
-    # fidelity per token (harness/fidelity.py): nvfp4 at rest and at load against auto's floor (auto at load)
+    # fidelity per token (harness/quality/fidelity.py): nvfp4 at rest and at load against auto's floor (auto at load)
     floor = auto["fidelity"]["load"]
     for cond, items in (("rest", 40), ("load", 10)):  # at rest every item the eval answers at rest, at load 10
         f = nvfp4["fidelity"][cond]
@@ -121,8 +121,8 @@ def _answers_match_transformers_with_nvfp4_kv(path: Path, doc: dict) -> None:
     (docs/guide/cpu-nvfp4.md). Negative controls (a wrong digit, stopping early) fail it widely
     (tests/unit/test_nvfp4_spread.py).
     """
-    from kvbench import evaltasks
     from kvbench.kernels import hf_nvfp4
+    from kvbench.specs import evaltasks
 
     spread = json.loads((DATA / "nvfp4_reference_spread.json").read_text())
     evals = records.samples_frame(path, "evals")

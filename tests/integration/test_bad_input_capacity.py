@@ -5,7 +5,7 @@ import json
 import pytest
 from support import kvbench_here
 
-from kvbench.datafiles import data_path
+from kvbench.core.datafiles import data_path
 
 BASE = ["capacity", "-m", "llama-3.1-8b", "-g", "h100-sxm", "-c", "4096"]
 PLAN = ["plan", "-m", "llama-3.1-8b", "-u", "10", "-c", "4096", "--gpus", "h100-sxm"]

@@ -1,6 +1,6 @@
 """Hostile input, round two (issue 24): workloads that never end, damaged fronts, claims whose tolerance or
 value is not a number, and a table of bad invocations that each get one line and exit 2 (or a stated warning),
-never a traceback. In-process (kvbench.cli.main), so the table stays quick."""
+never a traceback. In-process (kvbench.cli.app.main), so the table stays quick."""
 
 from __future__ import annotations
 
@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 from support import cli, committed_results, cpu_plan
 
-from kvbench.errors import UsageError
-from kvbench.harness.defaults import build_plan
-from kvbench.harness.settings import RunSettings
-from kvbench.verdict import decide
+from kvbench.analysis.verdict import decide
+from kvbench.core.errors import UsageError
+from kvbench.harness.run.defaults import build_plan
+from kvbench.harness.run.settings import RunSettings
 
 ROOT = Path(__file__).resolve().parents[2]
 # a committed run record with fronts (cpu-amd-epyc, price key cpu)
@@ -231,7 +231,8 @@ def test_openai_api_key_in_the_shell_does_not_block_a_local_run(capsys, monkeypa
 
 
 def test_a_null_version_is_unknown_not_none(monkeypatch):
-    from kvbench.harness import endpoint, http
+    from kvbench.harness.client import http
+    from kvbench.harness.server import endpoint
 
     monkeypatch.setattr(http, "get", lambda *a, **k: (200, b'{"version": null}'))
     assert endpoint._version("http://h:1", {}, 1.0) is None
@@ -279,7 +280,7 @@ def test_a_damaged_evals_parquet_is_named_on_the_page_not_dropped(tmp_path):
 def test_no_usage_failed_requests_and_no_canaries_are_stated(tmp_path, tiny_model):
     import asyncio
 
-    from kvbench.harness.runner import Runner
+    from kvbench.harness.run.runner import Runner
     from kvbench.testing.fakeserver import FakeConfig, FakeServer
 
     cfg = FakeConfig(

@@ -24,8 +24,8 @@ import pytest
 from support import committed_results, kvbench_at, kvbench_here
 
 from kvbench import records
+from kvbench.analysis.verdict import decide
 from kvbench.testing.fakeserver import FakeConfig, FakeServer
-from kvbench.verdict import decide
 
 TASKS = "kvbench_passkey_512,kvbench_multikey_512"
 ROOT = Path(__file__).resolve().parents[2]
@@ -222,7 +222,7 @@ def test_the_intact_record_reads_and_its_looks_are_recomputed(measured):
 def test_the_references_accuracy_is_on_the_paired_items():
     """N-P17 (v_acc_display_mismatch): fp8 answered 200 items, auto 500; the line sets fp8's accuracy beside
     auto's on the same 200 (fp8's + (losses - gains) / n), not auto's over all 500."""
-    from kvbench.verdict_accuracy import paired_accuracy
+    from kvbench.analysis.verdict_accuracy import paired_accuracy
 
     fp8 = {"n": 200, "correct": 174, "accuracy": 0.87, "ci95": [0.8, 0.9]}
     auto = {"n": 500, "correct": 424, "accuracy": 0.848, "ci95": [0.8, 0.9]}

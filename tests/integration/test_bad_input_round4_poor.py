@@ -13,7 +13,7 @@ import pytest
 from support import committed_results, kvbench, kvbench_here
 
 from kvbench import records
-from kvbench.errors import UsageError
+from kvbench.core.errors import UsageError
 
 ROOT = Path(__file__).resolve().parents[2]
 RUNS = committed_results() / "cpu-amd-epyc" / "runs"

@@ -22,7 +22,7 @@ import pytest
 from support import everything_under, kvbench, kvbench_at, one_line_error
 
 from kvbench import records
-from kvbench.harness import agreement, fidelity, logprobs
+from kvbench.harness.quality import agreement, fidelity, logprobs
 from kvbench.testing.fakeserver import FakeConfig, FakeServer
 
 TASK = "kvbench_passkey_512"
@@ -32,7 +32,7 @@ ORG = "org-round4-2d9e"
 
 @pytest.fixture(scope="module")
 def tok(trained_model):
-    from kvbench.tokenizer import load_tokenizer
+    from kvbench.core.tokenizer import load_tokenizer
 
     return load_tokenizer(trained_model)
 
@@ -127,7 +127,7 @@ def test_a_body_past_what_the_request_needs_is_not_read(tok, monkeypatch):
 
 
 def test_kl_of_inputs_that_are_not_distributions_is_nan_not_zero():
-    from kvbench import fidelity_stats as fs
+    from kvbench.core import fidelity_stats as fs
 
     assert fs.kl_topk({1: float("nan")}, {1: -0.1}) != fs.kl_topk({1: float("nan")}, {1: -0.1})  # NaN
     # a candidate side of mass 1.8: the "KL" is negative, impossible for two distributions

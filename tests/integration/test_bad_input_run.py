@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 from support import kvbench_here
 
-from kvbench.errors import UsageError
-from kvbench.harness.defaults import build_plan
-from kvbench.harness.settings import RunSettings
+from kvbench.core.errors import UsageError
+from kvbench.harness.run.defaults import build_plan
+from kvbench.harness.run.settings import RunSettings
 
 BAD_PLANS = [
     ({"num_requests": 0}, "--num-requests must be a whole number >= 1, got 0"),

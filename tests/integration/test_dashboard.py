@@ -357,7 +357,7 @@ def test_history_marks_releases_and_regressions(sample_pages):
 
 
 def test_history_with_real_regress_rule(sample_data):
-    regress = pytest.importorskip("kvbench.regress")
+    regress = pytest.importorskip("kvbench.analysis.regress")
     found = regress.find_regressions(sample_data.history)
     flagged = [r for r in found if r.verdict == "regression"]
     assert [(r.metric, r.kv_dtype) for r in flagged] == [("ttft_p95", "fp8")]
@@ -415,7 +415,7 @@ def test_site_is_swapped_in_whole(tmp_path, sample_data, sample_pages, monkeypat
 def test_refuses_to_replace_a_foreign_folder(tmp_path, sample_data):
     (tmp_path / "mine").mkdir()
     (tmp_path / "mine" / "notes.txt").write_text("keep me")
-    from kvbench.errors import UsageError
+    from kvbench.core.errors import UsageError
 
     with pytest.raises(UsageError, match="refusing to replace"):
         site.write_site(sample_data, tmp_path / "mine")

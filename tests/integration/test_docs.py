@@ -13,7 +13,7 @@ import typer.main
 from pydantic import BaseModel
 
 from kvbench import records
-from kvbench.cli import app
+from kvbench.cli.app import app
 
 REPO = Path(__file__).resolve().parents[2]
 

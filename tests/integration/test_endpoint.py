@@ -12,8 +12,8 @@ import pytest
 from support import LEAN, everything_under, json_summary, kvbench_at, kvbench_here, one_line_error
 
 from kvbench import records
-from kvbench.errors import UsageError
-from kvbench.harness.endpoint import check_url, parse_endpoints, redact_url, with_credentials
+from kvbench.core.errors import UsageError
+from kvbench.harness.server.endpoint import check_url, parse_endpoints, redact_url, with_credentials
 from kvbench.testing.fakeserver import FakeConfig, FakeServer
 
 KEY = "sk-kvbench-test-0123456789"

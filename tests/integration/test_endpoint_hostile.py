@@ -12,15 +12,15 @@ import pytest
 from support import cpu_plan, everything_under, kvbench, kvbench_at, one_line_error
 
 from kvbench import records
-from kvbench.errors import UsageError
-from kvbench.harness import http
-from kvbench.harness.backend import OpenAIBackend
-from kvbench.harness.defaults import build_plan
-from kvbench.harness.runner import Runner
-from kvbench.harness.runplan import Reporter
-from kvbench.harness.settings import RunSettings
+from kvbench.analysis.verdict import decide
+from kvbench.core.errors import UsageError
+from kvbench.harness.client import http
+from kvbench.harness.client.backend import OpenAIBackend
+from kvbench.harness.run.defaults import build_plan
+from kvbench.harness.run.runner import Runner
+from kvbench.harness.run.runplan import Reporter
+from kvbench.harness.run.settings import RunSettings
 from kvbench.testing.fakeserver import FakeConfig, FakeServer
-from kvbench.verdict import decide
 
 KEY = "sk-kvbench-test-0123456789"
 TEAM = "hush-hush-42"

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 from support import json_summary, kvbench_at, kvbench_here
 
-from kvbench import evaltasks
-from kvbench.datafiles import cache_root
-from kvbench.errors import KvbenchError, UsageError
+from kvbench.core.datafiles import cache_root
+from kvbench.core.errors import KvbenchError, UsageError
+from kvbench.specs import evaltasks
 from kvbench.testing.fakeserver import FakeConfig, FakeServer
 
 REPO = Path(__file__).resolve().parents[2]
@@ -49,7 +49,7 @@ def test_fake_server_answers_pass_keys():
 
 
 def test_evaluate_keeps_every_item(tok_dir):
-    from kvbench.harness.evaluation import evaluate
+    from kvbench.harness.quality.evaluation import evaluate
 
     with FakeServer(FakeConfig(answers="passkey", api_key="sekret")) as srv:
         res = evaluate(
@@ -82,8 +82,8 @@ def test_evaluate_keeps_every_item(tok_dir):
 
 
 def test_corruption_under_load_is_a_significant_drop(tok_dir):
-    from kvbench.harness.evalrecord import RunKey, summarize
-    from kvbench.harness.evaluation import evaluate
+    from kvbench.harness.quality.evalrecord import RunKey, summarize
+    from kvbench.harness.quality.evaluation import evaluate
 
     with FakeServer(FakeConfig(answers="passkey", corrupt_above=2, ttft_s=0.05)) as srv:
         rest = evaluate(srv.base_url, "kvbench-fake", tok_dir, ["kvbench_passkey_512"], num_concurrent=1, limit=24)
@@ -97,7 +97,7 @@ def test_corruption_under_load_is_a_significant_drop(tok_dir):
 
 
 def test_hub_tasks_offline_are_one_line(tok_dir, monkeypatch):
-    from kvbench.harness.evaluation import evaluate
+    from kvbench.harness.quality.evaluation import evaluate
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     with pytest.raises(
@@ -113,7 +113,7 @@ def test_hub_tasks_offline_are_one_line(tok_dir, monkeypatch):
 def test_max_seq_lengths_reach_lm_evals_synthetic_tasks_with_the_tokenizer(tok_dir):
     # lm-eval's RULER tasks read `max_seq_lengths` and a tokenizer from the TaskManager's metadata (lm-eval's
     # --metadata); without them they generate at their default lengths or stop on a missing tokenizer.
-    from kvbench.harness.evaluation import task_manager
+    from kvbench.harness.quality.evaluation import task_manager
 
     tm = task_manager(["kvbench_passkey_512"], tok_dir, n_items=8, max_seq_lengths=[1024, 2048])
     assert tm.metadata == {"tokenizer": str(tok_dir), "max_seq_lengths": [1024, 2048]}

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 from support import kvbench_at
 
-from kvbench.errors import KvbenchError
+from kvbench.core.errors import KvbenchError
 from kvbench.testing.fakeserver import FakeConfig, FakeServer
 
 KEY = "sk-kvbench-eval-0123456789"
@@ -40,7 +40,7 @@ def catcher():
 
 @pytest.mark.parametrize("concurrent", [1, 3])
 def test_lm_eval_follows_no_redirect(tok_dir, catcher, concurrent):
-    from kvbench.harness.evaluation import evaluate
+    from kvbench.harness.quality.evaluation import evaluate
 
     for target in (catcher.base_url, catcher.base_url.replace("http://", "https://")):
         with FakeServer(FakeConfig(redirect_to=target)) as mover:
@@ -56,7 +56,7 @@ def test_lm_eval_follows_no_redirect(tok_dir, catcher, concurrent):
 
 @pytest.mark.parametrize("concurrent", [1, 3])
 def test_lm_eval_still_sends_the_credential_to_the_named_server(tok_dir, concurrent):
-    from kvbench.harness.evaluation import evaluate
+    from kvbench.harness.quality.evaluation import evaluate
 
     with FakeServer(FakeConfig(answers="passkey", api_key=KEY)) as srv:
         res = evaluate(srv.base_url, "kvbench-fake", tok_dir, [TASK], num_concurrent=concurrent, limit=3,
@@ -69,7 +69,7 @@ def test_lm_eval_still_sends_the_credential_to_the_named_server(tok_dir, concurr
 
 def test_kvbench_eval_endpoint_refuses_a_redirect_after_its_checks(tok_dir, catcher, tmp_path, monkeypatch):
     """The metadata checks pass; the completions lm-eval then sends are redirected (a server that moves)."""
-    from kvbench.harness import evaluation
+    from kvbench.harness.quality import evaluation
 
     real = evaluation.evaluate
     with FakeServer(FakeConfig(answers="passkey", api_key=KEY)) as srv:

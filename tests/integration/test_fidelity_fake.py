@@ -1,4 +1,4 @@
-"""Fidelity per token against the fake server (harness/fidelity.py): vLLM's prompt_logprobs shape, the floor
+"""Fidelity per token against the fake server (harness/quality/fidelity.py): vLLM's prompt_logprobs shape, the floor
 (auto at load vs auto at rest) at zero where nothing changes, a dtype that changes under load measured as
 such, and one Parquet row per item and condition."""
 
@@ -9,7 +9,7 @@ import asyncio
 import pyarrow.parquet as pq
 import pytest
 
-from kvbench.harness import fidelity
+from kvbench.harness.quality import fidelity
 from kvbench.records import SampleStore
 from kvbench.testing.fakeserver import FakeServer
 from kvbench.testing.fakestate import FakeConfig
@@ -17,7 +17,7 @@ from kvbench.testing.fakestate import FakeConfig
 
 @pytest.fixture(scope="module")
 def tok(trained_model):
-    from kvbench.tokenizer import load_tokenizer
+    from kvbench.core.tokenizer import load_tokenizer
 
     return load_tokenizer(trained_model)
 

@@ -1,4 +1,4 @@
-"""The night on a rented fleet (kvbench.nightly.shards, manifest, merge, fleet): shards that cover every
+"""The night on a rented fleet (kvbench.orchestration.nightly.shards, manifest, merge, fleet): shards that cover every
 entry once and never split its dtypes; a shard's folder; merges of synthetic shard folders (failed, missing,
 overlapping, damaged) and the merge of three shards that gives the same results/ tree, summary and
 dashboard as one machine's night with the same records; SkyPilot task files that SkyPilot's own loader (or
@@ -20,17 +20,17 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from support import committed_results, kvbench, kvbench_here, shipped, sky_errors, toml_text
 
-from kvbench.errors import KvbenchError, UsageError
-from kvbench.harness.runner import Runner
-from kvbench.nightly import config as nconfig
-from kvbench.nightly import estimate as nestimate
-from kvbench.nightly import fleet as nfleet
-from kvbench.nightly import manifest as mf
-from kvbench.nightly import matrix as nmatrix
-from kvbench.nightly import merge as nmerge
-from kvbench.nightly import nodes as nnodes
-from kvbench.nightly import orchestrate
-from kvbench.nightly import shards as nshards
+from kvbench.core.errors import KvbenchError, UsageError
+from kvbench.harness.run.runner import Runner
+from kvbench.orchestration.nightly import config as nconfig
+from kvbench.orchestration.nightly import estimate as nestimate
+from kvbench.orchestration.nightly import fleet as nfleet
+from kvbench.orchestration.nightly import manifest as mf
+from kvbench.orchestration.nightly import matrix as nmatrix
+from kvbench.orchestration.nightly import merge as nmerge
+from kvbench.orchestration.nightly import nodes as nnodes
+from kvbench.orchestration.nightly import orchestrate
+from kvbench.orchestration.nightly import shards as nshards
 from kvbench.records import DtypeStatus, RunRecord, utc_iso
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -163,8 +163,8 @@ class FakeRunner(Runner):
 
 def fake_harness(monkeypatch, tmp_path, outcomes=None):
     FakeRunner.outcomes, FakeRunner.made = outcomes or {}, []
-    monkeypatch.setattr("kvbench.harness.runner.Runner", FakeRunner)
-    monkeypatch.setattr("kvbench.harness.defaults.accepted_kv_dtypes", lambda python=None: ("auto", "fp8", "nvfp4"))
+    monkeypatch.setattr("kvbench.harness.run.runner.Runner", FakeRunner)
+    monkeypatch.setattr("kvbench.harness.run.defaults.accepted_kv_dtypes", lambda python=None: ("auto", "fp8", "nvfp4"))
     monkeypatch.setattr("kvbench.tinymodel.build.ensure_tiny_model", lambda: tmp_path / "tiny")
     monkeypatch.setattr("kvbench.tinymodel.build.default_model", lambda: tmp_path / "tiny")
 
@@ -209,7 +209,7 @@ def single_night(tmp_path, monkeypatch, raw: dict, root: Path, night: str):
     """One machine's whole night (history point faked, the real gate and dashboard) into root/results."""
     from rich.progress import Progress
 
-    from kvbench.output import console
+    from kvbench.core.output import console
 
     cfg = nconfig.parse(raw)
     plan = nmatrix.expand(cfg, "cpu")
@@ -450,7 +450,7 @@ def test_damaged_duplicate_and_unfinished_shards_are_not_merged(tmp_path, monkey
 
 def test_a_real_shard_run_writes_a_complete_folder_that_merges(tmp_path, monkeypatch):
     """`kvbench nightly --shards 2 --shard I` twice (the harness faked), then `--merge` of the two folders."""
-    from kvbench.cli import main
+    from kvbench.cli.app import main
 
     fake_harness(monkeypatch, tmp_path)
     root = project(tmp_path, "checkout")
@@ -458,7 +458,7 @@ def test_a_real_shard_run_writes_a_complete_folder_that_merges(tmp_path, monkeyp
     (root / "cfg.toml").write_text(toml_text(raw))
     monkeypatch.chdir(root)
     monkeypatch.setenv("KVBENCH_MACHINE", MACHINE)
-    monkeypatch.setattr("kvbench.machine.nvml_gpus", lambda: ([], "no GPU"))
+    monkeypatch.setattr("kvbench.specs.machine.nvml_gpus", lambda: ([], "no GPU"))
     folders = []
     for i in (1, 2):
         with pytest.raises(SystemExit) as exc:
@@ -487,7 +487,7 @@ def test_a_real_shard_run_writes_a_complete_folder_that_merges(tmp_path, monkeyp
 
 
 def test_a_shard_that_cannot_start_writes_its_failure_for_the_merge(tmp_path, monkeypatch):
-    from kvbench.cli import main
+    from kvbench.cli.app import main
 
     fake_harness(monkeypatch, tmp_path)
     root = project(tmp_path, "checkout")
@@ -495,7 +495,7 @@ def test_a_shard_that_cannot_start_writes_its_failure_for_the_merge(tmp_path, mo
     (root / "cfg.toml").write_text(toml_text(raw))
     monkeypatch.chdir(root)
     monkeypatch.setenv("KVBENCH_MACHINE", MACHINE)
-    monkeypatch.setattr("kvbench.machine.nvml_gpus", lambda: ([], "no GPU"))
+    monkeypatch.setattr("kvbench.specs.machine.nvml_gpus", lambda: ([], "no GPU"))
     with pytest.raises(SystemExit) as exc:
         main(["nightly", "--config", "cfg.toml", "--shards", "2", "--shard", "1", "--night", "n2"])
     assert exc.value.code == 2
@@ -667,7 +667,7 @@ class FakeSky:
 
 
 def test_launch_submits_managed_jobs_with_the_secret_prints_ids_and_waits(tmp_path, monkeypatch, capsys):
-    from kvbench.cli import main
+    from kvbench.cli.app import main
 
     fake = FakeSky()
     monkeypatch.setattr(nfleet, "sky_sdk", lambda: fake)
@@ -755,7 +755,7 @@ def test_the_cluster_waits_for_every_node_and_ranks_them(monkeypatch):
 def test_every_record_of_a_multi_node_night_names_its_nodes(tmp_path, monkeypatch):
     from rich.progress import Progress
 
-    from kvbench.output import console
+    from kvbench.core.output import console
 
     fake_harness(monkeypatch, tmp_path)
     (tmp_path / "asv.conf.json").write_text(json.dumps({"results_dir": "results"}))

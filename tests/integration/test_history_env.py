@@ -15,9 +15,17 @@ from pathlib import Path
 import pytest
 from support import ROOT, kvbench_here
 
-from kvbench.asvrun import AsvProject, asv_command, env_name, link_venv, result_file, stabilize, write_machine_file
-from kvbench.errors import UsageError
-from kvbench.tracked import STABLE_ENV, STABLE_PYTHON
+from kvbench.core.errors import UsageError
+from kvbench.orchestration.asvrun import (
+    AsvProject,
+    asv_command,
+    env_name,
+    link_venv,
+    result_file,
+    stabilize,
+    write_machine_file,
+)
+from kvbench.specs.tracked import STABLE_ENV, STABLE_PYTHON
 
 BENCH = """
 class Tiny:
@@ -155,6 +163,6 @@ def shutil_conf(tmp_path: Path) -> None:
      (None, None), (3, None), ("", None)],
 )  # fmt: skip
 def test_one_env_files_every_existing_environment_as_one(name, expected):
-    from kvbench.tracked import one_env
+    from kvbench.specs.tracked import one_env
 
     assert one_env(name) == (name if expected is None else expected)

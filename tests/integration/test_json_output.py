@@ -48,7 +48,7 @@ def shipped_tree(tmp_path_factory):
 def test_json_is_one_document_on_stdout(name, capfd, monkeypatch, shipped_tree):
     """In this process, with stdout captured at the file descriptor (capfd): what kvbench, its libraries and any
     child process write to fd 1 is there, as in a pipe."""
-    from kvbench.cli import main
+    from kvbench.cli.app import main
 
     monkeypatch.chdir(shipped_tree)
     monkeypatch.setenv("COLUMNS", "200")

@@ -1,4 +1,4 @@
-"""A CPU run of the user's own model sizes its KV cache from the model and the run (harness/kvbudget.py), bounded
+"""A CPU run of the user's own model sizes its KV cache from the model and the run (harness/server/kvbudget.py), bounded
 by free memory and said in the plan's notes; --kv-cache-memory-bytes wins; the built-in model keeps its 4 MiB.
 No vLLM here: the plan is built with the installed vLLM's dtype list stubbed, the sizing checked by arithmetic."""
 
@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import pytest
 
-from kvbench.datafiles import load_toml
-from kvbench.errors import UsageError
-from kvbench.harness import kvbudget
-from kvbench.harness.defaults import build_plan
-from kvbench.harness.settings import RunSettings
+from kvbench.core.datafiles import load_toml
+from kvbench.core.errors import UsageError
+from kvbench.harness.run.defaults import build_plan
+from kvbench.harness.run.settings import RunSettings
+from kvbench.harness.server import kvbudget
 
 CPU = load_toml("run_defaults.toml")["cpu"]
 MiB = 2**20
@@ -18,7 +18,7 @@ MiB = 2**20
 
 @pytest.fixture(autouse=True)
 def _no_vllm_probe(monkeypatch):
-    monkeypatch.setattr("kvbench.harness.defaults.accepted_kv_dtypes", lambda python: ("auto", "fp8", "nvfp4"))
+    monkeypatch.setattr("kvbench.harness.run.defaults.accepted_kv_dtypes", lambda python: ("auto", "fp8", "nvfp4"))
 
 
 def plan(tmp_path, **kwargs):
@@ -39,7 +39,7 @@ def test_gqa_model_has_the_other_shape(gqa_model):
 
 
 def test_bytes_per_sequence_is_whole_cpu_blocks_of_every_layer(gqa_model):
-    from kvbench.models import load_model
+    from kvbench.specs.models import load_model
 
     spec = load_model(str(gqa_model))
     # 2 layers x (K and V) x 8 KV heads x 128 x 2 bytes = 8 KiB per token; 512 tokens = 4 blocks of 128
@@ -57,7 +57,7 @@ def test_sized_for_the_run_concurrency_then_the_search_cap(gqa_model):
 
 
 def test_bounded_by_free_memory_and_says_so(gqa_model):
-    from kvbench.models import load_model
+    from kvbench.specs.models import load_model
 
     weights = int(load_model(str(gqa_model)).weight_bytes)
     free = weights + 2 * 42 * MiB  # half of what is left after the weights: 42 MiB, ten 4-MiB sequences

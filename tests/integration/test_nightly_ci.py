@@ -16,7 +16,7 @@ import pytest
 import yaml
 from support import SKY_SCHEMA, sky_errors
 
-from kvbench.nightly import config as nconfig
+from kvbench.orchestration.nightly import config as nconfig
 
 ROOT = Path(__file__).resolve().parents[2]
 WORKFLOW = ROOT / ".github" / "workflows" / "nightly.yml"
@@ -141,7 +141,7 @@ def test_the_default_night_needs_no_gpu_runner_launches_waits_merges_gates_and_p
 
 
 def test_workflow_and_sky_call_only_existing_nightly_options():
-    from kvbench.cli import app
+    from kvbench.cli.app import app
 
     cmd = next(c for c in app.registered_commands if c.name == "nightly")
     import typer.main

@@ -1,6 +1,6 @@
-"""The nightly estimate raised to what a run of the same plan measured (kvbench.nightly.measured): a record with a
-known wall time makes the entry's estimate at least that, and the budget check and the shards use it; without a
-matching record the model's figure stands and the note says so; a record of another model, other tasks, other
+"""The nightly estimate raised to what a run of the same plan measured (kvbench.orchestration.nightly.measured): a
+record with a known wall time makes the entry's estimate at least that, and the budget check and the shards use it;
+without a matching record the model's figure stands and the note says so; a record of another model, other tasks, other
 dtypes, an interrupted run or another kind of machine is not used. Every record here is written to tmp_path, so
 nothing depends on which records are committed."""
 
@@ -12,13 +12,13 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from support import shipped
 
-from kvbench.datafiles import load_toml
-from kvbench.nightly import config as nconfig
-from kvbench.nightly import estimate as nestimate
-from kvbench.nightly import matrix as nmatrix
-from kvbench.nightly import measured as nmeasured
-from kvbench.nightly import shards as nshards
-from kvbench.tinyconfig import NAME as TINY_NAME
+from kvbench.core.datafiles import load_toml
+from kvbench.core.tinyconfig import NAME as TINY_NAME
+from kvbench.orchestration.nightly import config as nconfig
+from kvbench.orchestration.nightly import estimate as nestimate
+from kvbench.orchestration.nightly import matrix as nmatrix
+from kvbench.orchestration.nightly import measured as nmeasured
+from kvbench.orchestration.nightly import shards as nshards
 
 REAL = "smollm2-135m-instruct"
 REAL_ENTRY = f"{REAL}/{nmatrix.REAL_MODEL_PLAN}"

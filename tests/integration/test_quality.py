@@ -65,9 +65,9 @@ def test_a_dtype_wrong_only_under_load_is_excluded_and_its_canaries_report_it(tm
     # every condition's answers are fingerprinted, so identical ones can be told from equal counts
     assert all(len(t["scores_sha256"]) == 64 for c in ("rest", "load") for t in fp8[c]["tasks"].values())
     items = records.samples_frame(records.find_records(tmp_path), "evals")
-    conditions = {"rest", "load", "batched", "mixed", "prefix", "during_load"}  # harness/evalphase.py
+    conditions = {"rest", "load", "batched", "mixed", "prefix", "during_load"}  # harness/quality/evalphase.py
     assert set(items.condition) == conditions and len(items) == 2 * 6 * 24  # every item kept
-    # fidelity per token (harness/fidelity.py): auto's floor at zero, fp8 changed at load and not at rest
+    # fidelity per token (harness/quality/fidelity.py): auto's floor at zero, fp8 changed at load and not at rest
     fid = {d["kv_cache_dtype"]: d["fidelity"] for d in doc["dtypes"]}
     assert fid["auto"]["load"]["mean_kld"] == 0.0 and fid["fp8"]["rest"]["mean_kld"] == 0.0
     assert fid["fp8"]["load"]["mean_kld"] > 0 and fid["fp8"]["load"]["top1_agreement"] < 1
@@ -90,7 +90,7 @@ PAIRS = [("batched", "mixed"), ("prefix", "degenerate")]
 
 @pytest.mark.parametrize("modes", PAIRS, ids=["-".join(p) for p in PAIRS])
 def test_each_failure_mode_condition_catches_a_dtype_that_fails_only_there(modes, tmp_path, trained_model):
-    """The field's failure modes (harness/failuremodes.py), one per dtype: a server right everywhere but in one
+    """The field's failure modes (harness/quality/failuremodes.py), one per dtype: a server right everywhere but in one
     condition is excluded, and the verdict names that condition; auto, right everywhere, is recommended."""
     # a 20 ms prefill gives "mixed" steps something to overlap; the other faults do not depend on it
     ttft = 0.02 if "mixed" in modes else 0.005

@@ -10,7 +10,7 @@ import time
 import pytest
 from support import LEAN, cpu_plan, kvbench_at, kvbench_here, only_record, plan_for
 
-from kvbench.harness.runner import Runner
+from kvbench.harness.run.runner import Runner
 from kvbench.testing.fakeserver import FakeConfig, FakeServer
 
 SMALL = ["--num-requests", "16", "--concurrency", "4", "--search-cap", "8"]
@@ -98,7 +98,7 @@ def test_hung_server_ends_by_no_progress_timeout(tmp_path, tiny_model):
 def test_ctrl_c_while_a_phase_waits_for_its_canaries_keeps_the_measured_phase(tmp_path, monkeypatch, tiny_model):
     # The load has finished and been measured; Ctrl-C lands while the phase awaits its canaries (seen in CI
     # when the signal came late). The phase must be in the record, and the dtype partial, not failed.
-    from kvbench.harness import agreement
+    from kvbench.harness.quality import agreement
     from kvbench.testing.fakeserver import FakeConfig, FakeServer
 
     async def interrupted_ride(self):

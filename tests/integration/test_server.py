@@ -13,7 +13,7 @@ import time
 import psutil
 import pytest
 
-from kvbench.harness import server
+from kvbench.harness.server import lifecycle as server
 
 
 @pytest.mark.skipif(server._prctl is None, reason="PR_SET_PDEATHSIG is Linux-only")
@@ -22,7 +22,7 @@ def test_a_server_dies_with_the_kvbench_process_that_started_it(tmp_path):
     script = textwrap.dedent(
         """
         import os, subprocess, sys, time
-        from kvbench.harness.server import _die_with_parent
+        from kvbench.harness.server.lifecycle import _die_with_parent
         child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"],
                                  start_new_session=True, preexec_fn=_die_with_parent(os.getpid()))
         print(child.pid, flush=True)

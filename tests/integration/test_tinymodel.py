@@ -152,7 +152,7 @@ def test_committed_weights_reach_the_task_bars(served):
 def test_teacher_forced_scoring_equals_generation(served):
     import torch
 
-    from kvbench import evaltasks
+    from kvbench.specs import evaltasks
     from kvbench.tinymodel import scoring
 
     model, tok = served

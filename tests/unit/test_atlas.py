@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import pytest
 
-from kvbench.commands.report_atlas import render_atlas, render_scales
+from kvbench.analysis.verdict import decide
+from kvbench.analysis.verdict_atlas import EMULATED, NATIVE, REFUSED, is_atlas, rows
+from kvbench.cli.commands.report_atlas import render_atlas, render_scales
+from kvbench.core.output import console
 from kvbench.dashboards import page_atlas
 from kvbench.dashboards.data import SiteData
-from kvbench.output import console
 from kvbench.records import parse_record
-from kvbench.verdict import decide
-from kvbench.verdict_atlas import EMULATED, NATIVE, REFUSED, is_atlas, rows
 
 
 def cap(engine: int, model: int | None = None) -> dict:

@@ -4,12 +4,12 @@ import math
 
 import pytest
 
-from kvbench.capacity import budget_from_bytes, budget_from_gpu, capacity_row, capacity_table
-from kvbench.formats import get_format, parse_format_list
-from kvbench.gpus import get_gpu
-from kvbench.models import load_model
-from kvbench.units import GB, GiB
-from kvbench.vllm_memory import release, scheduler_knobs
+from kvbench.core.units import GB, GiB
+from kvbench.specs.capacity import budget_from_bytes, budget_from_gpu, capacity_row, capacity_table
+from kvbench.specs.formats import get_format, parse_format_list
+from kvbench.specs.gpus import get_gpu
+from kvbench.specs.models import load_model
+from kvbench.specs.vllm_memory import release, scheduler_knobs
 
 LLAMA = load_model("llama-3.1-8b")
 

@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 from support import cli
 
-from kvbench.capacity import budget_from_bytes, capacity_row, max_concurrent_batches
-from kvbench.formats import get_format
-from kvbench.models import load_model
+from kvbench.specs.capacity import budget_from_bytes, capacity_row, max_concurrent_batches
+from kvbench.specs.formats import get_format
+from kvbench.specs.models import load_model
 
 GEMMA = Path(__file__).parents[1] / "data" / "vllm-hybrid-logs" / "gemma-3-270m-config.json"
 GiB = 2**30
@@ -100,7 +100,7 @@ def test_from_log_sizes_a_vllm_cpu_log_with_one_batch_in_flight(tmp_path):
     API-server batch size (lines in vLLM 0.32's own wording, figures from shared/notes/real-models-on-cpu.md)."""
     from typer.testing import CliRunner
 
-    from kvbench.cli import app
+    from kvbench.cli.app import app
 
     log = tmp_path / "vllm-cpu.log"
     log.write_text(

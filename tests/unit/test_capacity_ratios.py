@@ -43,10 +43,10 @@ def test_a_hybrids_fp8_ratio_follows_the_context(capsys):
 
 
 def test_the_claims_check_uses_the_same_ratio():
-    from kvbench.capacity import budget_from_bytes, capacity_table
-    from kvbench.claims import evaluate, load_claims
-    from kvbench.formats import get_format
-    from kvbench.models import load_model
+    from kvbench.analysis.claims import evaluate, load_claims
+    from kvbench.specs.capacity import budget_from_bytes, capacity_table
+    from kvbench.specs.formats import get_format
+    from kvbench.specs.models import load_model
 
     claim = next(c for c in load_claims()["claims"] if c["id"] == "4x-users")
     rows = capacity_table(

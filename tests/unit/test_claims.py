@@ -2,8 +2,8 @@
 
 import pytest
 
-from kvbench.claims import evaluate, load_claims
-from kvbench.errors import UsageError
+from kvbench.analysis.claims import evaluate, load_claims
+from kvbench.core.errors import UsageError
 
 
 @pytest.fixture(scope="module")
@@ -63,7 +63,7 @@ def test_bad_claims_files(tmp_path):
 def test_measured_values_only_from_matching_runs():
     import pandas as pd
 
-    from kvbench.claims import measured_values
+    from kvbench.analysis.claims import measured_values
 
     def row(
         dtype, conc, model="meta-llama/Llama-3.1-8B", context=4096, budget=56.5e9, run="r2", when="2026-11-29T02:00:00Z"
@@ -113,7 +113,7 @@ def _measured_row(dtype, run, when, **values):
 def test_ttft_from_cache_hits_is_measured_on_the_newest_prefix_sharing_run_with_both_dtypes():
     import pandas as pd
 
-    from kvbench.claims import measured_values
+    from kvbench.analysis.claims import measured_values
 
     def row(dtype, ttft, run, when, kind="shared-prefix"):
         return _measured_row(dtype, run, when, workload_kind=kind, ttft_p50_ms=ttft)
@@ -147,7 +147,7 @@ def test_the_nvidia_accuracy_claim_is_not_checkable_on_the_tiny_models_records()
     of models the claim speaks of ("across benchmarks", any model), and the newest of them judges it."""
     from support import committed_results
 
-    from kvbench.claims import measured_values
+    from kvbench.analysis.claims import measured_values
     from kvbench.records import summary_frame
 
     frame = summary_frame(committed_results())
@@ -203,7 +203,7 @@ def _accuracy_record(tmp_path, model: str, losses: int, n: int = 1000, tasks=("a
 def test_a_claim_about_the_tiny_model_itself_is_held_to_the_verdict(tmp_path, losses, n, verdict, label):
     """Non-inferior -> holds, inferior -> fails, undecided -> not decided with the items that would decide it,
     whatever the point estimate (0.67 points lost on 150 items is inside "<1" but decides nothing)."""
-    from kvbench.claims import measured_values
+    from kvbench.analysis.claims import measured_values
     from kvbench.records import summary_frame
 
     _accuracy_record(tmp_path, "kvbench-tiny-llama", losses, n)
@@ -220,7 +220,7 @@ def test_a_claim_about_the_tiny_model_itself_is_held_to_the_verdict(tmp_path, lo
 
 
 def test_an_any_model_claim_ignores_the_tiny_model_but_counts_a_real_one(tmp_path):
-    from kvbench.claims import measured_values
+    from kvbench.analysis.claims import measured_values
     from kvbench.records import summary_frame
 
     _accuracy_record(tmp_path, "meta-llama/Llama-3.1-8B", 0)

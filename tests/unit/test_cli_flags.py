@@ -1,5 +1,5 @@
 """Every `kvbench` command (tinymodel's subcommands too) keeps the flags and arguments it has: the command line
-is generated from settings models (kvbench/clisettings.py), and a refactor of those must not add, drop or
+is generated from settings models (kvbench/cli/clisettings.py), and a refactor of those must not add, drop or
 rename a flag by accident. A deliberate change updates tests/data/cli_flags.json:
 
     .venv/bin/python tests/unit/test_cli_flags.py > tests/data/cli_flags.json
@@ -20,7 +20,7 @@ def cli_flags() -> dict[str, dict[str, list[str]]]:
     """{"tinymodel train": {"options": [...], "arguments": [...]}, ...} for every leaf command, read from click."""
     import typer
 
-    from kvbench.cli import app
+    from kvbench.cli.app import app
 
     out: dict[str, dict[str, list[str]]] = {}
 
@@ -54,7 +54,7 @@ def test_dashboard_help_names_every_registered_page():
     """The help is read from the page registry (kvbench/dashboards/site.py PAGES), so a new page shows in it."""
     from typer.testing import CliRunner
 
-    from kvbench.cli import app
+    from kvbench.cli.app import app
     from kvbench.dashboards.site import PAGES
 
     result = CliRunner().invoke(app, ["dashboard", "--help"], env={"COLUMNS": "100", "NO_COLOR": "1"})
@@ -64,7 +64,7 @@ def test_dashboard_help_names_every_registered_page():
     assert not missing, f"kvbench dashboard --help does not name: {missing}\n{result.output}"
 
 
-SHARED = {  # kvbench/options.py: flag -> the Annotated type that declares it
+SHARED = {  # kvbench/specs/options.py: flag -> the Annotated type that declares it
     "--model": "Model",
     "--results": "Results",
     "--json": "AsJson",
@@ -79,7 +79,7 @@ SHARED = {  # kvbench/options.py: flag -> the Annotated type that declares it
 
 
 def test_shared_options_are_declared_once():
-    """Each shared option's flag is declared in kvbench/options.py only; a command may narrow its names on the
+    """Each shared option's flag is declared in kvbench/specs/options.py only; a command may narrow its names on the
     shared type itself (Annotated[Model, Flag("--model")]), and declares no typer option of its own."""
     import re
 
@@ -95,7 +95,7 @@ def test_shared_options_are_declared_once():
             alias = SHARED.get(m.group(1))
             line = text[text.rfind("\n", 0, m.start()) + 1 : m.start()]
             if alias and not re.search(rf"Annotated\[\s*{alias},\s*$", line):
-                found.append(f"{path.relative_to(root)}: {m.group(1)} (use kvbench.options.{alias})")
+                found.append(f"{path.relative_to(root)}: {m.group(1)} (use kvbench.specs.options.{alias})")
     assert not found, found
 
 
@@ -108,9 +108,9 @@ def test_shared_options_are_declared_once():
     ],
 )
 def test_the_shared_machine_check_refuses_a_path_in_one_line(argv, capsys):
-    """--machine is one typed option (kvbench/options.py Machine): every command that takes it refuses a name
+    """--machine is one typed option (kvbench/specs/options.py Machine): every command that takes it refuses a name
     that is a path, in one line with exit 2, before reading anything."""
-    from kvbench.cli import main
+    from kvbench.cli.app import main
 
     with pytest.raises(SystemExit) as exit_:
         main(argv)
@@ -133,7 +133,7 @@ RENAMED = {
 def test_renamed_flags_keep_their_old_name_hidden():
     import typer
 
-    from kvbench.cli import app
+    from kvbench.cli.app import app
 
     commands = typer.main.get_command(app).commands
     for (name, old), new in RENAMED.items():
@@ -146,7 +146,7 @@ def test_renamed_flags_keep_their_old_name_hidden():
 
 
 def test_an_old_flag_name_sets_the_same_setting(capsys):
-    from kvbench.cli import main
+    from kvbench.cli.app import main
 
     base = ["capacity", "-m", "llama-3.1-8b", "-g", "h100-sxm", "-c", "4096", "--json"]
     outputs = []
@@ -159,7 +159,7 @@ def test_an_old_flag_name_sets_the_same_setting(capsys):
 
 
 def test_old_and_new_name_together_is_one_line(capsys):
-    from kvbench.cli import main
+    from kvbench.cli.app import main
 
     with pytest.raises(SystemExit) as exit_:
         main(["capacity", "-m", "llama-3.1-8b", "-g", "h100-sxm", "--kv-dtypes", "fp8", "--kv-dtype", "auto"])

@@ -1,4 +1,4 @@
-"""DeepSeek V4's KV layout (kvbench/dsv4_kv.py) held to vLLM 0.32 itself: the per-layer specs come from vLLM's own
+"""DeepSeek V4's KV layout (kvbench/specs/dsv4_kv.py) held to vLLM 0.32 itself: the per-layer specs come from vLLM's own
 cache classes (DeepseekV4SWACache, CompressorStateCache, DeepseekV4IndexerCache, DeepseekV4Attention.
 get_kv_cache_spec), built the way models/deepseek_v4/attention.py builds them for each layer of the shipped
 DeepSeek-V4-Flash config, then grouped, pooled and counted by vLLM's own kv_cache_utils functions
@@ -11,10 +11,10 @@ from types import SimpleNamespace as NS
 
 import pytest
 
-from kvbench.formats import get_format
-from kvbench.models import load_model
-from kvbench.speculative import parse_speculative, with_speculative
-from kvbench.vllm_accounting import account
+from kvbench.specs.formats import get_format
+from kvbench.specs.models import load_model
+from kvbench.specs.speculative import parse_speculative, with_speculative
+from kvbench.specs.vllm_accounting import account
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("vllm.models.deepseek_v4.attention")
@@ -98,7 +98,7 @@ def vllm_capacity(specs: dict, context: int, in_flight: int, pool_bytes: int):
 def flash():
     import json
 
-    from kvbench.datafiles import data_path
+    from kvbench.core.datafiles import data_path
 
     cfg = json.loads(data_path("models/deepseek-v4-flash.json").read_text())
     return cfg, vllm_specs(cfg), vllm_specs(cfg, mtp_layers=1)
@@ -139,7 +139,7 @@ def test_deepseek_v4_flash_weights_per_rank_with_mxfp4_experts():
     """expert_dtype "fp4" (the default): MXFP4 routed experts, the rest block-scaled fp8. uv-xiao/pto-cu's 2x H200
     starts (tests/data/vllm-user-logs) logged 'Model loading took 74.08 GiB' per rank at TP 2; counting the experts
     as fp8 gave 137 GiB."""
-    from kvbench.weights import weight_bytes_per_rank, weight_plan
+    from kvbench.specs.weights import weight_bytes_per_rank, weight_plan
 
     model = load_model("deepseek-v4-flash")
     (per_rank,) = weight_bytes_per_rank(model, weight_plan(model), tp=2)

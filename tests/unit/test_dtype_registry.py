@@ -1,5 +1,5 @@
 """kvbench/data/formats.toml is the one KV-dtype registry: a fake dtype added to a COPY of it (through
-$KVBENCH_DATA_DIR, kvbench.datafiles) reaches the capacity table, the run record, the verdict's order and a
+$KVBENCH_DATA_DIR, kvbench.core.datafiles) reaches the capacity table, the run record, the verdict's order and a
 dashboard page with no other change. The views of the shipped registry keep the orders they had."""
 
 from __future__ import annotations
@@ -10,12 +10,14 @@ import sys
 import pandas as pd
 import pytest
 
-from kvbench import datafiles, formats, verdict
-from kvbench.capacity import budget_from_bytes, capacity_table
-from kvbench.errors import UsageError
-from kvbench.models import load_model
+from kvbench.analysis import verdict
+from kvbench.core import datafiles
+from kvbench.core.errors import UsageError
+from kvbench.core.units import GB
 from kvbench.records import parse_record, read_record, write_record
-from kvbench.units import GB
+from kvbench.specs import formats
+from kvbench.specs.capacity import budget_from_bytes, capacity_table
+from kvbench.specs.models import load_model
 
 # 6-bit values + one 8-bit scale per 32: 0.75 + 1/32 = 0.78125 B per element; vLLM does not know it
 FAKE = """
@@ -73,7 +75,7 @@ def test_a_fake_dtype_reaches_the_capacity_table(fake_registry):
 def test_a_fake_dtype_reaches_the_capacity_command(fake_registry):
     from typer.testing import CliRunner
 
-    from kvbench.cli import app
+    from kvbench.cli.app import app
 
     args = ["capacity", "-m", "llama-3.1-8b", "-g", "h100-sxm", "-c", "4096", "--kv-dtype", "auto,fp6_test", "--json"]
     out = CliRunner().invoke(app, args, env={"COLUMNS": "200"})
@@ -250,7 +252,7 @@ def test_a_fake_dtype_with_its_own_numerics_reaches_the_accuracy_study(fake_nume
 def test_a_fake_dtype_with_its_own_numerics_reaches_the_scorer(fake_numerics):
     import torch
 
-    from kvbench import evaltasks
+    from kvbench.specs import evaltasks
     from kvbench.tinymodel import build, scoring
 
     assert "fp6_test" in scoring.scored_dtypes()

@@ -1,12 +1,12 @@
 """The endpoint-only options (--api-key, OPENAI_API_KEY, --header) mean the same in `kvbench run` and
-`kvbench eval`: one check (harness/endpoint.py request_headers) and one treatment of the shell's key."""
+`kvbench eval`: one check (harness/server/endpoint.py request_headers) and one treatment of the shell's key."""
 
 from __future__ import annotations
 
 import pytest
 
-from kvbench.errors import UsageError
-from kvbench.harness.endpoint import request_headers
+from kvbench.core.errors import UsageError
+from kvbench.harness.server.endpoint import request_headers
 from tests.support import cli
 
 KEY = "sk-0123456789abcdef"  # long and random enough to scrub

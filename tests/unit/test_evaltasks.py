@@ -7,8 +7,8 @@ import re
 
 import pytest
 
-from kvbench import evaltasks
-from kvbench.errors import UsageError
+from kvbench.core.errors import UsageError
+from kvbench.specs import evaltasks
 
 
 @pytest.fixture(scope="module")

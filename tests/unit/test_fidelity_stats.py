@@ -1,4 +1,4 @@
-"""Fidelity math (kvbench/fidelity_stats.py): KL from full and top-k logprobs against torch on the tiny model's
+"""Fidelity math (kvbench/core/fidelity_stats.py): KL from full and top-k logprobs against torch on the tiny model's
 own logits (auto vs NVFP4-rounded K/V), the clustered bootstrap, and the floor comparison."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 
-from kvbench import fidelity_stats as fs
+from kvbench.core import fidelity_stats as fs
 
 
 @pytest.fixture(scope="module")
@@ -16,8 +16,8 @@ def tiny_logprobs(trained_model):
     """log-softmax of the tiny model over one kvbench item, bf16 K/V vs NVFP4-rounded K/V: [positions, 512]."""
     import torch
 
-    from kvbench import evaltasks
     from kvbench.kernels import hf_nvfp4
+    from kvbench.specs import evaltasks
 
     auto, tok = hf_nvfp4.load(trained_model, nvfp4_kv=False)
     nvfp4, _ = hf_nvfp4.load(trained_model, nvfp4_kv=True)
@@ -101,7 +101,7 @@ def _entry(kld, ci, agree, agree_ci, conc):
 
 
 def test_report_shows_each_dtype_beside_the_floor(capsys):
-    from kvbench.commands.report_fidelity import render_fidelity
+    from kvbench.cli.commands.report_fidelity import render_fidelity
 
     doc = {
         "dtypes": [
@@ -154,9 +154,9 @@ def test_regress_treats_fidelity_like_the_other_tracked_metrics():
     sys.path.insert(0, str(Path(__file__).parent))
     from test_regress import frame
 
+    from kvbench.analysis.regress import find_regressions
     from kvbench.records import headline
-    from kvbench.regress import find_regressions
-    from kvbench.tracked import by_name
+    from kvbench.specs.tracked import by_name
 
     m = by_name()
     assert m["fidelity_kld_rest"].direction == "lower" and m["fidelity_top1_rest"].direction == "higher"

@@ -2,10 +2,10 @@
 
 import pytest
 
-from kvbench.errors import UsageError
-from kvbench.formats import get_format, parse_format_list
-from kvbench.gpus import get_gpu
-from kvbench.models import load_model
+from kvbench.core.errors import UsageError
+from kvbench.specs.formats import get_format, parse_format_list
+from kvbench.specs.gpus import get_gpu
+from kvbench.specs.models import load_model
 
 LLAMA = load_model("llama-3.1-8b")
 FULL = LLAMA.layers[0]

@@ -6,9 +6,9 @@ import math
 
 import pytest
 
-from kvbench import front, telemetry
-from kvbench.harness import energy
-from kvbench.harness.phases import sweep_ladder
+from kvbench.core import front, telemetry
+from kvbench.harness.run.phases import sweep_ladder
+from kvbench.harness.server import energy
 from kvbench.records import repeats
 
 # -- energy ---------------------------------------------------------------------------------------------------

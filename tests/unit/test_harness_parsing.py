@@ -7,12 +7,12 @@ from types import SimpleNamespace
 import pytest
 
 from kvbench import records
-from kvbench.errors import UsageError
-from kvbench.harness.promscrape import capacity_from_metrics, parse_metrics
-from kvbench.harness.slo import SLO, search
-from kvbench.logparse import parse_capacity, startup_error
-from kvbench.machine import gpu_machine_name, machine_name, slug
-from kvbench.telemetry import NvmlSampler
+from kvbench.core.errors import UsageError
+from kvbench.core.logparse import parse_capacity, startup_error
+from kvbench.core.telemetry import NvmlSampler
+from kvbench.harness.run.slo import SLO, search
+from kvbench.harness.server.promscrape import capacity_from_metrics, parse_metrics
+from kvbench.specs.machine import gpu_machine_name, machine_name, slug
 
 ONE_LINE = (
     "(EngineCore pid=1) INFO 11-29 16:37:03 [kv_cache_utils.py:2327] CPU KV cache size: "
@@ -233,7 +233,7 @@ def test_records_reject_foreign_json(tmp_path):
 
 
 def test_agreement_compare():
-    from kvbench.harness.agreement import compare
+    from kvbench.harness.quality.agreement import compare
 
     ref = [{"tokens": [1, 2, 3, 4], "logprobs": [-1.0, -2.0, -3.0, -4.0]}, {"tokens": [5, 6], "logprobs": [-1.0, -1.0]}]
     got = [{"tokens": [1, 2, 9, 9], "logprobs": [0, 0, 0, 0]}, {"tokens": [5, 6], "logprobs": [0, 0]}]
@@ -246,9 +246,9 @@ def test_agreement_compare():
 
 
 def test_a_command_line_and_a_logged_args_line_map_to_the_same_capacity_inputs():
-    # one mapping (kvbench.vllm_memory.server_inputs) for the harness's argv and --from-log's "non-default args"
-    from kvbench.harness.capacitychecks import gpus_per_server
-    from kvbench.vllm_memory import argv_args, server_inputs
+    # one mapping (kvbench.specs.vllm_memory.server_inputs) for the harness's argv and --from-log's "non-default args"
+    from kvbench.harness.server.capacitychecks import gpus_per_server
+    from kvbench.specs.vllm_memory import argv_args, server_inputs
 
     assert gpus_per_server([]) == 1
     assert gpus_per_server(["--enforce-eager", "--tensor-parallel-size", "4"]) == 4
@@ -267,14 +267,14 @@ def test_a_command_line_and_a_logged_args_line_map_to_the_same_capacity_inputs()
 
 
 def test_capacity_block_on_a_gpu_measures_the_overhead(tmp_path):
-    from kvbench.harness import capacitychecks
-    from kvbench.harness.endpoint import ServerFacts
-    from kvbench.harness.runner import Runner
-    from kvbench.harness.runplan import RunPlan
-    from kvbench.harness.scheduler import Concurrency
-    from kvbench.harness.workload import Workload
-    from kvbench.logparse import EngineCapacity
-    from kvbench.models import load_model
+    from kvbench.core.logparse import EngineCapacity
+    from kvbench.harness.client.scheduler import Concurrency
+    from kvbench.harness.client.workload import Workload
+    from kvbench.harness.run.runner import Runner
+    from kvbench.harness.run.runplan import RunPlan
+    from kvbench.harness.server import capacitychecks
+    from kvbench.harness.server.endpoint import ServerFacts
+    from kvbench.specs.models import load_model
 
     plan = RunPlan(
         model="llama-3.1-8b",
@@ -304,7 +304,7 @@ def test_committed_v2_records_are_summaries_small_enough_for_git():
     # issue 11: a CPU-default record was 3.5 MB with every request inline; v2 keeps samples in Parquet.
     from support import committed_results
 
-    from kvbench.datafiles import read_json
+    from kvbench.core.datafiles import read_json
 
     v2 = [p for p in records.find_records(committed_results()) if read_json(p).get("schema") == records.SCHEMA]
     assert len(v2) >= 6

@@ -12,8 +12,8 @@ import pytest
 from support import cli
 from typer.testing import CliRunner
 
-from kvbench.cli import app
-from kvbench.logparse import engine_failure, parse_capacity, parse_startup_log, split_startups, startup_error
+from kvbench.cli.app import app
+from kvbench.core.logparse import engine_failure, parse_capacity, parse_startup_log, split_startups, startup_error
 
 LOGS = Path(__file__).parents[1] / "data" / "vllm-startup-logs"
 FIRST = LOGS / "microsoft-phi-2--h100-80gb--tp1pp1dp1--2048.txt"

@@ -1,4 +1,5 @@
-"""kvbench's KV accounting (kvbench/vllm_accounting.py) against real vLLM start-up logs, given each log's own pool.
+"""kvbench's KV accounting (kvbench/specs/vllm_accounting.py) against real vLLM start-up logs, given each log's own
+pool.
 
 The pool vLLM found ("Available KV cache memory") is taken from the log, so what is tested is the accounting
 alone: per-layer specs, block size raised to the Mamba page, groups, num_blocks, the per-request cap and the
@@ -14,11 +15,11 @@ from pathlib import Path
 import pytest
 from support import predict_reference_log
 
-from kvbench.capacity import budget_from_bytes, capacity_row, rank_model
-from kvbench.formats import get_format
-from kvbench.layerspec import with_mamba_ssm_dtype
-from kvbench.logparse import parse_startup_log
-from kvbench.models import load_model
+from kvbench.core.logparse import parse_startup_log
+from kvbench.specs.capacity import budget_from_bytes, capacity_row, rank_model
+from kvbench.specs.formats import get_format
+from kvbench.specs.layerspec import with_mamba_ssm_dtype
+from kvbench.specs.models import load_model
 
 DATA = Path(__file__).parents[1] / "data"
 HYBRID = DATA / "vllm-hybrid-logs"
@@ -103,7 +104,7 @@ def _from_log(tmp_path, text: str | None, *extra: str):
 
     from typer.testing import CliRunner
 
-    from kvbench.cli import app
+    from kvbench.cli.app import app
 
     path = HYBRID / "club-3090-issue-652-qwen3.6-35b-a3b-nvfp4-rtx5090.txt"
     if text is not None:

@@ -13,9 +13,10 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from kvbench import kvscales
-from kvbench.errors import UsageError
-from kvbench.harness import kvcalibrate, runfindings, scales
+from kvbench.core import kvscales
+from kvbench.core.errors import UsageError
+from kvbench.harness.run import runfindings
+from kvbench.harness.server import kvcalibrate, scales
 from kvbench.records import parse_record
 from kvbench.records.findings import FindingKind
 from kvbench.tinymodel.build import committed_dir
@@ -139,7 +140,7 @@ def test_kv_scales_expand_only_the_tensor_scaled_dtypes():
 
 
 def test_the_kv_scales_flag_is_checked():
-    from kvbench.harness.settings import RunSettings
+    from kvbench.harness.run.settings import RunSettings
 
     s = RunSettings.for_machine(False, kv_scales="unit,calibrated")
     assert s.kv_scales == ["unit", "calibrated"]
@@ -155,7 +156,7 @@ def test_a_run_plans_one_server_per_dtype_and_variant_and_all_is_vllms_menu(tmp_
     tasks whose held-out items calibrate it; --kv-dtypes all is every --kv-cache-dtype the installed vLLM accepts."""
     from support import cpu_plan
 
-    from kvbench.harness.vllm_info import accepted_kv_dtypes
+    from kvbench.harness.server.vllm_info import accepted_kv_dtypes
 
     plan = cpu_plan(
         tmp_path, kv_dtypes=["auto", "fp8", "nvfp4", "int8_per_token_head"], kv_scales=["unit", "calibrated"]
@@ -167,7 +168,7 @@ def test_a_run_plans_one_server_per_dtype_and_variant_and_all_is_vllms_menu(tmp_
     everything = cpu_plan(tmp_path, kv_dtypes="all")
     assert sorted(everything.kv_dtypes) == sorted(accepted_kv_dtypes()) and everything.kv_dtypes[0] == "auto"
     assert not set(everything.unsupported) & set(everything.emulated)
-    from kvbench.harness.settings import RunSettings
+    from kvbench.harness.run.settings import RunSettings
 
     with pytest.raises(UsageError, match="--kv-dtypes all is every dtype the installed vLLM accepts: give it alone"):
         RunSettings.for_machine(False, kv_dtypes="all,fp8")

@@ -1,5 +1,5 @@
-"""Per-layer KV specs of the 2026 families (kvbench/layerspec.py) and vLLM's accounting of them
-(kvbench/vllm_accounting.py), against values worked from vLLM 0.32's source by hand."""
+"""Per-layer KV specs of the 2026 families (kvbench/specs/layerspec.py) and vLLM's accounting of them
+(kvbench/specs/vllm_accounting.py), against values worked from vLLM 0.32's source by hand."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ import math
 
 import pytest
 
-from kvbench.capacity import budget_from_bytes, capacity_row, rank_model
-from kvbench.formats import get_format
-from kvbench.models import load_model
+from kvbench.specs.capacity import budget_from_bytes, capacity_row, rank_model
+from kvbench.specs.formats import get_format
+from kvbench.specs.models import load_model
 
 GiB = 2**30
 
@@ -137,7 +137,7 @@ def test_gemma4_global_layers_have_their_own_heads():
 
 
 def test_not_honoured_check_uses_the_models_own_ratio():
-    from kvbench.capacity import expected_ratio
+    from kvbench.specs.capacity import expected_ratio
 
     fp8, auto = get_format("fp8"), get_format("auto")
     dense = expected_ratio(load_model("llama-3.1-8b"), fp8, auto, 8192, 40 * GiB)

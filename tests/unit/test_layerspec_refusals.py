@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from kvbench.errors import UsageError
-from kvbench.hfconfig import from_config
-from kvbench.models import describe_layers
+from kvbench.core.errors import UsageError
+from kvbench.specs.hfconfig import from_config
+from kvbench.specs.models import describe_layers
 
 DATA = Path(__file__).parents[2] / "kvbench" / "data" / "models"
 
@@ -90,7 +90,7 @@ def test_known_kinds_are_sized_as_such():
 
 
 def test_summary_names_every_kind():
-    from kvbench.models import load_model
+    from kvbench.specs.models import load_model
 
     assert describe_layers(load_model("qwen3-next-80b-a3b")) == "36 Gated DeltaNet, 12 full"
     assert describe_layers(load_model("nemotron-h-56b")) == "54 Mamba2, 10 full, 54 MLP/MoE only (no cache)"

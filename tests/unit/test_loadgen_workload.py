@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from kvbench.harness.backend import _SSE
-from kvbench.harness.workload import Prompt, Workload, allowed_token_ids, make_prompts
+from kvbench.harness.client.backend import _SSE
+from kvbench.harness.client.workload import Prompt, Workload, allowed_token_ids, make_prompts
 
 
 def test_token_prompts_exact_reproducible_and_distinct():
@@ -27,7 +27,7 @@ def test_token_prompts_exact_reproducible_and_distinct():
 
 
 def test_allowed_ids_from_a_tokenizer_drop_special_and_added(tiny_model):
-    from kvbench.tokenizer import load_tokenizer
+    from kvbench.core.tokenizer import load_tokenizer
 
     tok = load_tokenizer(tiny_model)
     ids = set(allowed_token_ids(tok).tolist())
@@ -38,8 +38,8 @@ def test_allowed_ids_from_a_tokenizer_drop_special_and_added(tiny_model):
 
 
 def test_chat_prompts_match_the_templated_length(tiny_model):
-    from kvbench.harness.workload import _templated_len
-    from kvbench.tokenizer import load_tokenizer
+    from kvbench.core.tokenizer import load_tokenizer
+    from kvbench.harness.client.workload import _templated_len
 
     tok = load_tokenizer(tiny_model)
     prompts = make_prompts(Workload(120, 4, 6, api="chat", seed=3), tiny_model)

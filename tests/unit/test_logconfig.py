@@ -1,4 +1,4 @@
-"""A vLLM config line read as far as it goes (kvbench/logconfig.py), and the lines around it that lie or break
+"""A vLLM config line read as far as it goes (kvbench/core/logconfig.py), and the lines around it that lie or break
 (issue 41 part 1; issue 42's N-P15 and K-P8)."""
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from kvbench.cli import app
-from kvbench.logconfig import read_args_dict, read_engine_config
-from kvbench.logparse import parse_startup_log
+from kvbench.cli.app import app
+from kvbench.core.logconfig import read_args_dict, read_engine_config
+from kvbench.core.logparse import parse_startup_log
 
 USER = Path(__file__).parents[1] / "data" / "vllm-user-logs"
 HYBRID = Path(__file__).parents[1] / "data" / "vllm-hybrid-logs"

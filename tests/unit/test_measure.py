@@ -1,13 +1,13 @@
-"""kvbench.measure.execute is the harness's execute with the verdict handed in, nothing restated: the same
+"""kvbench.orchestration.measure.execute is the harness's execute with the verdict handed in, nothing restated: the same
 parameters but `decide`, and the caller's options passed through as one typed object."""
 
 from __future__ import annotations
 
 import inspect
 
-from kvbench import measure
-from kvbench.harness import runner
-from kvbench.harness.runplan import RunOptions
+from kvbench.harness.run import runner
+from kvbench.harness.run.runplan import RunOptions
+from kvbench.orchestration import measure
 
 
 def test_measure_takes_the_harness_parameters_but_the_verdict():
@@ -23,7 +23,7 @@ def test_measure_takes_the_harness_parameters_but_the_verdict():
 
 
 def test_measure_hands_the_verdict_and_the_options_to_the_harness(monkeypatch):
-    from kvbench.verdict import decide
+    from kvbench.analysis.verdict import decide
 
     seen = {}
 

@@ -7,10 +7,10 @@ import json
 import numpy as np
 import pytest
 
-from kvbench.harness.backend import RequestResult
-from kvbench.harness.loadresult import LoadResult
-from kvbench.harness.metrics import distribution, itl_chunk_s, itl_token_s, summarize, tpot_s
-from kvbench.harness.slo import SLO
+from kvbench.harness.client.backend import RequestResult
+from kvbench.harness.client.loadresult import LoadResult
+from kvbench.harness.client.metrics import distribution, itl_chunk_s, itl_token_s, summarize, tpot_s
+from kvbench.harness.run.slo import SLO
 
 
 def req(

@@ -4,9 +4,9 @@ import json
 
 import pytest
 
-from kvbench.datafiles import data_path
-from kvbench.errors import UsageError
-from kvbench.models import catalog, from_config, load_model
+from kvbench.core.datafiles import data_path
+from kvbench.core.errors import UsageError
+from kvbench.specs.models import catalog, from_config, load_model
 
 
 @pytest.mark.parametrize("name", sorted(n for n, e in catalog().items() if "published_params_b" in e))

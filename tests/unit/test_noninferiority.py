@@ -1,11 +1,11 @@
-"""kvbench.noninferiority against published values, scipy and exact enumeration."""
+"""kvbench.core.noninferiority against published values, scipy and exact enumeration."""
 
 from __future__ import annotations
 
 import pytest
 from scipy.stats import binom, norm
 
-from kvbench import noninferiority as ni
+from kvbench.core import noninferiority as ni
 
 # Fagerland, Lydersen & Laake (2017), Statistical Analysis of Contingency Tables, ch. 8 (as reproduced by the
 # R package contingencytables): Cavo et al. (2012), 59 / 6 / 16 / 80 pairs. The first measurement is the

@@ -4,11 +4,11 @@ import math
 
 import pytest
 
-from kvbench.capacity import budget_from_bytes, capacity_row
-from kvbench.formats import get_format
-from kvbench.gpus import get_gpu
-from kvbench.models import load_model
-from kvbench.plan import plan_row
+from kvbench.specs.capacity import budget_from_bytes, capacity_row
+from kvbench.specs.formats import get_format
+from kvbench.specs.gpus import get_gpu
+from kvbench.specs.models import load_model
+from kvbench.specs.plan import plan_row
 
 LLAMA = load_model("llama-3.1-8b")
 
@@ -52,7 +52,7 @@ def test_plan_from_a_measured_front_sizes_each_dtype_from_its_best_point_under_t
 
     from typer.testing import CliRunner
 
-    from kvbench.cli import app
+    from kvbench.cli.app import app
 
     record = Path(__file__).parents[2] / "results/cpu-intel-xeon/runs/20261201T194317Z-cpu-intel-xeon-e63eea.json"
     doc = json.loads(record.read_text())

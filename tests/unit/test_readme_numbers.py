@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
+from kvbench.analysis.verdict import decide
+from kvbench.analysis.verdict_accuracy import INFERIOR
 from kvbench.records.storage import load_record, read_record
-from kvbench.verdict import decide
-from kvbench.verdict_accuracy import INFERIOR
 
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"

@@ -1,21 +1,22 @@
-"""A real model's run plan and its natural-text material (harness/realplan.py, kvbench/realmodels/texttasks.py,
-harness/textfidelity.py), with the tiny model's tokenizer standing in for a real one: no conversion, no server."""
+"""A real model's run plan and its natural-text material (harness/run/realplan.py, kvbench/realmodels/texttasks.py,
+harness/quality/textfidelity.py), with the tiny model's tokenizer standing in for a real one: no conversion, no
+server."""
 
 from __future__ import annotations
 
 import pytest
 
-from kvbench import evaltasks
-from kvbench.datafiles import load_toml
-from kvbench.harness import realplan
-from kvbench.harness.textfidelity import text_items
+from kvbench.core.datafiles import load_toml
+from kvbench.harness.quality.textfidelity import text_items
+from kvbench.harness.run import realplan
 from kvbench.realmodels import text, texttasks
+from kvbench.specs import evaltasks
 
 
 @pytest.fixture(scope="module")
 def tok():
+    from kvbench.core.tokenizer import load_tokenizer
     from kvbench.tinymodel.build import committed_dir
-    from kvbench.tokenizer import load_tokenizer
 
     return load_tokenizer(committed_dir())
 
@@ -82,7 +83,7 @@ def test_the_slo_scales_with_the_model_and_the_cores():
 
 
 def test_a_model_that_is_not_in_the_registry_plans_as_before():
-    from kvbench.harness.settings import RunSettings
+    from kvbench.harness.run.settings import RunSettings
 
     s = RunSettings.for_machine(False, model="/some/folder")
     real = realplan.for_settings(s)

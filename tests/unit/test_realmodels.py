@@ -12,7 +12,7 @@ import pytest
 from support import kvbench_here
 
 from kvbench import realmodels
-from kvbench.errors import KvbenchError, UsageError
+from kvbench.core.errors import KvbenchError, UsageError
 from kvbench.realmodels import source
 
 ENTRY = {

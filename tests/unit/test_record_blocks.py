@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from kvbench import noninferiority as ni
-from kvbench import sequential as seq
+from kvbench.core import noninferiority as ni
+from kvbench.core import sequential as seq
 from kvbench.records import DtypeResult, measured_anything
 from kvbench.records.blocks import Sequential, check_looks, recompute_looks
 

@@ -12,8 +12,8 @@ import pytest
 from support import predict_reference_log
 from typer.testing import CliRunner
 
-from kvbench.cli import app
-from kvbench.units import GiB
+from kvbench.cli.app import app
+from kvbench.core.units import GiB
 
 LOGS = Path(__file__).parents[1] / "data" / "vllm-startup-logs"
 CASES = tomllib.loads((LOGS / "cases.toml").read_text())
@@ -123,9 +123,9 @@ def test_log_without_capacity_line_is_one_line(tmp_path):
 
 def test_a_gpu_run_records_the_predicted_non_kv_terms_beside_the_servers_log():
     # What `kvbench run` writes to capacity.non_kv on a GPU: the same prediction, next to the log's own figures.
-    from kvbench.gpus import get_gpu
-    from kvbench.harness.capacitychecks import non_kv_report
-    from kvbench.models import spec_for
+    from kvbench.harness.server.capacitychecks import non_kv_report
+    from kvbench.specs.gpus import get_gpu
+    from kvbench.specs.models import spec_for
 
     path = LOGS / "meta-llama-llama-3-1-8b---h100-80gb--tp1pp1dp1--8192.txt"
     report = non_kv_report(
@@ -148,9 +148,9 @@ def test_a_gpu_run_records_the_predicted_non_kv_terms_beside_the_servers_log():
 def test_a_gpu_runs_prediction_follows_the_servers_own_arguments():
     # A server started with --max-num-seqs, --max-num-batched-tokens or --dtype profiles and loads differently;
     # the run's prediction takes them from the vLLM arguments it started the server with.
-    from kvbench.gpus import get_gpu
-    from kvbench.harness.capacitychecks import non_kv_report
-    from kvbench.models import spec_for
+    from kvbench.harness.server.capacitychecks import non_kv_report
+    from kvbench.specs.gpus import get_gpu
+    from kvbench.specs.models import spec_for
 
     def stage(args):
         report = non_kv_report(spec_for("llama-3.1-8b"), get_gpu("h100-sxm"), {}, 8192, args, "0.19.0", None)

@@ -1,4 +1,4 @@
-"""kvbench.regress on constructed histories: a real regression is caught in each direction, noise alone is
+"""kvbench.analysis.regress on constructed histories: a real regression is caught in each direction, noise alone is
 not, an improvement is not called a regression, and the baseline is robust to one wild point."""
 
 import math
@@ -7,8 +7,8 @@ import random
 import pandas as pd
 import pytest
 
-from kvbench.regress import find_regressions, judge, robust_baseline
-from kvbench.tracked import by_name, metrics
+from kvbench.analysis.regress import find_regressions, judge, robust_baseline
+from kvbench.specs.tracked import by_name, metrics
 
 T0 = pd.Timestamp("2026-01-01", tz="UTC")
 

@@ -1,4 +1,4 @@
-"""kvbench/scrub.py (issue 42, K-B16, N-P8): credentials are removed as whole tokens, in their plain, escaped
+"""kvbench/core/scrub.py (issue 42, K-B16, N-P8): credentials are removed as whole tokens, in their plain, escaped
 and base64 forms, from text that came from outside; kvbench's own fields and dict keys are never touched; a
 credential too short or too word-like to scrub safely is refused up front, never echoed."""
 
@@ -11,8 +11,8 @@ import sys
 
 import pytest
 
-from kvbench import scrub
-from kvbench.errors import UsageError
+from kvbench.core import scrub
+from kvbench.core.errors import UsageError
 
 KEY = "sk-trust-7f3a9c21d0"
 ORG = "org-value-4b8e12"

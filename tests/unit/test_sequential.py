@@ -1,4 +1,4 @@
-"""kvbench.sequential: the boundaries spend exactly the stated Lan-DeMets O'Brien-Fleming-type alpha, checked by
+"""kvbench.core.sequential: the boundaries spend exactly the stated Lan-DeMets O'Brien-Fleming-type alpha, checked by
 simulating the canonical joint normal and by the rule's stopping on constructed counts."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 from scipy.stats import norm
 
-from kvbench import noninferiority as ni
-from kvbench import sequential as seq
+from kvbench.core import noninferiority as ni
+from kvbench.core import sequential as seq
 
 
 def test_spending_function_is_obrien_fleming_type():

@@ -1,4 +1,4 @@
-"""`kvbench run`'s settings are declared once (harness/settings.py): the command line is generated from the
+"""`kvbench run`'s settings are declared once (harness/run/settings.py): the command line is generated from the
 fields, the defaults come from the run_defaults.toml key each field names, and the command line's text and
 a caller's Python values give the same settings."""
 
@@ -6,17 +6,17 @@ from __future__ import annotations
 
 import pytest
 
-from kvbench.datafiles import load_toml
-from kvbench.errors import UsageError
-from kvbench.flags import flag_of
-from kvbench.harness.settings import RunSettings
+from kvbench.core.datafiles import load_toml
+from kvbench.core.errors import UsageError
+from kvbench.core.flags import flag_of
+from kvbench.harness.run.settings import RunSettings
 
 
 def test_the_command_has_one_option_per_flag_field_in_field_order():
     import typer.main
     from rich.markup import escape
 
-    from kvbench.cli import app
+    from kvbench.cli.app import app
 
     command = typer.main.get_command(app).commands["run"]
     options = [p for p in command.params if p.param_type_name == "option" and p.name != "help"]

@@ -1,5 +1,5 @@
 """`kvbench capacity` and `kvbench plan` size the non-KV memory through one mapping of their shared sizing flags
-(kvbench.capacity.Sizing), so the same flags give the same vLLM accounting in both."""
+(kvbench.specs.capacity.Sizing), so the same flags give the same vLLM accounting in both."""
 
 from __future__ import annotations
 
@@ -7,14 +7,14 @@ from dataclasses import fields
 
 import pytest
 
-from kvbench.capacity import Sizing
-from kvbench.commands.capacity_settings import CapacitySettings
-from kvbench.commands.plan_settings import PlanSettings
-from kvbench.formats import get_format
-from kvbench.gpus import get_gpu
-from kvbench.models import load_model
-from kvbench.plan import Layout, plan_row
-from kvbench.vllm_memory import predict_non_kv
+from kvbench.cli.commands.capacity_settings import CapacitySettings
+from kvbench.cli.commands.plan_settings import PlanSettings
+from kvbench.specs.capacity import Sizing
+from kvbench.specs.formats import get_format
+from kvbench.specs.gpus import get_gpu
+from kvbench.specs.models import load_model
+from kvbench.specs.plan import Layout, plan_row
+from kvbench.specs.vllm_memory import predict_non_kv
 
 FLAGS = dict(
     gpu_memory_utilization=0.85,

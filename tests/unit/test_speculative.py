@@ -1,4 +1,4 @@
-"""Speculative decoding as vLLM 0.32 sizes it (kvbench/speculative.py): the drafter's KV layers and weights, the
+"""Speculative decoding as vLLM 0.32 sizes it (kvbench/specs/speculative.py): the drafter's KV layers and weights, the
 recurrent state's extra conv positions and pages, and `capacity --speculative`."""
 
 from __future__ import annotations
@@ -8,11 +8,11 @@ import json
 import pytest
 from support import cli
 
-from kvbench.capacity import budget_from_bytes, capacity_row, rank_model
-from kvbench.errors import UsageError
-from kvbench.formats import get_format
-from kvbench.models import load_model
-from kvbench.speculative import parse_speculative, with_speculative
+from kvbench.core.errors import UsageError
+from kvbench.specs.capacity import budget_from_bytes, capacity_row, rank_model
+from kvbench.specs.formats import get_format
+from kvbench.specs.models import load_model
+from kvbench.specs.speculative import parse_speculative, with_speculative
 
 GiB = 2**30
 

@@ -1,4 +1,4 @@
-"""kvbench.stats against published values and exact arithmetic."""
+"""kvbench.core.stats against published values and exact arithmetic."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from kvbench import stats
+from kvbench.core import stats
 
 
 @pytest.mark.parametrize(
@@ -111,7 +111,7 @@ def test_newcombe_interval_matches_the_published_paired_example():
 def test_the_detectable_drop_of_a_comparison_counts_the_items_the_dtype_gains():
     """A dtype that gains 1% of the items (auto wrong, it right) hides part of a drop: at 500 items the exact
     McNemar test at 80% power sees 2.8 points, not the 1.6 that assumes it never gains."""
-    from kvbench.harness.evalrecord import _paired
+    from kvbench.harness.quality.evalrecord import _paired
 
     ref = {i: 1.0 for i in range(500)}
     cand = dict(ref)

@@ -155,8 +155,8 @@ def _parents(module: str) -> set[str]:
 
 def test_the_graph_sees_the_package():
     # guards against a resolver that silently finds nothing, which would pass every test below
-    assert {"kvbench.cli", "kvbench.harness.runner", "kvbench.kernels", "kvbench.dashboards"} <= set(modules())
-    assert "kvbench.harness.server" in imports()["kvbench.harness.runner"]
+    assert {"kvbench.cli.app", "kvbench.harness.run.runner", "kvbench.kernels", "kvbench.dashboards"} <= set(modules())
+    assert "kvbench.harness.server.lifecycle" in imports()["kvbench.harness.run.runner"]
 
 
 def test_no_import_cycles():
@@ -173,27 +173,48 @@ def test_no_import_cycles():
 # a group names them. Five layers, two of them ordered inside:
 #   core < records < [kernels < tinymodel < harness | analysis] < dashboards < [orchestration < cli]
 # kernels sits below the tiny model (whose scorer quantizes K/V with the reference numerics) and below the
-# harness (which asks the vLLM plugin whether it will load); orchestration (kvbench.measure, the one entrypoint
-# that runs a plan and hands the harness the verdict; the asv suite; the nightly) starts runs, the CLI drives it.
+# harness (which asks the vLLM plugin whether it will load); orchestration (kvbench.orchestration.measure, the one
+# entrypoint that runs a plan and hands the harness the verdict; the asv suite; the nightly) starts runs, the CLI drives
+# it.
 LAYERS = (
     ("core", 0, ("kvbench",)),
     ("records", 1, ("kvbench.records",)),
     ("kernels", 2, ("kvbench.kernels",)),
     ("tinymodel", 3, ("kvbench.tinymodel",)),
     # the harness with its test double and the live display of a run
-    ("harness", 4, ("kvbench.harness", "kvbench.testing", "kvbench.progress")),
+    ("harness", 4, ("kvbench.harness", "kvbench.testing", "kvbench.harness.run.progress")),
     # reading records and judging them: verdicts, comparisons, claims, history, regressions
-    ("analysis", 4, ("kvbench.verdict*", "kvbench.compare", "kvbench.claims*", "kvbench.history", "kvbench.regress")),
+    (
+        "analysis",
+        4,
+        (
+            "kvbench.analysis.verdict*",
+            "kvbench.analysis.compare",
+            "kvbench.analysis.claims*",
+            "kvbench.analysis.history",
+            "kvbench.analysis.regress",
+        ),
+    ),
     ("dashboards", 5, ("kvbench.dashboards",)),
     # runs a plan with its verdict (measure), the asv suite and its runner, the nightly: what starts runs
-    ("orchestration", 6, ("kvbench.measure", "kvbench.suite", "kvbench.asvrun", "kvbench.nightly")),
-    ("cli", 7, ("kvbench.cli", "kvbench.__main__", "kvbench.clisettings", "kvbench.commands")),
+    (
+        "orchestration",
+        6,
+        (
+            "kvbench.orchestration.measure",
+            "kvbench.orchestration.suite",
+            "kvbench.orchestration.asvrun",
+            "kvbench.orchestration.nightly",
+        ),
+    ),
+    ("cli", 7, ("kvbench.cli.app", "kvbench.__main__", "kvbench.cli.clisettings", "kvbench.cli.commands")),
 )
 
 
 def _names(module: str, prefix: str) -> bool:
     """`prefix` names `module`: the module itself or a module inside it; a prefix ending in * also every module
-    whose name extends it (kvbench.verdict* names kvbench.verdict_speed and kvbench.verdict_table)."""
+    whose name extends it (kvbench.analysis.verdict* names kvbench.analysis.verdict_speed and
+    kvbench.analysis.verdict_table)."""
     if prefix.endswith("*"):
         return module.startswith(prefix[:-1])
     return module == prefix or module.startswith(prefix + ".")
@@ -232,12 +253,15 @@ def test_every_layer_names_modules():
 @pytest.mark.parametrize(
     ("module", "dep"),
     [
-        ("kvbench.records.schema", "kvbench.harness.runner"),  # the record format reaching up to the harness
-        ("kvbench.harness.runner", "kvbench.verdict"),  # a peer: the harness takes the verdict as an argument
-        ("kvbench.kernels.records", "kvbench.harness.settings"),
-        ("kvbench.capacity", "kvbench.dashboards.site"),
-        ("kvbench.nightly.orchestrate", "kvbench.commands.run"),
-        ("kvbench.harness.runner", "kvbench.measure"),
+        ("kvbench.records.schema", "kvbench.harness.run.runner"),  # the record format reaching up to the harness
+        (
+            "kvbench.harness.run.runner",
+            "kvbench.analysis.verdict",
+        ),  # a peer: the harness takes the verdict as an argument
+        ("kvbench.kernels.records", "kvbench.harness.run.settings"),
+        ("kvbench.specs.capacity", "kvbench.dashboards.site"),
+        ("kvbench.orchestration.nightly.orchestrate", "kvbench.cli.commands.run"),
+        ("kvbench.harness.run.runner", "kvbench.orchestration.measure"),
     ],
 )
 def test_a_planted_back_arrow_is_found(module, dep):
@@ -269,10 +293,10 @@ def test_harness_holds_no_test_double_or_model_builder(name):
 # Sizes a reader can hold in mind: a module under 500 lines in every folder of code (the package's, scripts/ and
 # asv's benchmarks/), a command module under 250 (it parses, calls the library and prints: the logic lives below
 # it), a function of harness/ or kvbench/ under 80 lines and 12 parameters. A command generated from a typed
-# settings model takes that one object, so its settings count once, in the model (kvbench/clisettings.py).
+# settings model takes that one object, so its settings count once, in the model (kvbench/cli/clisettings.py).
 MAX_MODULE_LINES, MAX_COMMAND_LINES, MAX_FUNCTION_LINES, MAX_PARAMETERS = 500, 250, 80, 12
 CODE_FOLDERS = ("kvbench", "harness", "kernels", "dashboards", "scripts", "benchmarks")
-COMMANDS = ROOT / "kvbench" / "commands"
+COMMANDS = ROOT / "kvbench" / "cli" / "commands"
 
 
 def _in_sized_folders(path: Path) -> bool:
@@ -302,7 +326,7 @@ def test_no_module_over_500_lines():
 
 
 def test_no_command_module_over_250_lines():
-    # kvbench/commands/ is the CLI layer: what grows there is logic that belongs to the library
+    # kvbench/cli/commands/ is the CLI layer: what grows there is logic that belongs to the library
     long = [f"{p.relative_to(ROOT)}: {n} lines" for p in COMMANDS.rglob("*.py") if (n := _lines(p)) > MAX_COMMAND_LINES]
     assert not long, long
 

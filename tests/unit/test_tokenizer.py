@@ -1,4 +1,4 @@
-"""kvbench.tokenizer loads a folder that names TokenizersBackend without AutoTokenizer's imports: it must be the
+"""kvbench.core.tokenizer loads a folder that names TokenizersBackend without AutoTokenizer's imports: it must be the
 tokenizer AutoTokenizer (what vLLM and lm-eval load) gives, or prompt lengths and task items would drift."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import shutil
 
 import pytest
 
-from kvbench.tokenizer import load_tokenizer, tokenizer_class
+from kvbench.core.tokenizer import load_tokenizer, tokenizer_class
 
 TEXTS = ["hello world", "The pass key is 40291. Remember it.\n\nWhat is the pass key?", "  spaces\tand\nlines  ", ""]
 

@@ -1,12 +1,12 @@
-"""Items until decided inside a run (harness/untildecided.py): the planned looks, the pooled pairing, the stop
+"""Items until decided inside a run (harness/quality/untildecided.py): the planned looks, the pooled pairing, the stop
 for futility, merging stages, and the verdict reading the looks."""
 
 from types import SimpleNamespace
 
-from kvbench import noninferiority as ni
-from kvbench import sequential as seq
-from kvbench.harness import untildecided as ud
-from kvbench.harness.evaluation import EvalResult, ItemResult, TaskResult
+from kvbench.core import noninferiority as ni
+from kvbench.core import sequential as seq
+from kvbench.harness.quality import untildecided as ud
+from kvbench.harness.quality.evaluation import EvalResult, ItemResult, TaskResult
 
 PLAN = SimpleNamespace(
     accuracy_budgets={}, accuracy_budget_points=1.0, eval_tasks=["a", "b", "c"], accuracy_confidence=0.95
@@ -56,7 +56,7 @@ def test_stages_merge_into_one_evaluation_of_all_items():
 
 
 def test_the_verdict_reads_the_looks_where_the_run_took_them():
-    from kvbench.verdict_accuracy import _sequential
+    from kvbench.analysis.verdict_accuracy import _sequential
 
     fixed = ni.decide([(22, 5, 600, 0.01)], 0.95)[0]
     taken, _ = ud.judge([(22, 5, 600)], [200, 300, 400, 500], 3, PLAN)

@@ -1,6 +1,6 @@
 """kvbench against vLLM start-up logs as users paste them (tests/data/vllm-user-logs: consumer GPUs, cut-off args
 lines, MTP and DFlash speculative decoding, starts that found no room), through the same code as
-`capacity --from-log` (kvbench/commands/fromlog_predict.py), with only the flags a user would pass (cases.toml).
+`capacity --from-log` (kvbench/cli/commands/fromlog_predict.py), with only the flags a user would pass (cases.toml).
 
 check "kv": the KV accounting given the log's own pool, tokens and concurrency within 2%; "derivation": the whole
 prediction (non-KV terms too) within 5% of the logged tokens where the log shows no pool; "failed": the log's pool
@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from kvbench.commands.fromlog_hybrid import kv_terms
-from kvbench.commands.fromlog_predict import LogOverrides, log_prediction
-from kvbench.formats import get_format
-from kvbench.logparse import parse_startup_log
+from kvbench.cli.commands.fromlog_hybrid import kv_terms
+from kvbench.cli.commands.fromlog_predict import LogOverrides, log_prediction
+from kvbench.core.logparse import parse_startup_log
+from kvbench.specs.formats import get_format
 
 LOGS = Path(__file__).parents[1] / "data" / "vllm-user-logs"
 CASES = tomllib.loads((LOGS / "cases.toml").read_text())

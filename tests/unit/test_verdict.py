@@ -1,11 +1,11 @@
-"""kvbench.verdict on constructed run records: each accuracy verdict, ties, the eligibility rules, typed
+"""kvbench.analysis.verdict on constructed run records: each accuracy verdict, ties, the eligibility rules, typed
 findings, and cases the old gate (a point-estimate drop within the budget, no correction) got wrong."""
 
 from __future__ import annotations
 
 import pytest
 
-from kvbench import verdict
+from kvbench.analysis import verdict
 from kvbench.records import parse_record
 from kvbench.records.findings import FindingKind
 from kvbench.records.repeats import interval
@@ -14,7 +14,7 @@ TASK = "kvbench_passkey_512"
 
 
 def cond(correct: int, n: int = 500, losses: int = 0, gains: int = 0, conc: int = 1, fp: str | None = None, **kw):
-    """One condition's summary, as harness/quality.py stores it (vs auto when losses/gains are given)."""
+    """One condition's summary, as harness/quality/underload.py stores it (vs auto when losses/gains are given)."""
     entry = {"metric": "exact_match,exact", "n": n, "correct": correct, "accuracy": correct / n}
     if fp:
         entry["scores_sha256"] = fp
@@ -185,7 +185,7 @@ def test_capacity_within_the_probes_noise_is_a_tie_then_throughput_decides():
 
 
 def test_cost_statements_carry_their_interval():
-    from kvbench.verdict_speed import cost_lines
+    from kvbench.analysis.verdict_speed import cost_lines
 
     rec = record(
         dtype("auto", tps=2805, repeats=[2460, 2599, 3358]),
@@ -288,7 +288,7 @@ def test_each_line_says_each_reason_once():
 
 
 def _result(scores: list[float], conc: int):
-    from kvbench.harness.evaluation import EvalResult, ItemResult, TaskResult
+    from kvbench.harness.quality.evaluation import EvalResult, ItemResult, TaskResult
 
     items = [ItemResult(i, "h", "t", "r", "r", s) for i, s in enumerate(scores)]
     task = TaskResult(TASK, "exact_match,exact", sum(scores) / len(scores), len(scores), items)
@@ -296,9 +296,9 @@ def _result(scores: list[float], conc: int):
 
 
 def test_a_runs_eval_blocks_merge_conditions_by_their_fingerprints():
-    """harness/quality.py's summaries and paired comparisons, as the runner builds them, into decide(): fp8 loses
-    the same 2 items in every condition (one test, 'identical'), nvfp4 the same count but other items at load."""
-    from kvbench.harness import quality
+    """harness/quality/underload.py's summaries and paired comparisons, as the runner builds them, into decide(): fp8
+    loses the same 2 items in every condition (one test, 'identical'), nvfp4 the same count but other items at load."""
+    from kvbench.harness.quality import underload as quality
 
     right = [1.0] * 500
     lose_2 = [0.0, 0.0] + [1.0] * 498

@@ -11,12 +11,12 @@ from pathlib import Path
 import pytest
 from support import committed_results
 
-from kvbench.commands.report import render
+from kvbench.analysis.verdict import decide
+from kvbench.cli.commands.report import render
+from kvbench.core.output import console
 from kvbench.dashboards import data as site_data
 from kvbench.dashboards import page_overview
-from kvbench.output import console
 from kvbench.records import find_records, load_record, read_record
-from kvbench.verdict import decide
 
 REPO = Path(__file__).resolve().parents[2]
 RECORDS = find_records(committed_results())  # what the repository ships, not what `make run` added

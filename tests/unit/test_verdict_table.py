@@ -1,4 +1,4 @@
-"""The verdict table (kvbench.verdict_table) and `kvbench report`'s verdict part: short without --explain."""
+"""The verdict table (kvbench.analysis.verdict_table) and `kvbench report`'s verdict part: short without --explain."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from kvbench import verdict
-from kvbench.verdict_table import COLUMNS, rows
+from kvbench.analysis import verdict
+from kvbench.analysis.verdict_table import COLUMNS, rows
 
 RECORD = Path("results/cpu-amd-epyc/runs/20261202T105658Z-cpu-amd-epyc-4f374e.json")
 
@@ -41,8 +41,8 @@ def test_fidelity_is_shown_per_condition_when_the_record_has_it():
 def _report(explain: bool) -> list[str]:
     import json
 
-    from kvbench.commands.report_verdict import render_verdict_table
-    from kvbench.output import console
+    from kvbench.cli.commands.report_verdict import render_verdict_table
+    from kvbench.core.output import console
     from kvbench.records import RunRecord
 
     rec = RunRecord.model_validate(json.loads(_record().model_dump_json()))
@@ -58,7 +58,7 @@ def test_the_reports_verdict_part_is_at_most_40_lines_without_explain():
 
 
 def test_report_explain_adds_the_long_statement(capsys):
-    from kvbench.commands.report import command
+    from kvbench.cli.commands.report import command
 
     command(None, record=RECORD, explain=True)  # ctx, then the flags
     out = capsys.readouterr().out

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from kvbench.harness import vllm_info
+from kvbench.harness.server import vllm_info
 
 
 @pytest.fixture

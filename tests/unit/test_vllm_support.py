@@ -13,10 +13,10 @@ import pytest
 from conftest import needs_vllm
 from typer.testing import CliRunner
 
-from kvbench import formats, gpus, vllm_support
-from kvbench.capacity import budget_from_bytes, capacity_table
-from kvbench.models import load_model
-from kvbench.units import GB
+from kvbench.core.units import GB
+from kvbench.specs import formats, gpus, vllm_support
+from kvbench.specs.capacity import budget_from_bytes, capacity_table
+from kvbench.specs.models import load_model
 
 LLAMA = load_model("llama-3.1-8b")
 
@@ -32,7 +32,7 @@ def _installed_cache_dtypes() -> tuple[str, ...]:
 
 @needs_vllm
 def test_the_stored_matrix_is_what_the_installed_vllm_says():
-    # regenerate: python -m kvbench.vllm_support_read --write
+    # regenerate: python -m kvbench.specs.vllm_support_read --write
     assert vllm_support.read_installed() == vllm_support.matrix()
 
 
@@ -125,7 +125,7 @@ def test_without_vllm_the_data_file_answers(monkeypatch):
 
 @pytest.mark.parametrize(("model", "gpu"), [("llama-3.1-8b", "h100-sxm"), ("deepseek-v3.2", "b200")])
 def test_capacity_all_answers_for_every_cache_dtype(model, gpu):
-    from kvbench.cli import app
+    from kvbench.cli.app import app
 
     args = ["capacity", "-m", model, "-g", gpu, "-c", "8192", "--kv-dtype", "all"]
     if model.startswith("deepseek"):
@@ -144,7 +144,7 @@ def test_capacity_all_answers_for_every_cache_dtype(model, gpu):
 
 
 def test_mxfp4_is_labelled_not_a_vllm_dtype():
-    from kvbench.cli import app
+    from kvbench.cli.app import app
 
     args = ["capacity", "-m", "llama-3.1-8b", "-g", "h100-sxm", "-c", "4096", "--kv-dtype", "auto,mxfp4"]
     out = CliRunner().invoke(app, args, env={"COLUMNS": "250"})
@@ -189,7 +189,7 @@ def test_every_codec_page_layout_is_the_registrys_page():
 
 
 def test_capacity_on_cpu_says_what_neither_vllm_cpu_nor_kvbench_serves():
-    from kvbench.cli import app
+    from kvbench.cli.app import app
 
     args = ["capacity", "--platform", "cpu", "-m", "llama-3.1-8b", "-c", "4096", "--kv-budget-gb", "4"]
     out = CliRunner().invoke(app, [*args, "--kv-dtype", "all", "--json"], env={"COLUMNS": "250"})

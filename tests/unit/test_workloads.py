@@ -13,9 +13,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from kvbench.datafiles import data_path, load_toml
-from kvbench.errors import UsageError
-from kvbench.harness.workload import Prompt, Workload, make_prompts
+from kvbench.core.datafiles import data_path, load_toml
+from kvbench.core.errors import UsageError
+from kvbench.core.tokenizer import load_tokenizer
+from kvbench.harness.client.workload import Prompt, Workload, make_prompts
 from kvbench.harness.workloads import (
     KINDS,
     FixedSpec,
@@ -26,7 +27,6 @@ from kvbench.harness.workloads import (
     walk_sessions,
 )
 from kvbench.harness.workloads.lengths import Histogram, LogNormal, Normal, Uniform
-from kvbench.tokenizer import load_tokenizer
 
 VOCAB = 300  # synthetic completions kinds build from a vocabulary size alone
 
@@ -608,7 +608,7 @@ def test_the_documented_examples_are_valid_specs(tmp_path):
 
 
 def test_a_multi_turn_chat_prompt_is_sent_as_its_whole_conversation():
-    from kvbench.harness.backend import OpenAIBackend
+    from kvbench.harness.client.backend import OpenAIBackend
 
     messages = (
         {"role": "user", "content": "a b"},

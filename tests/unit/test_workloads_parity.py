@@ -12,9 +12,9 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from kvbench.datafiles import data_path
+from kvbench.core.datafiles import data_path
+from kvbench.core.tokenizer import load_tokenizer
 from kvbench.harness.workloads import build, parse_spec, parse_workload
-from kvbench.tokenizer import load_tokenizer
 
 # vLLM's own dataset code is the reference; no server is started.
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vLLM is not installed")

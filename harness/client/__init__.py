@@ -1,0 +1,1 @@
+"""The load generator: requests and their timing, when they go, the workload's prompts, what is measured."""

@@ -1,0 +1,1 @@
+"""One run: its settings, defaults and plan, the runner and its phases, the SLO search, comparisons and findings."""

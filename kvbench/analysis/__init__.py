@@ -1,0 +1,1 @@
+"""Reading records and judging them: the verdict, comparisons, claims, history and regressions."""

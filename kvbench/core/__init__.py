@@ -1,0 +1,1 @@
+"""The core layer: what every layer shares (errors, data files, units, output, statistics)."""
