@@ -129,8 +129,8 @@ def machine_table(rows: pd.DataFrame, accuracy: pd.DataFrame, decided_run: str |
 
 
 HOW = (
-    "Chosen in code by <code>kvbench.analysis.verdict</code>, the function <code>kvbench report</code> calls on the same "
-    "record: a dtype is eligible when it ran ok, the engine honoured it and the server confirmed it, its task "
+    "Chosen in code by <code>kvbench.analysis.verdict</code>, the function <code>kvbench report</code> calls on the "
+    "same record: a dtype is eligible when it ran ok, the engine honoured it and the server confirmed it, its task "
     "accuracy is <i>non-inferior</i> to auto within the budget (a one-sided bound: Tango's score test on all tasks' "
     "items pooled, each test at the full level (intersection-union); a task × condition <i>inferior</i> after Holm "
     "still excludes; <i>undecided</i> and no eval are not eligible) and its canaries are clean; an emulated "

@@ -37,7 +37,8 @@ class MambaState:
 class LayerKind:
     """One layer as the KV cache sees it (one vLLM KVCacheSpec)."""
 
-    kind: str  # "full", "sliding", "chunked", "mla", "mamba" or "dsv4" (DeepSeek V4: several caches, kvbench.specs.dsv4_kv)
+    # "full", "sliding", "chunked", "mla", "mamba" or "dsv4" (DeepSeek V4: several caches, kvbench.specs.dsv4_kv)
+    kind: str
     window: int | None = None  # tokens: the sliding window, or the chunk of chunked-local attention
     kv_heads: int | None = None  # this layer's KV heads where they differ from the model's (Gemma 4 global)
     head_dim: int | None = None  # likewise

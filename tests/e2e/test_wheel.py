@@ -32,7 +32,8 @@ SKIP = shutil.ignore_patterns(
     ".git", ".venv*", ".asv", "results", "site", "build", "dist", "*.egg-info", "__pycache__", ".pytest_cache"
 )
 WHERE = """
-import json, sys, kvbench, kvbench.cli.app, kvbench.harness, kvbench.kernels, kvbench.dashboards, kvbench.orchestration.nightly
+import json, sys, kvbench, kvbench.cli.app, kvbench.harness, kvbench.kernels, kvbench.dashboards
+import kvbench.orchestration.nightly
 print(json.dumps({"kvbench": kvbench.__file__, "path": sys.path}))
 """
 

@@ -11,6 +11,7 @@ an annotation that names a higher layer is the same dependency, only later.
 from __future__ import annotations
 
 import ast
+import re
 from functools import cache
 from pathlib import Path
 
@@ -167,61 +168,43 @@ def test_no_import_cycles():
     assert not cycles, "import cycles:\n" + "\n".join(cycles)
 
 
-# The layers, lowest first. A module may import its own group and any group of a lower rank, nothing else:
-# peers of one rank (harness and analysis; nightly and the CLI are ranked) never import each other. A module
-# belongs to the group with the longest prefix naming it; kvbench's own top-level modules are the core unless
-# a group names them. Five layers, two of them ordered inside:
-#   core < records < [kernels < tinymodel < harness | analysis] < dashboards < [orchestration < cli]
-# kernels sits below the tiny model (whose scorer quantizes K/V with the reference numerics) and below the
-# harness (which asks the vLLM plugin whether it will load); orchestration (kvbench.orchestration.measure, the one
-# entrypoint that runs a plan and hands the harness the verdict; the asv suite; the nightly) starts runs, the CLI drives
-# it.
+# The layers, lowest first, each a folder (or a few): a module belongs to the group whose folder holds it (the
+# longest prefix), and may import its own group and any group of a lower rank, nothing else; peers of one rank
+# (harness and analysis) never import each other. No module lists: a new module is placed by the folder it is
+# put in, and nothing but ROOT_MODULES sits directly in kvbench/.
+#   core < specs < records < kernels < models < [harness | analysis] < dashboards < orchestration < cli
+# specs sits above core because the specs read the data files and raise core's errors, and machine, tracked and
+# options read the specs; realmodels is with the specs because the eval tasks (specs/evaltasks.py) read its
+# texts. kernels sits below the models (the tiny model's scorer quantizes K/V with the reference numerics) and
+# the harness (which asks the vLLM plugin whether it will load); orchestration (measure: the one entrypoint that
+# runs a plan and hands the harness the verdict; the asv suite; the nightly) starts runs, the CLI drives it.
+# docs/architecture/index.md shows this table (test_the_docs_show_the_layers).
 LAYERS = (
-    ("core", 0, ("kvbench",)),
-    ("records", 1, ("kvbench.records",)),
-    ("kernels", 2, ("kvbench.kernels",)),
-    ("tinymodel", 3, ("kvbench.tinymodel",)),
-    # the harness with its test double and the live display of a run
-    ("harness", 4, ("kvbench.harness", "kvbench.testing", "kvbench.harness.run.progress")),
-    # reading records and judging them: verdicts, comparisons, claims, history, regressions
-    (
-        "analysis",
-        4,
-        (
-            "kvbench.analysis.verdict*",
-            "kvbench.analysis.compare",
-            "kvbench.analysis.claims*",
-            "kvbench.analysis.history",
-            "kvbench.analysis.regress",
-        ),
-    ),
-    ("dashboards", 5, ("kvbench.dashboards",)),
-    # runs a plan with its verdict (measure), the asv suite and its runner, the nightly: what starts runs
-    (
-        "orchestration",
-        6,
-        (
-            "kvbench.orchestration.measure",
-            "kvbench.orchestration.suite",
-            "kvbench.orchestration.asvrun",
-            "kvbench.orchestration.nightly",
-        ),
-    ),
-    ("cli", 7, ("kvbench.cli.app", "kvbench.__main__", "kvbench.cli.clisettings", "kvbench.cli.commands")),
+    ("core", 0, ("kvbench.core",), "what every layer shares: errors, data files, units, output, statistics"),
+    ("specs", 1, ("kvbench.specs", "kvbench.realmodels"), "the specs and the capacity model; real models' files"),
+    ("records", 2, ("kvbench.records",), "the run record, its storage, upgrades, queries and results/ layout"),
+    ("kernels", 3, ("kvbench.kernels",), "reference numerics, Triton kernels, the vLLM plugin"),
+    ("models", 4, ("kvbench.tinymodel",), "the CPU default's tiny model: build, train, score"),
+    ("harness", 5, ("kvbench.harness", "kvbench.testing"), "measuring a vLLM server; the fake server"),
+    ("analysis", 5, ("kvbench.analysis",), "reading records and judging them: verdict, compare, claims, history"),
+    ("dashboards", 6, ("kvbench.dashboards",), "the pages over records and the analysis"),
+    ("orchestration", 7, ("kvbench.orchestration",), "what starts runs: measure, the asv suite, the nightly"),
+    ("cli", 8, ("kvbench.cli",), "the kvbench command: the app, its settings, one module per command"),
 )
+# The modules Python needs at the package's root, and their groups: the package itself, `python -m kvbench`.
+ROOT_MODULES = {"kvbench": "core", "kvbench.__main__": "cli"}
 
 
 def _names(module: str, prefix: str) -> bool:
-    """`prefix` names `module`: the module itself or a module inside it; a prefix ending in * also every module
-    whose name extends it (kvbench.analysis.verdict* names kvbench.analysis.verdict_speed and
-    kvbench.analysis.verdict_table)."""
-    if prefix.endswith("*"):
-        return module.startswith(prefix[:-1])
+    """`prefix` names `module`: the package itself or a module inside it."""
     return module == prefix or module.startswith(prefix + ".")
 
 
 def layer_of(module: str, layers=LAYERS) -> tuple[str, int]:
-    best = max(((len(p), name, rank) for name, rank, ps in layers for p in ps if _names(module, p)), default=None)
+    if module in ROOT_MODULES:
+        name = ROOT_MODULES[module]
+        return name, next(rank for group, rank, *_ in layers if group == name)
+    best = max(((len(p), name, rank) for name, rank, ps, *_ in layers for p in ps if _names(module, p)), default=None)
     assert best, f"{module} is in no layer"
     return best[1], best[2]
 
@@ -244,10 +227,65 @@ def test_every_import_follows_the_layers():
 
 
 def test_every_layer_names_modules():
-    # a prefix left behind by a rename would silently put its successor in the core
-    for name, _, prefixes in LAYERS:
+    # a prefix left behind by a rename would name nothing while its successor sits in no layer
+    for name, _, prefixes, _ in LAYERS:
         for prefix in prefixes:
             assert any(_names(m, prefix) for m in modules()), f"layer {name}: {prefix} names no module"
+
+
+def test_every_layer_is_a_folder():
+    # folder prefixes only: a group names packages (an __init__.py), never single modules or patterns
+    for name, _, prefixes, _ in LAYERS:
+        for prefix in prefixes:
+            assert prefix in modules() and _is_package(prefix), f"layer {name}: {prefix} is no package"
+
+
+def test_no_flat_module_in_kvbench():
+    # kvbench/ holds folders, one per layer (or part of one); a module put directly in it has no layer
+    flat = [m for m in modules() if m.count(".") == 1 and not _is_package(m) and m.startswith("kvbench.")]
+    flat = [m for m in flat if m not in ROOT_MODULES and m.split(".")[1] not in ("harness", "kernels", "dashboards")]
+    assert not flat, f"modules directly in kvbench/ (put each in its layer's folder): {flat}"
+
+
+def test_every_module_is_in_a_layer():
+    # the root modules aside, every module's name starts with a layer's folder
+    homeless = [
+        m for m in modules() if m not in ROOT_MODULES and not any(_names(m, p) for _, _, ps, _ in LAYERS for p in ps)
+    ]
+    assert not homeless, homeless
+
+
+def _folder(prefix: str) -> str:
+    """The folder a package prefix is in the checkout (kvbench.harness.run -> harness/run/)."""
+    dirs = _package_dirs()
+    name = max((n for n in dirs if prefix == n or prefix.startswith(n + ".")), key=len)
+    return "/".join([dirs[name], *prefix[len(name) :].split(".")[1:]]) + "/"
+
+
+def layers_markdown() -> str:
+    """LAYERS as the table docs/architecture/index.md and extending.md show."""
+    rows = ["| Rank | Layer | Folders | What it holds |", "| ---: | --- | --- | --- |"]
+    for name, rank, prefixes, what in LAYERS:
+        rows.append(f"| {rank} | {name} | {', '.join(f'`{_folder(p)}`' for p in prefixes)} | {what} |")
+    return "\n".join(rows)
+
+
+NUMBERS = "zero one two three four five six seven eight nine ten eleven twelve".split()
+
+
+@pytest.mark.parametrize("page", ["index.md", "extending.md"])
+def test_the_docs_show_the_layers(page):
+    # the architecture pages say what the test enforces: the table generated from LAYERS, between the markers
+    text = (ROOT / "docs" / "architecture" / page).read_text()
+    block = re.search(r"<!-- layers: [^\n]*-->\n(.*?)\n<!-- /layers -->", text, re.S)
+    assert block, f"docs/architecture/{page} has no <!-- layers --> block"
+    assert block.group(1) == layers_markdown(), f"docs/architecture/{page}: the layers table is, from LAYERS:\n" + (
+        layers_markdown()
+    )
+    # and any count of layers in its prose is LAYERS' own
+    for word in re.findall(r"\b(\w+) layers\b", text):
+        if word.lower() in NUMBERS:
+            assert NUMBERS.index(word.lower()) == len(LAYERS), f"docs/architecture/{page} says {word} layers"
 
 
 @pytest.mark.parametrize(
@@ -275,11 +313,11 @@ def test_a_planted_type_only_import_counts(tmp_path, monkeypatch):
     source = "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from kvbench.dashboards import site\n"
     path = tmp_path / "planted.py"
     path.write_text(source)
-    monkeypatch.setitem(modules(), "kvbench.planted", path)
+    monkeypatch.setitem(modules(), "kvbench.core.planted", path)
     imports.cache_clear()
     try:
-        assert "kvbench.dashboards.site" in imports()["kvbench.planted"]
-        assert any(line.startswith("kvbench.planted (core)") for line in back_arrows(imports()))
+        assert "kvbench.dashboards.site" in imports()["kvbench.core.planted"]
+        assert any(line.startswith("kvbench.core.planted (core)") for line in back_arrows(imports()))
     finally:
         imports.cache_clear()
 
