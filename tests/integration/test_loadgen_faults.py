@@ -194,6 +194,9 @@ def test_sustained_load_goes_on_in_fresh_chunks_until_cancelled(server):
     assert not backend.is_open
 
 
+# a race between the signal and a child that keeps serving: on two busy cores (the parallel tier beside other
+# work) the child has twice finished or stalled before Ctrl-C landed, so it runs in the quiet timing tier
+@pytest.mark.timing
 def test_ctrl_c_under_asyncio_run_returns_what_was_measured(server, tmp_path):
     server.configure(ttft_s=0.01, itl_s=0.05)
     script = tmp_path / "ctrlc.py"
@@ -218,14 +221,14 @@ def test_ctrl_c_under_asyncio_run_returns_what_was_measured(server, tmp_path):
     proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         for line in proc.stdout:  # wait until two requests have finished
-            if line.startswith("progress 2 "):
+            if line.startswith("progress ") and int(line.split()[1]) >= 2:  # counts may step by more than one
                 break
         proc.send_signal(signal.SIGINT)
         out, err = proc.communicate(timeout=20)
     finally:
         if proc.poll() is None:
             proc.kill()
-    assert proc.returncode == 130, err
+    assert proc.returncode == 130, (out, err)
     res = json.loads(out.strip().splitlines()[-1])
     assert res["interrupted"] and res["completed"] >= 2
     assert res["not_sent"] > 0 and set(res["reasons"]) <= {"cancelled"}

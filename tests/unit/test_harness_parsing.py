@@ -308,5 +308,6 @@ def test_committed_v2_records_are_summaries_small_enough_for_git():
 
     v2 = [p for p in records.find_records(committed_results()) if read_json(p).get("schema") == records.SCHEMA]
     assert len(v2) >= 6
-    # 200 kB for the three tracked dtypes, and as much per three more (the atlas measures 24 in one record)
-    assert all(p.stat().st_size <= 200_000 * max(1, len(read_json(p)["dtypes"]) / 3) for p in v2)
+    # 250 kB for the three tracked dtypes (the CPU default's records hold 185-205 kB: one summary per SLO probe and
+    # sweep point, the looks, fidelity's per-condition blocks), and as much per three more (the atlas measures 24)
+    assert all(p.stat().st_size <= 250_000 * max(1, len(read_json(p)["dtypes"]) / 3) for p in v2)
