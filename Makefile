@@ -39,7 +39,8 @@ $(STAMP): pyproject.toml setup.py kvbench/data/realmodels.toml
 run: setup
 	$(VENV)/bin/kvbench run
 	$(VENV)/bin/kvbench claims
-	@echo "A real pretrained model (SmolLM2-135M-Instruct, about 28 minutes on 2 cores): $(VENV)/bin/kvbench run --model smollm2-135m-instruct"
+	@echo "A real pretrained model (SmolLM2-135M-Instruct): $(VENV)/bin/kvbench run --model smollm2-135m-instruct"
+	@$(VENV)/bin/kvbench models list
 
 # The docs site (mkdocs.yml) into build/docs; --strict fails on a broken link or anchor, or a page left out of
 # the nav.

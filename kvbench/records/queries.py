@@ -30,6 +30,25 @@ def find_records(where: str | Path) -> list[Path]:
 _SKIPPED: list[str] = []
 
 
+def newest_run_of(where: str | Path, model: str) -> tuple[str, float] | None:
+    """(run id, wall minutes) of the newest complete run record of `model` (config.model_name) under `where`, or
+    None: how long the model's whole run took when it last ran here (created_at to finished_at)."""
+    from datetime import datetime
+
+    best = None
+    for path in find_records(where) if Path(where).exists() else []:
+        try:
+            doc = read_json(path)
+            if (doc.get("config") or {}).get("model_name") != model or doc.get("status") != "complete":
+                continue
+            took = datetime.fromisoformat(doc["finished_at"]) - datetime.fromisoformat(doc["created_at"])
+        except (UsageError, KeyError, TypeError, ValueError):  # unreadable or unfinished: not a timing
+            continue
+        if best is None or doc["created_at"] > best[0]:
+            best = (doc["created_at"], doc["run_id"], took.total_seconds() / 60)
+    return (best[1], best[2]) if best else None
+
+
 def note_skipped(problem: str) -> str:
     """Count a record left out as unreadable (returns `problem`, for the caller's own list)."""
     _SKIPPED.append(problem)

@@ -162,3 +162,25 @@ def test_chunks_are_joined_in_order_and_checked(tmp_path):
     with pytest.raises(KvbenchError, match="reinstall"):
         source.checked_file(bad, tmp_path)
     assert not (tmp_path / "m.gguf").exists()
+
+
+def _run_record(folder: Path, run_id: str, model: str, created: str, finished: str | None, status: str = "complete"):
+    doc = {"run_id": run_id, "status": status, "config": {"model_name": model}, "created_at": created}
+    if finished:
+        doc["finished_at"] = finished
+    (folder / f"{run_id}.json").write_text(json.dumps(doc))
+
+
+def test_models_list_says_how_long_each_models_last_whole_run_took(tmp_path):
+    # the time a real-model run takes is read from the newest complete record of that model, never typed in
+    runs = tmp_path / "results" / "box" / "runs"
+    runs.mkdir(parents=True)
+    _run_record(runs, "r-old", "smollm2-135m-instruct", "2026-12-01T10:00:00+00:00", "2026-12-01T10:40:00+00:00")
+    _run_record(runs, "r-new", "smollm2-135m-instruct", "2026-12-02T10:00:00+00:00", "2026-12-02T10:27:30+00:00")
+    _run_record(runs, "r-cut", "smollm2-135m-instruct", "2026-12-03T10:00:00+00:00", None, status="interrupted")
+    _run_record(runs, "r-tiny", "kvbench-tiny-llama", "2026-12-04T10:00:00+00:00", "2026-12-04T10:09:00+00:00")
+    out = kvbench_here("models", "list", "--json", "--results", str(tmp_path / "results"))
+    assert out.returncode == 0, out.stderr
+    rows = {r["name"]: r for r in json.loads(out.stdout)}
+    assert rows["smollm2-135m-instruct"]["last_run"] == {"run_id": "r-new", "minutes": 27.5}
+    assert rows["gemma-3-270m"]["last_run"] is None  # no record of it: nothing claimed

@@ -13,7 +13,7 @@ from rich.table import Table
 from kvbench.cli.clisettings import command_from
 from kvbench.core.flags import Arg, Flag
 from kvbench.core.output import console, err_console, print_json
-from kvbench.specs.options import AsJson
+from kvbench.specs.options import AsJson, Results
 
 NAME = "models"
 HELP = (
@@ -42,6 +42,7 @@ class ListSettings(BaseModel):
     models_dir: Annotated[Path | None, Flag("--models-dir", envvar="KVBENCH_MODELS_DIR")] = Field(
         None, description=_DIR_HELP
     )
+    results: Results = Field(Path("results"), description="Run records to read each model's last whole run time from.")
     as_json: AsJson = Field(description="Print the rows as JSON.")
 
 
@@ -71,6 +72,7 @@ def prepare(ctx: typer.Context, settings: PrepareSettings) -> None:
 def list_models(ctx: typer.Context, settings: ListSettings) -> None:
     from kvbench import realmodels
     from kvbench.realmodels.source import locate
+    from kvbench.records.queries import newest_run_of
 
     rows = []
     for name, meta in realmodels.catalog().items():
@@ -80,6 +82,7 @@ def list_models(ctx: typer.Context, settings: ListSettings) -> None:
         except realmodels.ModelPackageMissing:
             installed = None
         folder = realmodels.prepared_dir(name, settings.models_dir)
+        last = newest_run_of(settings.results, name)
         rows.append(
             {
                 "name": name,
@@ -89,14 +92,19 @@ def list_models(ctx: typer.Context, settings: ListSettings) -> None:
                 "installed": installed,
                 "install": realmodels.install_command(meta),
                 "prepared": str(folder) if folder else None,
+                "last_run": {"run_id": last[0], "minutes": round(last[1], 1)} if last else None,
             }
         )
     if settings.as_json:
         print_json(rows)
         return
     table = Table(title="real models (kvbench models prepare NAME; a run prepares on first use)")
-    for col in ("name", "model", "weights", "installed", "prepared"):
+    for col in ("name", "model", "weights", "installed", "prepared", f"last whole run (under {settings.results})"):
         table.add_column(col)
     for r in rows:
-        table.add_row(r["name"], r["hf_id"], r["weights"], r["installed"] or f"no: {r['install']}", r["prepared"] or "")
+        last = r["last_run"]
+        took = f"{last['minutes']:.1f} min, run {last['run_id']}" if last else "none recorded"
+        table.add_row(
+            r["name"], r["hf_id"], r["weights"], r["installed"] or f"no: {r['install']}", r["prepared"] or "", took
+        )
     console.print(table)
