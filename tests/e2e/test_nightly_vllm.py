@@ -39,6 +39,7 @@ def test_cpu_night_end_to_end(tmp_path):
             "machines.cpu.expected_failures": {},
             "machines.cpu.max_minutes": 15,
             "machines.cpu.real_models": [],  # the real model's half hour is not this test's
+            "machines.cpu.atlas": None,  # nor the atlas's 36 minutes (every KV dtype): the budget guard refuses both
         }
     )
     cfg = write_config(tmp_path, raw)
