@@ -30,22 +30,33 @@ def find_records(where: str | Path) -> list[Path]:
 _SKIPPED: list[str] = []
 
 
-def newest_run_of(where: str | Path, model: str) -> tuple[str, float] | None:
-    """(run id, wall minutes) of the newest complete run record of `model` (config.model_name) under `where`, or
-    None: how long the model's whole run took when it last ran here (created_at to finished_at)."""
+def wall_seconds(doc: dict, statuses: tuple[str, ...] = ("complete",)) -> float | None:
+    """How long a run took, finished_at - created_at, for a record whose status is one of `statuses`; None for
+    another status, a missing or unreadable time, or a non-positive span."""
     from datetime import datetime
 
+    if doc.get("status") not in statuses:
+        return None
+    try:
+        s = (datetime.fromisoformat(doc["finished_at"]) - datetime.fromisoformat(doc["created_at"])).total_seconds()
+    except (KeyError, TypeError, ValueError):
+        return None
+    return s if s > 0 else None
+
+
+def newest_run_of(where: str | Path, model: str) -> tuple[str, float] | None:
+    """(run id, wall minutes) of the newest complete run record of `model` (config.model_name) under `where`, or
+    None: how long the model's whole run took when it last ran here."""
     best = None
     for path in find_records(where) if Path(where).exists() else []:
         try:
             doc = read_json(path)
-            if (doc.get("config") or {}).get("model_name") != model or doc.get("status") != "complete":
-                continue
-            took = datetime.fromisoformat(doc["finished_at"]) - datetime.fromisoformat(doc["created_at"])
-        except (UsageError, KeyError, TypeError, ValueError):  # unreadable or unfinished: not a timing
+        except UsageError:  # unreadable: not a timing
+            continue
+        if (doc.get("config") or {}).get("model_name") != model or (took := wall_seconds(doc)) is None:
             continue
         if best is None or doc["created_at"] > best[0]:
-            best = (doc["created_at"], doc["run_id"], took.total_seconds() / 60)
+            best = (doc["created_at"], doc["run_id"], took / 60)
     return (best[1], best[2]) if best else None
 
 

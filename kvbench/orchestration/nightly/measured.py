@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from datetime import datetime
 from pathlib import Path
 
 USABLE = ("complete", "partial")
@@ -108,13 +107,9 @@ def record_key(doc: dict) -> PlanKey | None:
 
 def wall_seconds(doc: dict) -> float | None:
     """finished_at - created_at of a run that went to its end (complete or partial), else None."""
-    if doc.get("status") not in USABLE:
-        return None
-    try:
-        s = (datetime.fromisoformat(doc["finished_at"]) - datetime.fromisoformat(doc["created_at"])).total_seconds()
-    except (KeyError, TypeError, ValueError):
-        return None
-    return s if s > 0 else None
+    from kvbench.records.queries import wall_seconds as span  # one definition of a run's wall time
+
+    return span(doc, USABLE)
 
 
 def machine_dirs(results: Path, folder: str | None) -> list[Path]:
